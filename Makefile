@@ -1,0 +1,42 @@
+# epd-operator — the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-unit test-fast demo crds bench bench-quick images lint clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(BIN)/pytest
+
+test-fast: install
+	$(BIN)/pytest -m "not e2e"
+
+demo: install
+	$(BIN)/python -m epd_operator.demo
+
+crds: install
+	$(BIN)/epdctl crd > crds/serving.epd.dev_epddeployments.yaml
+	cp crds/serving.epd.dev_epddeployments.yaml charts/epd-operator/crds/ 2>/dev/null || true
+
+bench: install
+	$(BIN)/python -m bench.run
+
+bench-quick: install
+	$(BIN)/python -m bench.run --quick
+
+images:
+	docker build -t epd-operator:dev -f images/operator/Dockerfile .
+	docker build -t vllm-epd:dev -f images/vllm-epd/Dockerfile images/vllm-epd
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info operator/*.egg-info

@@ -1,0 +1,6 @@
+"""Console entry point (placeholder until its issue lands)."""
+import sys
+
+
+def main() -> None:
+    sys.exit("epd-operator: not implemented yet")
