@@ -22,7 +22,7 @@ test-fast: install
 	$(BIN)/pytest -m "not e2e"
 
 demo: install
-	$(BIN)/python -m epd_operator.demo
+	$(BIN)/python -m epd_operator.local.demo
 
 crds: install
 	$(BIN)/epdctl crd > crds/serving.epd.dev_epddeployments.yaml
