@@ -1,6 +1,117 @@
-"""`epdctl` (placeholder until the foundation issue lands)."""
+"""`epdctl`: render, validate and publish the EPDDeployment API from the command line.
+
+It calls exactly what the operator calls (`parse_epd`, `render`), so what `epdctl render` prints is
+what the operator would apply.
+"""
+from __future__ import annotations
+
+import argparse
 import sys
+from typing import Any, Iterable
+
+import yaml
+
+from .api import SpecError, parse_epd
+from .api.crd import build_crd
 
 
-def main() -> None:
-    sys.exit("epdctl: not implemented yet")
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+
+def dump_yaml(objects: Iterable[dict[str, Any]]) -> str:
+    return yaml.dump_all(list(objects), Dumper=_Dumper, sort_keys=False, explicit_start=True)
+
+
+def _read_documents(path: str) -> list[dict[str, Any]]:
+    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    with stream:
+        docs = [doc for doc in yaml.safe_load_all(stream) if doc is not None]
+    if not docs:
+        raise SpecError([])
+    return docs
+
+
+def _parse_all(path: str) -> list:
+    """Every EPDDeployment in the file, or exit 1 naming each bad field (and printing nothing else)."""
+    try:
+        docs = _read_documents(path)
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"epdctl: {path}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except SpecError:
+        print(f"epdctl: {path}: no documents", file=sys.stderr)
+        sys.exit(1)
+    parsed, failed = [], False
+    for index, doc in enumerate(docs):
+        name = doc.get("metadata", {}).get("name", f"document {index}") if isinstance(doc, dict) else f"document {index}"
+        try:
+            parsed.append(parse_epd(doc))
+        except SpecError as exc:
+            failed = True
+            for error in exc.errors:
+                print(f"epdctl: {path}: EPDDeployment {name}: {error}", file=sys.stderr)
+    if failed:
+        sys.exit(1)
+    return parsed
+
+
+def cmd_render(args: argparse.Namespace) -> None:
+    from .render import render
+
+    objects = []
+    for epd in _parse_all(args.file):
+        if args.namespace:
+            epd.metadata.namespace = args.namespace
+        objects.extend(render(epd))
+    sys.stdout.write(dump_yaml(objects))
+
+
+def cmd_validate(args: argparse.Namespace) -> None:
+    for epd in _parse_all(args.file):
+        print(f"EPDDeployment {epd.name}: valid ({epd.spec.topology}, EC connector {epd.spec.ecTransfer.connector})")
+
+
+def cmd_crd(_: argparse.Namespace) -> None:
+    sys.stdout.write(dump_yaml([build_crd()]))
+
+
+def cmd_janitor(args: argparse.Namespace) -> None:
+    from .janitor import main as janitor_main
+
+    janitor_main(args.janitor_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epdctl", description="Work with EPDDeployment specs (serving.epd.dev/v1alpha1).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    render = sub.add_parser("render", help="print the Kubernetes objects an EPDDeployment becomes (multi-document YAML)")
+    render.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")
+    render.add_argument("-n", "--namespace", help="namespace to render into (default: the spec's, else 'default')")
+    render.set_defaults(func=cmd_render)
+    validate = sub.add_parser("validate", help="check EPDDeployment specs; exit 1 naming each bad field")
+    validate.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")
+    validate.set_defaults(func=cmd_validate)
+    crd = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
+    crd.set_defaults(func=cmd_crd)
+    janitor = sub.add_parser("janitor", help="bound a shared-storage encoder cache (runs as a sidecar)", add_help=False)
+    janitor.add_argument("janitor_args", nargs=argparse.REMAINDER)
+    janitor.set_defaults(func=cmd_janitor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

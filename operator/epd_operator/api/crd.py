@@ -1,0 +1,145 @@
+"""Generate the EPDDeployment CustomResourceDefinition from the pydantic models.
+
+Pydantic emits JSON Schema (draft 2020-12) with `$ref`s and `anyOf [X, null]` for optionals; a CRD
+needs a *structural* OpenAPI v3 schema: everything inlined, one type per node, `nullable`-free
+optionals, `x-kubernetes-*` markers for free-form objects. This module does that translation and
+places each cross-field CEL rule (`rules.py`) on the node of the model it belongs to.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from . import rules as rules_mod
+from .spec import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, EPDDeployment, EPDDeploymentSpec
+from .status import EPDDeploymentStatus
+
+_DROP = {"title", "$defs"}
+
+
+def _rules_by_title() -> dict[str, list[dict[str, Any]]]:
+    # Pydantic titles each definition with its class name; that is how a schema node finds its model.
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rule in rules_mod.RULES:
+        out.setdefault(rule.model.__name__, []).append(rule.as_validation())
+    return out
+
+
+def _structural(node: Any, defs: dict[str, Any], rules: dict[str, list[dict[str, Any]]]) -> Any:
+    if isinstance(node, list):
+        return [_structural(n, defs, rules) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs, rules)
+    any_of = node.get("anyOf")
+    if any_of and any(branch == {"type": "null"} for branch in any_of):
+        (inner,) = [branch for branch in any_of if branch != {"type": "null"}]
+        outer = {k: v for k, v in node.items() if k != "anyOf" and not (k == "default" and v is None)}
+        return _structural({**inner, **outer}, defs, rules)
+
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key == "exclusiveMinimum":
+            out["minimum"], out["exclusiveMinimum"] = value, True
+        elif key == "additionalProperties" and value is False:
+            continue  # unknown fields are pruned by the API server and refused by strict field validation
+        elif key == "additionalProperties" and value is True:
+            out["x-kubernetes-preserve-unknown-fields"] = True
+        elif key in ("properties",):
+            out[key] = {name: _structural(v, defs, rules) for name, v in value.items()}
+        else:
+            out[key] = _structural(value, defs, rules)
+    if out.get("x-kubernetes-preserve-unknown-fields") and "type" not in out and "anyOf" not in out:
+        out["type"] = "object"
+    title = node.get("title")
+    if title in rules and out.get("type") == "object":
+        out["x-kubernetes-validations"] = rules[title]
+    return out
+
+
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of one model, rules attached."""
+    raw = model.model_json_schema(mode="validation")
+    return _structural(raw, raw.get("$defs", {}), _rules_by_title())
+
+
+def openapi_schema() -> dict[str, Any]:
+    spec = model_schema(EPDDeploymentSpec)
+    status = model_schema(EPDDeploymentStatus)
+    root_rules = [r.as_validation() for r in rules_mod.rules_for(EPDDeployment)]
+    for rule in root_rules:
+        rule.pop("fieldPath")  # Kubernetes allows fieldPath to name only schema properties, not metadata
+    return {
+        "type": "object",
+        "description": "EPDDeployment runs a vLLM Encoder/Prefill/Decode disaggregated multimodal model.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+        "x-kubernetes-validations": root_rules,
+    }
+
+
+def _column(name: str, path: str, description: str, type_: str = "string", priority: int = 0) -> dict[str, Any]:
+    column = {"name": name, "type": type_, "jsonPath": path, "description": description}
+    if priority:
+        column["priority"] = priority
+    return column
+
+
+PRINTER_COLUMNS = [
+    _column("Topology", ".status.topology", "E+PD or E/P/D"),
+    _column("Encoder", ".status.tiers.encoder.ready", "ready/desired encoder pods"),
+    _column("Prefill", ".status.tiers.prefill.ready", "ready/desired prefill pods (E/P/D)"),
+    _column("Decode", ".status.tiers.decode.ready", "ready/desired decode pods"),
+    _column("Phase", ".status.phase", "Pending, Progressing, Ready, Degraded or Failed"),
+    _column("Endpoint", ".status.endpoint", "router URL", priority=1),
+    _column("Model", ".spec.model.name", "served model", priority=1),
+    _column("Age", ".metadata.creationTimestamp", "", "date"),
+]
+
+
+def build_crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/name": "epd-operator", "app.kubernetes.io/part-of": "epd-operator"},
+            "annotations": {"serving.epd.dev/generated-by": "epdctl crd (do not edit)"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": [SHORT_NAME],
+                "categories": ["all", "epd"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
