@@ -1,0 +1,83 @@
+"""Running helm against the repository's charts and reading what it renders."""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_CHART = REPO / "charts" / "epd-operator"
+DEPLOYMENT_CHART = REPO / "charts" / "epd-deployment"
+CHARTS = {"epd-operator": OPERATOR_CHART, "epd-deployment": DEPLOYMENT_CHART}
+
+
+def ci_values(chart: Path) -> list[Path]:
+    """Per-scenario values files (helm's `ci/` convention)."""
+    return sorted((chart / "ci").glob("*-values.yaml"))
+
+
+def values_cases() -> list[tuple[str, Path | None]]:
+    """(chart name, values file or None for the defaults) for every chart and scenario."""
+    return [(name, values) for name, chart in CHARTS.items() for values in [None, *ci_values(chart)]]
+
+
+def case_id(case: tuple[str, Path | None]) -> str:
+    name, values = case
+    return f"{name}:{values.name.removesuffix('-values.yaml') if values else 'defaults'}"
+
+
+@dataclass(frozen=True)
+class HelmResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class Helm:
+    binary: Path
+
+    @property
+    def major(self) -> int:
+        out = self.run("version", "--template", "{{.Version}}").stdout
+        return int(out.lstrip("v").split(".")[0])
+
+    def run(self, *args: str) -> HelmResult:
+        proc = subprocess.run([str(self.binary), *args], capture_output=True, text=True, timeout=120)
+        return HelmResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def lint(self, chart: Path, values: Path | None = None, *sets: str) -> HelmResult:
+        return self.run("lint", "--strict", str(chart), *_value_args(values, sets))
+
+    def template_text(self, chart: Path, values: Path | None = None, *sets: str,
+                      release: str = "epd", namespace: str = "epd-system") -> HelmResult:
+        return self.run("template", release, str(chart), "--namespace", namespace, "--include-crds",
+                        *_value_args(values, sets))
+
+    def template(self, chart: Path, values: Path | None = None, *sets: str,
+                 release: str = "epd", namespace: str = "epd-system") -> list[dict[str, Any]]:
+        """The rendered objects; fails the test with helm's message when rendering fails."""
+        result = self.template_text(chart, values, *sets, release=release, namespace=namespace)
+        if result.returncode != 0:
+            raise AssertionError(f"helm template {chart.name} failed:\n{result.stderr}")
+        return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _value_args(values: Path | None, sets: tuple[str, ...]) -> list[str]:
+    args = ["--values", str(values)] if values else []
+    for item in sets:
+        args += ["--set", item]
+    return args
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, rendered {len(found)}"
+    return found[0]

@@ -1,0 +1,82 @@
+"""`helm lint --strict` of both charts, the values schemas, and the CRD the operator chart ships."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from . import values_schema
+from .charts import CHARTS, DEPLOYMENT_CHART, OPERATOR_CHART, REPO, case_id, values_cases
+
+pytestmark = pytest.mark.helm
+
+GENERATED_CRD = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
+CHART_CRD = OPERATOR_CHART / "crds" / GENERATED_CRD.name
+
+
+@pytest.mark.parametrize("case", values_cases(), ids=case_id)
+def test_chart_lints_strictly(helm, case):
+    chart, values = case
+    result = helm.lint(CHARTS[chart], values)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[WARNING]" not in result.stdout, result.stdout
+
+
+def test_chart_crd_is_the_generated_crd():
+    if not GENERATED_CRD.exists():
+        pytest.skip(f"{GENERATED_CRD.relative_to(REPO)} not generated yet (make crds)")
+    assert CHART_CRD.exists(), f"{CHART_CRD.relative_to(REPO)} missing: run `make crds`"
+    assert CHART_CRD.read_text() == GENERATED_CRD.read_text(), (
+        f"{CHART_CRD.relative_to(REPO)} differs from {GENERATED_CRD.relative_to(REPO)}: run `make crds`")
+
+
+def test_deployment_values_schema_is_generated_from_the_crd():
+    committed = (DEPLOYMENT_CHART / "values.schema.json").read_text()
+    assert committed == values_schema.render(GENERATED_CRD), (
+        "charts/epd-deployment/values.schema.json is stale: run `python -m tests.helm.values_schema`")
+
+
+def test_deployment_values_expose_every_spec_field():
+    schema = values_schema.build_values_schema(values_schema.yaml.safe_load(GENERATED_CRD.read_text()))
+    spec_fields = set(values_schema.spec_schema(values_schema.yaml.safe_load(GENERATED_CRD.read_text()))["properties"])
+    assert spec_fields <= set(schema["properties"])
+    assert set(schema["properties"]) - spec_fields == set(values_schema.CHART_VALUES)
+
+
+# Each bad values file, and the words helm's schema error must contain so a user can fix it.
+BAD_VALUES = {
+    "deployment-typo-in-tier": (DEPLOYMENT_CHART, "encoder:\n  replica: 2\n", ["encoder", "replica"]),
+    "deployment-unknown-connector": (DEPLOYMENT_CHART, "ecTransfer:\n  connector: Nixl\n",
+                                     ["ecTransfer", "connector", "SharedStorage"]),
+    "deployment-bad-pd-policy": (DEPLOYMENT_CHART, "router:\n  pdPolicy: random\n", ["pdPolicy", "least-loaded"]),
+    "deployment-bad-encoder-policy": (DEPLOYMENT_CHART, "router:\n  encoderPolicy: sticky\n",
+                                      ["encoderPolicy", "cache-aware"]),
+    "deployment-replicas-not-a-number": (DEPLOYMENT_CHART, "decode:\n  replicas: two\n", ["replicas"]),
+    "deployment-top-level-typo": (DEPLOYMENT_CHART, "routr:\n  replicas: 1\n", ["routr"]),
+    "operator-bad-namespace": (OPERATOR_CHART, "watchNamespaces: [Team_A]\n", ["watchNamespaces", "pattern"]),
+    "operator-typo": (OPERATOR_CHART, "metrics:\n  serviceMonitr: {enabled: true}\n", ["serviceMonitr"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_bad_values_are_refused_with_a_clear_message(helm, tmp_path: Path, name: str):
+    chart, text, words = BAD_VALUES[name]
+    values = tmp_path / "bad-values.yaml"
+    values.write_text(text)
+    for result in (helm.lint(chart, values), helm.template_text(chart, values)):
+        assert result.returncode != 0, f"{name} was accepted"
+        message = result.stdout + result.stderr
+        for word in words:
+            assert word in message, f"{word!r} missing from helm's message:\n{message}"
+
+
+def test_kv_transfer_without_prefill_is_refused_before_apply(helm):
+    result = helm.template_text(DEPLOYMENT_CHART, None, "kvTransfer.connector=Nixl")
+    assert result.returncode != 0
+    assert "kvTransfer moves KV from prefill to decode" in result.stderr
+
+
+def test_overlong_name_is_refused_before_apply(helm):
+    result = helm.template_text(DEPLOYMENT_CHART, None, release="x" * 48)
+    assert result.returncode != 0
+    assert "the limit is 47" in result.stderr
