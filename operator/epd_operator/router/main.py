@@ -1,6 +1,189 @@
-"""Console entry point (placeholder until its issue lands)."""
+"""`epd-router`: command line, event loop, worker processes.
+
+The flags of vLLM's `disagg_epd_proxy.py` work unchanged (`--host`, `--port`,
+`--encode-servers-urls`, `--prefill-servers-urls`, `--decode-servers-urls`,
+`--ec-consumer-zmq-addrs`); the rest is ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
 import sys
+import tempfile
+
+from .pickers import ENCODER_POLICIES, PD_POLICIES
 
 
-def main() -> None:
-    sys.exit("epd-router: not implemented yet")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="epd-router", description="Endpoint-picker router for vLLM Encoder/Prefill/Decode serving.")
+    a = p.add_argument
+    a("--host", default="0.0.0.0")
+    a("--port", type=int, default=8000)
+    g = p.add_argument_group("static endpoints (vLLM proxy compatible)")
+    g.add_argument("--encode-servers-urls", default="", help="comma-separated encoder URLs")
+    g.add_argument("--prefill-servers-urls", default="none", help="comma-separated prefill URLs; 'disable'/'none' = E+PD")
+    g.add_argument("--decode-servers-urls", default="", help="comma-separated decode (or PD) URLs")
+    g.add_argument("--ec-consumer-zmq-addrs", default="", help="Mooncake EC: consumer control addresses, one per consumer URL")
+    k = p.add_argument_group("Kubernetes discovery")
+    k.add_argument("--discovery", choices=("static", "kubernetes"), default="static")
+    k.add_argument("--namespace", default=None, help="default: the pod's own namespace")
+    k.add_argument("--encoder-selector", default=None, help="label selector of the encoder EndpointSlices")
+    k.add_argument("--prefill-selector", default=None, help="label selector of the prefill EndpointSlices (absent = E+PD)")
+    k.add_argument("--decode-selector", default=None, help="label selector of the decode EndpointSlices")
+    k.add_argument("--backend-port-name", default="http", help="EndpointSlice port name of vLLM's HTTP port")
+    k.add_argument("--backend-port", type=int, default=8000, help="port used when a slice names none")
+    k.add_argument("--kubeconfig", default=None, help="default: in-cluster credentials, else $KUBECONFIG")
+    k.add_argument("--ec-consumer-port", type=int, default=None, help="Mooncake EC: consumer ec_port; address = tcp://<pod IP>:PORT")
+    r = p.add_argument_group("picking")
+    r.add_argument("--encoder-policy", choices=ENCODER_POLICIES, default="cache-aware")
+    r.add_argument("--pd-policy", choices=PD_POLICIES, default="least-loaded")
+    r.add_argument("--load-factor", type=float, default=1.25, help="hash pickers: max load relative to the mean (>= 1)")
+    r.add_argument("--prefix-chars", type=int, default=256, help="prefix-aware: characters of the prompt hashed")
+    r.add_argument("--encoder-max-batch", type=int, default=int(os.environ.get("ENCODER_MAX_BATCH_SIZE", "0")),
+                   help="images per encoder sub-request, 0 = unlimited (env ENCODER_MAX_BATCH_SIZE)")
+    t = p.add_argument_group("timeouts (seconds)")
+    t.add_argument("--connect-timeout", type=float, default=5.0)
+    t.add_argument("--encode-timeout", type=float, default=60.0)
+    t.add_argument("--prefill-timeout", type=float, default=300.0)
+    t.add_argument("--decode-timeout", type=float, default=600.0, help="longest silence from decode")
+    i = p.add_argument_group("input, reuse, health")
+    i.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    i.add_argument("--allow-file-urls", action="store_true", help="pass file:// media through (the router never reads them)")
+    i.add_argument("--reuse-ttl", type=float, default=0.0,
+                   help="SharedStorage connector: reuse an encoded item for this many seconds (keep it well below the janitor TTL); 0 = off")
+    i.add_argument("--reuse-max-items", type=int, default=100_000)
+    i.add_argument("--health-interval", type=float, default=5.0)
+    i.add_argument("--health-timeout", type=float, default=2.0)
+    i.add_argument("--eject-after", type=int, default=3, help="consecutive failures before an endpoint is ejected")
+    a("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
+    a("--log-level", default="info")
+    return p
+
+
+def config_from_args(args: argparse.Namespace):
+    from .config import RouterConfig
+    from .discovery import split_urls
+
+    prefill = None if args.prefill_servers_urls.strip().lower() in ("", "none", "disable") else split_urls(args.prefill_servers_urls)
+    cfg = RouterConfig(
+        host=args.host,
+        port=args.port,
+        encode_urls=split_urls(args.encode_servers_urls),
+        prefill_urls=prefill,
+        decode_urls=split_urls(args.decode_servers_urls),
+        discovery=args.discovery,
+        namespace=args.namespace,
+        encoder_selector=args.encoder_selector,
+        prefill_selector=args.prefill_selector,
+        decode_selector=args.decode_selector,
+        backend_port_name=args.backend_port_name,
+        backend_port=args.backend_port,
+        kubeconfig=args.kubeconfig,
+        encoder_policy=args.encoder_policy,
+        pd_policy=args.pd_policy,
+        load_factor=args.load_factor,
+        prefix_chars=args.prefix_chars,
+        encoder_max_batch=args.encoder_max_batch,
+        connect_timeout=args.connect_timeout,
+        encode_timeout=args.encode_timeout,
+        prefill_timeout=args.prefill_timeout,
+        decode_timeout=args.decode_timeout,
+        max_body_bytes=args.max_body_bytes,
+        allow_file_urls=args.allow_file_urls,
+        reuse_ttl=args.reuse_ttl,
+        reuse_max_items=args.reuse_max_items,
+        ec_consumer_zmq_addrs=[a.strip() for a in args.ec_consumer_zmq_addrs.split(",") if a.strip()],
+        ec_consumer_port=args.ec_consumer_port,
+        health_interval=args.health_interval,
+        health_timeout=args.health_timeout,
+        eject_after=args.eject_after,
+        workers=args.workers,
+    )
+    cfg.validate()
+    return cfg
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # the kernel spreads connections over workers
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def _serve(cfg) -> None:
+    from aiohttp import web
+
+    from .server import Router
+
+    router = Router(cfg)
+    # handler_cancellation: a client that disconnects cancels its handler, which closes
+    # every upstream call it has open.
+    runner = web.AppRunner(router.app(), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.SockSite(runner, _listening_socket(cfg.host, cfg.port))
+    await site.start()
+    logging.getLogger("epd_router").info("listening on %s:%d (pid %d)", cfg.host, cfg.port, os.getpid())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def run_worker(cfg, log_level: str) -> None:
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows: the stdlib loop works, only slower
+        asyncio.run(_serve(cfg))
+    else:
+        uvloop.run(_serve(cfg))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        sys.exit(f"epd-router: {exc}")
+    if cfg.workers <= 1:
+        run_worker(cfg, args.log_level)
+        return
+    # Several interpreters share the metrics through prometheus_client's multiprocess files;
+    # the variable must be set before any worker creates a metric.
+    metrics_dir = tempfile.mkdtemp(prefix="epd-router-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=run_worker, args=(cfg, args.log_level), name=f"epd-router-{i}") for i in range(cfg.workers)]
+    for w in workers:
+        w.start()
+
+    def forward(signum, _frame):
+        for w in workers:
+            if w.is_alive() and w.pid:
+                os.kill(w.pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        for w in workers:
+            w.join()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    sys.exit(max((w.exitcode or 0) for w in workers))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Backend endpoints per tier: in-flight counts, health checks, ejection and re-admission,
+and the load each backend reports through its own Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from .metrics import RouterMetrics
+
+log = logging.getLogger("epd_router.backends")
+
+ROLES = ("encoder", "prefill", "decode")
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredEndpoint:
+    """One backend as a discovery source sees it."""
+
+    url: str
+    ready: bool = True
+    pod: str = ""
+    ec_zmq: str | None = None  # Mooncake consumer control address, when the connector needs one
+
+
+class Endpoint:
+    __slots__ = ("url", "role", "key", "pod", "ready", "healthy", "failures", "inflight", "external_load", "ec_zmq", "_gauge")
+
+    def __init__(self, url: str, role: str, pod: str = "", ec_zmq: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.role = role
+        self.key = urlsplit(self.url).netloc or self.url
+        self.pod = pod
+        self.ready = True
+        self.healthy = True
+        self.failures = 0
+        self.inflight = 0
+        # Work the backend reported beyond what this router sent it (other router replicas,
+        # other workers), measured at the last scrape.
+        self.external_load = 0
+        self.ec_zmq = ec_zmq
+        self._gauge = None
+
+    @property
+    def load(self) -> int:
+        return self.inflight + self.external_load
+
+    @property
+    def available(self) -> bool:
+        return self.ready and self.healthy
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.role} {self.url} load={self.load} available={self.available})"
+
+
+class Pool:
+    """The endpoints of one tier. `available` is a cached list: the hot path only reads it."""
+
+    def __init__(self, role: str, metrics: RouterMetrics, eject_after: int = 3) -> None:
+        self.role = role
+        self.metrics = metrics
+        self.eject_after = eject_after
+        self.endpoints: dict[str, Endpoint] = {}
+        self.available: list[Endpoint] = []
+
+    def update(self, discovered: list[DiscoveredEndpoint]) -> None:
+        """Replace the endpoint set, keeping counters and health of endpoints that stay."""
+        fresh: dict[str, Endpoint] = {}
+        for d in discovered:
+            url = d.url.rstrip("/")
+            ep = self.endpoints.get(url) or fresh.get(url)
+            if ep is None:
+                ep = Endpoint(url, self.role, d.pod, d.ec_zmq)
+                self._label(ep)
+            else:
+                if ep.pod != d.pod:
+                    self._forget(ep)
+                    ep.pod = d.pod
+                    self._label(ep)
+                ep.ec_zmq = d.ec_zmq
+            # One address may appear in several slices; ready if any says so.
+            ep.ready = d.ready or (url in fresh and ep.ready)
+            fresh[url] = ep
+        for url, ep in self.endpoints.items():
+            if url not in fresh:
+                self._forget(ep)
+        self.endpoints = fresh
+        self._refresh()
+
+    def _label(self, ep: Endpoint) -> None:
+        ep._gauge = self.metrics.inflight.labels(self.role, ep.key, ep.pod)
+        ep._gauge.set(ep.inflight)
+
+    def _forget(self, ep: Endpoint) -> None:
+        for gauge in (self.metrics.inflight, self.metrics.endpoint_up):
+            try:
+                gauge.remove(self.role, ep.key, ep.pod)
+            except KeyError:
+                pass
+
+    def _refresh(self) -> None:
+        self.available = [ep for ep in self.endpoints.values() if ep.available]
+        for ep in self.endpoints.values():
+            self.metrics.endpoint_up.labels(self.role, ep.key, ep.pod).set(1 if ep.available else 0)
+
+    def acquire(self, ep: Endpoint, n: int = 1) -> None:
+        ep.inflight += n
+        ep._gauge.inc(n)
+
+    def release(self, ep: Endpoint, n: int = 1) -> None:
+        ep.inflight -= n
+        ep._gauge.dec(n)
+
+    def record_failure(self, ep: Endpoint, kind: str) -> None:
+        self.metrics.backend_errors.labels(self.role, ep.key, kind).inc()
+        ep.failures += 1
+        if ep.healthy and ep.failures >= self.eject_after:
+            ep.healthy = False
+            self.metrics.ejections.labels(self.role, ep.key).inc()
+            log.warning("ejected %s %s after %d consecutive failures (%s)", self.role, ep.url, ep.failures, kind)
+            self._refresh()
+
+    def record_success(self, ep: Endpoint) -> None:
+        ep.failures = 0
+        if not ep.healthy:
+            ep.healthy = True
+            log.info("re-admitted %s %s", self.role, ep.url)
+            self._refresh()
+
+    def status(self) -> str:
+        """vLLM proxy vocabulary: healthy | unhealthy | empty."""
+        if not self.endpoints:
+            return "empty"
+        return "healthy" if self.available else "unhealthy"
+
+    def describe(self) -> list[dict]:
+        return [
+            {"url": ep.url, "pod": ep.pod, "ready": ep.ready, "healthy": ep.healthy, "inflight": ep.inflight, "load": ep.load}
+            for ep in self.endpoints.values()
+        ]
+
+
+def scraped_queue_depth(text: bytes) -> int | None:
+    """vllm:num_requests_running + vllm:num_requests_waiting summed over label sets."""
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if not line.startswith(b"vllm:num_requests_"):
+            continue
+        name_end = min((i for i in (line.find(b"{"), line.find(b" ")) if i >= 0), default=-1)
+        if line[:name_end] not in (b"vllm:num_requests_running", b"vllm:num_requests_waiting"):
+            continue
+        try:
+            total += float(line.rsplit(b" ", 1)[1])
+            found = True
+        except (IndexError, ValueError):
+            continue
+    return int(total) if found else None
+
+
+class HealthChecker:
+    """Probes every endpoint's /health (ejecting and re-admitting) and scrapes /metrics for load."""
+
+    def __init__(
+        self, pools: list[Pool], session: aiohttp.ClientSession, interval: float = 5.0, timeout: float = 2.0, scrape_load: bool = True
+    ) -> None:
+        self.pools = pools
+        self.session = session
+        self.interval = interval
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.scrape_load = scrape_load
+        self.last_round = 0.0
+
+    async def check(self, pool: Pool, ep: Endpoint) -> None:
+        try:
+            async with self.session.get(ep.url + "/health", timeout=self.timeout) as r:
+                await r.read()
+                ok = r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            ok = False
+        if not ok:
+            pool.record_failure(ep, "health")
+            return
+        pool.record_success(ep)
+        if not self.scrape_load:
+            return
+        inflight_before = ep.inflight
+        try:
+            async with self.session.get(ep.url + "/metrics", timeout=self.timeout) as r:
+                depth = scraped_queue_depth(await r.read()) if r.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            depth = None
+        if depth is not None:
+            ep.external_load = max(0, depth - inflight_before)
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(pool, ep) for pool in self.pools for ep in list(pool.endpoints.values())))
+        self.last_round = time.monotonic()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check_all()
+            except Exception:  # a probe bug must not stop health checking for good
+                log.exception("health check round failed")
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,82 @@
+"""Router settings, filled from the command line (main.py) or directly by tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RouterConfig:
+    host: str = "0.0.0.0"
+    port: int = 8000
+    # Static endpoints (vLLM proxy flags). prefill_urls None means E+PD.
+    encode_urls: list[str] = field(default_factory=list)
+    prefill_urls: list[str] | None = None
+    decode_urls: list[str] = field(default_factory=list)
+    # Kubernetes discovery instead of static URLs.
+    discovery: str = "static"  # static | kubernetes
+    namespace: str | None = None
+    encoder_selector: str | None = None
+    prefill_selector: str | None = None
+    decode_selector: str | None = None
+    backend_port_name: str = "http"
+    backend_port: int = 8000
+    kubeconfig: str | None = None
+    # Picking.
+    encoder_policy: str = "cache-aware"
+    pd_policy: str = "least-loaded"
+    load_factor: float = 1.25
+    prefix_chars: int = 256
+    encoder_max_batch: int = 0
+    # Timeouts in seconds.
+    connect_timeout: float = 5.0
+    encode_timeout: float = 60.0
+    prefill_timeout: float = 300.0
+    decode_timeout: float = 600.0  # longest silence while waiting for decode bytes
+    # Input limits.
+    max_body_bytes: int = 64 * 1024 * 1024
+    allow_file_urls: bool = False
+    # Reuse of encoded items (SharedStorage connector only); 0 disables.
+    reuse_ttl: float = 0.0
+    reuse_max_items: int = 100_000
+    # Mooncake EC: consumer control addresses, either static (aligned with the consumer
+    # tier's URLs) or derived from each discovered consumer's IP and this port.
+    ec_consumer_zmq_addrs: list[str] = field(default_factory=list)
+    ec_consumer_port: int | None = None
+    # Health.
+    health_interval: float = 5.0
+    health_timeout: float = 2.0
+    eject_after: int = 3
+    workers: int = 1
+
+    @property
+    def disaggregated_prefill(self) -> bool:
+        if self.discovery == "kubernetes":
+            return bool(self.prefill_selector)
+        return bool(self.prefill_urls)
+
+    @property
+    def mooncake(self) -> bool:
+        return bool(self.ec_consumer_zmq_addrs) or self.ec_consumer_port is not None
+
+    def validate(self) -> None:
+        problems = []
+        if self.discovery == "static":
+            if not self.decode_urls:
+                problems.append("--decode-servers-urls is required")
+            consumers = self.prefill_urls if self.disaggregated_prefill else self.decode_urls
+            if self.ec_consumer_zmq_addrs and len(self.ec_consumer_zmq_addrs) != len(consumers or []):
+                problems.append("--ec-consumer-zmq-addrs needs one address per EC consumer (prefill in E/P/D, decode in E+PD)")
+        elif self.discovery == "kubernetes":
+            if not self.decode_selector:
+                problems.append("--decode-selector is required with --discovery kubernetes")
+            if self.ec_consumer_zmq_addrs:
+                problems.append("use --ec-consumer-port (not --ec-consumer-zmq-addrs) with --discovery kubernetes")
+        else:
+            problems.append(f"unknown --discovery {self.discovery!r}")
+        if self.mooncake and self.reuse_ttl > 0:
+            problems.append("--reuse-ttl works with the SharedStorage connector only, not Mooncake push")
+        if self.load_factor < 1:
+            problems.append("--load-factor must be >= 1")
+        if problems:
+            raise ValueError("; ".join(problems))

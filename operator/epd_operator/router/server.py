@@ -1,0 +1,548 @@
+"""The router's aiohttp application: request handlers and the E → (P) → D pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from contextlib import suppress
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from .backends import DiscoveredEndpoint, Endpoint, HealthChecker, Pool
+from .config import RouterConfig
+from .metrics import RouterMetrics
+from .pickers import make_picker
+from .protocol import (
+    BadRequest,
+    EncodedItem,
+    EncoderReplyError,
+    MediaItem,
+    error_body,
+    extract_media,
+    group_for_encoders,
+    match_encoder_reply,
+    parse_json_object,
+    pin_uuids,
+    prefill_request,
+    prompt_prefix,
+    rewrite_for_decode,
+    validate_chat,
+    validate_completion,
+    encoder_request,
+)
+from .reuse import ReuseCache, reuse_key
+
+log = logging.getLogger("epd_router")
+
+JSON = "application/json"
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+class UpstreamFailure(Exception):
+    """A backend call failed before anything reached the client: it may be retried elsewhere."""
+
+    def __init__(self, kind: str, status: int = 502, body: bytes = b"", content_type: str = JSON) -> None:
+        super().__init__(kind)
+        self.kind = kind  # connect | timeout | status | reply | read
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+    def response(self, rid: str, what: str) -> web.Response:
+        if self.kind == "status" and self.body:
+            return web.Response(body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid})
+        status = 504 if self.kind == "timeout" else 502
+        return json_error(status, f"{what} failed ({self.kind})", rid, "upstream_error")
+
+
+class UpstreamRejected(Exception):
+    """A backend refused the request as a client error: relayed to the client as it is."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+def json_error(status: int, message: str, rid: str | None = None, err_type: str = "invalid_request_error", param=None) -> web.Response:
+    headers = {"Content-Type": JSON}
+    if rid:
+        headers["x-request-id"] = rid
+    return web.Response(body=error_body(message, status, err_type, param), status=status, headers=headers)
+
+
+def client_error(status: int) -> bool:
+    """4xx that another instance would answer the same way (not timeouts or throttling)."""
+    return 400 <= status < 500 and status not in (408, 429)
+
+
+class Router:
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
+        config.validate()
+        self.cfg = config
+        self.metrics = metrics or RouterMetrics()
+        m = self.metrics
+        self.encoders = Pool("encoder", m, config.eject_after)
+        self.prefills = Pool("prefill", m, config.eject_after) if config.disaggregated_prefill else None
+        self.decodes = Pool("decode", m, config.eject_after)
+        self.pools = [p for p in (self.encoders, self.prefills, self.decodes) if p is not None]
+        self.encoder_picker = make_picker(config.encoder_policy, config.load_factor)
+        self.pd_picker = make_picker(config.pd_policy, config.load_factor)
+        self.prefix_keys = config.pd_policy == "prefix-aware"
+        self.reuse = ReuseCache(config.reuse_ttl, config.reuse_max_items)
+        self.mooncake = config.mooncake
+        self.encode_timeout = aiohttp.ClientTimeout(total=config.encode_timeout, sock_connect=config.connect_timeout)
+        self.prefill_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout, sock_connect=config.connect_timeout)
+        self.decode_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout, sock_read=config.decode_timeout)
+        self.session: aiohttp.ClientSession | None = None
+        self.health: HealthChecker | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        app.router.add_post(CHAT, self.chat_completions)
+        app.router.add_post(COMPLETIONS, self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health_report)
+        app.router.add_get("/metrics", self.metrics_report)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app: web.Application) -> None:
+        # vLLM closes idle keep-alive connections after 5 s; retire ours first so a reused
+        # connection is never one the server already closed.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.5, ttl_dns_cache=30)
+        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        if self.cfg.discovery == "kubernetes":
+            from .discovery import KubernetesDiscovery
+
+            discovery = KubernetesDiscovery.from_config(self.cfg, self._pool_for_role())
+            await discovery.start()
+            self._tasks.append(asyncio.create_task(discovery.run(), name="discovery"))
+            self._discovery = discovery
+        else:
+            from .discovery import static_endpoints
+
+            for role, endpoints in static_endpoints(self.cfg).items():
+                self._pool_for_role()[role].update(endpoints)
+        self.health = HealthChecker(self.pools, self.session, self.cfg.health_interval, self.cfg.health_timeout)
+        if self.cfg.health_interval > 0:
+            self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+
+    async def _stop(self, app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with suppress(asyncio.CancelledError, Exception):
+                await task
+        discovery = getattr(self, "_discovery", None)
+        if discovery is not None:
+            await discovery.close()
+        if self.session is not None:
+            await self.session.close()
+
+    def _pool_for_role(self) -> dict[str, Pool]:
+        pools = {"encoder": self.encoders, "decode": self.decodes}
+        if self.prefills is not None:
+            pools["prefill"] = self.prefills
+        return pools
+
+    def set_endpoints(self, role: str, endpoints: list[DiscoveredEndpoint]) -> None:
+        self._pool_for_role()[role].update(endpoints)
+
+    # ---- handlers --------------------------------------------------------------------
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BadRequest(f"request body exceeds {self.cfg.max_body_bytes} bytes", status=413) from None
+
+    def _upstream_headers(self, request: web.Request, rid: str) -> dict[str, str]:
+        headers = {"Content-Type": JSON, "x-request-id": rid, "Accept-Encoding": "identity"}
+        auth = request.headers.get("Authorization")
+        if auth:
+            headers["Authorization"] = auth
+        return headers
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        try:
+            raw = await self._read_body(request)
+            body = parse_json_object(raw)
+            items = extract_media(validate_chat(body), self.cfg.allow_file_urls)
+        except BadRequest as exc:
+            return self._answered(CHAT, json_error(exc.status, str(exc), rid, param=exc.param))
+        return self._answered(CHAT, await self._generate(request, CHAT, rid, raw, body, items, t0), t0)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        try:
+            raw = await self._read_body(request)
+            body = parse_json_object(raw)
+            validate_completion(body)
+        except BadRequest as exc:
+            return self._answered(COMPLETIONS, json_error(exc.status, str(exc), rid, param=exc.param))
+        return self._answered(COMPLETIONS, await self._generate(request, COMPLETIONS, rid, raw, body, [], t0), t0)
+
+    def _answered(self, route: str, response: web.StreamResponse, t0: float | None = None) -> web.StreamResponse:
+        self.metrics.count_request(route, response.status)
+        if t0 is not None:
+            self.metrics.observe_stage("total", time.perf_counter() - t0)
+        return response
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        pool = self.decodes
+        if not pool.available:
+            return self._answered("/v1/models", json_error(503, "no decode endpoint available", rid, "service_unavailable"))
+        ep = pool.available[0]
+        headers = self._upstream_headers(request, rid)
+        del headers["Content-Type"]
+        try:
+            async with self.session.get(ep.url + "/v1/models", headers=headers, timeout=self.prefill_timeout) as r:
+                data = await r.read()
+                ct = r.headers.get("Content-Type", JSON)
+                status = r.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            pool.record_failure(ep, "connect")
+            return self._answered("/v1/models", json_error(502, f"decode /v1/models failed: {exc}", rid, "upstream_error"))
+        return self._answered("/v1/models", web.Response(body=data, status=status, headers={"Content-Type": ct, "x-request-id": rid}))
+
+    async def health_report(self, request: web.Request) -> web.Response:
+        report = {
+            "proxy": "healthy",
+            "encode_cluster": self.encoders.status(),
+            "prefill_cluster": self.prefills.status() if self.prefills is not None else "disabled",
+            "decode_cluster": self.decodes.status(),
+            "tiers": {pool.role: pool.describe() for pool in self.pools},
+        }
+        # Without encoders the router still serves (consumers encode locally); without a
+        # prefill or decode instance it cannot.
+        serving = bool(self.decodes.available) and (self.prefills is None or bool(self.prefills.available))
+        return web.Response(body=orjson.dumps(report), status=200 if serving else 503, content_type=JSON)
+
+    async def metrics_report(self, request: web.Request) -> web.Response:
+        data, content_type = self.metrics.exposition()
+        return web.Response(body=data, headers={"Content-Type": content_type})
+
+    # ---- the pipeline ----------------------------------------------------------------
+
+    async def _generate(
+        self, request: web.Request, path: str, rid: str, raw: bytes, body: dict, items: list[MediaItem], t0: float
+    ) -> web.StreamResponse:
+        headers = self._upstream_headers(request, rid)
+        consumers = self.prefills if self.prefills is not None else self.decodes
+        key = prompt_prefix(body, items, self.cfg.prefix_chars) if self.prefix_keys else None
+        # The EC consumer is chosen before encoding: a Mooncake encoder pushes straight to it.
+        consumer = self.pd_picker.pick(consumers.available, key)
+        if consumer is None:
+            return json_error(503, f"no {consumers.role} endpoint available", rid, "service_unavailable")
+        try:
+            if items:
+                te = time.perf_counter()
+                encoded = await self._encode(body, items, rid, headers, consumer.ec_zmq if self.mooncake else None)
+                self.metrics.observe_stage("encode", time.perf_counter() - te)
+            else:
+                encoded = {}
+        except UpstreamRejected as rej:
+            return web.Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
+
+        metadata_only = any(enc.metadata for enc in encoded.values())
+        if encoded:
+            prepared = rewrite_for_decode(body, items, encoded)
+        elif items and not self.mooncake:
+            prepared = pin_uuids(body, items)
+        else:
+            prepared = body
+
+        def raw_media() -> dict:
+            # The retry body after a consumer failed a metadata-only request: media kept,
+            # uuids pinned so a still-cached embedding is found, and nothing remembered.
+            for item in items:
+                self.reuse.forget(reuse_key(body, item))
+            return body if self.mooncake else pin_uuids(body, items)
+
+        ctx = _Timing(t0, rid)
+        try:
+            if self.prefills is not None:
+                return await self._prefill_then_decode(request, path, prepared, metadata_only, raw_media, consumer, headers, key, ctx)
+            data = raw if prepared is body else orjson.dumps(prepared)
+            return await self._serve_consumer(request, path, data, metadata_only, raw_media, consumer, headers, key, ctx)
+        except UpstreamRejected as rej:
+            return web.Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
+
+    async def _serve_consumer(self, request, path, data, metadata_only, raw_media, ep, headers, key, ctx) -> web.StreamResponse:
+        """E+PD: the PD instance answers; one retry elsewhere before the first byte."""
+        pool = self.decodes
+        try:
+            return await self._stream_from(request, pool, ep, path, data, headers, ctx, metadata_only)
+        except UpstreamFailure as failure:
+            reason = "metadata_rejected" if metadata_only and failure.kind == "status" else failure.kind
+            self.metrics.retries.labels("decode", reason).inc()
+            if metadata_only and failure.kind == "status":
+                data = orjson.dumps(raw_media())
+            retry_ep = self.pd_picker.pick(pool.available, key, exclude=(ep,)) or ep
+            try:
+                return await self._stream_from(request, pool, retry_ep, path, data, headers, ctx, False)
+            except UpstreamFailure as final:
+                return final.response(ctx.rid, "decode")
+
+    async def _prefill_then_decode(self, request, path, prepared, metadata_only, raw_media, p_ep, headers, key, ctx):
+        """E/P/D: P computes the KV (max_tokens 1), D pulls it and answers."""
+        tp = time.perf_counter()
+        try:
+            kv, p_ep, prepared = await self._prefill(path, prepared, metadata_only, raw_media, p_ep, headers, key)
+        except UpstreamFailure as failure:
+            return failure.response(ctx.rid, "prefill")
+        self.metrics.observe_stage("prefill", time.perf_counter() - tp)
+        d_ep = self.pd_picker.pick(self.decodes.available, key)
+        if d_ep is None:
+            return json_error(503, "no decode endpoint available", ctx.rid, "service_unavailable")
+        data = orjson.dumps({**prepared, "kv_transfer_params": kv} if kv else prepared)
+        try:
+            return await self._stream_from(request, self.decodes, d_ep, path, data, headers, ctx, False)
+        except UpstreamFailure as failure:
+            self.metrics.retries.labels("decode", failure.kind).inc()
+        # D's KV handle may be spent: prefill again on the P that worked, then another D.
+        try:
+            kv = await self._prefill_once(p_ep, path, orjson.dumps(prefill_request(prepared)), headers)
+        except UpstreamFailure as failure:
+            return failure.response(ctx.rid, "prefill")
+        retry_ep = self.pd_picker.pick(self.decodes.available, key, exclude=(d_ep,)) or d_ep
+        data = orjson.dumps({**prepared, "kv_transfer_params": kv} if kv else prepared)
+        try:
+            return await self._stream_from(request, self.decodes, retry_ep, path, data, headers, ctx, False)
+        except UpstreamFailure as final:
+            return final.response(ctx.rid, "decode")
+
+    async def _prefill(self, path, prepared, metadata_only, raw_media, ep, headers, key):
+        """Returns (kv_transfer_params, the P that answered, the body it accepted)."""
+        try:
+            return await self._prefill_once(ep, path, orjson.dumps(prefill_request(prepared)), headers, metadata_only), ep, prepared
+        except UpstreamFailure as failure:
+            reason = "metadata_rejected" if metadata_only and failure.kind == "status" else failure.kind
+            self.metrics.retries.labels("prefill", reason).inc()
+            if metadata_only and failure.kind == "status":
+                prepared = raw_media()
+        retry_ep = self.pd_picker.pick(self.prefills.available, key, exclude=(ep,)) or ep
+        return await self._prefill_once(retry_ep, path, orjson.dumps(prefill_request(prepared)), headers), retry_ep, prepared
+
+    async def _prefill_once(self, ep: Endpoint, path: str, data: bytes, headers: dict, metadata_only: bool = False):
+        pool = self.prefills
+        pool.acquire(ep)
+        try:
+            async with self.session.post(ep.url + path, data=data, headers=headers, timeout=self.prefill_timeout) as r:
+                payload = await r.read()
+                status, ct = r.status, r.headers.get("Content-Type", JSON)
+        except asyncio.TimeoutError:
+            pool.record_failure(ep, "timeout")
+            raise UpstreamFailure("timeout") from None
+        except (aiohttp.ClientError, OSError):
+            pool.record_failure(ep, "connect")
+            raise UpstreamFailure("connect") from None
+        finally:
+            pool.release(ep)
+        if status != 200:
+            if client_error(status) and not (metadata_only and status == 400):
+                raise UpstreamRejected(status, payload, ct)
+            if status >= 500:
+                pool.record_failure(ep, "status")
+            raise UpstreamFailure("status", status, payload, ct)
+        pool.record_success(ep)
+        try:
+            return orjson.loads(payload).get("kv_transfer_params")
+        except (orjson.JSONDecodeError, AttributeError):
+            pool.record_failure(ep, "reply")
+            raise UpstreamFailure("reply") from None
+
+    async def _stream_from(self, request, pool: Pool, ep: Endpoint, path, data, headers, ctx, metadata_only) -> web.StreamResponse:
+        """One attempt at a generating backend. Raises UpstreamFailure only before the first byte."""
+        td = time.perf_counter()
+        pool.acquire(ep)
+        resp = None
+        try:
+            try:
+                resp = await self.session.post(ep.url + path, data=data, headers=headers, timeout=self.decode_timeout)
+            except asyncio.TimeoutError:
+                pool.record_failure(ep, "timeout")
+                raise UpstreamFailure("timeout") from None
+            except (aiohttp.ClientError, OSError):
+                pool.record_failure(ep, "connect")
+                raise UpstreamFailure("connect") from None
+            if resp.status >= 500 or (metadata_only and resp.status == 400):
+                body = await _read_quietly(resp)
+                if resp.status >= 500:
+                    pool.record_failure(ep, "status")
+                raise UpstreamFailure("status", resp.status, body, resp.headers.get("Content-Type", JSON))
+            out = await self._relay(request, resp, ctx, pool, ep)
+            pool.record_success(ep)
+            self.metrics.observe_stage("decode", time.perf_counter() - td)
+            return out
+        except BaseException:
+            if resp is not None:
+                resp.close()  # abort the upstream call (client gone, or giving up)
+            raise
+        finally:
+            pool.release(ep)
+            if resp is not None:
+                resp.release()
+
+    async def _relay(self, request: web.Request, resp: aiohttp.ClientResponse, ctx: "_Timing", pool: Pool, ep: Endpoint) -> web.StreamResponse:
+        ct = resp.headers.get("Content-Type", JSON)
+        if not ct.startswith("text/event-stream"):
+            try:
+                data = await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pool.record_failure(ep, "read")
+                raise UpstreamFailure("read") from None
+            self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
+            return web.Response(body=data, status=resp.status, headers={"Content-Type": ct, "x-request-id": ctx.rid})
+        try:
+            first = await resp.content.readany()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            pool.record_failure(ep, "read")
+            raise UpstreamFailure("read") from None
+        out = web.StreamResponse(status=resp.status, headers={"Content-Type": ct, "Cache-Control": "no-cache", "x-request-id": ctx.rid})
+        await out.prepare(request)
+        if first:
+            await out.write(first)
+        self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
+        try:
+            async for chunk in resp.content.iter_any():
+                await out.write(chunk)
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            # Bytes already reached the client: nothing to retry; end the stream where it broke.
+            pool.record_failure(ep, "stream")
+            log.warning("[%s] decode stream from %s broke after the first byte: %r", ctx.rid, ep.url, exc)
+        await out.write_eof()
+        return out
+
+    # ---- encoders --------------------------------------------------------------------
+
+    async def _encode(self, body: dict, items: list[MediaItem], rid: str, headers: dict, consumer_zmq: str | None) -> dict[int, EncodedItem]:
+        encoded: dict[int, EncodedItem] = {}
+        todo = items
+        if self.reuse.enabled:
+            todo = []
+            for item in items:
+                hit = self.reuse.recall(reuse_key(body, item))
+                if hit is None:
+                    todo.append(item)
+                else:
+                    hit.transfer_id = uuid.uuid4().hex
+                    encoded[item.index] = hit
+            self.metrics.count_items("reused", len(items) - len(todo))
+        if not todo:
+            return encoded
+        if not self.encoders.available:
+            self.metrics.count_items("fallback", len(todo))
+            self.metrics.fallback_requests.labels("no_encoder").inc()
+            return encoded
+        failed = await self._encode_round(body, todo, rid, headers, consumer_zmq, encoded, {})
+        if failed:
+            self.metrics.retries.labels("encode", "encoder_failed").inc()
+            failed = await self._encode_round(body, [item for item, _ in failed], rid, headers, consumer_zmq, encoded, dict(
+                (item.index, ep) for item, ep in failed))
+        if failed:
+            self.metrics.fallback_requests.labels("encoder_failed").inc()
+        self.metrics.count_items("encoded", sum(1 for i in todo if i.index in encoded and encoded[i.index].metadata))
+        self.metrics.count_items("fallback", sum(1 for i in todo if not (i.index in encoded and encoded[i.index].metadata)))
+        if self.reuse.enabled:
+            for item in todo:
+                if item.index in encoded:
+                    self.reuse.remember(reuse_key(body, item), encoded[item.index])
+        return encoded
+
+    async def _encode_round(self, body, items, rid, headers, consumer_zmq, encoded, avoid: dict[int, Endpoint]):
+        """Encode items concurrently (same-encoder images batched); returns (item, encoder) pairs that failed."""
+        pool = self.encoders
+        targets: list[Endpoint] = []
+        for item in items:
+            avoided = avoid.get(item.index)
+            ep = self.encoder_picker.pick(pool.available, item.uuid, (avoided,) if avoided else ())
+            if ep is None:
+                ep = self.encoder_picker.pick(pool.available, item.uuid)
+            if ep is None:  # every encoder was ejected meanwhile: send what is left raw
+                return [(i, None) for i in items[len(targets):]] + await self._encode_groups(
+                    body, items[: len(targets)], targets, rid, headers, consumer_zmq, encoded)
+            pool.acquire(ep)  # count it now so the next item of this request sees the load
+            targets.append(ep)
+        return await self._encode_groups(body, items, targets, rid, headers, consumer_zmq, encoded)
+
+    async def _encode_groups(self, body, items, targets, rid, headers, consumer_zmq, encoded):
+        groups = group_for_encoders(items, targets, self.cfg.encoder_max_batch)
+        results = await asyncio.gather(
+            *(self._encode_group(ep, group, body, rid, headers, consumer_zmq) for ep, group in groups), return_exceptions=True
+        )
+        failed = []
+        for (ep, group), result in zip(groups, results):
+            if isinstance(result, UpstreamRejected):
+                raise result
+            if isinstance(result, UpstreamFailure):
+                failed.extend((item, ep) for item in group)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                encoded.update(result)
+        return failed
+
+    async def _encode_group(self, ep: Endpoint, group: list[MediaItem], body, rid, headers, consumer_zmq) -> dict[int, EncodedItem]:
+        pool = self.encoders
+        transfer_ids = [uuid.uuid4().hex for _ in group]
+        req = encoder_request(body, group, consumer_zmq, transfer_ids)
+        sub_headers = {**headers, "x-request-id": f"{rid}:{group[0].index}:{uuid.uuid4().hex[:6]}"}
+        try:
+            async with self.session.post(
+                ep.url + CHAT, data=orjson.dumps(req), headers=sub_headers, timeout=self.encode_timeout
+            ) as r:
+                payload = await r.read()
+                status, ct = r.status, r.headers.get("Content-Type", JSON)
+        except asyncio.TimeoutError:
+            pool.record_failure(ep, "timeout")
+            raise UpstreamFailure("timeout") from None
+        except (aiohttp.ClientError, OSError):
+            pool.record_failure(ep, "connect")
+            raise UpstreamFailure("connect") from None
+        finally:
+            pool.release(ep, len(group))
+        if status != 200:
+            if client_error(status):
+                raise UpstreamRejected(status, payload, ct)
+            pool.record_failure(ep, "status")
+            raise UpstreamFailure("status", status, payload, ct)
+        try:
+            matched = match_encoder_reply(orjson.loads(payload).get("ec_transfer_params"), group)
+        except (orjson.JSONDecodeError, AttributeError, EncoderReplyError) as exc:
+            log.warning("[%s] encoder %s reply unusable: %s", rid, ep.url, exc)
+            pool.record_failure(ep, "reply")
+            raise UpstreamFailure("reply") from None
+        pool.record_success(ep)
+        tid = {item.index: t for item, t in zip(group, transfer_ids)}
+        return {index: EncodedItem(mm_hash, report, tid[index]) for index, (mm_hash, report) in matched.items()}
+
+
+class _Timing:
+    __slots__ = ("t0", "rid")
+
+    def __init__(self, t0: float, rid: str) -> None:
+        self.t0 = t0
+        self.rid = rid
+
+
+async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return b""

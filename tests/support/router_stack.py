@@ -1,0 +1,87 @@
+"""An in-process router in front of scripted fake vLLM backends, for tests and benchmarks."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from epd_operator.router.config import RouterConfig
+from epd_operator.router.server import Router
+
+from .fake_vllm import FakeVLLM
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict
+    body: bytes
+
+    def json(self):
+        return orjson.loads(self.body)
+
+
+@dataclass
+class Stack:
+    router: Router
+    url: str
+    session: aiohttp.ClientSession
+    encoders: list[FakeVLLM] = field(default_factory=list)
+    prefills: list[FakeVLLM] = field(default_factory=list)
+    decodes: list[FakeVLLM] = field(default_factory=list)
+
+    async def post(self, path: str, doc=None, *, data: bytes | None = None, headers: dict | None = None) -> Reply:
+        payload = data if data is not None else orjson.dumps(doc)
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        async with self.session.post(self.url + path, data=payload, headers=hdrs) as r:
+            return Reply(r.status, dict(r.headers), await r.read())
+
+    async def get(self, path: str, headers: dict | None = None) -> Reply:
+        async with self.session.get(self.url + path, headers=headers or {}) as r:
+            return Reply(r.status, dict(r.headers), await r.read())
+
+    def all_backends(self) -> list[FakeVLLM]:
+        return [*self.encoders, *self.prefills, *self.decodes]
+
+
+async def serve_router(router: Router) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(router.app(), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@asynccontextmanager
+async def router_stack(encoders: int = 2, prefills: int = 0, decodes: int = 1, pd_role: str | None = None, **config):
+    """Start fakes and a router over them. Health checking is off unless `health_interval` is given:
+    tests drive `stack.router.health.check_all()` themselves."""
+    fakes_e = [FakeVLLM("encoder", f"e{i}") for i in range(encoders)]
+    fakes_p = [FakeVLLM("prefill", f"p{i}") for i in range(prefills)]
+    fakes_d = [FakeVLLM(pd_role or ("decode" if prefills else "pd"), f"d{i}") for i in range(decodes)]
+    started: list[FakeVLLM] = []
+    runner = None
+    try:
+        for fake in (*fakes_e, *fakes_p, *fakes_d):
+            await fake.start()
+            started.append(fake)
+        config.setdefault("health_interval", 0)
+        cfg = RouterConfig(
+            encode_urls=[f.url for f in fakes_e],
+            prefill_urls=[f.url for f in fakes_p] or None,
+            decode_urls=[f.url for f in fakes_d],
+            **config,
+        )
+        router = Router(cfg)
+        runner, url = await serve_router(router)
+        async with aiohttp.ClientSession() as session:
+            yield Stack(router, url, session, fakes_e, fakes_p, fakes_d)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        for fake in started:
+            await fake.stop()
