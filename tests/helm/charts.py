@@ -1,11 +1,13 @@
 """Running helm against the repository's charts and reading what it renders."""
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +48,20 @@ class Helm:
         return int(out.lstrip("v").split(".")[0])
 
     def run(self, *args: str) -> HelmResult:
-        proc = subprocess.run([str(self.binary), *args], capture_output=True, text=True, timeout=120)
+        # No kubeconfig: these tests must never reach whatever cluster the developer has.
+        env = {**os.environ, "KUBECONFIG": os.devnull}
+        proc = subprocess.run([str(self.binary), *args], capture_output=True, text=True, timeout=120, env=env)
         return HelmResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def notes(self, chart: Path, *sets: str, release: str = "epd", namespace: str = "epd-system") -> str:
+        """NOTES.txt as `helm install` prints it (rendered client-side, nothing installed)."""
+        if self.major < 4:
+            pytest.skip("helm 3's `install --dry-run=client` still contacts a cluster; NOTES are checked with helm 4")
+        result = self.run("install", release, str(chart), "-n", namespace, "--dry-run=client",
+                          *_value_args(None, sets))
+        if result.returncode != 0:
+            raise AssertionError(f"helm install --dry-run=client {chart.name} failed:\n{result.stderr}")
+        return result.stdout.split("NOTES:", 1)[1]
 
     def lint(self, chart: Path, values: Path | None = None, *sets: str) -> HelmResult:
         return self.run("lint", "--strict", str(chart), *_value_args(values, sets))

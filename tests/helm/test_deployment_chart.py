@@ -1,0 +1,68 @@
+"""The epd-deployment chart turns values into exactly one EPDDeployment, field for field."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from .charts import DEPLOYMENT_CHART, ci_values
+
+pytestmark = pytest.mark.helm
+
+
+def render_spec(helm, values=None, *sets, release="my-vl", namespace="ml") -> dict:
+    (cr,) = helm.template(DEPLOYMENT_CHART, values, *sets, release=release, namespace=namespace)
+    assert (cr["apiVersion"], cr["kind"]) == ("serving.epd.dev/v1alpha1", "EPDDeployment")
+    assert (cr["metadata"]["name"], cr["metadata"]["namespace"]) == (release, namespace)
+    return cr["spec"]
+
+
+@pytest.mark.parametrize("values", ci_values(DEPLOYMENT_CHART), ids=lambda p: p.name.removesuffix("-values.yaml"))
+def test_scenario_values_become_the_spec_unchanged(helm, values):
+    """Each spec field the scenario sets arrives in the EPDDeployment as written."""
+    wanted = yaml.safe_load(values.read_text())
+    spec = render_spec(helm, values)
+    for field, value in wanted.items():
+        assert _subset(value, spec[field]), f"{field}: {value!r} rendered as {spec[field]!r}"
+    assert ("prefill" in spec) == ("prefill" in wanted)
+
+
+def _subset(wanted, got) -> bool:
+    if isinstance(wanted, dict):
+        return isinstance(got, dict) and all(k in got and _subset(v, got[k]) for k, v in wanted.items())
+    return wanted == got
+
+
+def test_defaults_are_e_plus_pd_on_shared_storage(helm):
+    spec = render_spec(helm)
+    assert "prefill" not in spec and "kvTransfer" not in spec
+    assert spec["ecTransfer"] == {"connector": "SharedStorage", "sharedStorage": {
+        "claimName": "ec-cache", "path": "/ec-cache", "maxSize": "50Gi", "ttlSeconds": 600}}
+
+
+def test_only_the_chosen_connectors_settings_are_sent(helm):
+    """Switching connector must not drag the default sharedStorage block along (the API refuses it)."""
+    spec = render_spec(helm, None, "ecTransfer.connector=CPU", "ecTransfer.cpu.bytes=8Gi")
+    assert spec["ecTransfer"] == {"connector": "CPU", "cpu": {"bytes": "8Gi"}}
+
+
+def test_prefill_makes_it_e_p_d_with_kv_transfer(helm):
+    spec = render_spec(helm, None, "prefill.replicas=2", "kvTransfer.connector=Nixl")
+    assert spec["prefill"] == {"replicas": 2}
+    assert spec["kvTransfer"] == {"connector": "Nixl"}
+
+
+def test_metadata_from_values(helm):
+    (cr,) = helm.template(DEPLOYMENT_CHART, None, "fullnameOverride=qwen", "labels.team=ml",
+                          "annotations.owner=alice")
+    assert cr["metadata"]["name"] == "qwen"
+    assert cr["metadata"]["labels"]["team"] == "ml"
+    assert cr["metadata"]["annotations"] == {"owner": "alice"}
+
+
+def test_notes_give_the_endpoint_and_a_curl_example(helm):
+    notes = helm.notes(DEPLOYMENT_CHART, "router.service.port=9000", release="my-vl", namespace="ml")
+    assert "get epd my-vl -o jsonpath='{.status.endpoint}'" in notes
+    assert "http://my-vl-router.ml.svc:9000" in notes
+    assert "port-forward svc/my-vl-router 9000:9000" in notes
+    assert "curl -s http://127.0.0.1:9000/v1/chat/completions" in notes
+    assert '"model": "qwen-vl"' in notes

@@ -1,0 +1,202 @@
+"""What the epd-operator chart installs: a locked-down operator, exactly the RBAC it needs
+(cluster-wide or per namespace), its metrics, the dashboard and the helm test hook."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from .charts import OPERATOR_CHART, by_kind, one
+
+pytestmark = pytest.mark.helm
+
+# (apiGroup, resource, verb) the operator must hold in every namespace it serves.
+NAMESPACED_NEEDS = [
+    *[("serving.epd.dev", "epddeployments", v) for v in ("get", "list", "watch", "patch", "update")],
+    *[("serving.epd.dev", "epddeployments/status", v) for v in ("get", "patch", "update")],
+    *[(g, r, v) for g, r in [("apps", "deployments"), ("", "services"), ("", "configmaps"),
+                             ("", "serviceaccounts"), ("autoscaling", "horizontalpodautoscalers"),
+                             ("policy", "poddisruptionbudgets"), ("rbac.authorization.k8s.io", "roles"),
+                             ("rbac.authorization.k8s.io", "rolebindings")]
+      for v in ("get", "list", "watch", "create", "update", "patch", "delete")],
+    ("", "events", "create"), ("", "events", "patch"),
+    *[(g, r, v) for g, r in [("", "pods"), ("", "endpoints"), ("discovery.k8s.io", "endpointslices")]
+      for v in ("get", "list", "watch")],
+    *[("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")],
+    *[("coordination.k8s.io", "leases", v) for v in ("get", "list", "watch", "create", "update", "patch")],
+]
+CLUSTER_NEEDS = [
+    *[("", "namespaces", v) for v in ("list", "watch")],
+    *[("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")],
+    *[("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")],
+]
+# What the Role the operator creates for each router grants (design.md: read EndpointSlices/Pods).
+ROUTER_ROLE_GRANTS = [(g, r, v) for g, r in [("discovery.k8s.io", "endpointslices"), ("", "pods")]
+                      for v in ("get", "list", "watch")]
+
+
+def granted(rules: list[dict]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def container(objects):
+    (c,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_operator_pod_is_locked_down(helm):
+    objects = helm.template(OPERATOR_CHART)
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    c = container(objects)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"requests", "limits"} <= set(c["resources"]) and "memory" in c["resources"]["limits"]
+
+
+def test_operator_probes_and_ports(helm):
+    c = container(helm.template(OPERATOR_CHART))
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["command"] == ["epd-operator"]
+    assert c["image"] == "ghcr.io/epd-operator/epd-operator:0.1.0"
+
+
+def test_image_digest_wins_over_tag(helm):
+    digest = "sha256:" + "a" * 64
+    c = container(helm.template(OPERATOR_CHART, None, f"image.digest={digest}", "image.tag=ignored"))
+    assert c["image"] == f"ghcr.io/epd-operator/epd-operator@{digest}"
+
+
+def test_cluster_wide_by_default(helm):
+    objects = helm.template(OPERATOR_CHART)
+    assert container(objects)["args"] == ["--all-namespaces"]
+    assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
+    rules = granted(one(objects, "ClusterRole")["rules"])
+    missing = set(NAMESPACED_NEEDS + CLUSTER_NEEDS) - rules
+    assert not missing, f"ClusterRole lacks {sorted(missing)}"
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == one(objects, "ClusterRole")["metadata"]["name"]
+    sa = one(objects, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
+
+
+def test_watch_namespaces_gets_namespaced_roles_only(helm):
+    objects = helm.template(OPERATOR_CHART, None, "watchNamespaces={team-a,team-b}", namespace="epd-system")
+    assert by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
+    assert container(objects)["args"] == ["--namespace=team-a", "--namespace=team-b"]
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith("-self")}
+    assert set(roles) == {"team-a", "team-b"}
+    for role in roles.values():
+        missing = set(NAMESPACED_NEEDS) - granted(role["rules"])
+        assert not missing, f"Role in {role['metadata']['namespace']} lacks {sorted(missing)}"
+    bindings = {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in by_kind(objects, "RoleBinding")}
+    assert {(ns, r["metadata"]["name"]) for ns, r in roles.items()} <= bindings
+    # kopf's leases and peering in the operator's own namespace, which it does not serve.
+    (own,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "epd-system"]
+    assert ("coordination.k8s.io", "leases", "create") in granted(own["rules"])
+
+
+def test_operator_can_create_the_router_role_without_escalate(helm):
+    """RBAC refuses to create a Role granting more than its creator holds (unless `escalate`)."""
+    rules = one(helm.template(OPERATOR_CHART), "ClusterRole")["rules"]
+    assert set(ROUTER_ROLE_GRANTS) <= granted(rules)
+    assert not {v for _, _, v in granted(rules)} & {"escalate", "bind", "*"}
+
+
+def test_metrics_service_and_service_monitor_agree(helm):
+    objects = helm.template(OPERATOR_CHART, None, "metrics.serviceMonitor.enabled=true",
+                            "metrics.serviceMonitor.labels.release=kps")
+    service, monitor = one(objects, "Service"), one(objects, "ServiceMonitor")
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+
+
+def test_service_monitor_without_service_is_refused(helm):
+    result = helm.template_text(OPERATOR_CHART, None, "metrics.serviceMonitor.enabled=true",
+                                "metrics.service.enabled=false")
+    assert result.returncode != 0 and "needs metrics.service.enabled" in result.stderr
+
+
+def test_pod_monitors_select_what_the_operator_creates(helm):
+    objects = helm.template(OPERATOR_CHART, None, "metrics.podMonitors.enabled=true", "watchNamespaces={ml}")
+    monitors = {m["metadata"]["name"].rsplit("-", 1)[1]: m["spec"] for m in by_kind(objects, "PodMonitor")}
+    assert monitors["routers"]["selector"]["matchLabels"] == {"serving.epd.dev/role": "router"}
+    (roles,) = monitors["vllm"]["selector"]["matchExpressions"]
+    assert roles["key"] == "serving.epd.dev/role" and set(roles["values"]) == {"encoder", "prefill", "decode"}
+    assert all(m["namespaceSelector"] == {"matchNames": ["ml"]} for m in monitors.values())
+
+
+def test_prometheus_rule_records_what_the_adapter_serves(helm):
+    rule = one(helm.template(OPERATOR_CHART, None, "metrics.prometheusRule.enabled=true"), "PrometheusRule")
+    recorded = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert "epd_router_encoder_inflight" in recorded
+    adapter = yaml.safe_load((OPERATOR_CHART / "prometheus-adapter" / "values.yaml").read_text())
+    for custom in adapter["rules"]["custom"]:
+        series = re.match(r"[\w:]+", custom["seriesQuery"]).group(0)
+        assert series in recorded or series.startswith("vllm:"), f"adapter reads {series}, which nothing records"
+        assert custom["resources"]["overrides"]["pod"] == {"resource": "pod"}
+        assert ":" not in custom["name"]["as"], "custom metric names cannot contain ':'"
+
+
+# Metric names the dashboard may use: the router's, vLLM's and kube-state-metrics'.
+ROUTER_METRICS = {"epd_router_requests_total", "epd_router_stage_seconds_bucket", "epd_router_items_total",
+                  "epd_router_endpoint_inflight", "epd_router_backend_errors_total", "epd_router_ejections_total"}
+KNOWN_METRIC = re.compile(r"^(vllm:\w+|kube_(deployment|horizontalpodautoscaler)_\w+)$")
+PROMQL_WORDS = {"sum", "by", "rate", "histogram_quantile", "clamp_min", "label_replace", "le", "stage", "role",
+                "pod", "outcome", "route", "status", "epd", "namespace", "deployment", "horizontalpodautoscaler"}
+
+
+def dashboard(objects) -> dict:
+    (cm,) = [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"].endswith("-dashboards")]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    return json.loads(cm["data"]["epd.json"])
+
+
+def test_dashboard_configmap_for_the_grafana_sidecar(helm):
+    board = dashboard(helm.template(OPERATOR_CHART))
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    metrics = {word for e in exprs for word in re.findall(r"[a-zA-Z_:][\w:]*(?=\{)", e)}
+    unknown = {m for m in metrics - ROUTER_METRICS if not KNOWN_METRIC.match(m)}
+    assert not unknown, f"dashboard queries unknown metrics {unknown}"
+    text = " ".join(exprs)
+    for needed in ('stage="ttfb"', "vllm:time_to_first_token_seconds_bucket", "epd_router_items_total",
+                   'vllm:num_requests_waiting{', "kube_deployment_status_replicas_available",
+                   "epd_router_stage_seconds_bucket", "epd_router_requests_total"):
+        assert needed in text, f"dashboard lacks {needed}"
+    assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "namespace", "epd"}
+
+
+def test_dashboard_toggle_and_namespace(helm):
+    assert not [c for c in by_kind(helm.template(OPERATOR_CHART, None, "dashboards.enabled=false"), "ConfigMap")
+                if c["metadata"]["name"].endswith("-dashboards")]
+    objects = helm.template(OPERATOR_CHART, None, "dashboards.namespace=monitoring")
+    (cm,) = [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"].endswith("-dashboards")]
+    assert cm["metadata"]["namespace"] == "monitoring"
+
+
+def test_helm_test_hook_scrapes_the_metrics_service(helm):
+    objects = helm.template(OPERATOR_CHART, release="epd", namespace="epd-system")
+    (test_pod,) = by_kind(objects, "Pod")
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (c,) = test_pod["spec"]["containers"]
+    assert c["image"] == container(objects)["image"]
+    service = one(objects, "Service")["metadata"]["name"]
+    assert f"http://{service}.epd-system.svc:9090/metrics" in c["command"][-1]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_notes_say_where_the_operator_looks(helm):
+    for sets, expected in [((), "all namespaces"), (("watchNamespaces={team-a,team-b}",), "team-a, team-b")]:
+        notes = helm.notes(OPERATOR_CHART, *sets)
+        assert expected in notes and "helm test epd -n epd-system" in notes
