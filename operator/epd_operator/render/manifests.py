@@ -1,0 +1,271 @@
+"""EPDDeployment -> Kubernetes objects: assembles the vLLM tiers, the router and the transfer extras.
+
+Pure: the same spec always gives the same objects in the same order, with no I/O, clock or
+randomness, so the controller's server-side apply is a no-op in steady state.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..api.quantity import quantity_bytes
+from ..api.spec import DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeployment, Placement
+from .naming import (CONFIG_HASH_ANNOTATION, ENCODER, MOONCAKE_MASTER, ROLE_LABEL, ROUTER, TRANSFER, labels, object_name,
+                     router_service_name, selector_labels, tier_of, transfer_configmap_name, vllm_roles)
+from .router_args import ROUTER_HEALTH_PATH, router_args
+from .templating import render_documents, render_one
+from .transfer import (EC_CACHE_VOLUME, MOONCAKE_MASTER_METRICS_PORT, MOONCAKE_MASTER_RPC_PORT, TierTransfer,
+                       configmap_data, container_port, mooncake_store_config, tier_transfer)
+from .vllm import MODELS_DIR, serve_args
+
+JSON = dict[str, Any]
+
+# NCCL and torch's shared-memory tensors live in /dev/shm; give each TP rank room for them.
+SHM_PER_TP_RANK = 2 * 2**30
+# Model load (a hub download on first start) may take long; the startup probe allows 30 minutes.
+STARTUP_PROBE_FAILURES = 180  # x 10 s
+JANITOR_INTERVAL_SECONDS = 30
+NONROOT_UID = 65532
+RUNTIME_DEFAULT_SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
+DEFAULT_HPA_METRICS = [
+    {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}},
+]
+
+
+@dataclass
+class Workload:
+    """One Deployment and what belongs to it."""
+
+    deployment: JSON
+    service: Optional[JSON]
+    hpa: Optional[JSON]
+    pdb: Optional[JSON]
+
+
+def render(epd: EPDDeployment) -> list[JSON]:
+    """Every object `epd` becomes: ConfigMap, router RBAC, Services, Deployments, HPAs, PDBs."""
+    roles = vllm_roles(epd)
+    config = configmap_data(epd, roles)
+    workloads = [_vllm_workload(epd, role, config) for role in roles]
+    workloads.append(_router_workload(epd))
+    if mooncake_store_config(epd) is not None:
+        workloads.append(_mooncake_master_workload(epd))
+    return [
+        render_one("configmap.yaml.j2", **_meta(epd, transfer_configmap_name(epd), TRANSFER), data=config),
+        *render_documents("router-rbac.yaml.j2", **_meta(epd, object_name(epd, ROUTER), ROUTER)),
+        *(w.service for w in workloads if w.service is not None),
+        *(w.deployment for w in workloads),
+        *(w.hpa for w in workloads if w.hpa is not None),
+        *(w.pdb for w in workloads if w.pdb is not None),
+    ]
+
+
+def tier_hashes(objects: list[JSON]) -> dict[str, str]:
+    """The config hash of every Deployment among `objects`, by role."""
+    return {
+        obj["metadata"]["labels"][ROLE_LABEL]: obj["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        for obj in objects
+        if obj.get("kind") == "Deployment"
+    }
+
+
+# ----------------------------------------------------------------------------- shared shapes
+
+
+def _meta(epd: EPDDeployment, name: str, role: str) -> JSON:
+    return {"name": name, "namespace": epd.namespace, "labels": labels(epd, role)}
+
+
+def config_hash(pod_labels: dict[str, str], pod_spec: JSON, config: dict[str, str]) -> str:
+    """A digest of everything a tier's pods run with: their template and the ConfigMap keys they mount."""
+    payload = json.dumps({"labels": pod_labels, "spec": pod_spec, "config": config}, sort_keys=True,
+                         separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, config: dict[str, str],
+              service: Optional[JSON], pdb: bool = True) -> Workload:
+    name = object_name(epd, role)
+    meta = _meta(epd, name, role)
+    autoscaling = placement.autoscaling
+    deployment = render_one(
+        "deployment.yaml.j2", **meta,
+        replicas=None if autoscaling else placement.replicas,  # the HPA owns replicas when present
+        selector=selector_labels(epd, role),
+        annotations={CONFIG_HASH_ANNOTATION: config_hash(meta["labels"], pod, config)},
+        pod=pod,
+    )
+    return Workload(
+        deployment=deployment,
+        service=service,
+        hpa=_hpa(meta, autoscaling) if autoscaling else None,
+        pdb=render_one("pdb.yaml.j2", **meta, selector=selector_labels(epd, role)) if pdb else None,
+    )
+
+
+def _hpa(meta: JSON, autoscaling: Autoscaling) -> JSON:
+    return render_one(
+        "hpa.yaml.j2", **meta,
+        min_replicas=autoscaling.minReplicas,
+        max_replicas=autoscaling.maxReplicas,
+        metrics=autoscaling.metrics or DEFAULT_HPA_METRICS,
+        behavior=autoscaling.behavior,
+    )
+
+
+def _pod(placement: Placement, containers: list[JSON], volumes: list[JSON], image_pull_secrets: list[str],
+         security_context: JSON, service_account: Optional[str] = None) -> JSON:
+    return render_one(
+        "pod.yaml.j2",
+        service_account=service_account,
+        security_context=security_context,
+        containers=containers,
+        volumes=volumes,
+        node_selector=placement.nodeSelector,
+        tolerations=[t.model_dump(mode="json", exclude_none=True) for t in placement.tolerations],
+        affinity=placement.affinity,
+        image_pull_secrets=[{"name": secret} for secret in image_pull_secrets],
+    )
+
+
+def _resources(placement: Placement) -> JSON:
+    return {key: value for key, value in placement.resources.model_dump(mode="json").items() if value}
+
+
+def _env(placement: Placement) -> list[JSON]:
+    return [var.model_dump(mode="json", exclude_none=True) for var in placement.env]
+
+
+def _bytes_quantity(size: int) -> str:
+    for suffix, factor in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size % factor == 0:
+            return f"{size // factor}{suffix}"
+    return str(size)
+
+
+# ----------------------------------------------------------------------------- vLLM tiers
+
+
+def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str]) -> Workload:
+    spec = epd.spec
+    tier = tier_of(epd, role)
+    transfer = tier_transfer(epd, role)
+    volumes, mounts = _vllm_volumes(epd, role, transfer)
+    env: list[JSON] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    if spec.model.hfTokenSecret:
+        secret = spec.model.hfTokenSecret
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})
+    capabilities: JSON = {"drop": ["ALL"]}
+    if transfer.add_capabilities:
+        capabilities["add"] = transfer.add_capabilities
+    containers = [render_one(
+        "vllm-container.yaml.j2",
+        image=tier.image or spec.image,
+        args=serve_args(epd, role, transfer),
+        env=env + transfer.env + _env(tier),  # the user's env last: it may override ours
+        ports=[container_port("http", VLLM_PORT), *transfer.ports],
+        resources=_resources(tier),
+        mounts=mounts,
+        startup_failures=STARTUP_PROBE_FAILURES,
+        capabilities=capabilities,
+    )]
+    if role == ENCODER and spec.ecTransfer.connector == "SharedStorage":
+        containers.append(_janitor_container(epd))
+    pod = _pod(tier, containers, volumes, spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP)
+    name = object_name(epd, role)
+    service = render_one(
+        "service.yaml.j2", **_meta(epd, name, role), annotations={}, headless=True,
+        selector=selector_labels(epd, role),
+        ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
+    )
+    mounted = {key: config[key] for key in transfer.configmap_keys}
+    return _workload(epd, role, tier, pod, mounted, service)
+
+
+def _vllm_volumes(epd: EPDDeployment, role: str, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:
+    tier = tier_of(epd, role)
+    shm = SHM_PER_TP_RANK * tier.tensorParallelSize + transfer.shm_bytes
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _bytes_quantity(shm)}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    source = epd.spec.model.source
+    if source is not None:
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": source.pvc.claimName, "readOnly": True}})
+        mounts.append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
+    return volumes + transfer.volumes, mounts + transfer.mounts
+
+
+def router_image(epd: EPDDeployment) -> str:
+    return epd.spec.router.image or DEFAULT_ROUTER_IMAGE
+
+
+def janitor_args(epd: EPDDeployment) -> list[str]:
+    storage = epd.spec.ecTransfer.sharedStorage
+    assert storage is not None
+    args = ["--path", storage.path]
+    if storage.ttlSeconds:
+        args += ["--ttl-seconds", str(storage.ttlSeconds)]
+    if storage.maxSize is not None:
+        args += ["--max-size", str(quantity_bytes(storage.maxSize))]
+    return args + ["--interval", str(JANITOR_INTERVAL_SECONDS)]
+
+
+def _janitor_container(epd: EPDDeployment) -> JSON:
+    storage = epd.spec.ecTransfer.sharedStorage
+    assert storage is not None
+    return render_one(
+        "janitor-container.yaml.j2",
+        image=router_image(epd),  # `epdctl janitor` ships in the operator image, beside the router
+        args=janitor_args(epd),
+        mounts=[{"name": EC_CACHE_VOLUME, "mountPath": storage.path}],
+    )
+
+
+# ----------------------------------------------------------------------------- router
+
+
+def _router_workload(epd: EPDDeployment) -> Workload:
+    router = epd.spec.router
+    container = render_one(
+        "router-container.yaml.j2",
+        image=router_image(epd),
+        args=router_args(epd),
+        resources=_resources(router),
+        env=_env(router),
+        health_path=ROUTER_HEALTH_PATH,
+    )
+    security = {"runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID, **RUNTIME_DEFAULT_SECCOMP}
+    pod = _pod(router, [container], [], epd.spec.imagePullSecrets, security,
+               service_account=object_name(epd, ROUTER))
+    service = render_one(
+        "service.yaml.j2", **_meta(epd, router_service_name(epd), ROUTER),
+        annotations=router.service.annotations, headless=False, type=router.service.type,
+        selector=selector_labels(epd, ROUTER),
+        ports=[{"name": "http", "port": router.service.port, "targetPort": "http", "protocol": "TCP"}],
+    )
+    return _workload(epd, ROUTER, router, pod, {}, service)
+
+
+# ----------------------------------------------------------------------------- Mooncake master
+
+
+def _mooncake_master_workload(epd: EPDDeployment) -> Workload:
+    """The Mooncake store master the cross-encoder cache needs (one replica: it holds only metadata)."""
+    spec = epd.spec
+    container = render_one(
+        "mooncake-master-container.yaml.j2",
+        image=spec.encoder.image or spec.image,  # the vLLM EPD image ships mooncake_master
+        rpc_port=MOONCAKE_MASTER_RPC_PORT,
+        metrics_port=MOONCAKE_MASTER_METRICS_PORT,
+    )
+    placement = Placement(replicas=1)
+    pod = _pod(placement, [container], [], spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP)
+    service = render_one(
+        "service.yaml.j2", **_meta(epd, object_name(epd, MOONCAKE_MASTER), MOONCAKE_MASTER),
+        annotations={}, headless=False, type="ClusterIP",
+        selector=selector_labels(epd, MOONCAKE_MASTER),
+        ports=[{"name": "rpc", "port": MOONCAKE_MASTER_RPC_PORT, "targetPort": "rpc", "protocol": "TCP"},
+               {"name": "metrics", "port": MOONCAKE_MASTER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+    )
+    return _workload(epd, MOONCAKE_MASTER, placement, pod, {}, service, pdb=False)

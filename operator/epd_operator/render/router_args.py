@@ -1,0 +1,57 @@
+"""The `epd-router` command line: where its backends are and what it must know about the connectors.
+
+The flag names are those of `epd_operator.router.main`'s parser; a test renders every example
+and parses these args with that very parser.
+"""
+from __future__ import annotations
+
+from ..api.spec import EPDDeployment, Mooncake
+from .naming import DECODE, ENCODER, PREFILL, label_selector
+from .vllm import served_model_name
+
+ROUTER_PORT = 8000
+ROUTER_HEALTH_PATH = "/health"
+
+
+def reuse_ttl_seconds(janitor_ttl_seconds: int) -> int:
+    """How long the router may reuse an encoded item without asking an encoder again.
+
+    The janitor deletes a cache file once it is older than its TTL (checked every interval), the
+    file's clock starts before the router's, and the shared filesystem's clock may differ from
+    the janitor's node: half the TTL keeps a wide margin while still sparing most re-encodes.
+    """
+    return janitor_ttl_seconds // 2
+
+
+def router_args(epd: EPDDeployment) -> list[str]:
+    spec = epd.spec
+    args = [
+        "--host", "0.0.0.0",
+        "--port", str(ROUTER_PORT),
+        "--discovery", "kubernetes",
+        "--namespace", epd.namespace,
+        "--encoder-selector", label_selector(epd, ENCODER),
+    ]
+    if spec.prefill is not None:
+        args += ["--prefill-selector", label_selector(epd, PREFILL)]
+    else:
+        args += ["--prefill-servers-urls", "disable"]  # E+PD: the decode tier prefills itself
+    args += [
+        "--decode-selector", label_selector(epd, DECODE),
+        "--encoder-policy", spec.router.encoderPolicy,
+        "--pd-policy", spec.router.pdPolicy,
+        "--model", served_model_name(spec),
+    ]
+    args += connector_hints(epd)
+    return args + spec.router.extraArgs
+
+
+def connector_hints(epd: EPDDeployment) -> list[str]:
+    """What the router must know about the EC connector to speak its protocol."""
+    ec = epd.spec.ecTransfer
+    if ec.connector == "SharedStorage" and ec.sharedStorage is not None and ec.sharedStorage.ttlSeconds:
+        return ["--reuse-ttl-seconds", str(reuse_ttl_seconds(ec.sharedStorage.ttlSeconds))]
+    if ec.connector == "Mooncake":
+        # The router addresses each consumer's control socket as tcp://<pod IP>:<ec_port>.
+        return ["--ec-consumer-port", str((ec.mooncake or Mooncake()).ecPort)]
+    return []

@@ -1,0 +1,241 @@
+"""EC (encoder cache) and KV transfer, per connector: the vLLM configs, env, ports and volumes of a tier.
+
+Which tier plays which role:
+- the encoder is always the EC producer;
+- the EC consumer is the tier that prefills: PD in E+PD, P in E/P/D; D in E/P/D has no EC role;
+- in E/P/D, P is the KV producer and D the KV consumer (NIXL unless `kvTransfer` says otherwise).
+
+Every address a peer must reach is the pod's own IP, passed as `$(POD_IP)` (the downward-API env
+the vLLM container declares first) so Kubernetes expands it in args and env alike.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..api.quantity import quantity_bytes
+from ..api.spec import EPDDeployment, EPDDeploymentSpec, KVTransfer, Mooncake
+from .naming import DECODE, ENCODER, MOONCAKE_MASTER, PREFILL, object_name, tier_of, transfer_configmap_name
+
+POD_IP = "$(POD_IP)"
+
+EC_CONNECTORS = {"SharedStorage": "ECExampleConnector", "Mooncake": "ECMooncakeConnector", "CPU": "ECCPUConnector"}
+KV_CONNECTORS = {"Nixl": "NixlConnector"}
+
+EC_CACHE_VOLUME = "ec-cache"
+MOONCAKE_STORE_KEY = "mooncake-store.json"
+MOONCAKE_STORE_DIR = "/etc/epd/mooncake"
+MOONCAKE_MASTER_RPC_PORT = 50051
+MOONCAKE_MASTER_METRICS_PORT = 9003
+# Embedded mode: each encoder lends this much RAM to the shared embedding store (vLLM's default).
+MOONCAKE_SEGMENT_BYTES = 4 * 2**30
+# cross_encoder_cache keys embeddings by the processor cache's content ids, so it must stay on.
+MM_PROCESSOR_CACHE_GB = 4
+
+
+def transfer_json(config: dict[str, Any]) -> str:
+    """A transfer config as vLLM receives it: compact and key-sorted, so equal configs hash equally."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def env_value(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def container_port(name: str, port: int) -> dict[str, Any]:
+    return {"name": name, "containerPort": port, "protocol": "TCP"}
+
+
+# ----------------------------------------------------------------------------- roles
+
+
+def ec_consumer_role(spec: EPDDeploymentSpec) -> str:
+    """The tier that consumes the encoder's embeddings: P in E/P/D, the combined PD tier in E+PD."""
+    return PREFILL if spec.prefill is not None else DECODE
+
+
+def ec_role(spec: EPDDeploymentSpec, role: str) -> Optional[str]:
+    if role == ENCODER:
+        return "ec_producer"
+    if role == ec_consumer_role(spec):
+        return "ec_consumer"
+    return None
+
+
+def kv_transfer(spec: EPDDeploymentSpec) -> Optional[KVTransfer]:
+    """KV transfer between P and D; NIXL by default whenever a prefill tier exists."""
+    if spec.prefill is None:
+        return None
+    return spec.kvTransfer or KVTransfer()
+
+
+def kv_role(spec: EPDDeploymentSpec, role: str) -> Optional[str]:
+    if kv_transfer(spec) is None:
+        return None
+    return {PREFILL: "kv_producer", DECODE: "kv_consumer"}.get(role)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def ec_transfer_config(spec: EPDDeploymentSpec, role: str) -> Optional[dict[str, Any]]:
+    """The `--ec-transfer-config` of a tier, or None for a tier without an EC role (D in E/P/D)."""
+    ec_role_ = ec_role(spec, role)
+    if ec_role_ is None:
+        return None
+    ec = spec.ecTransfer
+    config: dict[str, Any] = {"ec_connector": EC_CONNECTORS[ec.connector], "ec_role": ec_role_}
+    if ec.connector == "SharedStorage":
+        assert ec.sharedStorage is not None  # guaranteed by the API rules
+        extra: dict[str, Any] = {"shared_storage_path": ec.sharedStorage.path}
+    elif ec.connector == "Mooncake":
+        mooncake = ec.mooncake or Mooncake()
+        extra = {"mooncake_protocol": mooncake.protocol}
+        if ec_role_ == "ec_consumer":
+            # The consumer binds and advertises this address; producers push to it.
+            config["ec_ip"] = POD_IP
+            config["ec_port"] = mooncake.ecPort
+        elif mooncake.crossEncoderCache:
+            extra["cross_encoder_cache"] = True  # vLLM accepts it on encode-only producers only
+    else:
+        assert ec.cpu is not None  # guaranteed by the API rules
+        extra = {"ec_cpu_bytes": quantity_bytes(ec.cpu.bytes), "ec_enable_nixl": ec.cpu.nixl}
+    config["ec_connector_extra_config"] = extra
+    return config
+
+
+def kv_transfer_config(spec: EPDDeploymentSpec, role: str) -> Optional[dict[str, Any]]:
+    kv = kv_transfer(spec)
+    kv_role_ = kv_role(spec, role)
+    if kv is None or kv_role_ is None:
+        return None
+    config: dict[str, Any] = {"kv_connector": KV_CONNECTORS[kv.connector], "kv_role": kv_role_}
+    if kv.nixl.bufferDevice:
+        config["kv_buffer_device"] = kv.nixl.bufferDevice
+    return config
+
+
+def mooncake_store_config(epd: EPDDeployment) -> Optional[dict[str, Any]]:
+    """The `MOONCAKE_CONFIG_PATH` file of the cross-encoder cache, or None when it is not asked for."""
+    mooncake = epd.spec.ecTransfer.mooncake
+    if epd.spec.ecTransfer.connector != "Mooncake" or mooncake is None or not mooncake.crossEncoderCache:
+        return None
+    master = f"{object_name(epd, MOONCAKE_MASTER)}.{epd.namespace}.svc:{MOONCAKE_MASTER_RPC_PORT}"
+    return {
+        "metadata_server": "P2PHANDSHAKE",
+        "master_server_address": master,
+        "protocol": mooncake.protocol,
+        "device_name": "",
+        "mode": "embedded",
+        "global_segment_size": MOONCAKE_SEGMENT_BYTES,
+        "local_buffer_size": MOONCAKE_SEGMENT_BYTES,
+    }
+
+
+def configmap_data(epd: EPDDeployment, roles: list[str]) -> dict[str, str]:
+    """What the `{name}-transfer` ConfigMap holds: every generated transfer config, by tier.
+
+    The EC/KV configs reach vLLM as arguments; their copies here let `kubectl get cm` show what each
+    tier was given. The Mooncake store config is mounted as a file (vLLM reads it from a path).
+    """
+    data: dict[str, str] = {}
+    for role in roles:
+        ec = ec_transfer_config(epd.spec, role)
+        if ec is not None:
+            data[f"{role}.ec-transfer.json"] = transfer_json(ec)
+        kv = kv_transfer_config(epd.spec, role)
+        if kv is not None:
+            data[f"{role}.kv-transfer.json"] = transfer_json(kv)
+    store = mooncake_store_config(epd)
+    if store is not None:
+        data[MOONCAKE_STORE_KEY] = transfer_json(store)
+    return data
+
+
+# ----------------------------------------------------------------------------- pod pieces
+
+
+@dataclass
+class TierTransfer:
+    """What the transfer connectors add to one vLLM tier's pod."""
+
+    args: list[str] = field(default_factory=list)
+    env: list[dict[str, Any]] = field(default_factory=list)
+    ports: list[dict[str, Any]] = field(default_factory=list)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+    configmap_keys: list[str] = field(default_factory=list)  # keys of `{name}-transfer` its pods read
+    shm_bytes: int = 0  # the least /dev/shm the connector needs
+    add_capabilities: list[str] = field(default_factory=list)
+
+
+def tier_transfer(epd: EPDDeployment, role: str) -> TierTransfer:
+    spec = epd.spec
+    out = TierTransfer()
+    ec = ec_transfer_config(spec, role)
+    if ec is not None:
+        out.args += ["--ec-transfer-config", transfer_json(ec)]
+        _add_ec_connector(epd, role, out)
+    kv = kv_transfer_config(spec, role)
+    if kv is not None:
+        out.args += ["--kv-transfer-config", transfer_json(kv)]
+        _add_nixl(spec, out)
+    return out
+
+
+def _add_ec_connector(epd: EPDDeployment, role: str, out: TierTransfer) -> None:
+    ec = epd.spec.ecTransfer
+    producer = role == ENCODER
+    if ec.connector == "SharedStorage":
+        assert ec.sharedStorage is not None
+        out.volumes.append({"name": EC_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": ec.sharedStorage.claimName}})
+        out.mounts.append({"name": EC_CACHE_VOLUME, "mountPath": ec.sharedStorage.path})
+    elif ec.connector == "Mooncake":
+        _add_mooncake(epd, role, producer, out)
+    else:
+        assert ec.cpu is not None
+        out.env.append(env_value("VLLM_USE_V2_MODEL_RUNNER", "1"))  # ECCPUConnector runs on Model Runner V2 only
+        if producer:
+            out.env += [env_value("VLLM_EC_SIDE_CHANNEL_HOST", POD_IP),
+                        env_value("VLLM_EC_SIDE_CHANNEL_PORT", str(ec.cpu.sideChannelPort))]
+            out.ports.append(container_port("ec-side", ec.cpu.sideChannelPort))
+        # The connector's region is an mmap under /dev/shm.
+        out.shm_bytes = quantity_bytes(ec.cpu.bytes)
+
+
+def _add_mooncake(epd: EPDDeployment, role: str, producer: bool, out: TierTransfer) -> None:
+    mooncake = epd.spec.ecTransfer.mooncake or Mooncake()
+    if mooncake.protocol == "tcp":
+        out.env.append(env_value("MC_FORCE_TCP", "1"))
+    else:
+        out.add_capabilities.append("IPC_LOCK")  # RDMA pins its registered memory
+    if producer:
+        # The producer's transfer engine advertises this address to the consumers.
+        out.env.append(env_value("VLLM_HOST_IP", POD_IP))
+        if mooncake.crossEncoderCache:
+            out.args += ["--mm-processor-cache-gb", str(MM_PROCESSOR_CACHE_GB)]
+            out.env += [env_value("VLLM_USE_V2_MODEL_RUNNER", "1"),
+                        env_value("MOONCAKE_CONFIG_PATH", f"{MOONCAKE_STORE_DIR}/{MOONCAKE_STORE_KEY}")]
+            out.volumes.append({"name": "mooncake-store", "configMap": {
+                "name": transfer_configmap_name(epd), "items": [{"key": MOONCAKE_STORE_KEY, "path": MOONCAKE_STORE_KEY}]}})
+            out.mounts.append({"name": "mooncake-store", "mountPath": MOONCAKE_STORE_DIR, "readOnly": True})
+            out.configmap_keys.append(MOONCAKE_STORE_KEY)
+    else:
+        # One control port per TP rank: ec_port + rank (DP is not used, so no DP offset).
+        tp = tier_of(epd, role).tensorParallelSize
+        out.ports += [container_port(f"mooncake-{rank}", mooncake.ecPort + rank) for rank in range(tp)]
+
+
+def _add_nixl(spec: EPDDeploymentSpec, out: TierTransfer) -> None:
+    kv = kv_transfer(spec)
+    assert kv is not None
+    nixl = kv.nixl
+    out.env += [
+        env_value("VLLM_NIXL_SIDE_CHANNEL_HOST", POD_IP),
+        env_value("VLLM_NIXL_SIDE_CHANNEL_PORT", str(nixl.sideChannelPort)),
+        env_value("UCX_TLS", nixl.ucxTls),
+        env_value("UCX_NET_DEVICES", nixl.ucxNetDevices),
+    ]
+    out.ports.append(container_port("nixl", nixl.sideChannelPort))
+

@@ -1,0 +1,89 @@
+"""The `vllm serve` command line of each tier (vLLM 0.32 flags; see shared/reference/vllm-epd.md §1).
+
+Order of the arguments: model and port, what every tier shares, the role's own flags, the transfer
+configs, then the user's `extraArgs` last so they win over anything generated (argparse keeps the
+last occurrence of a flag).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..api.spec import VLLM_PORT, EPDDeployment, EPDDeploymentSpec, Tier
+from .naming import DECODE, ENCODER, PREFILL, tier_of
+from .transfer import TierTransfer, tier_transfer
+
+SERVE_COMMAND = ["vllm", "serve"]
+MODELS_DIR = "/models"
+# The encoder's budget really comes from its encoder-cache manager; the batched-token cap must only
+# be large enough never to bind (vLLM's EPD examples use this value).
+ENCODER_MAX_NUM_BATCHED_TOKENS = 114688
+
+
+def model_path(spec: EPDDeploymentSpec) -> str:
+    """What `vllm serve` loads: the hub id, or the directory inside the mounted model claim."""
+    pvc = spec.model.source.pvc if spec.model.source else None
+    if pvc is None:
+        return spec.model.name
+    return f"{MODELS_DIR}/{pvc.subPath.strip('/')}" if pvc.subPath else MODELS_DIR
+
+
+def served_model_name(spec: EPDDeploymentSpec) -> str:
+    """The `model` clients (and the router) send: `servedModelName`, else what vLLM names it by default."""
+    return spec.model.servedModelName or model_path(spec)
+
+
+def _common_args(spec: EPDDeploymentSpec, tier: Tier) -> list[str]:
+    args = [model_path(spec), "--port", str(VLLM_PORT)]
+    if spec.model.servedModelName:
+        args += ["--served-model-name", spec.model.servedModelName]
+    args += ["--tensor-parallel-size", str(tier.tensorParallelSize)]
+    if spec.model.maxModelLen:
+        args += ["--max-model-len", str(spec.model.maxModelLen)]
+    if tier.gpuMemoryUtilization is not None:
+        args += ["--gpu-memory-utilization", str(tier.gpuMemoryUtilization)]
+    # The router tags every sub-request with x-request-id; vLLM echoes it only with this flag.
+    args.append("--enable-request-id-headers")
+    return args
+
+
+def _max_num_batched_tokens(tier: Tier, default: Optional[int]) -> list[str]:
+    value = tier.maxNumBatchedTokens or default
+    return ["--max-num-batched-tokens", str(value)] if value else []
+
+
+def encoder_args(epd: EPDDeployment, transfer: Optional[TierTransfer] = None) -> list[str]:
+    """E: an encode-only EC producer; it never samples, and its cache is the connector's, not prefix caching."""
+    spec, tier = epd.spec, epd.spec.encoder
+    transfer = transfer or tier_transfer(epd, ENCODER)
+    return (_common_args(spec, tier)
+            + ["--mm-encoder-only", "--no-enable-prefix-caching"]
+            + _max_num_batched_tokens(tier, ENCODER_MAX_NUM_BATCHED_TOKENS)
+            + transfer.args + tier.extraArgs)
+
+
+def consumer_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None) -> list[str]:
+    """PD (E+PD), P and D (E/P/D): they take metadata-only `*_embeds` parts from the router.
+
+    The EC and KV roles (and so the transfer flags) come from the topology: see `transfer`.
+    """
+    spec = epd.spec
+    tier = tier_of(epd, role)
+    transfer = transfer or tier_transfer(epd, role)
+    return (_common_args(spec, tier)
+            + ["--enable-mm-embeds"]
+            + _max_num_batched_tokens(tier, None)
+            + transfer.args + tier.extraArgs)
+
+
+def serve_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None) -> list[str]:
+    """The container `args` of a vLLM tier (what follows `vllm serve`)."""
+    if role == ENCODER:
+        return encoder_args(epd, transfer)
+    if role in (PREFILL, DECODE):
+        return consumer_args(epd, role, transfer)
+    raise ValueError(f"{role!r} is not a vLLM tier")
+
+
+def serve_command(epd: EPDDeployment, role: str) -> list[str]:
+    """The full argv, `vllm serve <model> ...`, as the container runs it."""
+    return SERVE_COMMAND + serve_args(epd, role)
