@@ -169,6 +169,12 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         obj = self.store.get(rtype.group_plural, namespace if rtype.namespaced else None, name)
         return self._present(rtype, obj) if obj is not None else None
 
+    def delete_object(self, api_version: str, kind: str, name: str, namespace: str | None = None,
+                      propagation: str = 'Background') -> dict[str, Any]:
+        rtype = self._type_for_object({'apiVersion': api_version, 'kind': kind})
+        return self._delete(rtype, namespace if rtype.namespaced else None, name,
+                            {'propagationPolicy': propagation}, {}, False)
+
     def list_objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
         rtype = self._type_for_object({'apiVersion': api_version, 'kind': kind})
         objs = self.store.objects[rtype.group_plural].values()
@@ -277,6 +283,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
 
     @staticmethod
     def _parse_body(body: bytes, content_type: str) -> Any:
+        if 'protobuf' in content_type or 'cbor' in content_type:
+            # client-go retries with JSON after a 415 (typed clients, e.g. `kubectl create cm`).
+            raise ApiError(415, 'UnsupportedMediaType', f'the body of type {content_type} is not supported; use JSON')
         try:
             data = yaml.safe_load(body) if 'yaml' in content_type else orjson.loads(body)
         except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
@@ -377,7 +386,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         columns.append({'name': 'Age', 'type': 'date', 'format': '', 'description': 'Age', 'priority': 0})
         rows = [{'cells': [o['metadata']['name'],
                            *[_json_path(o, c.get('jsonPath', '')) for c in rtype.printer_columns],
-                           o['metadata'].get('creationTimestamp', '')],
+                           _age(o['metadata'].get('creationTimestamp'))],
                  'object': o} for o in objs]
         return {'apiVersion': 'meta.k8s.io/v1', 'kind': 'Table', 'metadata': {'resourceVersion': str(self.store.rv)},
                 'columnDefinitions': columns, 'rows': rows}
@@ -476,6 +485,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
     def _check_kind(self, rtype: ResourceType, obj: Any) -> None:
         if not isinstance(obj, dict):
             raise ApiError(400, 'BadRequest', 'the request body must be a JSON/YAML object')
+        # Absent apiVersion/kind default to the endpoint's (as upstream); only mismatches fail.
+        obj.setdefault('apiVersion', rtype.api_version)
+        obj.setdefault('kind', rtype.kind)
         if obj.get('kind') != rtype.kind or obj.get('apiVersion') != rtype.api_version:
             raise ApiError(400, 'BadRequest', f'the API version in the data ({obj.get("apiVersion")}) and kind '
                            f'({obj.get("kind")}) do not match the endpoint ({rtype.api_version} {rtype.kind})')
@@ -888,6 +900,18 @@ def _crd_status(crd: dict[str, Any]) -> dict[str, Any]:
             'conditions': [{'type': t, 'status': 'True', 'reason': r, 'message': m, 'lastTransitionTime': now}
                            for t, r, m in (('NamesAccepted', 'NoConflicts', 'no conflicts found'),
                                            ('Established', 'InitialNamesAccepted', 'the initial names have been accepted'))]}
+
+
+def _age(timestamp: str | None) -> str:
+    """A short age like kubectl prints it (the server renders Table cells)."""
+    if not timestamp:
+        return '<unknown>'
+    then = datetime.datetime.strptime(timestamp, '%Y-%m-%dT%H:%M:%SZ').replace(tzinfo=datetime.UTC)
+    seconds = int((datetime.datetime.now(datetime.UTC) - then).total_seconds())
+    for unit, size in (('d', 86400), ('h', 3600), ('m', 60)):
+        if seconds >= size * 2:
+            return f'{seconds // size}{unit}'
+    return f'{max(seconds, 0)}s'
 
 
 def _json_path(obj: Any, path: str) -> Any:
