@@ -84,6 +84,12 @@ def cmd_crd(_: argparse.Namespace) -> None:
     sys.stdout.write(dump_yaml([build_crd()]))
 
 
+def cmd_docs(_: argparse.Namespace) -> None:
+    from .api.docs import reference
+
+    sys.stdout.write(reference())
+
+
 def cmd_janitor(args: argparse.Namespace) -> None:
     from .janitor import main as janitor_main
 
@@ -102,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=cmd_validate)
     crd = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
     crd.set_defaults(func=cmd_crd)
+    docs = sub.add_parser("docs", help="print the Markdown reference of every spec field (the README's API reference)")
+    docs.set_defaults(func=cmd_docs)
     janitor = sub.add_parser("janitor", help="bound a shared-storage encoder cache (runs as a sidecar)", add_help=False)
     janitor.add_argument("janitor_args", nargs=argparse.REMAINDER)
     janitor.set_defaults(func=cmd_janitor)
@@ -109,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["janitor"]:  # its flags are the janitor's own; argparse.REMAINDER would refuse `--path`
+        from .janitor import main as janitor_main
+
+        return janitor_main(argv[1:])
     args = build_parser().parse_args(argv)
     args.func(args)
 

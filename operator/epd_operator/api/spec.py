@@ -63,17 +63,20 @@ class ModelSpec(Strict):
 
 
 class Toleration(Strict):
-    key: Optional[str] = None
-    operator: Optional[Literal["Exists", "Equal"]] = None
-    value: Optional[str] = None
-    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
-    tolerationSeconds: Optional[int] = None
+    key: Optional[str] = Field(None, description="Taint key to tolerate; empty with `operator: Exists` tolerates every taint.")
+    operator: Optional[Literal["Exists", "Equal"]] = Field(None, description="`Equal` (Kubernetes' default) compares `value`; `Exists` ignores it.")
+    value: Optional[str] = Field(None, description="Taint value to match with `operator: Equal`.")
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
+        None, description="Taint effect to tolerate; empty: every effect.")
+    tolerationSeconds: Optional[int] = Field(None, description="With `NoExecute`: how long the pod stays after the taint appears.")
 
 
 class EnvVar(Strict):
-    name: str = Field(min_length=1)
-    value: Optional[str] = None
-    valueFrom: Optional[KubeObject] = Field(None, json_schema_extra=PRESERVE)
+    name: str = Field(min_length=1, description="Variable name.")
+    value: Optional[str] = Field(None, description="Literal value.")
+    valueFrom: Optional[KubeObject] = Field(
+        None, description="core/v1 EnvVarSource (`secretKeyRef`, `configMapKeyRef`, `fieldRef`, ...), passed through.",
+        json_schema_extra=PRESERVE)
 
 
 class Resources(Strict):
@@ -98,12 +101,13 @@ class Placement(Strict):
 
     replicas: int = Field(1, ge=0, description="Pod count; ignored while `autoscaling` is set (the HPA owns it).")
     image: Optional[str] = Field(None, min_length=1, description="Container image; default: `spec.image` (router: the operator image).")
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(default_factory=Resources, description="Container resources; vLLM tiers on GPUs need `limits: {nvidia.com/gpu: N}` with N = tensorParallelSize.")
     extraArgs: list[str] = Field(default_factory=list, description="Appended verbatim to the container's arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
-    nodeSelector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    affinity: Optional[KubeObject] = Field(None, json_schema_extra=PRESERVE)
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector, e.g. a GPU product label.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations, e.g. for tainted GPU nodes.")
+    affinity: Optional[KubeObject] = Field(None, description="core/v1 Affinity for the pods, passed through.",
+                                           json_schema_extra=PRESERVE)
     autoscaling: Optional[Autoscaling] = Field(None, description="Present: an HPA scales this tier and the operator never writes its replicas.")
 
 
@@ -119,8 +123,12 @@ class Tier(Placement):
 class SharedStorage(Strict):
     claimName: str = Field(min_length=1, description="ReadWriteMany PVC mounted by the encoder and every consumer.")
     path: str = Field("/ec-cache", pattern=r"^/.*", description="Mount path; the connector's `shared_storage_path`.")
-    maxSize: Optional[Quantity] = Field(None, description="The cache janitor deletes oldest entries beyond this size.")
-    ttlSeconds: Optional[int] = Field(600, ge=1, description="Entries older than this are deleted; none younger ever is.")
+    maxSize: Optional[Quantity] = Field(
+        None, description="Size bound for the cache janitor: while the cache is larger, it deletes the oldest entries "
+                          "older than `ttlSeconds` (never younger ones). Absent: entries go when older than `ttlSeconds`.")
+    ttlSeconds: Optional[int] = Field(
+        600, ge=1, description="Guaranteed minimum lifetime of a cached embedding (age counts from its last write): "
+                               "no entry younger is deleted. Without `maxSize`, older entries are deleted.")
 
 
 class Mooncake(Strict):
@@ -138,9 +146,9 @@ class CPUConnector(Strict):
 class ECTransfer(Strict):
     connector: Literal["SharedStorage", "Mooncake", "CPU"] = Field(
         description="SharedStorage = ECExampleConnector, Mooncake = ECMooncakeConnector, CPU = ECCPUConnector.")
-    sharedStorage: Optional[SharedStorage] = None
-    mooncake: Optional[Mooncake] = None
-    cpu: Optional[CPUConnector] = None
+    sharedStorage: Optional[SharedStorage] = Field(None, description="SharedStorage settings; required with that connector.")
+    mooncake: Optional[Mooncake] = Field(None, description="Mooncake settings; optional with that connector (defaults apply).")
+    cpu: Optional[CPUConnector] = Field(None, description="CPU connector settings; required with that connector.")
 
 
 class Nixl(Strict):
@@ -152,38 +160,42 @@ class Nixl(Strict):
 
 class KVTransfer(Strict):
     connector: Literal["Nixl"] = Field("Nixl", description="P->D KV transfer; NixlConnector (what vLLM's EPD proxy drives).")
-    nixl: Nixl = Field(default_factory=Nixl)
+    nixl: Nixl = Field(default_factory=Nixl, description="NixlConnector settings (UCX transports, side channel).")
 
 
 # ----------------------------------------------------------------------------- router
 
 
 class RouterService(Strict):
-    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
-    port: int = Field(8000, ge=1, le=65535)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
+    port: int = Field(8000, ge=1, le=65535, description="Port clients send OpenAI-compatible requests to.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Service annotations, e.g. for a cloud load balancer.")
 
 
 class Router(Placement):
     replicas: int = Field(2, ge=0, description="Router pods; ignored while `autoscaling` is set.")
-    service: RouterService = Field(default_factory=RouterService)
-    encoderPolicy: Literal["cache-aware", "round-robin", "least-loaded"] = "cache-aware"
-    pdPolicy: Literal["least-loaded", "prefix-aware", "round-robin"] = "least-loaded"
+    service: RouterService = Field(default_factory=RouterService, description="The Service clients call: the deployment's one endpoint.")
+    encoderPolicy: Literal["cache-aware", "round-robin", "least-loaded"] = Field(
+        "cache-aware", description="Which encoder gets an image: `cache-aware` hashes the item so repeats land where "
+                                   "it was encoded (bounded load), `least-loaded` picks the fewest in-flight requests.")
+    pdPolicy: Literal["least-loaded", "prefix-aware", "round-robin"] = Field(
+        "least-loaded", description="Which prefill/decode instance gets a request: `prefix-aware` hashes the prompt's "
+                                    "prefix for KV prefix-cache hits (bounded load), `least-loaded` picks the fewest in-flight.")
 
 
 # ----------------------------------------------------------------------------- top level
 
 
 class EPDDeploymentSpec(Strict):
-    model: ModelSpec
+    model: ModelSpec = Field(description="The model every tier serves.")
     image: str = Field(DEFAULT_VLLM_IMAGE, min_length=1, description="Default image for every vLLM tier.")
     imagePullSecrets: list[str] = Field(default_factory=list, description="Secret names for pulling images.")
     encoder: Tier = Field(description="The encoder tier (`--mm-encoder-only`, EC producer).")
     prefill: Optional[Tier] = Field(None, description="Present: E/P/D (prefill hands KV to decode); absent: E+PD.")
     decode: Tier = Field(description="Decode tier: the combined PD tier in E+PD, D in E/P/D.")
-    ecTransfer: ECTransfer
+    ecTransfer: ECTransfer = Field(description="How the encoder's embeddings reach the prefill/decode tiers (the EC connector).")
     kvTransfer: Optional[KVTransfer] = Field(None, description="P->D KV transfer; E/P/D only (default there: Nixl).")
-    router: Router = Field(default_factory=Router)
+    router: Router = Field(default_factory=Router, description="The EPD router (endpoint picker) in front of the tiers.")
 
     @property
     def topology(self) -> str:
