@@ -1,0 +1,64 @@
+"""The image recipes agree with the package and the charts (no Docker needed to check that)."""
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from .charts import OPERATOR_CHART, REPO
+
+OPERATOR_DOCKERFILE = REPO / "images" / "operator" / "Dockerfile"
+OPERATOR_REQUIREMENTS = REPO / "images" / "operator" / "requirements.txt"
+VLLM_DOCKERFILE = REPO / "images" / "vllm-epd" / "Dockerfile"
+
+
+def pinned() -> dict[str, str]:
+    pins = {}
+    for line in OPERATOR_REQUIREMENTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version, f"{OPERATOR_REQUIREMENTS.name}: {line!r} is not pinned with =="
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_operator_image_pins_every_runtime_dependency_compatibly():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = pinned()
+    for spec in project["dependencies"]:
+        req = Requirement(spec)
+        if req.marker and not req.marker.evaluate():
+            continue
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"pyproject dependency {req.name} is not pinned in {OPERATOR_REQUIREMENTS.name}"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"{OPERATOR_REQUIREMENTS.name} pins {name}=={pins[name]}, outside pyproject's {req.specifier}")
+
+
+def test_operator_image_runs_as_the_charts_non_root_user():
+    dockerfile = OPERATOR_DOCKERFILE.read_text()
+    values = yaml.safe_load((OPERATOR_CHART / "values.yaml").read_text())
+    uid = values["podSecurityContext"]["runAsUser"]
+    assert re.search(rf"^USER {uid}:{uid}$", dockerfile, re.M)
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-\w+$", dockerfile, re.M), "base must be a pinned slim tag"
+    assert "--no-deps" in dockerfile and "requirements.txt" in dockerfile
+
+
+def test_chart_and_api_agree_on_the_operator_image():
+    api = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
+    chart = yaml.safe_load((OPERATOR_CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((OPERATOR_CHART / "values.yaml").read_text())
+    assert api.DEFAULT_ROUTER_IMAGE == f"{values['image']['repository']}:{chart['appVersion']}"
+
+
+def test_vllm_image_extends_the_default_vllm_image_with_pinned_transfer_engines():
+    api = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
+    dockerfile = VLLM_DOCKERFILE.read_text()
+    assert f"ARG VLLM_IMAGE={api.DEFAULT_VLLM_IMAGE}\n" in dockerfile
+    for arg in ("NIXL_VERSION", "MOONCAKE_VERSION"):
+        assert re.search(rf"^ARG {arg}=\d+\.\d+\.\d+\S*$", dockerfile, re.M), f"{arg} must be pinned"
+    assert re.search(r"^USER 1000:1000$", dockerfile, re.M)
