@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 ROLES = ("encoder", "prefill", "decode", "pd")
 METADATA_BY_TYPE = {
@@ -49,6 +50,7 @@ class Knobs:
     stream_chunks: int = 3
     chunk_delay: float = 0.0
     break_stream_after: int | None = None  # decode: drop the connection after this many chunks
+    stream_gate: asyncio.Event | None = None  # decode: after the first chunk, wait for this event
     health_status: int = 200
     running: int = 0
     waiting: int = 0
@@ -58,7 +60,7 @@ class Knobs:
 class Received:
     path: str
     body: dict
-    headers: dict[str, str]
+    headers: CIMultiDict  # case-insensitive, as HTTP header names are
 
 
 @dataclass
@@ -140,7 +142,7 @@ class FakeVLLM:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         if self.record:
-            self.received.append(Received(request.path, body, dict(request.headers)))
+            self.received.append(Received(request.path, body, CIMultiDict(request.headers)))
         k = self.knobs
         try:
             if k.drop_next > 0:
@@ -220,6 +222,8 @@ class FakeVLLM:
             await out.write(b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", "choices": [choice]}) + b"\n\n")
             if k.chunk_delay:
                 await asyncio.sleep(k.chunk_delay)
+            if i == 0 and k.stream_gate is not None:
+                await k.stream_gate.wait()
         await out.write(b"data: [DONE]\n\n")
         await out.write_eof()
         return out

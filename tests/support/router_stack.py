@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from epd_operator.router.config import RouterConfig
 from epd_operator.router.server import Router
@@ -38,11 +39,11 @@ class Stack:
         payload = data if data is not None else orjson.dumps(doc)
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         async with self.session.post(self.url + path, data=payload, headers=hdrs) as r:
-            return Reply(r.status, dict(r.headers), await r.read())
+            return Reply(r.status, CIMultiDict(r.headers), await r.read())
 
     async def get(self, path: str, headers: dict | None = None) -> Reply:
         async with self.session.get(self.url + path, headers=headers or {}) as r:
-            return Reply(r.status, dict(r.headers), await r.read())
+            return Reply(r.status, CIMultiDict(r.headers), await r.read())
 
     def all_backends(self) -> list[FakeVLLM]:
         return [*self.encoders, *self.prefills, *self.decodes]

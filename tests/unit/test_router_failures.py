@@ -1,0 +1,222 @@
+"""Every failure path: encoder retry and fallback, metadata-only rejection, P/D retry, disconnects, ejection."""
+
+import asyncio
+
+import aiohttp
+import orjson
+
+from tests.support.router_stack import router_stack
+
+CHAT = "/v1/chat/completions"
+IMG_A = {"type": "image_url", "image_url": {"url": "https://img/a.png"}}
+IMG_B = {"type": "image_url", "image_url": {"url": "https://img/b.png"}}
+
+
+def chat(*parts, **extra):
+    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, *parts]}], **extra}
+
+
+def media_parts(body):
+    return [p for p in body["messages"][0]["content"] if p["type"] != "text"]
+
+
+async def metric(stack, needle: str) -> bool:
+    return needle in (await stack.get("/metrics")).body.decode()
+
+
+async def wait_for(predicate, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def home(fakes):
+    """The backend a first request went to: hash pickers send the same key there again."""
+    [used] = [f for f in fakes if f.received]
+    other = next(f for f in fakes if f is not used)
+    used.received.clear()
+    return used, other
+
+
+async def test_a_failing_encoder_is_retried_once_on_another():
+    async with router_stack(encoders=2) as s:
+        await s.post(CHAT, chat(IMG_A))
+        failing, other = home(s.encoders)
+        failing.knobs.fail_next = 1
+        r = await s.post(CHAT, chat(IMG_A))
+        assert r.status == 200
+        assert (len(failing.received), len(other.received)) == (1, 1)
+        assert media_parts(s.decodes[0].bodies()[1])[0]["type"] == "image_embeds"
+        assert await metric(s, 'epd_router_retries_total{reason="encoder_failed",stage="encode"} 1.0')
+
+
+async def test_an_encoder_timeout_counts_as_a_failure_and_is_retried():
+    async with router_stack(encoders=2, encode_timeout=0.2) as s:
+        for e in s.encoders:
+            e.knobs.delay = 5
+        r = await s.post(CHAT, chat(IMG_A))
+        # Both time out: the item goes raw to PD, which encodes it locally.
+        assert r.status == 200
+        assert sum(len(e.received) for e in s.encoders) == 2
+        assert media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_url"
+        assert await metric(s, 'epd_router_backend_errors_total{endpoint="' + s.encoders[0].url.split("//")[1] + '",kind="timeout",role="encoder"} 1.0')
+
+
+async def test_when_encoders_keep_failing_the_media_goes_raw_and_pinned_to_pd():
+    async with router_stack(encoders=2) as s:
+        for e in s.encoders:
+            e.knobs.fail_always = True
+        r = await s.post(CHAT, chat(IMG_A))
+        assert r.status == 200
+        [part] = media_parts(s.decodes[0].bodies()[0])
+        assert part["image_url"] == IMG_A["image_url"] and part["uuid"]
+        assert await metric(s, 'epd_router_encoder_fallback_requests_total{reason="encoder_failed"} 1.0')
+        assert await metric(s, 'epd_router_items_total{outcome="fallback"} 1.0')
+
+
+async def test_without_any_encoder_the_raw_request_goes_to_pd_and_is_counted():
+    async with router_stack(encoders=0) as s:
+        r = await s.post(CHAT, chat(IMG_A, IMG_B))
+        assert r.status == 200
+        assert [p["type"] for p in media_parts(s.decodes[0].bodies()[0])] == ["image_url", "image_url"]
+        assert await metric(s, 'epd_router_encoder_fallback_requests_total{reason="no_encoder"} 1.0')
+        assert await metric(s, 'epd_router_items_total{outcome="fallback"} 2.0')
+
+
+async def test_an_encoder_client_error_is_relayed_not_retried():
+    async with router_stack(encoders=2) as s:
+        for e in s.encoders:
+            e.knobs.fail_always, e.knobs.fail_status = True, 400
+        r = await s.post(CHAT, chat(IMG_A))
+        assert r.status == 400 and "scripted failure" in r.json()["error"]["message"]
+        assert sum(len(e.received) for e in s.encoders) == 1
+        assert not s.decodes[0].received
+
+
+async def test_a_consumer_rejecting_metadata_only_is_retried_with_raw_media_and_forgets_the_reuse_entry():
+    async with router_stack(encoders=1, decodes=1, reuse_ttl=60) as s:
+        await s.post(CHAT, chat(IMG_A))
+        s.decodes[0].knobs.reject_embeds = True  # the cached item was evicted from the shared store
+        r = await s.post(CHAT, chat(IMG_A))
+        assert r.status == 200
+        _, rejected, retried = s.decodes[0].bodies()
+        assert media_parts(rejected)[0]["type"] == "image_embeds"
+        assert media_parts(retried)[0]["image_url"] == IMG_A["image_url"]
+        assert media_parts(retried)[0]["uuid"] == media_parts(rejected)[0]["uuid"]
+        assert len(s.router.reuse) == 0
+        assert await metric(s, 'epd_router_retries_total{reason="metadata_rejected",stage="decode"} 1.0')
+
+
+async def test_a_prefill_rejecting_metadata_only_is_retried_with_raw_media():
+    async with router_stack(encoders=1, prefills=1, decodes=1) as s:
+        s.prefills[0].knobs.fail_next = 1
+        r = await s.post(CHAT, chat(IMG_A))
+        assert r.status == 200
+        first, second = s.prefills[0].bodies()
+        assert media_parts(first)[0]["type"] == "image_embeds"
+        assert media_parts(second)[0]["type"] == "image_url"
+        assert media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_url"
+
+
+async def test_prefill_failure_is_retried_on_another_prefill():
+    async with router_stack(encoders=0, prefills=2, decodes=1, pd_policy="prefix-aware") as s:
+        await s.post(CHAT, chat())
+        failing, other = home(s.prefills)
+        failing.knobs.drop_next = 1
+        r = await s.post(CHAT, chat())
+        assert r.status == 200
+        assert (len(failing.received), len(other.received)) == (1, 1)
+        assert await metric(s, 'epd_router_retries_total{reason="connect",stage="prefill"} 1.0')
+
+
+async def test_prefill_failing_twice_is_a_5xx():
+    async with router_stack(encoders=0, prefills=2, decodes=1) as s:
+        for p in s.prefills:
+            p.knobs.fail_always = True
+        r = await s.post(CHAT, chat())
+        assert r.status == 500 and "scripted failure" in r.json()["error"]["message"]
+        assert not s.decodes[0].received
+
+
+async def test_decode_failure_before_the_first_byte_is_retried_on_another_instance():
+    async with router_stack(encoders=0, decodes=2, pd_policy="prefix-aware") as s:
+        await s.post(CHAT, chat(stream=True))
+        failing, other = home(s.decodes)
+        failing.knobs.fail_next = 1
+        r = await s.post(CHAT, chat(stream=True))
+        assert r.status == 200 and r.body.endswith(b"data: [DONE]\n\n")
+        assert (len(failing.received), len(other.received)) == (1, 1)
+
+
+async def test_e_p_d_decode_failure_prefills_again_then_uses_another_decode():
+    async with router_stack(encoders=0, prefills=1, decodes=2, pd_policy="prefix-aware") as s:
+        await s.post(CHAT, chat())
+        failing, other = home(s.decodes)
+        failing.knobs.drop_next = 1
+        r = await s.post(CHAT, chat())
+        assert r.status == 200
+        assert len(s.prefills[0].received) == 3  # the first request, then twice for this one
+        assert (len(failing.received), len(other.received)) == (1, 1)
+
+
+async def test_decode_failing_on_every_attempt_relays_the_error():
+    async with router_stack(encoders=0, decodes=2) as s:
+        for d in s.decodes:
+            d.knobs.fail_always, d.knobs.fail_status = True, 503
+        r = await s.post(CHAT, chat())
+        assert r.status == 503
+
+
+async def test_a_stream_broken_after_the_first_byte_is_not_replayed():
+    async with router_stack(encoders=0, decodes=2) as s:
+        for d in s.decodes:
+            d.knobs.break_stream_after = 1
+        async with s.session.post(s.url + CHAT, data=orjson.dumps(chat(stream=True))) as resp:
+            first = await resp.content.readuntil(b"\n\n")
+            try:
+                await resp.read()
+            except aiohttp.ClientPayloadError:
+                pass  # the client sees the stream end where decode's broke
+        assert b"[0]" in first
+        assert sum(len(d.received) for d in s.decodes) == 1
+
+
+async def test_client_disconnect_cancels_the_upstream_call():
+    async with router_stack(encoders=1) as s:
+        s.decodes[0].knobs.delay = 30
+        task = asyncio.create_task(s.post(CHAT, chat()))
+        await wait_for(lambda: s.decodes[0].received)
+        task.cancel()
+        await wait_for(lambda: s.decodes[0].cancelled == 1)
+        s.encoders[0].knobs.delay = 30
+        task = asyncio.create_task(s.post(CHAT, chat(IMG_A)))
+        await wait_for(lambda: s.encoders[0].received)
+        task.cancel()
+        await wait_for(lambda: s.encoders[0].cancelled == 1)
+        await wait_for(lambda: s.router.encoders.endpoints[s.encoders[0].url].inflight == 0)
+
+
+async def test_endpoints_are_ejected_after_consecutive_failed_checks_and_readmitted():
+    async with router_stack(encoders=2, eject_after=2) as s:
+        bad = s.encoders[0]
+        bad.knobs.health_status = 503
+        for _ in range(2):
+            await s.router.health.check_all()
+        assert [ep.url for ep in s.router.encoders.available] == [s.encoders[1].url]
+        for img in (IMG_A, IMG_B, {**IMG_A, "uuid": "x"}):
+            await s.post(CHAT, chat(img))
+        assert not bad.received
+        assert await metric(s, f'epd_router_ejections_total{{endpoint="{bad.url.split("//")[1]}",role="encoder"}} 1.0')
+        bad.knobs.health_status = 200
+        await s.router.health.check_all()
+        assert len(s.router.encoders.available) == 2
+
+
+async def test_health_is_503_while_no_decode_can_serve():
+    async with router_stack(encoders=1, eject_after=1) as s:
+        s.decodes[0].knobs.health_status = 500
+        await s.router.health.check_all()
+        r = await s.get("/health")
+        assert r.status == 503 and r.json()["decode_cluster"] == "unhealthy"
+        r = await s.post(CHAT, chat())
+        assert r.status == 503 and r.json()["error"]["type"] == "service_unavailable"

@@ -1,0 +1,213 @@
+"""The router against scripted vLLM-shaped backends: E+PD, E/P/D, streaming, batching, Mooncake, reuse."""
+
+import asyncio
+
+import orjson
+
+from tests.support.router_stack import router_stack
+
+CHAT = "/v1/chat/completions"
+IMG_A = {"type": "image_url", "image_url": {"url": "https://img/a.png"}}
+IMG_B = {"type": "image_url", "image_url": {"url": "https://img/b.png"}}
+IMG_C = {"type": "image_url", "image_url": {"url": "https://img/c.png"}}
+
+
+def chat(*parts, **extra):
+    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"}, *parts]}], **extra}
+
+
+def sse(name: str, n: int = 3, rid: str = "0") -> bytes:
+    out = b""
+    for i in range(n):
+        chunk = {"id": f"chatcmpl-{name}-{rid}", "object": "chat.completion.chunk",
+                 "choices": [{"index": 0, "delta": {"content": f"answer from {name} [{i}]"}, "finish_reason": None}]}
+        out += b"data: " + orjson.dumps(chunk) + b"\n\n"
+    return out + b"data: [DONE]\n\n"
+
+
+def parts(body):
+    return body["messages"][0]["content"]
+
+
+async def test_e_pd_encodes_then_sends_a_metadata_only_request_to_pd():
+    async with router_stack(encoders=1) as s:
+        r = await s.post(CHAT, chat(IMG_A, max_tokens=8))
+        assert r.status == 200
+        assert r.json()["choices"][0]["message"]["content"] == "answer from d0"
+        [enc_req] = s.encoders[0].bodies()
+        assert enc_req["stream"] is False and "max_tokens" not in enc_req
+        [item] = parts(enc_req)
+        assert item["image_url"] == IMG_A["image_url"] and item["uuid"]
+        [pd_req] = s.decodes[0].bodies()
+        assert parts(pd_req)[0] == {"type": "text", "text": "what is this"}
+        assert parts(pd_req)[1] == {"type": "image_embeds", "image_embeds": {"image_grid_thw": [1, 16, 16]}, "uuid": item["uuid"]}
+        assert pd_req["ec_transfer_params"][item["uuid"]]["metadata"] == {"image_grid_thw": [1, 16, 16]}
+        assert pd_req["max_tokens"] == 8 and "kv_transfer_params" not in pd_req
+
+
+async def test_e_pd_streams_decode_bytes_unchanged():
+    async with router_stack(encoders=1) as s:
+        r = await s.post(CHAT, chat(IMG_A, stream=True))
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        assert r.body == sse("d0")
+
+
+async def test_stream_chunks_reach_the_client_before_decode_finishes():
+    async with router_stack(encoders=1) as s:
+        gate = asyncio.Event()
+        s.decodes[0].knobs.stream_gate = gate
+        async with s.session.post(s.url + CHAT, data=orjson.dumps(chat(stream=True))) as resp:
+            first = await resp.content.readuntil(b"\n\n")
+            assert b"answer from d0 [0]" in first  # decode is still parked on the gate here
+            gate.set()
+            rest = await resp.read()
+        assert first + rest == sse("d0")
+
+
+async def test_e_p_d_prefills_with_remote_decode_and_hands_kv_params_to_decode():
+    async with router_stack(encoders=1, prefills=1, decodes=1) as s:
+        r = await s.post(CHAT, chat(IMG_A, stream=True, stream_options={"include_usage": True}, max_tokens=16))
+        assert r.status == 200 and r.body == sse("d0")
+        [p_req] = s.prefills[0].bodies()
+        assert p_req["kv_transfer_params"]["do_remote_decode"] is True
+        assert (p_req["max_tokens"], p_req["stream"]) == (1, False) and "stream_options" not in p_req
+        assert parts(p_req)[1]["type"] == "image_embeds"
+        [d_req] = s.decodes[0].bodies()
+        assert d_req["kv_transfer_params"] == {
+            "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [1, 2, 3],
+            "remote_engine_id": "engine-p0", "remote_request_id": "cmpl-p0-0",
+            "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1,
+        }
+        assert d_req["stream"] is True and d_req["max_tokens"] == 16 and parts(d_req)[1]["type"] == "image_embeds"
+
+
+async def test_images_for_one_encoder_go_in_one_request_matched_by_item_indices():
+    async with router_stack(encoders=1) as s:
+        s.encoders[0].knobs.rehash = True  # the engine's mm_hash differs from our uuid
+        r = await s.post(CHAT, chat(IMG_A, IMG_B, IMG_C))
+        assert r.status == 200
+        [enc_req] = s.encoders[0].bodies()
+        assert len(parts(enc_req)) == 3
+        [pd_req] = s.decodes[0].bodies()
+        uuids = [p["uuid"] for p in parts(enc_req)]
+        assert [p.get("uuid") for p in parts(pd_req)[1:]] == uuids
+        assert all(p["type"] == "image_embeds" for p in parts(pd_req)[1:])
+        ec = pd_req["ec_transfer_params"]
+        assert [e["mm_hash"] for e in ec["ec_items"]] == [h for h in ec if h != "ec_items"]
+
+
+async def test_audio_and_video_get_one_encoder_request_each():
+    audio = {"type": "audio_url", "audio_url": {"url": "https://a/x.wav"}}
+    video = {"type": "video_url", "video_url": {"url": "https://v/x.mp4"}}
+    async with router_stack(encoders=1) as s:
+        r = await s.post(CHAT, chat(audio, video))
+        assert r.status == 200
+        assert [len(parts(b)) for b in s.encoders[0].bodies()] == [1, 1]
+        kinds = [p["type"] for p in parts(s.decodes[0].bodies()[0])[1:]]
+        assert kinds == ["audio_embeds", "video_embeds"]
+
+
+async def test_mooncake_picks_the_consumer_first_and_tells_the_encoder_where_to_push():
+    async with router_stack(encoders=1, decodes=2, ec_consumer_zmq_addrs=["tcp://10.0.0.1:14579", "tcp://10.0.0.2:14579"]) as s:
+        r = await s.post(CHAT, chat(IMG_A, IMG_B))
+        assert r.status == 200
+        consumer = next(i for i, d in enumerate(s.decodes) if d.received)
+        [enc_req] = s.encoders[0].bodies()
+        sent = enc_req["ec_transfer_params"]
+        assert sent["consumer_zmq"] == f"tcp://10.0.0.{consumer + 1}:14579"
+        tids = [e["transfer_id"] for e in sent["ec_items"]]
+        assert len(set(tids)) == 2
+        [pd_req] = s.decodes[consumer].bodies()
+        assert [e["transfer_id"] for e in pd_req["ec_transfer_params"]["ec_items"]] == tids
+
+
+async def test_text_only_requests_skip_encoders_and_reach_pd_verbatim():
+    async with router_stack(encoders=2) as s:
+        raw = b'{"model":"m","messages":[{"role":"user","content":"hello"}],  "max_tokens":3}'
+        r = await s.post(CHAT, data=raw)
+        assert r.status == 200
+        assert not any(e.received for e in s.encoders)
+        assert s.decodes[0].received[0].body == orjson.loads(raw)
+
+
+async def test_request_id_and_authorization_reach_every_backend():
+    async with router_stack(encoders=1, prefills=1, decodes=1) as s:
+        r = await s.post(CHAT, chat(IMG_A), headers={"x-request-id": "req-42", "Authorization": "Bearer t0k"})
+        assert r.headers["x-request-id"] == "req-42"
+        enc = s.encoders[0].received[0].headers
+        assert enc["x-request-id"].startswith("req-42:0:") and enc["Authorization"] == "Bearer t0k"
+        for fake in (s.prefills[0], s.decodes[0]):
+            assert fake.received[0].headers["x-request-id"] == "req-42"
+            assert fake.received[0].headers["Authorization"] == "Bearer t0k"
+
+
+async def test_completions_route_needs_no_encoder_and_supports_e_p_d():
+    async with router_stack(encoders=1, prefills=1, decodes=1) as s:
+        r = await s.post("/v1/completions", {"model": "m", "prompt": "once upon", "max_tokens": 4})
+        assert r.status == 200 and r.json()["choices"][0]["text"] == "answer from d0"
+        assert s.prefills[0].received[0].path == "/v1/completions"
+        assert s.decodes[0].bodies()[0]["kv_transfer_params"]["remote_engine_id"] == "engine-p0"
+        assert not s.encoders[0].received
+
+
+async def test_models_are_relayed_from_decode():
+    async with router_stack(encoders=0) as s:
+        r = await s.get("/v1/models")
+        assert r.status == 200 and r.json()["data"][0]["id"] == "fake-model"
+
+
+async def test_cache_aware_sends_a_repeated_image_to_the_same_encoder():
+    async with router_stack(encoders=3) as s:
+        for _ in range(4):
+            assert (await s.post(CHAT, chat(IMG_A))).status == 200
+        assert sorted(len(e.received) for e in s.encoders) == [0, 0, 4]
+
+
+async def test_least_loaded_uses_scraped_queue_depth():
+    async with router_stack(encoders=0, decodes=2) as s:
+        s.decodes[0].knobs.running, s.decodes[0].knobs.waiting = 3, 4
+        await s.router.health.check_all()
+        for _ in range(3):
+            await s.post(CHAT, chat())
+        assert (len(s.decodes[0].received), len(s.decodes[1].received)) == (0, 3)
+
+
+async def test_prefix_aware_keeps_a_conversation_on_one_instance():
+    async with router_stack(encoders=0, decodes=3, pd_policy="prefix-aware") as s:
+        for turn in range(3):
+            await s.post(CHAT, chat(**{"messages": [{"role": "system", "content": "x" * 300}, {"role": "user", "content": f"turn {turn}"}]}))
+        assert sorted(len(d.received) for d in s.decodes) == [0, 0, 3]
+
+
+async def test_reuse_rewrites_a_repeated_item_without_an_encoder_call_until_the_ttl():
+    async with router_stack(encoders=1, reuse_ttl=60) as s:
+        now = [1000.0]
+        s.router.reuse.clock = lambda: now[0]
+        await s.post(CHAT, chat(IMG_A))
+        await s.post(CHAT, chat(IMG_A))
+        assert len(s.encoders[0].received) == 1
+        second = s.decodes[0].bodies()[1]
+        assert parts(second)[1]["type"] == "image_embeds"
+        now[0] += 61  # past the TTL the item may be gone from the shared store: encode again
+        await s.post(CHAT, chat(IMG_A))
+        assert len(s.encoders[0].received) == 2
+        metrics = (await s.get("/metrics")).body.decode()
+        assert 'epd_router_items_total{outcome="reused"} 1.0' in metrics
+        assert 'epd_router_items_total{outcome="encoded"} 2.0' in metrics
+
+
+async def test_health_reports_every_tier_and_metrics_expose_inflight_per_endpoint():
+    async with router_stack(encoders=1, prefills=1, decodes=1) as s:
+        r = await s.get("/health")
+        doc = r.json()
+        assert r.status == 200
+        assert (doc["proxy"], doc["encode_cluster"], doc["prefill_cluster"], doc["decode_cluster"]) == ("healthy",) * 4
+        assert [t["url"] for t in doc["tiers"]["encoder"]] == [s.encoders[0].url]
+        await s.post(CHAT, chat(IMG_A))
+        text = (await s.get("/metrics")).body.decode()
+        host = s.encoders[0].url.split("//")[1]
+        assert f'epd_router_endpoint_inflight{{endpoint="{host}",pod="",role="encoder"}} 0.0' in text
+        assert 'epd_router_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
+        for stage in ("encode", "prefill", "decode", "total", "ttfb"):
+            assert f'epd_router_stage_seconds_count{{stage="{stage}"}} 1.0' in text
