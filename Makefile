@@ -26,7 +26,8 @@ demo: install
 
 crds: install
 	$(BIN)/epdctl crd > crds/serving.epd.dev_epddeployments.yaml
-	cp crds/serving.epd.dev_epddeployments.yaml charts/epd-operator/crds/ 2>/dev/null || true
+	cp crds/serving.epd.dev_epddeployments.yaml charts/epd-operator/crds/
+	$(BIN)/python -m tests.helm.values_schema
 
 bench: install
 	$(BIN)/python -m bench.run
