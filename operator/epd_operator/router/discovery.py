@@ -61,6 +61,7 @@ class KubeAccess:
     ssl_context: ssl.SSLContext | bool | None = None
     token: str | None = None
     token_file: str | None = None
+    namespace: str | None = None  # the kubeconfig context's namespace, used when --namespace is absent
     _tmp: list[str] = field(default_factory=list)
 
     def headers(self) -> dict[str, str]:
@@ -104,6 +105,7 @@ class KubeAccess:
             if cert and key:
                 ctx.load_cert_chain(cert, key)
             access.ssl_context = ctx
+        access.namespace = context.get("namespace")
         access.token = user.get("token")
         access.token_file = user.get("tokenFile")
         return access
@@ -201,9 +203,10 @@ class KubernetesDiscovery:
         selectors = {"encoder": cfg.encoder_selector, "prefill": cfg.prefill_selector, "decode": cfg.decode_selector}
         selectors = {role: sel for role, sel in selectors.items() if sel and role in pools}
         consumer = "prefill" if cfg.disaggregated_prefill else "decode"
+        access = default_access(cfg.kubeconfig)
         return cls(
-            default_access(cfg.kubeconfig),
-            cfg.namespace or _own_namespace(),
+            access,
+            cfg.namespace or access.namespace or _own_namespace(),
             selectors,
             pools,
             cfg.backend_port_name,
