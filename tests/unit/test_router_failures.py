@@ -220,3 +220,14 @@ async def test_health_is_503_while_no_decode_can_serve():
         assert r.status == 503 and r.json()["decode_cluster"] == "unhealthy"
         r = await s.post(CHAT, chat())
         assert r.status == 503 and r.json()["error"]["type"] == "service_unavailable"
+
+
+async def test_client_leaving_mid_stream_stops_decode():
+    async with router_stack(encoders=0) as s:
+        s.decodes[0].knobs.stream_gate = asyncio.Event()  # never set: decode is parked after one chunk
+        async with aiohttp.ClientSession() as own:
+            resp = await own.post(s.url + CHAT, data=orjson.dumps(chat(stream=True)))
+            assert b"[0]" in await resp.content.readuntil(b"\n\n")
+            resp.close()
+        await wait_for(lambda: s.decodes[0].cancelled == 1)
+        await wait_for(lambda: s.router.decodes.available[0].inflight == 0)

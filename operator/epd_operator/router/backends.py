@@ -199,7 +199,8 @@ class HealthChecker:
             ep.external_load = max(0, depth - inflight_before)
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(pool, ep) for pool in self.pools for ep in list(pool.endpoints.values())))
+        # Endpoints Kubernetes calls unready get no traffic, so they need no probe either.
+        await asyncio.gather(*(self.check(pool, ep) for pool in self.pools for ep in list(pool.endpoints.values()) if ep.ready))
         self.last_round = time.monotonic()
 
     async def run(self) -> None:

@@ -183,7 +183,11 @@ class Router:
             items = extract_media(validate_chat(body), self.cfg.allow_file_urls)
         except BadRequest as exc:
             return self._answered(CHAT, json_error(exc.status, str(exc), rid, param=exc.param))
-        return self._answered(CHAT, await self._generate(request, CHAT, rid, raw, body, items, t0), t0)
+        try:
+            return self._answered(CHAT, await self._generate(request, CHAT, rid, raw, body, items, t0), t0)
+        except asyncio.CancelledError:
+            self.metrics.count_request(CHAT, 499)  # client closed the connection (nginx's code)
+            raise
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
@@ -194,7 +198,11 @@ class Router:
             validate_completion(body)
         except BadRequest as exc:
             return self._answered(COMPLETIONS, json_error(exc.status, str(exc), rid, param=exc.param))
-        return self._answered(COMPLETIONS, await self._generate(request, COMPLETIONS, rid, raw, body, [], t0), t0)
+        try:
+            return self._answered(COMPLETIONS, await self._generate(request, COMPLETIONS, rid, raw, body, [], t0), t0)
+        except asyncio.CancelledError:
+            self.metrics.count_request(COMPLETIONS, 499)
+            raise
 
     def _answered(self, route: str, response: web.StreamResponse, t0: float | None = None) -> web.StreamResponse:
         self.metrics.count_request(route, response.status)
@@ -421,7 +429,12 @@ class Router:
         self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
         try:
             async for chunk in resp.content.iter_any():
-                await out.write(chunk)
+                try:
+                    await out.write(chunk)
+                except ConnectionResetError:
+                    # The client went away mid-stream: stop decode's work too.
+                    resp.close()
+                    return out
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             # Bytes already reached the client: nothing to retry; end the stream where it broke.
             pool.record_failure(ep, "stream")
