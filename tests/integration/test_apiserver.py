@@ -105,7 +105,8 @@ async def test_server_sets_metadata_with_a_global_resource_version(api: Api) -> 
     _, b = await api.post(CM, configmap('b'))
     assert a['metadata']['uid'] != b['metadata']['uid']
     assert int(b['metadata']['resourceVersion']) > int(a['metadata']['resourceVersion'])
-    assert a['metadata']['generation'] == 1 and a['metadata']['creationTimestamp'].endswith('Z')
+    assert a['metadata']['creationTimestamp'].endswith('Z')
+    assert 'generation' not in a['metadata']  # as upstream: ConfigMaps have no spec, hence no generation
 
 
 async def test_stale_writes_and_duplicate_creates_conflict(api: Api) -> None:
@@ -183,6 +184,15 @@ async def test_label_and_field_selectors_filter_lists(api: Api) -> None:
     assert await names(fieldSelector='metadata.name=b') == ['b']
     assert await names(fieldSelector='metadata.namespace!=default') == []
     assert (await api.get(CM, fieldSelector='data.k=v'))[0] == 400
+    status, _ = await api.delete(CM, labelSelector='app')
+    assert status == 200 and await names() == ['c']
+
+
+async def test_crd_selectable_fields_work_as_field_selectors(api: Api, crd: dict[str, Any]) -> None:
+    await api.post(WIDGETS, widget('w1'))
+    await api.post(WIDGETS, {**widget('w2'), 'spec': {'model': 'huge'}})
+    _, body = await api.get(WIDGETS, fieldSelector='spec.model=huge')
+    assert [o['metadata']['name'] for o in body['items']] == ['w2']
 
 
 async def read_events(session: aiohttp.ClientSession, path: str, count: int, **params: str) -> tuple[str, list[dict[str, Any]]]:
@@ -218,6 +228,15 @@ async def test_watch_sends_initial_state_bookmarks_and_live_changes(api: Api) ->
     await task
     assert [e['type'] for e in events] == ['ADDED', 'BOOKMARK', 'ADDED', 'DELETED']
     assert [e['object']['metadata'].get('name') for e in events] == ['a', None, 'b', 'a']
+
+
+async def test_watch_from_a_forgotten_resource_version_is_gone(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr('tests.support.emulator.store.HISTORY_LIMIT', 2)
+    _, first = await api.post(CM, configmap('a'))
+    for name in 'bcd':
+        await api.post(CM, configmap(name))
+    _, events = await read_events(api.session, CM, 1, resourceVersion=first['metadata']['resourceVersion'])
+    assert events[0]['type'] == 'ERROR' and events[0]['object']['code'] == 410
 
 
 async def test_watch_ends_after_timeout_seconds(api: Api) -> None:

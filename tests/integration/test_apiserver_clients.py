@@ -79,8 +79,8 @@ async def test_kubectl_watch_streams_changes(kube_env: dict[str, str], apiserver
 
 
 async def test_kopf_operator_handles_create_status_and_finalizers(
-        apiserver: StrictKubernetesEmulator, kopf_login: kopf.OperatorRegistry) -> None:
-    registry = kopf_login
+        apiserver: StrictKubernetesEmulator, kopf_registry: kopf.OperatorRegistry) -> None:
+    registry = kopf_registry
     apiserver.create_object(TOY_CRD)
     deleted: list[str] = []
 

@@ -11,7 +11,7 @@ resourceVersion, no 409s, broken namespace paths, no schemas). This subclass kee
 - PUT, JSON patch (``test`` ops), merge patch, strategic merge (approximate, see ``patching``),
   server-side apply (create-or-merge, field ownership, conflicts unless ``force=true``);
 - ``generateName``, ``dryRun=All``, ``/status`` and ``/scale`` subresources;
-- label/field selectors on list, watch and deletecollection; list pagination (``limit``/``continue``);
+- label/field selectors (incl. CRD ``selectableFields``) on list, watch and deletecollection; list pagination (``limit``/``continue``);
 - watch with ``resourceVersion`` resume (410 when too old), bookmarks, ``timeoutSeconds``;
 - namespaces as real objects; deletion with finalizers, ``propagationPolicy`` and background
   garbage collection by ownerReferences; namespace deletion removes its contents;
@@ -349,7 +349,8 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
     def _predicate(self, rtype: ResourceType, namespace: str | None, query: Any) -> Callable[[dict[str, Any]], bool]:
         try:
             labels = selectors.parse_label_selector(query.get('labelSelector'))
-            fields = selectors.parse_field_selector(query.get('fieldSelector'), rtype.group, rtype.plural)
+            fields = selectors.parse_field_selector(query.get('fieldSelector'), rtype.group, rtype.plural,
+                                                    rtype.selectable_fields)
         except selectors.SelectorError as exc:
             raise ApiError(400, 'BadRequest', str(exc)) from exc
         return lambda o: ((namespace is None or o['metadata'].get('namespace') == namespace)
@@ -550,7 +551,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
             what = f'{rtype.plural}.{rtype.group}' if rtype.group else rtype.plural
             raise ApiError(409, 'AlreadyExists', f'{what} "{meta["name"]}" already exists',
                            {'name': meta['name'], 'group': rtype.group, 'kind': rtype.plural})
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+        if rtype.tracks_generation:
+            meta['generation'] = 1
         if rtype.plural == 'customresourcedefinitions' and rtype.group == 'apiextensions.k8s.io':
             obj['status'] = _crd_status(obj)
         if dry_run:
@@ -685,7 +688,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
                 applied_paths is None:
             return old  # a no-op write changes nothing, not even the resourceVersion (as upstream)
         spec_fields = ('metadata', 'status') if rtype.has_status else ('metadata',)
-        if _body_sans(new, *spec_fields) != _body_sans(old, *spec_fields):
+        if rtype.tracks_generation and _body_sans(new, *spec_fields) != _body_sans(old, *spec_fields):
             new['metadata']['generation'] = old_meta.get('generation', 1) + 1
         if rtype.plural == 'customresourcedefinitions' and rtype.group == 'apiextensions.k8s.io':
             new['status'] = _crd_status(new)
@@ -740,7 +743,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
             new = copy.deepcopy(obj)
             new['metadata'].update(deletionTimestamp=meta.get('deletionTimestamp') or _now(),
                                    deletionGracePeriodSeconds=0, finalizers=finalizers,
-                                   generation=meta.get('generation', 1) + 1, resourceVersion=str(self.store.next_rv()))
+                                   resourceVersion=str(self.store.next_rv()))
+            if rtype.tracks_generation:
+                new['metadata']['generation'] = meta.get('generation', 1) + 1
             if not finalizers:
                 del new['metadata']['finalizers']
             if is_namespace:

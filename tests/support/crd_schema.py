@@ -148,15 +148,21 @@ def _schema_error_message(error: jsonschema.ValidationError) -> str:
     return f'{where}: Invalid value: {_render_value(error.instance)}: {where} in body: {error.message}'
 
 
+def _typed_children(schema: dict[str, Any], value: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], Any]]:
+    """(key, sub-schema, item) for the fields of an object value that its schema describes."""
+    props = schema.get('properties') or {}
+    additional = schema.get('additionalProperties')
+    for key, item in value.items():
+        sub = props.get(key, additional if isinstance(additional, dict) else None)
+        if sub is not None:
+            yield key, sub, item
+
+
 def _list_map_errors(schema: dict[str, Any], value: Any, path: list[Any]) -> Iterator[str]:
     """Uniqueness of ``x-kubernetes-list-type: map`` keys, which JSON Schema cannot express."""
     if isinstance(value, dict):
-        props = schema.get('properties') or {}
-        additional = schema.get('additionalProperties')
-        for key, item in value.items():
-            sub = props.get(key, additional if isinstance(additional, dict) else None)
-            if sub is not None:
-                yield from _list_map_errors(sub, item, [*path, key])
+        for key, sub, item in _typed_children(schema, value):
+            yield from _list_map_errors(sub, item, [*path, key])
     elif isinstance(value, list):
         if schema.get('x-kubernetes-list-type') == 'map':
             keys = schema.get('x-kubernetes-list-map-keys', [])
@@ -210,13 +216,9 @@ def _cel_errors(schema: dict[str, Any], value: Any, old: Any, path: list[Any]) -
             yield f'{where}: Invalid value: {_render_value(value)}: {message}'
 
     if isinstance(value, dict):
-        props = schema.get('properties') or {}
-        additional = schema.get('additionalProperties')
-        for key, item in value.items():
-            sub = props.get(key, additional if isinstance(additional, dict) else None)
-            if sub is not None:
-                old_item = old.get(key, _MISSING) if isinstance(old, dict) else _MISSING
-                yield from _cel_errors(sub, item, old_item, [*path, key])
+        for key, sub, item in _typed_children(schema, value):
+            old_item = old.get(key, _MISSING) if isinstance(old, dict) else _MISSING
+            yield from _cel_errors(sub, item, old_item, [*path, key])
     elif isinstance(value, list) and isinstance(schema.get('items'), dict):
         for index, item in enumerate(value):
             yield from _cel_errors(schema['items'], item, _MISSING, [*path, index])

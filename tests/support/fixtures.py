@@ -5,7 +5,7 @@ pytest fixtures around the strict API emulator (registered in ``tests/conftest.p
   ``default``, ``kube-system`` and ``kube-public`` namespaces; its URL is ``apiserver_url``.
 - ``kubeconfig``: a kubeconfig file pointing at it (for kubectl, ``kopf run``, ``epd-operator``).
 - ``kube_env``: ``os.environ`` plus ``KUBECONFIG`` for subprocesses.
-- ``kopf_login``: registers a kopf login handler for in-process operators (``kopf.operator()``).
+- ``kopf_registry``: registers a kopf login handler for in-process operators (``kopf.operator()``).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def kube_env(kubeconfig: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def kopf_login(apiserver_url: str):  # type: ignore[no-untyped-def]
+def kopf_registry(apiserver_url: str):  # type: ignore[no-untyped-def]
     """A kopf registry whose login handler points at the emulator; pass it as ``registry=``."""
     import kopf
 

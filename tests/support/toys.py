@@ -14,6 +14,7 @@ TOY_CRD: dict[str, Any] = {
             'name': 'v1', 'served': True, 'storage': True,
             'subresources': {'status': {}, 'scale': {'specReplicasPath': '.spec.replicas',
                                                      'statusReplicasPath': '.status.replicas'}},
+            'selectableFields': [{'jsonPath': '.spec.model'}],
             'additionalPrinterColumns': [{'name': 'Replicas', 'type': 'integer', 'jsonPath': '.spec.replicas'}],
             'schema': {'openAPIV3Schema': {
                 'type': 'object',

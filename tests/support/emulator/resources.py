@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+_GENERATION_GROUPS = frozenset({'apps', 'autoscaling', 'policy', 'networking.k8s.io', 'apiextensions.k8s.io'})
 VERBS = ['create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch']
 
 
@@ -20,6 +21,7 @@ class ResourceType:
     categories: tuple[str, ...] = ()
     crd: dict[str, Any] | None = None  # the CRD object for custom resources; None for built-ins
     printer_columns: tuple[dict[str, Any], ...] = ()
+    selectable_fields: tuple[str, ...] = ()  # CRD ``selectableFields`` as dotted paths
 
     @property
     def api_version(self) -> str:
@@ -29,6 +31,11 @@ class ResourceType:
     def group_plural(self) -> tuple[str, str]:
         """The storage identity: all served versions of a resource share one set of objects."""
         return self.group, self.plural
+
+    @property
+    def tracks_generation(self) -> bool:
+        """Whether objects carry ``metadata.generation`` (spec-bearing kinds; not e.g. ConfigMaps)."""
+        return self.crd is not None or self.group in _GENERATION_GROUPS
 
     @property
     def has_status(self) -> bool:
@@ -100,6 +107,7 @@ def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:
             short_names=tuple(names.get('shortNames') or ()), singular=names.get('singular', ''),
             categories=tuple(names.get('categories') or ()), crd=crd,
             printer_columns=tuple(version.get('additionalPrinterColumns') or ()),
+            selectable_fields=tuple(f['jsonPath'].lstrip('.') for f in version.get('selectableFields') or ()),
         ))
     return result
 

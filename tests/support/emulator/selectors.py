@@ -82,10 +82,10 @@ def _lookup(obj: dict[str, Any], dotted: str) -> str:
     return '' if value is None else str(value)
 
 
-def parse_field_selector(text: str | None, group: str, plural: str) -> Predicate:
+def parse_field_selector(text: str | None, group: str, plural: str, extra: tuple[str, ...] = ()) -> Predicate:
     if not text:
         return lambda obj: True
-    supported = SUPPORTED_FIELDS_COMMON | SUPPORTED_FIELDS_EXTRA.get((group, plural), set())
+    supported = SUPPORTED_FIELDS_COMMON | SUPPORTED_FIELDS_EXTRA.get((group, plural), set()) | set(extra)
     checks: list[Predicate] = []
     for term in _split_terms(text):
         m = _EQ_TERM.match(term)
