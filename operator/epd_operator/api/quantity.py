@@ -11,9 +11,10 @@ from typing import Annotated, Union
 
 from pydantic import BeforeValidator, Field
 
-# The grammar of k8s.io/apimachinery resource.Quantity: sign, decimal number, then a binary suffix,
-# a decimal SI suffix, or a decimal exponent.
-QUANTITY_PATTERN = r"^[+-]?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$"
+# The grammar of k8s.io/apimachinery resource.Quantity (decimal number, then a binary suffix, a decimal
+# SI suffix, or a decimal exponent) without the minus sign: every quantity in this API is a size, and the
+# CRD must refuse what the Python validation refuses.
+QUANTITY_PATTERN = r"^\+?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$"
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -29,9 +30,9 @@ def _check_quantity(value: object) -> object:
         if value < 0:
             raise ValueError(f"quantity {value!r} must not be negative")
         return value
+    if isinstance(value, str) and value.startswith("-"):
+        raise ValueError(f"quantity {value!r} must not be negative")
     if isinstance(value, str) and _QUANTITY_RE.match(value):
-        if value.startswith("-"):
-            raise ValueError(f"quantity {value!r} must not be negative")
         return value
     raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: 8Gi, 500m, 1e9, 2)")
 
@@ -39,7 +40,7 @@ def _check_quantity(value: object) -> object:
 Quantity = Annotated[
     Union[int, str],
     BeforeValidator(_check_quantity),
-    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "minimum": 0}),
 ]
 
 

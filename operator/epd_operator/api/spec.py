@@ -31,7 +31,9 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True)
+    # strict: no coercion (`replicas: "2"`), because the CRD's schema refuses it too and
+    # `epdctl validate` must not pass what `kubectl apply` rejects.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True, strict=True)
 
 
 # ----------------------------------------------------------------------------- model

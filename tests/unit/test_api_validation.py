@@ -1,0 +1,244 @@
+"""Bad EPDDeployment specs, refused with their field path by every door: `parse_epd` (the operator),
+`epdctl validate` / `epdctl render`, and the generated CRD's schema + CEL rules (the API server).
+
+The Python validation and the CRD must agree on every row, accept or refuse: the cross-field rules
+are written once (api/rules.py) precisely so that they cannot drift.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from epd_operator.api import SpecError, parse_epd
+from epd_operator.api.crd import build_crd
+from epd_operator.cli import main as epdctl
+from tests.support.crd_schema import default_and_prune, validate_custom_object
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+CRD = build_crd()
+
+
+def minimal() -> dict[str, Any]:
+    """The smallest valid spec: E+PD over shared storage."""
+    return {
+        "apiVersion": "serving.epd.dev/v1alpha1",
+        "kind": "EPDDeployment",
+        "metadata": {"name": "qwen-vl"},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"},
+            "encoder": {},
+            "decode": {},
+            "ecTransfer": {"connector": "SharedStorage", "sharedStorage": {"claimName": "ec-cache"}},
+        },
+    }
+
+
+def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = doc
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+    if value is _DELETE:
+        del node[leaf]
+    else:
+        node[leaf] = value
+
+
+_DELETE = object()
+
+
+def spec_with(*changes: dict[str, Any]) -> dict[str, Any]:
+    """`minimal()` with dotted-path changes (`{"metadata.name": "x"}`); `_DELETE` removes a field."""
+    doc = minimal()
+    for change in changes:
+        for dotted, value in change.items():
+            _set(doc, dotted, value)
+    return doc
+
+
+CPU_WITHOUT_SHARED = {"spec.ecTransfer": {"connector": "CPU", "cpu": {"bytes": "4Gi"}}}
+MOONCAKE = {"spec.ecTransfer": {"connector": "Mooncake"}}
+
+
+def case(id: str, path: str, *changes: dict[str, Any]) -> Any:
+    return pytest.param(spec_with(*changes), path, id=id)
+
+
+# Each row: a spec that must be refused, and the field path the refusal must name.
+BAD_SPECS = [
+    case("missing-encoder", "spec.encoder", {"spec.encoder": _DELETE}),
+    case("missing-decode", "spec.decode", {"spec.decode": _DELETE}),
+    case("missing-ec-transfer", "spec.ecTransfer", {"spec.ecTransfer": _DELETE}),
+    case("missing-model", "spec.model", {"spec.model": _DELETE}),
+    case("kv-transfer-without-prefill", "spec.kvTransfer", {"spec.kvTransfer": {}}),
+    case("unknown-ec-connector", "spec.ecTransfer.connector", {"spec.ecTransfer.connector": "Nixl"}),
+    case("unknown-kv-connector", "spec.kvTransfer.connector",
+         {"spec.prefill": {}, "spec.kvTransfer": {"connector": "LMCache"}}),
+    case("shared-storage-without-claim-name", "spec.ecTransfer.sharedStorage.claimName",
+         {"spec.ecTransfer.sharedStorage": {"path": "/cache"}}),
+    case("shared-storage-without-settings", "spec.ecTransfer.sharedStorage",
+         {"spec.ecTransfer": {"connector": "SharedStorage"}}),
+    case("shared-storage-relative-path", "spec.ecTransfer.sharedStorage.path",
+         {"spec.ecTransfer.sharedStorage.path": "cache"}),
+    case("shared-storage-zero-ttl", "spec.ecTransfer.sharedStorage.ttlSeconds",
+         {"spec.ecTransfer.sharedStorage.ttlSeconds": 0}),
+    case("cpu-without-bytes", "spec.ecTransfer.cpu.bytes", {"spec.ecTransfer": {"connector": "CPU", "cpu": {}}}),
+    case("cpu-without-settings", "spec.ecTransfer.cpu", {"spec.ecTransfer": {"connector": "CPU"}}),
+    case("settings-of-another-connector", "spec.ecTransfer.mooncake",
+         {"spec.ecTransfer.mooncake": {"protocol": "tcp"}}),
+    case("mooncake-with-tensor-parallel-encoder", "spec.encoder.tensorParallelSize",
+         MOONCAKE, {"spec.encoder.tensorParallelSize": 2}),
+    case("mooncake-bad-protocol", "spec.ecTransfer.mooncake.protocol",
+         {"spec.ecTransfer": {"connector": "Mooncake", "mooncake": {"protocol": "udp"}}}),
+    case("min-replicas-above-max", "spec.encoder.autoscaling.minReplicas",
+         {"spec.encoder.autoscaling": {"minReplicas": 3, "maxReplicas": 2}}),
+    case("router-min-replicas-above-max", "spec.router.autoscaling.minReplicas",
+         {"spec.router.autoscaling": {"minReplicas": 5, "maxReplicas": 1}}),
+    case("autoscaling-without-max", "spec.decode.autoscaling.maxReplicas",
+         {"spec.decode.autoscaling": {"minReplicas": 1}}),
+    case("negative-replicas", "spec.decode.replicas", {"spec.decode.replicas": -1}),
+    case("replicas-as-a-string", "spec.decode.replicas", {"spec.decode.replicas": "2"}),
+    case("zero-tensor-parallel", "spec.decode.tensorParallelSize", {"spec.decode.tensorParallelSize": 0}),
+    case("gpu-memory-above-one", "spec.decode.gpuMemoryUtilization", {"spec.decode.gpuMemoryUtilization": 1.5}),
+    case("empty-model-name", "spec.model.name", {"spec.model.name": ""}),
+    case("empty-image", "spec.image", {"spec.image": ""}),
+    case("unknown-field-in-spec", "spec.encoders", {"spec.encoders": {}}),
+    case("unknown-field-in-tier", "spec.encoder.replica", {"spec.encoder.replica": 2}),
+    case("unknown-field-in-connector-settings", "spec.ecTransfer.sharedStorage.claim",
+         {"spec.ecTransfer.sharedStorage.claim": "x"}),
+    case("unknown-field-in-list-item", "spec.decode.env[0].valu", {"spec.decode.env": [{"name": "A", "valu": "1"}]}),
+    case("unknown-field-in-router-service", "spec.router.service.prot", {"spec.router.service": {"prot": 80}}),
+    case("unknown-top-level-field", "specs", {"specs": {}}),
+    case("quantity-with-space", "spec.encoder.resources.limits.memory",
+         {"spec.encoder.resources.limits": {"memory": "8 GiB"}}),
+    case("quantity-unknown-suffix", "spec.ecTransfer.sharedStorage.maxSize",
+         {"spec.ecTransfer.sharedStorage.maxSize": "10GB"}),
+    case("quantity-negative", "spec.ecTransfer.cpu.bytes",
+         {"spec.ecTransfer": {"connector": "CPU", "cpu": {"bytes": "-1Gi"}}}),
+    case("quantity-negative-number", "spec.decode.resources.requests.cpu",
+         {"spec.decode.resources.requests": {"cpu": -2}}),
+    case("quantity-not-a-scalar", "spec.decode.resources.requests.memory",
+         {"spec.decode.resources.requests": {"memory": ["8Gi"]}}),
+    case("name-not-a-dns-label", "metadata.name", {"metadata.name": "Qwen_VL"}),
+    case("name-starting-with-a-digit", "metadata.name", {"metadata.name": "2qwen"}),
+    case("name-too-long-for-child-objects", "metadata.name", {"metadata.name": "a" * 48}),
+]
+
+
+GOOD_SPECS = [
+    pytest.param(minimal(), id="minimal-e+pd"),
+    pytest.param(spec_with({"spec.prefill": {}, "spec.kvTransfer": {}}), id="e/p/d-with-default-nixl"),
+    pytest.param(spec_with(CPU_WITHOUT_SHARED), id="cpu-connector"),
+    pytest.param(spec_with(MOONCAKE), id="mooncake-defaults"),
+    pytest.param(spec_with({"metadata.name": "a" * 47}), id="longest-name"),
+    pytest.param(spec_with({"spec.decode.autoscaling": {"minReplicas": 2, "maxReplicas": 2}}), id="min-equals-max"),
+    pytest.param(spec_with({"spec.decode.resources": {"limits": {"nvidia.com/gpu": 1, "memory": "64Gi",
+                                                                   "cpu": "500m"}}}), id="quantities"),
+    pytest.param(spec_with({"spec.decode.env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]}),
+                 id="free-form-env-source"),
+    *[pytest.param(yaml.safe_load(p.read_text()), id=f"examples/{p.name}") for p in EXAMPLES],
+]
+
+
+def refusal_paths(obj: dict[str, Any]) -> list[str]:
+    try:
+        parse_epd(obj)
+    except SpecError as exc:
+        return [e.path for e in exc.errors]
+    return []
+
+
+# ----------------------------------------------------------------------------- parse_epd
+
+
+@pytest.mark.parametrize("doc, path", BAD_SPECS)
+def test_parse_epd_refuses_with_the_field_path(doc, path):
+    with pytest.raises(SpecError) as refused:
+        parse_epd(copy.deepcopy(doc))
+    paths = [e.path for e in refused.value.errors]
+    assert path in paths, f"expected {path!r} among {paths}: {refused.value}"
+    assert all(e.message for e in refused.value.errors)
+
+
+@pytest.mark.parametrize("doc", GOOD_SPECS)
+def test_parse_epd_accepts(doc):
+    assert refusal_paths(doc) == []
+
+
+def test_every_problem_is_reported_in_one_round():
+    doc = spec_with({"spec.decode.replicas": -1, "spec.encoder.replica": 2, "metadata.name": "Bad"})
+    paths = refusal_paths(doc)
+    assert {"spec.decode.replicas", "spec.encoder.replica"} <= set(paths)
+
+
+def test_a_non_mapping_is_refused():
+    with pytest.raises(SpecError, match="mapping"):
+        parse_epd(["not", "a", "spec"])  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- epdctl
+
+
+def _write(tmp_path: Path, doc: Any) -> str:
+    path = tmp_path / "epd.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+@pytest.mark.parametrize("doc, path", BAD_SPECS)
+def test_epdctl_refuses_with_the_path_on_stderr_and_nothing_on_stdout(tmp_path, capsys, command, doc, path):
+    with pytest.raises(SystemExit) as exit_:
+        epdctl([command, "-f", _write(tmp_path, doc)])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 1
+    assert out == ""
+    assert f"{path}:" in err
+
+
+# ----------------------------------------------------------------------------- the CRD agrees
+
+
+def _unknown_fields(sent: Any, kept: Any, path: str = "") -> Iterator[str]:
+    """Fields the API server prunes: `kubectl apply` (field validation Strict) refuses them."""
+    if isinstance(sent, dict) and isinstance(kept, dict):
+        for key, value in sent.items():
+            child = f"{path}.{key}" if path else key
+            if key not in kept:
+                yield f"{child}: unknown field"
+            else:
+                yield from _unknown_fields(value, kept[key], child)
+    elif isinstance(sent, list) and isinstance(kept, list):
+        for index, (a, b) in enumerate(zip(sent, kept)):
+            yield from _unknown_fields(a, b, f"{path}[{index}]")
+
+
+def crd_refusals(obj: dict[str, Any]) -> list[str]:
+    stored = default_and_prune(CRD, obj)
+    return [*_unknown_fields(obj, stored), *validate_custom_object(CRD, stored)]
+
+
+@pytest.mark.parametrize("doc, path", BAD_SPECS)
+def test_the_crd_refuses_what_parse_epd_refuses(doc, path):
+    errors = crd_refusals(copy.deepcopy(doc))
+    assert errors, "the API server would accept a spec that epdctl and the operator refuse"
+    where = {e.split(":", 1)[0] for e in errors}
+    # Rules on the root object (metadata.name) report at the root, as the API server does.
+    assert path in where or (path.startswith("metadata.") and "<root>" in where), errors
+
+
+@pytest.mark.parametrize("doc", GOOD_SPECS)
+def test_the_crd_accepts_what_parse_epd_accepts(doc):
+    assert crd_refusals(copy.deepcopy(doc)) == []
+
+
+def test_crd_defaults_are_what_the_models_default_to():
+    stored = default_and_prune(CRD, minimal())
+    parsed = parse_epd(minimal()).model_dump(mode="json", exclude_none=True)
+    assert parse_epd(stored).model_dump(mode="json", exclude_none=True) == parsed
+    assert stored["spec"]["ecTransfer"]["sharedStorage"]["ttlSeconds"] == 600
+
