@@ -406,3 +406,9 @@ async def test_requests_are_recorded_for_write_accounting(api: Api, apiserver: S
     [write] = apiserver.writes(since=mark)
     assert (write.method, write.path, write.status) == ('PATCH', f'{CM}/a', 200)
     assert write.content_type == 'application/merge-patch+json' and write.user_agent
+
+
+async def test_injected_failures_answer_matching_requests_then_stop(api: Api, apiserver: StrictKubernetesEmulator) -> None:
+    apiserver.inject_failure('POST', r'/configmaps$', code=503, times=2)
+    assert (await api.get(CM))[0] == 200
+    assert [(await api.post(CM, configmap('a')))[0] for _ in range(3)] == [503, 503, 201]

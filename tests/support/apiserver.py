@@ -134,6 +134,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
     # Field ownership per object uid: {(manager, operation, subresource): {path: None}}.
     _owners: dict[str, dict[tuple[str, str, str], set[patching.Path]]] = attrs.field(factory=dict, init=False)
     _gc_scheduled: bool = attrs.field(default=False, init=False)
+    _faults: list[list[Any]] = attrs.field(factory=list, init=False)  # [method, path regex, code, times left]
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -156,6 +157,20 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
 
     def count_writes(self, since: int = 0, path_contains: str = '') -> int:
         return len(self.writes(since, path_contains))
+
+    def inject_failure(self, method: str, path_pattern: str, code: int = 500, times: int = 1) -> None:
+        """Answer the next ``times`` requests matching ``method`` and the ``path_pattern`` regex
+        (searched in the path) with an error Status of ``code``, before any processing —
+        for testing clients' retries and error handling."""
+        self._faults.append([method.upper(), re.compile(path_pattern), code, times])
+
+    def _injected_failure(self, raw: aiohttp.web.BaseRequest) -> ApiError | None:
+        for fault in self._faults:
+            method, pattern, code, left = fault
+            if left > 0 and method == raw.method and pattern.search(raw.path):
+                fault[3] -= 1
+                return ApiError(code, 'InternalError' if code >= 500 else 'Injected', f'injected failure ({code})')
+        return None
 
     # --- direct (in-process) API for tests and preloading ---------------------------------------
 
@@ -208,6 +223,8 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         self.log.append(RecordedRequest(seq, raw.method, raw.path, dict(raw.query),
                                         raw.headers.get('Content-Type', ''), raw.headers.get('User-Agent', '')))
         try:
+            if (fault := self._injected_failure(raw)) is not None:
+                raise fault
             response = await self._route(raw, body)
         except ApiError as exc:
             response = self._json(exc.status(), exc.code)
