@@ -1,6 +1,248 @@
-"""Console entry point (placeholder until its issue lands)."""
+"""`epd-operator`: the EPDDeployment operator process.
+
+    epd-operator --namespace inference            # watch one namespace (repeatable)
+    epd-operator --all-namespaces                 # watch the whole cluster
+
+It serves liveness on `--liveness-port` (`/healthz`) and Prometheus metrics on `--metrics-port`
+(`/metrics`) from the start, waits for the leader Lease when leader election is on (the default:
+two replicas never both act), then runs kopf's watches and the reconciler until SIGTERM. A leader
+that loses its Lease stops acting at once and exits with status 1, so its pod restarts as a standby.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
 import sys
+import uuid
+from collections.abc import Callable, Sequence
+
+import kopf
+from aiohttp import web
+
+from .handlers import build_registry, build_settings
+from .kube import Kube, login
+from .leader import LeaseElector
+from .metrics import CONTENT_TYPE, Metrics
+from .reconciler import Reconciler
+
+log = logging.getLogger("epd_operator")
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
-def main() -> None:
-    sys.exit("epd-operator: not implemented yet")
+@dataclasses.dataclass
+class Options:
+    namespaces: list[str]
+    all_namespaces: bool
+    liveness_port: int = 8080
+    metrics_port: int = 9090
+    bind_address: str = "0.0.0.0"
+    resync_seconds: float = 120.0
+    workers: int = 4
+    leader_election: bool = True
+    leader_election_namespace: str | None = None
+    leader_election_id: str = "epd-operator"
+    lease_duration: float = 15.0
+    identity: str = ""
+    verbose: bool = False
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    parser = argparse.ArgumentParser(prog="epd-operator", description="Kubernetes operator for EPDDeployments "
+                                     "(vLLM Encoder/Prefill/Decode disaggregated serving).")
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-n", "--namespace", dest="namespaces", action="append", default=[], metavar="NS",
+                       help="watch EPDDeployments in this namespace (repeatable)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch EPDDeployments in every namespace")
+    parser.add_argument("--liveness-port", type=int, default=8080, help="port of /healthz (default 8080)")
+    parser.add_argument("--metrics-port", type=int, default=9090, help="port of /metrics (default 9090)")
+    parser.add_argument("--bind-address", default="0.0.0.0", help="address of the probe and metrics servers")
+    parser.add_argument("--resync-seconds", type=float, default=120.0,
+                        help="re-check every EPDDeployment's children this often; drift is repaired (default 120)")
+    parser.add_argument("--workers", type=int, default=4, help="EPDDeployments reconciled concurrently (default 4)")
+    parser.add_argument("--no-leader-election", dest="leader_election", action="store_false",
+                        help="act without holding the Lease (only for a single replica)")
+    parser.add_argument("--leader-election-namespace", help="namespace of the Lease (default: the pod's namespace, "
+                        "else the kubeconfig context's, else 'default')")
+    parser.add_argument("--leader-election-id", default="epd-operator", help="name of the Lease (default epd-operator)")
+    parser.add_argument("--lease-duration", type=float, default=15.0,
+                        help="seconds a standby waits on a silent leader before taking over (default 15)")
+    parser.add_argument("--identity", default="", help="this replica's name in the Lease (default: POD_NAME or host, plus a random suffix)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    if any(not ns.strip() for ns in args.namespaces):
+        parser.error("--namespace needs a non-empty name")
+    for flag, value in (("--resync-seconds", args.resync_seconds), ("--lease-duration", args.lease_duration),
+                        ("--workers", args.workers)):
+        if value <= 0:
+            parser.error(f"{flag} must be positive, got {value}")
+    return Options(**vars(args))
+
+
+def default_identity() -> str:
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def lease_namespace(options: Options, kube: Kube) -> str:
+    if options.leader_election_namespace:
+        return options.leader_election_namespace
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    if os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
+            return f.read().strip()
+    return kube.connection.default_namespace or "default"
+
+
+class Health:
+    """What /healthz reports: the process serves, and a leader's reconciler is still running."""
+
+    def __init__(self, identity: str):
+        self.identity = identity
+        self.role = "candidate"
+        self.reconciler_task: asyncio.Task[None] | None = None
+
+    def problems(self) -> list[str]:
+        task = self.reconciler_task
+        if task is not None and task.done():
+            return ["the reconciler stopped"]
+        return []
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        problems = self.problems()
+        body = {"status": "fail" if problems else "ok", "role": self.role, "identity": self.identity, "problems": problems}
+        return web.json_response(body, status=503 if problems else 200, dumps=json.dumps)
+
+
+async def serve_endpoints(options: Options, health: Health, metrics: Metrics) -> web.AppRunner:
+    async def metrics_handler(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/healthz", health.healthz)
+    app.router.add_get("/metrics", metrics_handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    # One app, two ports: probes and scrapes can be firewalled and named apart in the chart.
+    for port in {options.liveness_port, options.metrics_port}:
+        await web.TCPSite(runner, options.bind_address, port).start()
+    return runner
+
+
+async def run(options: Options, *, stop: asyncio.Event | None = None,
+              credentials: Callable[[], kopf.ConnectionInfo] = login, metrics: Metrics | None = None) -> int:
+    """Run until `stop` is set (or kopf sees SIGTERM/SIGINT); returns the process exit status.
+    In-process callers (tests) pass their own credentials and metrics."""
+    stop = stop or asyncio.Event()
+    identity = options.identity or default_identity()
+    metrics = metrics or Metrics()
+    health = Health(identity)
+    kube = Kube(credentials, on_write=metrics.count_write)
+    runner = await serve_endpoints(options, health, metrics)
+    elector: LeaseElector | None = None
+    try:
+        if options.leader_election:
+            elector = LeaseElector(kube, lease_namespace(options, kube), options.leader_election_id, identity,
+                                   options.lease_duration)
+            health.role = "standby"
+            if not await _until_stopped(elector.acquire(), stop):
+                return 0
+        health.role = "leader"
+        metrics.leader.set(1)
+        return await _act(options, kube, metrics, health, identity, elector, stop)
+    finally:
+        metrics.leader.set(0)
+        if elector is not None:
+            await elector.release()
+        await kube.close()
+        await runner.cleanup()
+
+
+async def _until_stopped(work: asyncio.Future | object, stop: asyncio.Event) -> bool:
+    """Run `work` unless `stop` comes first; True when the work finished."""
+    task = asyncio.ensure_future(work)  # type: ignore[arg-type]
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    for pending in (task, stopper):
+        if pending not in done:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+    if task in done:
+        task.result()
+        return True
+    return False
+
+
+async def _act(options: Options, kube: Kube, metrics: Metrics, health: Health, identity: str,
+               elector: LeaseElector | None, stop: asyncio.Event) -> int:
+    reconciler = Reconciler(kube, metrics, identity=identity, resync_seconds=options.resync_seconds,
+                            workers=options.workers)
+    kopf_stop = asyncio.Event()
+    reconciling = asyncio.create_task(reconciler.run(), name="reconciler")
+    health.reconciler_task = reconciling
+    watching = asyncio.create_task(kopf.operator(
+        registry=build_registry(reconciler, kube), settings=build_settings(), standalone=True,
+        clusterwide=options.all_namespaces, namespaces=options.namespaces, stop_flag=kopf_stop), name="kopf")
+    guards = {reconciling, watching, asyncio.create_task(stop.wait(), name="stop")}
+    holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
+    if holding:
+        guards.add(holding)
+    done, _ = await asyncio.wait(guards, return_when=asyncio.FIRST_COMPLETED)
+    lost = holding is not None and holding in done
+    # Stop writing first — a lost Lease may already be someone else's — then stop watching.
+    reconciling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reconciling
+    kopf_stop.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watching
+    for task in guards - {reconciling, watching}:
+        task.cancel()
+    _forget_signal_handlers()
+    if lost:
+        return 1
+    if reconciling in done and not reconciling.cancelled() and reconciling.exception() is not None:
+        log.error("the reconciler crashed", exc_info=reconciling.exception())
+        return 1
+    return 0
+
+
+def _forget_signal_handlers() -> None:
+    # kopf installs SIGINT/SIGTERM handlers on the running loop; leave it as we found it.
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(sig)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    options = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not options.verbose:
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+    async def main_async() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # while standing by; kopf takes over when leading
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            return await run(options, stop=stop)
+        except kopf.LoginError as exc:
+            log.error("%s", exc)
+            return 2
+
+    sys.exit(asyncio.run(main_async()))
+
+
+if __name__ == "__main__":
+    main()

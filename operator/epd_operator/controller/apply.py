@@ -1,0 +1,215 @@
+"""From rendered objects to the few API writes that make the cluster match them.
+
+Pure planning (`plan`) is separated from the writes (`execute`) so the decisions — what to apply,
+what drifted, what to prune, when to hand replicas over to an HPA — are tested without an API.
+
+Zero writes in steady state: an object is applied only when it is missing, when what we would
+apply changed (a hash of it is kept in an annotation, which also catches fields we stopped
+setting), or when the live object no longer carries what we applied (someone edited it). A no-op
+server-side apply would still be a write request, so "apply everything, let the server sort it
+out" is not an option.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from ..api.quantity import parse_quantity
+from ..api.spec import API_VERSION, KIND
+from .kube import FIELD_MANAGER, Kube, child_resource
+
+APPLIED_HASH = "serving.epd.dev/applied-hash"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+ROLE_LABEL = "serving.epd.dev/role"
+MANAGED_BY = "epd-operator"
+
+# Field manager that keeps a Deployment's replicas alive while an HPA takes them over (below).
+HANDOVER_MANAGER = "epd-operator-hpa-handover"
+
+ObjKey = tuple[str, str]  # (kind, name)
+
+
+def key_of(obj: dict[str, Any]) -> ObjKey:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def owner_reference(epd: dict[str, Any]) -> dict[str, Any]:
+    meta = epd["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def applied_hash(obj: dict[str, Any]) -> str:
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:20]
+
+
+def adopt(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    """The object as we apply it: owned by the EPDDeployment and stamped with its own hash."""
+    adopted = copy.deepcopy(obj)
+    meta = adopted.setdefault("metadata", {})
+    meta["ownerReferences"] = [owner]
+    meta.setdefault("annotations", {})[APPLIED_HASH] = applied_hash(adopted)
+    return adopted
+
+
+def is_owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+# ----------------------------------------------------------------------------- drift
+
+
+def _same_scalar(want: Any, have: Any) -> bool:
+    if want == have and type(want) is type(have):
+        return True
+    if isinstance(want, bool) or isinstance(have, bool):
+        return False
+    # The API server normalises quantities and int-or-strings ("1" for 1, "500m" for "0.5").
+    if isinstance(want, (int, float, str)) and isinstance(have, (int, float, str)):
+        if str(want) == str(have):
+            return True
+        try:
+            return parse_quantity(str(want)) == parse_quantity(str(have))
+        except (ValueError, ArithmeticError):
+            return False
+    return False
+
+
+def _drift(want: Any, have: Any, path: str, out: list[str]) -> None:
+    if isinstance(want, dict):
+        if not isinstance(have, dict):
+            if want or have is not None:
+                out.append(path or "<root>")
+            return
+        for key, value in want.items():
+            _drift(value, have.get(key), f"{path}.{key}" if path else key, out)
+    elif isinstance(want, list):
+        have = have if isinstance(have, list) else ([] if have is None else None)
+        if have is None or len(have) != len(want):
+            out.append(path)
+            return
+        for index, (w, h) in enumerate(zip(want, have)):
+            _drift(w, h, f"{path}[{index}]", out)
+    elif want is None:
+        return
+    elif not _same_scalar(want, have):
+        out.append(path)
+
+
+def drift(desired: dict[str, Any], live: dict[str, Any]) -> list[str]:
+    """Paths where `live` no longer carries what we apply. The server may add defaults and other
+    managers may add fields (both fine); only our own values count."""
+    out: list[str] = []
+    want_meta = desired.get("metadata", {})
+    have_meta = live.get("metadata", {})
+    for part in ("labels", "annotations"):
+        _drift(want_meta.get(part) or {}, have_meta.get(part) or {}, f"metadata.{part}", out)
+    for ref in want_meta.get("ownerReferences") or []:
+        if not is_owned_by(live, ref["uid"]):
+            out.append("metadata.ownerReferences")
+    for key, value in desired.items():
+        if key not in ("apiVersion", "kind", "metadata", "status"):
+            _drift(value, live.get(key), key, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- HPA handover
+
+
+def manages_replicas(live: dict[str, Any], manager: str = FIELD_MANAGER) -> bool:
+    """Whether `manager` is the applier of `spec.replicas` on a live Deployment. Without
+    managedFields we cannot tell, and assume so: the handover is harmless when unneeded."""
+    entries = live.get("metadata", {}).get("managedFields")
+    if entries is None:
+        return True
+    for entry in entries:
+        if entry.get("manager") == manager and entry.get("operation") == "Apply":
+            if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+                return True
+    return False
+
+
+def needs_replicas_handover(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """A tier that just became autoscaled stops applying `spec.replicas`. Server-side apply then
+    removes the field if we were its only manager, and the Deployment falls back to 1 replica
+    until the HPA reacts. So before that apply, a second manager applies the live value (the
+    documented "transfer ownership to the HPA" recipe); the HPA's own writes take it from there."""
+    return (live is not None and desired["kind"] == "Deployment"
+            and "replicas" not in desired.get("spec", {})
+            and "replicas" in live.get("spec", {})
+            and manages_replicas(live))
+
+
+def replicas_handover(live: dict[str, Any]) -> dict[str, Any]:
+    meta = live["metadata"]
+    return {"apiVersion": live["apiVersion"], "kind": live["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "spec": {"replicas": live["spec"]["replicas"]}}
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Apply:
+    desired: dict[str, Any]
+    why: str  # "create" | "update" (our config changed) | "drift" (someone changed the live object)
+    drifted: tuple[str, ...] = ()
+    handover: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        kind, name = key_of(self.desired)
+        if self.why == "create":
+            return f"{kind} {name} created"
+        if self.why == "drift":
+            return f"{kind} {name} restored ({', '.join(self.drifted[:3])} had been changed)"
+        return f"{kind} {name} updated"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    applies: list[Apply]
+    prunes: list[dict[str, Any]]
+
+    def __bool__(self) -> bool:
+        return bool(self.applies or self.prunes)
+
+
+def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: str) -> Plan:
+    """What to write so the children of one EPDDeployment become `desired` (already adopted)."""
+    live_by_key = {key_of(obj): obj for obj in live}
+    applies = []
+    for obj in desired:
+        current = live_by_key.get(key_of(obj))
+        handover = replicas_handover(current) if current and needs_replicas_handover(obj, current) else None
+        if current is None:
+            applies.append(Apply(obj, "create"))
+        elif current["metadata"].get("annotations", {}).get(APPLIED_HASH) != obj["metadata"]["annotations"][APPLIED_HASH]:
+            applies.append(Apply(obj, "update", handover=handover))
+        else:
+            paths = drift(obj, current)
+            if paths:
+                applies.append(Apply(obj, "drift", tuple(paths), handover))
+    wanted = {key_of(obj) for obj in desired}
+    prunes = [obj for obj in live if key_of(obj) not in wanted and is_owned_by(obj, owner_uid)]
+    return Plan(applies, prunes)
+
+
+async def execute(kube: Kube, todo: Plan) -> dict[ObjKey, dict[str, Any] | None]:
+    """Apply, then prune (so a replacement exists before what it replaces goes). Returns the live
+    state of every touched object (None for pruned ones)."""
+    touched: dict[ObjKey, dict[str, Any] | None] = {}
+    for step in todo.applies:
+        if step.handover is not None:
+            await kube.apply(step.handover, field_manager=HANDOVER_MANAGER, force=False)
+        touched[key_of(step.desired)] = await kube.apply(step.desired)
+    for obj in todo.prunes:
+        meta = obj["metadata"]
+        await kube.delete(child_resource(obj), meta["namespace"], meta["name"], uid=meta.get("uid"))
+        touched[key_of(obj)] = None
+    return touched

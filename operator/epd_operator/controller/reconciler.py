@@ -1,0 +1,242 @@
+"""One reconcile pass over one EPDDeployment, and the workers that run passes from the queue.
+
+Level-triggered: a pass reads the EPDDeployment and its children fresh, decides from what it sees
+(never from the event that woke it), and writes only differences. Watch events, the resync timer
+and a restart all just queue keys:
+
+- an EPDDeployment whose generation we have not reconciled yet (create, spec update, first sight
+  after a start) -> a FULL pass: validate, render, apply what drifted, prune, refresh status;
+- a child Deployment or HPA changed -> a STATUS pass: refresh `.status` only. Drift in children is
+  repaired on the resync timer (and on spec changes), not on every child event, so a controller or
+  webhook that fights us over a field costs one write per resync instead of a hot loop;
+- every `resync_seconds` -> a FULL pass for every known EPDDeployment.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any
+
+from ..api.spec import KIND
+from ..api.status import EPDDeploymentStatus
+from ..api.validation import FieldError, SpecError, parse_epd
+from ..render import render
+from . import apply, status as status_rules
+from .events import post_event, utcnow
+from .kube import CHILD_RESOURCES, EPD, REQUEST_ERRORS, Kube
+from .metrics import Metrics
+from .workqueue import FULL, STATUS, WorkQueue
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+DEPLOYMENT, HPA = CHILD_RESOURCES["Deployment"], CHILD_RESOURCES["HorizontalPodAutoscaler"]
+
+
+def child_selector(name: str) -> dict[str, str]:
+    return {apply.INSTANCE_LABEL: name, apply.MANAGED_BY_LABEL: apply.MANAGED_BY}
+
+
+def router_endpoint(objects: list[dict[str, Any]], epd_name: str) -> str | None:
+    """The in-cluster URL of the router Service (the Service named like the EPDDeployment)."""
+    for obj in objects:
+        meta = obj["metadata"]
+        if obj["kind"] == "Service" and meta["name"] == epd_name:
+            port = obj["spec"]["ports"][0]["port"]
+            return f"http://{meta['name']}.{meta['namespace']}.svc" + ("" if port == 80 else f":{port}")
+    return None
+
+
+def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> dict[str, status_rules.TierInput]:
+    """Each tier's live Deployment and HPA. With `objects` (a valid spec) the tiers are the rendered
+    ones; without (a refused spec) they are whatever tier Deployments still run."""
+    live_by_key = {apply.key_of(obj): obj for obj in live}
+    source = objects or live
+    tiers = {}
+    for obj in source:
+        role = obj["metadata"].get("labels", {}).get(apply.ROLE_LABEL)
+        if obj["kind"] != "Deployment" or role not in status_rules.TIERS:
+            continue
+        name = obj["metadata"]["name"]
+        hpa = live_by_key.get(("HorizontalPodAutoscaler", name))
+        planned = obj.get("spec", {}).get("replicas")
+        if planned is None:
+            planned = next((o["spec"].get("minReplicas", 1) for o in objects
+                            if apply.key_of(o) == ("HorizontalPodAutoscaler", name)), 1)
+        tiers[role] = status_rules.TierInput(live_by_key.get(("Deployment", name)), hpa, planned)
+    return tiers
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, metrics: Metrics, *, identity: str, resync_seconds: float = 120.0,
+                 workers: int = 4):
+        self.kube = kube
+        self.metrics = metrics
+        self.identity = identity
+        self.resync_seconds = resync_seconds
+        self.workers = workers
+        self.queue = WorkQueue()
+        self.known: dict[Key, str] = {}  # key -> uid of every EPDDeployment seen and not deleted
+        self._reconciled: dict[Key, tuple[str, int | None]] = {}  # key -> (uid, generation) last fully reconciled
+        self._last_error: dict[Key, str] = {}
+
+    # ---------------------------------------------------------------- triggers (from watch events)
+
+    def epd_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if event_type == "DELETED":
+            # Children go with the owner references; nothing to clean up here.
+            self.known.pop(key, None)
+            self._reconciled.pop(key, None)
+            self._last_error.pop(key, None)
+        else:
+            self.known[key] = meta["uid"]
+            if self._reconciled.get(key) != (meta["uid"], meta.get("generation")):
+                self.queue.add(key, FULL)
+        self.metrics.managed.set(len(self.known))
+
+    def child_event(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        instance = meta.get("labels", {}).get(apply.INSTANCE_LABEL)
+        owned = any(ref.get("kind") == KIND and ref.get("name") == instance for ref in meta.get("ownerReferences") or [])
+        if owned and (meta["namespace"], instance) in self.known:
+            self.queue.add((meta["namespace"], instance), STATUS)
+
+    # ---------------------------------------------------------------- running
+
+    async def run(self) -> None:
+        """Workers plus the resync timer, until cancelled."""
+        tasks = [asyncio.create_task(self._worker(), name=f"epd-worker-{i}") for i in range(self.workers)]
+        tasks.append(asyncio.create_task(self._resync(), name="epd-resync"))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.queue.close()
+
+    async def _resync(self) -> None:
+        while True:
+            # Jitter spreads the passes of many operators (and restarts) over time.
+            await asyncio.sleep(self.resync_seconds * random.uniform(0.9, 1.1))
+            for key in list(self.known):
+                self.queue.add(key, FULL)
+
+    async def _worker(self) -> None:
+        while True:
+            key, level = await self.queue.get()
+            kind = "full" if level == FULL else "status"
+            started = time.monotonic()
+            try:
+                result = await self.reconcile(key, full=level == FULL)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failed pass is retried; one bad object must not stop the others
+                delay = self.queue.retry(key, level)
+                self.metrics.errors.labels(kind=kind).inc()
+                self.metrics.reconciles.labels(kind=kind, result="error").inc()
+                log.warning("reconcile of %s/%s failed (retry in %.1fs): %s", *key, delay, exc,
+                            exc_info=not isinstance(exc, REQUEST_ERRORS))
+                await self._report_failure(key, exc)
+            else:
+                self.queue.succeeded(key)
+                self._last_error.pop(key, None)
+                self.metrics.reconciles.labels(kind=kind, result=result).inc()
+            finally:
+                self.metrics.duration.labels(kind=kind).observe(time.monotonic() - started)
+                self.queue.done(key)
+
+    async def _report_failure(self, key: Key, exc: Exception) -> None:
+        message = str(exc)
+        if self._last_error.get(key) == message:
+            return  # one Event per distinct failure, not one per retry
+        self._last_error[key] = message
+        try:
+            body = await self.kube.get(EPD, *key)
+        except REQUEST_ERRORS:
+            return  # the API is unreachable; the log has it, an Event could not be posted either
+        if body is not None:
+            await post_event(self.kube, body, "Warning", "ReconcileFailed", message, instance=self.identity)
+
+    # ---------------------------------------------------------------- one pass
+
+    async def reconcile(self, key: Key, *, full: bool) -> str:
+        """One pass; returns the result label for metrics (success | invalid | gone)."""
+        body = await self.kube.get(EPD, *key)
+        if body is None:
+            self.known.pop(key, None)
+            return "gone"
+        meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            return "gone"  # garbage collection removes the children
+        namespace, name = key
+        try:
+            epd = parse_epd({k: v for k, v in body.items() if k != "status"})
+            objects = render(epd)
+            errors: list[FieldError] | None = None
+        except SpecError as exc:
+            objects, errors = [], exc.errors
+
+        if full and errors is None:
+            owner = apply.owner_reference(body)
+            desired = [apply.adopt(obj, owner) for obj in objects]
+            live = await self._children(namespace, name, list(CHILD_RESOURCES.values()))
+            todo = apply.plan(desired, live, meta["uid"])
+            if todo:
+                live = await self._converge(body, todo, live)
+        else:
+            live = await self._children(namespace, name, [DEPLOYMENT, HPA])
+
+        previous = status_rules.parse_status(body.get("status"))
+        if full:
+            observed = meta.get("generation")
+        else:
+            observed = previous.observedGeneration if previous is not None else None
+        new = status_rules.derive_status(
+            tiers=tier_inputs(objects, live), topology=epd.spec.topology if errors is None else
+            (previous.topology if previous is not None else None),
+            endpoint=router_endpoint(objects, name) if errors is None else (previous.endpoint if previous else None),
+            observed_generation=observed, spec_errors=errors, previous=previous, now=utcnow())
+        await self._publish(body, previous, new)
+        if full:
+            self._reconciled[key] = (meta["uid"], meta.get("generation"))
+        return "invalid" if errors else "success"
+
+    async def _children(self, namespace: str, name: str, resources: list[Any]) -> list[dict[str, Any]]:
+        lists = await asyncio.gather(*(self.kube.list(r, namespace, labels=child_selector(name)) for r in resources))
+        return [obj for items in lists for obj in items]
+
+    async def _converge(self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for step in todo.applies:
+            if step.why == "drift":
+                self.metrics.drift.labels(kind=step.desired["kind"]).inc()
+                log.info("%s", step.describe())
+        touched = await apply.execute(self.kube, todo)
+        applied = [s.describe() for s in todo.applies]
+        if applied:
+            await post_event(self.kube, body, "Normal", "Applied", "; ".join(applied), instance=self.identity)
+        if todo.prunes:
+            pruned = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in todo.prunes)
+            await post_event(self.kube, body, "Normal", "Pruned", f"{pruned} deleted (no longer in the spec)",
+                             instance=self.identity)
+        merged = {apply.key_of(obj): obj for obj in live}
+        for obj_key, obj in touched.items():
+            if obj is None:
+                merged.pop(obj_key, None)
+            else:
+                merged[obj_key] = obj
+        return list(merged.values())
+
+    async def _publish(self, body: dict[str, Any], previous: EPDDeploymentStatus | None,
+                       new: EPDDeploymentStatus) -> None:
+        document = status_rules.status_document(new)
+        if previous is not None and status_rules.status_document(previous) == document:
+            return  # steady state: nothing changed, nothing written
+        meta = body["metadata"]
+        await self.kube.patch_status(EPD, meta["namespace"], meta["name"], document)
+        for t in status_rules.transitions(previous, new):
+            await post_event(self.kube, body, t.type, t.reason, t.message, instance=self.identity)

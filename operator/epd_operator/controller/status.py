@@ -1,0 +1,165 @@
+"""The EPDDeployment status from its children: pure, so every phase rule is a unit test.
+
+Rollout state per tier follows `kubectl rollout status`: a tier is *settled* when its Deployment
+controller has seen the latest template and no pod of an older template is left; it is *ready*
+when enough of its pods are ready and available. A settled tier that is not ready is only called
+Degraded once the EPDDeployment had been Ready (pods lost), or when the Deployment controller gave
+up (ProgressDeadlineExceeded); a fresh deployment still loading its model is Progressing.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..api.status import Condition, EPDDeploymentStatus, TierAutoscaling, Tiers, TierStatus
+from ..api.validation import FieldError
+
+TIERS = ("encoder", "prefill", "decode", "router")
+
+
+@dataclasses.dataclass(frozen=True)
+class TierInput:
+    deployment: dict[str, Any] | None  # the live Deployment, None while it does not exist
+    hpa: dict[str, Any] | None = None
+    planned_replicas: int = 1  # what we asked for, shown while the Deployment does not exist yet
+
+
+@dataclasses.dataclass(frozen=True)
+class TierState:
+    status: TierStatus
+    settled: bool
+    ready: bool
+    stuck: bool
+
+
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions") or [] if c.get("type") == type_), {})
+
+
+def tier_state(tier: TierInput) -> TierState:
+    dep = tier.deployment
+    if dep is None:
+        desired = tier.planned_replicas
+        status = TierStatus(ready=f"0/{desired}", autoscaling=_autoscaling(tier.hpa))
+        return TierState(status, settled=False, ready=False, stuck=False)
+    st = dep.get("status") or {}
+    desired = dep.get("spec", {}).get("replicas", 1)
+    replicas, ready = st.get("replicas", 0), st.get("readyReplicas", 0)
+    updated, available = st.get("updatedReplicas", 0), st.get("availableReplicas", 0)
+    generation = dep.get("metadata", {}).get("generation")
+    seen = generation is None or st.get("observedGeneration", 0) >= generation
+    settled = seen and updated >= desired and replicas <= updated
+    status = TierStatus(replicas=replicas, readyReplicas=ready, updatedReplicas=updated, availableReplicas=available,
+                        ready=f"{ready}/{desired}", autoscaling=_autoscaling(tier.hpa))
+    stuck = _condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
+    return TierState(status, settled, settled and ready >= desired and available >= desired, stuck)
+
+
+def _autoscaling(hpa: dict[str, Any] | None) -> TierAutoscaling | None:
+    if hpa is None:
+        return None
+    spec, st = hpa.get("spec") or {}, hpa.get("status") or {}
+    return TierAutoscaling(minReplicas=spec.get("minReplicas", 1), maxReplicas=spec.get("maxReplicas"),
+                           desiredReplicas=st.get("desiredReplicas"), currentReplicas=st.get("currentReplicas"))
+
+
+def _set_condition(previous: list[Condition], type_: str, status: bool, reason: str, message: str,
+                   generation: int | None, now: str) -> Condition:
+    value = "True" if status else "False"
+    before = next((c for c in previous if c.type == type_), None)
+    since = before.lastTransitionTime if before is not None and before.status == value else now
+    return Condition(type=type_, status=value, reason=reason, message=message,
+                     lastTransitionTime=since, observedGeneration=generation)
+
+
+def parse_status(raw: dict[str, Any] | None) -> EPDDeploymentStatus | None:
+    if not raw:
+        return None
+    try:
+        return EPDDeploymentStatus.model_validate(raw)
+    except ValidationError:
+        return None  # written by something else; ours replaces it
+
+
+def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint: str | None,
+                  observed_generation: int | None, spec_errors: list[FieldError] | None,
+                  previous: EPDDeploymentStatus | None, now: str) -> EPDDeploymentStatus:
+    states = {name: tier_state(tiers[name]) for name in TIERS if name in tiers}
+    rolling = [n for n, s in states.items() if not s.settled]
+    unready = [n for n, s in states.items() if s.settled and not s.ready]
+    stuck = [n for n, s in states.items() if s.stuck]
+    was_up = previous is not None and previous.phase in ("Ready", "Degraded")
+    all_ready = bool(states) and all(s.ready for s in states.values())
+
+    if spec_errors:
+        phase = "Failed"
+    elif not any(tier.deployment is not None for tier in tiers.values()):
+        phase = "Pending"
+    elif stuck or (unready and was_up and not rolling):
+        phase = "Degraded"
+    elif rolling or unready:
+        phase = "Progressing"
+    else:
+        phase = "Ready"
+
+    def summary(names: list[str]) -> str:
+        return ", ".join(f"{n} {states[n].status.ready}" for n in names)
+
+    old = previous.conditions if previous is not None else []
+    gen = observed_generation
+    if spec_errors:
+        spec_valid = _set_condition(old, "SpecValid", False, "InvalidSpec",
+                                    "; ".join(str(e) for e in spec_errors), gen, now)
+    else:
+        spec_valid = _set_condition(old, "SpecValid", True, "Valid", "the spec was accepted and applied", gen, now)
+    not_ready = [n for n, s in states.items() if not s.ready]
+    conditions = [
+        _set_condition(old, "Ready", all_ready, "AllTiersReady" if all_ready else "TiersNotReady",
+                       "every tier has its pods ready" if all_ready else f"not ready: {summary(not_ready)}", gen, now),
+        _set_condition(old, "Progressing", bool(rolling), "RollingOut" if rolling else "RolloutComplete",
+                       f"rolling out: {summary(rolling)}" if rolling else "every tier runs its latest template", gen, now),
+        _set_condition(old, "Degraded", phase == "Degraded",
+                       ("ProgressDeadlineExceeded" if stuck else "ReplicasUnavailable") if phase == "Degraded" else "AsExpected",
+                       (f"rollout stuck: {summary(stuck)}" if stuck else f"pods lost: {summary(unready)}")
+                       if phase == "Degraded" else "", gen, now),
+        spec_valid,
+    ]
+    return EPDDeploymentStatus(
+        observedGeneration=observed_generation, phase=phase, topology=topology, endpoint=endpoint,
+        conditions=conditions, tiers=Tiers(**{n: s.status for n, s in states.items()}))
+
+
+def status_document(status: EPDDeploymentStatus) -> dict[str, Any]:
+    return status.model_dump(mode="json", exclude_none=True)
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def transitions(previous: EPDDeploymentStatus | None, current: EPDDeploymentStatus) -> list[Transition]:
+    """The Events worth posting between two statuses: phase changes and newly refused specs."""
+    out = []
+    before = {c.type: c for c in previous.conditions} if previous is not None else {}
+    after = {c.type: c for c in current.conditions}
+    spec = after["SpecValid"]
+    if spec.status == "False" and (before.get("SpecValid") is None or before["SpecValid"].message != spec.message):
+        out.append(Transition("Warning", "InvalidSpec", f"spec refused, nothing was changed: {spec.message}"))
+    old_phase = previous.phase if previous is not None else None
+    if current.phase != old_phase and current.phase != "Failed":
+        if current.phase == "Ready":
+            out.append(Transition("Normal", "Ready", after["Ready"].message))
+        elif current.phase == "Degraded":
+            out.append(Transition("Warning", "Degraded", after["Degraded"].message))
+        elif current.phase == "Progressing" and old_phase is not None:
+            out.append(Transition("Normal", "Progressing", after["Progressing"].message
+                                  if after["Progressing"].status == "True" else after["Ready"].message))
+    return out

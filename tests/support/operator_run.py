@@ -1,0 +1,170 @@
+"""Run the real `epd-operator` for tests: as a subprocess (the console script) or in-process.
+
+    async with OperatorProcess(kubeconfig, "--namespace", "default") as op:
+        await op.wait_for_role("leader")
+        ...                                   # op.metric("epd_operator_reconciles_total", kind="full")
+
+The subprocess listens on free loopback ports, and is stopped with SIGTERM (then SIGKILL after a
+timeout) on exit; its output is kept for assertion messages. Everything is async because the API
+emulator usually runs in the test's own event loop, which a blocking wait would freeze.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kopf
+from prometheus_client.parser import text_string_to_metric_families
+
+from epd_operator.controller.main import Options, run
+from epd_operator.controller.metrics import Metrics
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def operator_command() -> list[str]:
+    """The installed console script next to this interpreter, else the module."""
+    script = Path(sys.executable).parent / "epd-operator"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "epd_operator.controller.main"]
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels` (0 when there are none)."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: str | os.PathLike[str], *args: str, env: dict[str, str] | None = None,
+                 lease_duration: float = 2.0, stop_timeout: float = 15.0):
+        self.liveness_port, self.metrics_port = free_port(), free_port()
+        self.args = [*operator_command(), *args, "--bind-address", "127.0.0.1",
+                     "--liveness-port", str(self.liveness_port), "--metrics-port", str(self.metrics_port)]
+        if "--lease-duration" not in args:
+            self.args += ["--lease-duration", str(lease_duration)]
+        self.env = {**(env or os.environ), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+        self.stop_timeout = stop_timeout
+        self.process: asyncio.subprocess.Process | None = None
+        self._output: list[str] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> OperatorProcess:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            *self.args, env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL)
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        async for line in self.process.stdout:
+            self._output.append(line.decode(errors="replace"))
+
+    @property
+    def output(self) -> str:
+        return "".join(self._output)
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
+    async def stop(self, sig: int = signal.SIGTERM) -> int | None:
+        """Signal the process and wait for it (SIGKILL after `stop_timeout`); returns its status."""
+        if self.process is None:
+            return None
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+            try:
+                await asyncio.wait_for(self.process.wait(), self.stop_timeout)
+            except asyncio.TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        return self.process.returncode
+
+    async def _get(self, port: int, path: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                return resp.status, await resp.text()
+
+    async def healthz(self) -> dict[str, Any] | None:
+        """The /healthz answer, or None while the process does not serve yet."""
+        try:
+            status, text = await self._get(self.liveness_port, "/healthz")
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return None
+        return {"http_status": status, **json.loads(text)}
+
+    async def metrics_text(self) -> str:
+        return (await self._get(self.metrics_port, "/metrics"))[1]
+
+    async def metric(self, name: str, **labels: str) -> float:
+        return metric_value(await self.metrics_text(), name, **labels)
+
+    async def wait_for_role(self, role: str, timeout: float = 30.0) -> None:
+        """Wait until /healthz reports `role` (standby | leader); fail early if the process exits."""
+        async def reached() -> bool:
+            health = await self.healthz()
+            return health is not None and health.get("role") == role
+        await wait_until(reached, timeout, lambda: f"epd-operator never became {role}:\n{self.output}",
+                         alive=lambda: self.returncode is None)
+
+
+async def wait_until(condition: Any, timeout: float = 15.0, message: Any = "condition not met",
+                     alive: Any = lambda: True, interval: float = 0.05) -> None:
+    """Poll `condition` (sync or async) until truthy. `message` may be a callable (evaluated late)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = condition()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if not alive() or loop.time() > deadline:
+            raise AssertionError(message() if callable(message) else message)
+        await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def operator_in_process(server_url: str, *args: str, metrics: Metrics | None = None) -> AsyncIterator[Metrics]:
+    """The operator's `run()` as a task in this event loop (kopf in-process), stopped on exit."""
+    from epd_operator.controller.main import parse_args
+
+    options: Options = parse_args([*args, "--bind-address", "127.0.0.1", "--liveness-port", str(free_port()),
+                                   "--metrics-port", str(free_port())])
+    metrics = metrics or Metrics()
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(options, stop=stop, metrics=metrics,
+                                   credentials=lambda: kopf.ConnectionInfo(server=server_url, insecure=True)))
+    try:
+        yield metrics
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
