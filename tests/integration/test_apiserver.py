@@ -250,6 +250,8 @@ async def test_server_side_apply_creates_merges_and_tracks_managers(api: Api) ->
     base = 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg}\ndata:\n'
     status, obj = await api.apply(f'{CM}/cfg', base + '  a: "1"\n  b: "2"\n', manager='alice')
     assert status == 201 and obj['data'] == {'a': '1', 'b': '2'}
+    _, again = await api.apply(f'{CM}/cfg', base + '  a: "1"\n  b: "2"\n', manager='alice')
+    assert again['metadata']['resourceVersion'] == obj['metadata']['resourceVersion']  # no-op apply
     status, obj = await api.apply(f'{CM}/cfg', base + '  c: "3"\n', manager='bob')
     assert status == 200 and obj['data'] == {'a': '1', 'b': '2', 'c': '3'}
     owners = {m['manager']: m['fieldsV1'] for m in obj['metadata']['managedFields']}

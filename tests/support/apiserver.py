@@ -700,9 +700,10 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
                 raise _invalid(rtype, meta['name'], [f'metadata.finalizers: Forbidden: no new finalizers can be added '
                                                      f'if the object is being deleted, found new finalizers {sorted(added)}'])
         new = self._validate(rtype, new, old)
-        if _body_sans(new, 'metadata') == _body_sans(old, 'metadata') and \
-                _body_sans(new['metadata'], 'managedFields') == _body_sans(old_meta, 'managedFields') and \
-                applied_paths is None:
+        ownership_unchanged = applied_paths is None or \
+            self._owners.get(old_meta['uid'], {}).get((manager, 'Apply', sub or '')) == applied_paths
+        if _body_sans(new, 'metadata') == _body_sans(old, 'metadata') and ownership_unchanged and \
+                _body_sans(new['metadata'], 'managedFields') == _body_sans(old_meta, 'managedFields'):
             return old  # a no-op write changes nothing, not even the resourceVersion (as upstream)
         spec_fields = ('metadata', 'status') if rtype.has_status else ('metadata',)
         if rtype.tracks_generation and _body_sans(new, *spec_fields) != _body_sans(old, *spec_fields):
