@@ -328,6 +328,11 @@ async def test_custom_objects_are_pruned_and_defaulted(api: Api, crd: dict[str, 
     assert obj['spec'] == {'model': 'tiny', 'replicas': 1, 'maxReplicas': 4, 'extra': {'kept': {'deep': 1}}, 'port': 'http'}
 
 
+async def test_strict_field_validation_refuses_unknown_fields(api: Api, crd: dict[str, Any]) -> None:
+    status, body = await api.post(WIDGETS, widget(unknown=1), fieldValidation='Strict')
+    assert status == 400 and 'unknown field "spec.unknown"' in body['message']
+
+
 @pytest.mark.parametrize('spec, message', [
     ({'replicas': 'three'}, 'spec.replicas: Invalid value: "three"'),
     ({'replicas': -1}, 'spec.replicas: Invalid value: -1'),

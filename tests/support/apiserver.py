@@ -16,7 +16,8 @@ resourceVersion, no 409s, broken namespace paths, no schemas). This subclass kee
 - namespaces as real objects; deletion with finalizers, ``propagationPolicy`` and background
   garbage collection by ownerReferences; namespace deletion removes its contents;
 - CRDs created through the API become discoverable and are served with pruning, defaulting,
-  OpenAPI validation and CEL rules (``tests/support/crd_schema.py``);
+  OpenAPI validation and CEL rules (``tests/support/crd_schema.py``); ``fieldValidation=Strict``
+  refuses unknown fields of custom objects instead of pruning them;
 - Table output for ``kubectl get``; every request recorded for assertions (``writes()``).
 
 Not emulated: authn/authz, admission webhooks, OpenAPI documents (use ``kubectl --validate=false``),
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import copy
 import dataclasses
 import datetime
@@ -104,6 +106,9 @@ def _now() -> str:
 def _body_sans(obj: dict[str, Any], *fields: str) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in fields}
 
+
+# ?fieldValidation= of the request being served: Strict refuses unknown fields of custom objects.
+_field_validation: contextvars.ContextVar[str] = contextvars.ContextVar('field_validation', default='Ignore')
 
 _SERVER_META = ('uid', 'resourceVersion', 'generation', 'creationTimestamp', 'deletionTimestamp',
                 'deletionGracePeriodSeconds', 'managedFields', 'selfLink')
@@ -264,6 +269,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         if not rtype.namespaced:
             namespace = None
         query = raw.query
+        _field_validation.set(query.get('fieldValidation', 'Ignore'))
         dry_run = query.get('dryRun') == 'All'
         manager = query.get('fieldManager') or _manager_from_user_agent(raw.headers.get('User-Agent', ''))
 
@@ -524,7 +530,11 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
                 if not isinstance(value, str):
                     errors.append(f'metadata.{field}: Invalid value: {value!r}: values must be strings ({key})')
         if rtype.crd is not None:
-            obj = crd_schema.default_and_prune(rtype.crd, obj)
+            sent, obj = obj, crd_schema.default_and_prune(rtype.crd, obj)
+            unknown = crd_schema.unknown_fields(_body_sans(sent, 'metadata'), obj)
+            if unknown and _field_validation.get() == 'Strict':
+                raise ApiError(400, 'BadRequest', 'strict decoding error: ' +
+                               ', '.join(f'unknown field "{u}"' for u in unknown))
             errors += crd_schema.validate_custom_object(rtype.crd, obj, old)
         if rtype.plural == 'customresourcedefinitions' and rtype.group == 'apiextensions.k8s.io':
             errors += crd_definition_errors(obj)

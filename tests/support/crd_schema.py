@@ -94,6 +94,20 @@ def default_and_prune(crd: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any
     return _prune(schema, result, root=True)
 
 
+def unknown_fields(sent: Any, kept: Any, path: str = '') -> list[str]:
+    """Dotted paths present in ``sent`` but pruned from ``kept`` — what ``fieldValidation=Strict``
+    refuses (as ``unknown field "spec.x"``) instead of silently dropping."""
+    found: list[str] = []
+    if isinstance(sent, dict) and isinstance(kept, dict):
+        for key, value in sent.items():
+            where = f'{path}.{key}' if path else key
+            found += unknown_fields(value, kept[key], where) if key in kept else [where]
+    elif isinstance(sent, list) and isinstance(kept, list):
+        for index, (a, b) in enumerate(zip(sent, kept)):
+            found += unknown_fields(a, b, f'{path}[{index}]')
+    return found
+
+
 # --- OpenAPI v3 validation --------------------------------------------------------------------
 
 def _to_jsonschema(schema: Any) -> Any:
