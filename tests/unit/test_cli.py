@@ -1,0 +1,101 @@
+"""`epdctl`: validate, crd, docs and the janitor entry, as a user meets them (files, stdin, bad input)."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epd_operator.api.crd import build_crd
+from epd_operator.cli import main
+
+GOOD = """\
+apiVersion: serving.epd.dev/v1alpha1
+kind: EPDDeployment
+metadata: {name: %s}
+spec:
+  model: {name: Qwen/Qwen2.5-VL-3B-Instruct}
+  encoder: {}
+  prefill: {}
+  decode: {}
+  kvTransfer: {}
+  ecTransfer: {connector: CPU, cpu: {bytes: 4Gi}}
+"""
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "epd.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_validate_says_what_it_found_for_each_document(tmp_path, capsys):
+    code, out, err = run(["validate", "-f", write(tmp_path, GOOD % "a" + "---\n" + GOOD % "b")], capsys)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["EPDDeployment a: valid (E/P/D, EC connector CPU)",
+                                "EPDDeployment b: valid (E/P/D, EC connector CPU)"]
+
+
+def test_validate_reads_stdin(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO(GOOD % "piped"))
+    code, out, _ = run(["validate", "-f", "-"], capsys)
+    assert code == 0 and "piped: valid" in out
+
+
+def test_one_bad_document_fails_the_file_and_is_named(tmp_path, capsys):
+    bad = (GOOD % "bad").replace("decode: {}", "decode: {replicas: -1}")
+    code, out, err = run(["validate", "-f", write(tmp_path, GOOD % "good" + "---\n" + bad)], capsys)
+    assert (code, out) == (1, "")
+    assert "EPDDeployment bad: spec.decode.replicas:" in err
+    assert "good" not in err
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("", "no documents"),
+    ("spec: [unclosed\n", "while parsing"),
+    ("- just\n- a list\n", "document 0: <root>: an EPDDeployment must be a mapping"),
+])
+def test_unusable_files_fail_with_a_reason(tmp_path, capsys, text, complaint):
+    code, out, err = run(["validate", "-f", write(tmp_path, text)], capsys)
+    assert (code, out) == (1, "")
+    assert complaint in err
+
+
+def test_a_missing_file_fails_with_its_name(tmp_path, capsys):
+    code, out, err = run(["validate", "-f", str(tmp_path / "nope.yaml")], capsys)
+    assert (code, out) == (1, "")
+    assert "nope.yaml" in err
+
+
+def test_crd_prints_the_generated_crd(capsys):
+    code, out, _ = run(["crd"], capsys)
+    assert code == 0
+    assert list(yaml.safe_load_all(out)) == [build_crd()]
+
+
+def test_docs_is_listed_in_the_help(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    assert "docs" in out and "janitor" in out
+
+
+def test_janitor_help_is_the_janitors_own(capsys):
+    code, out, _ = run(["janitor", "--help"], capsys)
+    assert code == 0
+    assert "--ttl-seconds" in out and "--max-size" in out
+
+
+def test_no_command_is_a_usage_error(capsys):
+    code, _, err = run([], capsys)
+    assert code == 2 and "usage: epdctl" in err
