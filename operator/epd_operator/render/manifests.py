@@ -10,14 +10,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..api.quantity import quantity_bytes
 from ..api.spec import DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeployment, Placement
 from .naming import (CONFIG_HASH_ANNOTATION, ENCODER, MOONCAKE_MASTER, ROLE_LABEL, ROUTER, TRANSFER, labels, object_name,
                      router_service_name, selector_labels, tier_of, transfer_configmap_name, vllm_roles)
 from .router_args import ROUTER_HEALTH_PATH, router_args
 from .templating import render_documents, render_one
 from .transfer import (EC_CACHE_VOLUME, MOONCAKE_MASTER_METRICS_PORT, MOONCAKE_MASTER_RPC_PORT, TierTransfer,
-                       configmap_data, container_port, mooncake_store_config, tier_transfer)
+                       configmap_data, container_port, janitor_args, mooncake_store_config, tier_transfer)
 from .vllm import MODELS_DIR, serve_args
 
 JSON = dict[str, Any]
@@ -26,7 +25,6 @@ JSON = dict[str, Any]
 SHM_PER_TP_RANK = 2 * 2**30
 # Model load (a hub download on first start) may take long; the startup probe allows 30 minutes.
 STARTUP_PROBE_FAILURES = 180  # x 10 s
-JANITOR_INTERVAL_SECONDS = 30
 NONROOT_UID = 65532
 RUNTIME_DEFAULT_SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
 DEFAULT_HPA_METRICS = [
@@ -200,24 +198,13 @@ def router_image(epd: EPDDeployment) -> str:
     return epd.spec.router.image or DEFAULT_ROUTER_IMAGE
 
 
-def janitor_args(epd: EPDDeployment) -> list[str]:
-    storage = epd.spec.ecTransfer.sharedStorage
-    assert storage is not None
-    args = ["--path", storage.path]
-    if storage.ttlSeconds:
-        args += ["--ttl-seconds", str(storage.ttlSeconds)]
-    if storage.maxSize is not None:
-        args += ["--max-size", str(quantity_bytes(storage.maxSize))]
-    return args + ["--interval", str(JANITOR_INTERVAL_SECONDS)]
-
-
 def _janitor_container(epd: EPDDeployment) -> JSON:
     storage = epd.spec.ecTransfer.sharedStorage
     assert storage is not None
     return render_one(
         "janitor-container.yaml.j2",
         image=router_image(epd),  # `epdctl janitor` ships in the operator image, beside the router
-        args=janitor_args(epd),
+        args=janitor_args(storage),
         mounts=[{"name": EC_CACHE_VOLUME, "mountPath": storage.path}],
     )
 

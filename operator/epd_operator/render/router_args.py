@@ -5,9 +5,12 @@ and parses these args with that very parser.
 """
 from __future__ import annotations
 
+import math
+
+from ..api.quantity import parse_quantity
 from ..api.spec import EPDDeployment, Mooncake
 from .naming import DECODE, ENCODER, PREFILL, label_selector
-from .vllm import served_model_name
+from .transfer import cache_ttl_seconds
 
 ROUTER_PORT = 8000
 ROUTER_HEALTH_PATH = "/health"
@@ -40,17 +43,26 @@ def router_args(epd: EPDDeployment) -> list[str]:
         "--decode-selector", label_selector(epd, DECODE),
         "--encoder-policy", spec.router.encoderPolicy,
         "--pd-policy", spec.router.pdPolicy,
-        "--model", served_model_name(spec),
     ]
     args += connector_hints(epd)
+    workers = router_workers(epd)
+    if workers > 1:
+        args += ["--workers", str(workers)]
     return args + spec.router.extraArgs
+
+
+def router_workers(epd: EPDDeployment) -> int:
+    """One router process per CPU the pod may use (its limit, else its request)."""
+    resources = epd.spec.router.resources
+    cpu = resources.limits.get("cpu", resources.requests.get("cpu"))
+    return max(1, math.ceil(parse_quantity(cpu))) if cpu is not None else 1
 
 
 def connector_hints(epd: EPDDeployment) -> list[str]:
     """What the router must know about the EC connector to speak its protocol."""
     ec = epd.spec.ecTransfer
-    if ec.connector == "SharedStorage" and ec.sharedStorage is not None and ec.sharedStorage.ttlSeconds:
-        return ["--reuse-ttl-seconds", str(reuse_ttl_seconds(ec.sharedStorage.ttlSeconds))]
+    if ec.connector == "SharedStorage" and ec.sharedStorage is not None:
+        return ["--reuse-ttl", str(reuse_ttl_seconds(cache_ttl_seconds(ec.sharedStorage)))]
     if ec.connector == "Mooncake":
         # The router addresses each consumer's control socket as tcp://<pod IP>:<ec_port>.
         return ["--ec-consumer-port", str((ec.mooncake or Mooncake()).ecPort)]

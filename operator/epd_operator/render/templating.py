@@ -14,6 +14,8 @@ import jinja2
 import yaml
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
+# libyaml's loader when PyYAML has it: the operator renders on every reconcile.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _json(value: Any) -> str:
@@ -35,7 +37,7 @@ def _environment() -> jinja2.Environment:
 def render_documents(template: str, **values: Any) -> list[dict[str, Any]]:
     """Every YAML document `template` renders to, as plain dicts."""
     text = _environment().get_template(template).render(**values)
-    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    return [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc is not None]
 
 
 def render_one(template: str, **values: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..api.quantity import quantity_bytes
-from ..api.spec import EPDDeployment, EPDDeploymentSpec, KVTransfer, Mooncake
+from ..api.spec import EPDDeployment, EPDDeploymentSpec, KVTransfer, Mooncake, SharedStorage
 from .naming import DECODE, ENCODER, MOONCAKE_MASTER, PREFILL, object_name, tier_of, transfer_configmap_name
 
 POD_IP = "$(POD_IP)"
@@ -30,6 +30,7 @@ MOONCAKE_MASTER_RPC_PORT = 50051
 MOONCAKE_MASTER_METRICS_PORT = 9003
 # Embedded mode: each encoder lends this much RAM to the shared embedding store (vLLM's default).
 MOONCAKE_SEGMENT_BYTES = 4 * 2**30
+JANITOR_INTERVAL_SECONDS = 30
 # cross_encoder_cache keys embeddings by the processor cache's content ids, so it must stay on.
 MM_PROCESSOR_CACHE_GB = 4
 
@@ -153,6 +154,20 @@ def configmap_data(epd: EPDDeployment, roles: list[str]) -> dict[str, str]:
     return data
 
 
+def cache_ttl_seconds(storage: SharedStorage) -> int:
+    """The janitor's TTL: the spec's, or the API default when it was cleared (the janitor needs one:
+    it is also the guaranteed lifetime of an entry a consumer may still be about to read)."""
+    return storage.ttlSeconds or SharedStorage.model_fields["ttlSeconds"].default
+
+
+def janitor_args(storage: SharedStorage) -> list[str]:
+    """`epdctl janitor` arguments bounding the shared cache by age and, when given, by size."""
+    args = ["--path", storage.path, "--ttl-seconds", str(cache_ttl_seconds(storage))]
+    if storage.maxSize is not None:
+        args += ["--max-size", str(quantity_bytes(storage.maxSize))]
+    return args + ["--interval", str(JANITOR_INTERVAL_SECONDS)]
+
+
 # ----------------------------------------------------------------------------- pod pieces
 
 
@@ -175,8 +190,8 @@ def tier_transfer(epd: EPDDeployment, role: str) -> TierTransfer:
     out = TierTransfer()
     ec = ec_transfer_config(spec, role)
     if ec is not None:
-        out.args += ["--ec-transfer-config", transfer_json(ec)]
         _add_ec_connector(epd, role, out)
+        out.args += ["--ec-transfer-config", transfer_json(ec)]
     kv = kv_transfer_config(spec, role)
     if kv is not None:
         out.args += ["--kv-transfer-config", transfer_json(kv)]
