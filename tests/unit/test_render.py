@@ -150,8 +150,9 @@ def test_cache_janitor_sidecar_bounds_the_shared_cache(examples):
                                "--interval", "30"]
     assert janitor["volumeMounts"] == [{"name": "ec-cache", "mountPath": "/ec-cache"}]
     security = janitor["securityContext"]
-    assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]}}  # vLLM's user, so it may delete vLLM's files
+    # vLLM's user (root in its image), so it may delete vLLM's files, and nothing more.
+    assert security == {"runAsUser": 0, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]}}
     router = container(find(examples[SHARED_STORAGE], "Deployment", "qwen-vl-router"), "router")
     assert 0 < float(flag(router["args"], "--reuse-ttl")) < 600
 

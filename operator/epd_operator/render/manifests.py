@@ -26,6 +26,8 @@ SHM_PER_TP_RANK = 2 * 2**30
 # Model load (a hub download on first start) may take long; the startup probe allows 30 minutes.
 STARTUP_PROBE_FAILURES = 180  # x 10 s
 NONROOT_UID = 65532
+# The user vLLM's upstream image runs as, and so owns the shared cache's files.
+VLLM_IMAGE_UID = 0
 RUNTIME_DEFAULT_SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
 DEFAULT_HPA_METRICS = [
     {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}},
@@ -206,6 +208,7 @@ def _janitor_container(epd: EPDDeployment) -> JSON:
         image=router_image(epd),  # `epdctl janitor` ships in the operator image, beside the router
         args=janitor_args(storage),
         mounts=[{"name": EC_CACHE_VOLUME, "mountPath": storage.path}],
+        run_as_user=VLLM_IMAGE_UID,
     )
 
 
