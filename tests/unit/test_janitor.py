@@ -163,12 +163,12 @@ def test_plan_never_deletes_an_entry_younger_than_the_ttl_and_meets_the_bound_wh
             assert kept_bytes <= max_bytes and not decided.over_limit
         else:
             assert decided.over_limit
-        # nothing complete is deleted needlessly: without the youngest victim the store would not fit
+        # oldest first, and no further than needed: without the last one deleted the store would not fit
         complete_victims = [e for e in decided.victims if e.complete]
         if complete_victims:
-            youngest = max(complete_victims, key=lambda e: e.newest_mtime)
-            assert kept_bytes + youngest.size > max_bytes
-            assert all(e.newest_mtime >= youngest.newest_mtime for e in kept if e.complete and e.age(NOW) > ttl)
+            last = complete_victims[-1]
+            assert kept_bytes + last.size > max_bytes
+            assert all(e.newest_mtime >= last.newest_mtime for e in kept if e.complete and e.age(NOW) > ttl)
 
 
 @settings(max_examples=60, deadline=None)
