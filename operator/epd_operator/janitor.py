@@ -52,7 +52,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from .api.quantity import quantity_bytes
 
@@ -266,15 +266,18 @@ def delete_entry(entry: Entry, cutoff: float) -> tuple[bool, int]:
     return True, freed
 
 
-def sweep(root: Path, policy: Policy, now: Optional[float] = None) -> SweepResult:
+def sweep(root: Path, policy: Policy, now: Optional[float] = None,
+          stopping: Callable[[], bool] = lambda: False) -> SweepResult:
     """One pass: scan, plan, delete. `now` is read before scanning, so anything written during the
-    sweep is younger than the cutoff and survives."""
+    sweep is younger than the cutoff and survives. `stopping()` cuts a long sweep short on SIGTERM."""
     now = time.time() if now is None else now
     cutoff = now - policy.ttl_seconds
     entries = scan(root)
     decided = plan(entries, policy, now)
     deleted = freed = kept = 0
     for entry in decided.victims:
+        if stopping():
+            break
         gone, bytes_freed = delete_entry(entry, cutoff)
         deleted += gone
         kept += not gone
@@ -314,18 +317,21 @@ class Metrics:
         if result.over_limit:
             self.over_limit.inc()
 
-    def serve(self, port: int) -> None:
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+        """Serve /metrics on `port` from a daemon thread; the server, for `shutdown()`."""
         from prometheus_client import start_http_server
 
-        start_http_server(port, registry=self.registry)
+        server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        return server
 
 
 # ----------------------------------------------------------------------------- the loop
 
 
-def run_once(root: Path, policy: Policy, metrics: Metrics, now: Optional[float] = None) -> Optional[SweepResult]:
+def run_once(root: Path, policy: Policy, metrics: Metrics, now: Optional[float] = None,
+             stopping: Callable[[], bool] = lambda: False) -> Optional[SweepResult]:
     try:
-        result = sweep(root, policy, now)
+        result = sweep(root, policy, now, stopping)
     except OSError as exc:  # a flaky volume must not kill the sidecar; the next sweep retries
         metrics.errors.inc()
         log.error("sweep failed: %s", exc)
@@ -394,7 +400,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         log.info("watching %s: ttl %ss, max size %s, every %ss", args.path, policy.ttl_seconds,
                  _human(policy.max_bytes) if policy.max_bytes is not None else "unbounded", interval)
     while True:
-        result = run_once(args.path, policy, metrics)
+        result = run_once(args.path, policy, metrics, stopping=stop.is_set)
         if args.once:
             sys.exit(0 if result is not None else 1)
         if stop.wait(interval):

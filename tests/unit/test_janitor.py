@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,30 @@ def test_metrics_count_what_sweeps_did(tmp_path):
     assert sample("epd_cache_janitor_deleted_entries_total") == 1
     assert sample("epd_cache_janitor_deleted_bytes_total") == 300
     assert (sample("epd_cache_janitor_entries"), sample("epd_cache_janitor_bytes")) == (1, 50)
+
+
+def test_metrics_are_served_over_http():
+    metrics = janitor.Metrics()
+    metrics.sweeps.inc()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = metrics.serve(port, addr="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            assert "epd_cache_janitor_sweeps_total 1.0" in response.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_stop_request_ends_a_sweep_between_deletions(tmp_path):
+    for i in range(5):
+        put(tmp_path, f"old-{i}", TTL + 1 + i)
+    asked = iter([False, False, True])
+    result = sweep(tmp_path, Policy(TTL), now=NOW, stopping=lambda: next(asked))
+    assert result.deleted_entries == 2
+    assert len(names(tmp_path)) == 3
 
 
 # ----------------------------------------------------------------------------- plan properties
