@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,14 @@ PREFILL_KV_REQUEST = {
     "remote_host": None,
     "remote_port": None,
 }
+
+
+_ids = random.Random()  # seeded from os.urandom once; ids need uniqueness, not secrecy
+
+
+def new_id() -> str:
+    """A 128-bit random hex id (request and transfer ids) without a getrandom syscall per id."""
+    return f"{_ids.getrandbits(128):032x}"
 
 
 class BadRequest(Exception):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from contextlib import suppress
 
 import aiohttp
@@ -25,6 +24,7 @@ from .protocol import (
     extract_media,
     group_for_encoders,
     match_encoder_reply,
+    new_id,
     parse_json_object,
     pin_uuids,
     prefill_request,
@@ -176,7 +176,7 @@ class Router:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        rid = request.headers.get("x-request-id") or new_id()
         try:
             raw = await self._read_body(request)
             body = parse_json_object(raw)
@@ -191,7 +191,7 @@ class Router:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        rid = request.headers.get("x-request-id") or new_id()
         try:
             raw = await self._read_body(request)
             body = parse_json_object(raw)
@@ -211,7 +211,7 @@ class Router:
         return response
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        rid = request.headers.get("x-request-id") or new_id()
         pool = self.decodes
         if not pool.available:
             return self._answered("/v1/models", json_error(503, "no decode endpoint available", rid, "service_unavailable"))
@@ -348,10 +348,20 @@ class Router:
         return await self._prefill_once(retry_ep, path, orjson.dumps(prefill_request(prepared)), headers), retry_ep, prepared
 
     async def _prefill_once(self, ep: Endpoint, path: str, data: bytes, headers: dict, metadata_only: bool = False):
-        pool = self.prefills
-        pool.acquire(ep)
+        self.prefills.acquire(ep)
+        payload = await self._exchange(self.prefills, ep, path, data, headers, self.prefill_timeout, 1, metadata_only)
         try:
-            async with self.session.post(ep.url + path, data=data, headers=headers, timeout=self.prefill_timeout) as r:
+            return orjson.loads(payload).get("kv_transfer_params")
+        except (orjson.JSONDecodeError, AttributeError):
+            self.prefills.record_failure(ep, "reply")
+            raise UpstreamFailure("reply") from None
+
+    async def _exchange(self, pool: Pool, ep: Endpoint, path: str, data: bytes, headers: dict, timeout, weight: int,
+                        metadata_only: bool = False) -> bytes:
+        """POST and read a whole JSON reply (encoder, prefill). `weight` in-flight units were acquired
+        by the caller and are released here. A 400 to a metadata-only body is retryable, not final."""
+        try:
+            async with self.session.post(ep.url + path, data=data, headers=headers, timeout=timeout) as r:
                 payload = await r.read()
                 status, ct = r.status, r.headers.get("Content-Type", JSON)
         except asyncio.TimeoutError:
@@ -361,19 +371,15 @@ class Router:
             pool.record_failure(ep, "connect")
             raise UpstreamFailure("connect") from None
         finally:
-            pool.release(ep)
+            pool.release(ep, weight)
         if status != 200:
             if client_error(status) and not (metadata_only and status == 400):
                 raise UpstreamRejected(status, payload, ct)
-            if status >= 500:
+            if not client_error(status):
                 pool.record_failure(ep, "status")
             raise UpstreamFailure("status", status, payload, ct)
         pool.record_success(ep)
-        try:
-            return orjson.loads(payload).get("kv_transfer_params")
-        except (orjson.JSONDecodeError, AttributeError):
-            pool.record_failure(ep, "reply")
-            raise UpstreamFailure("reply") from None
+        return payload
 
     async def _stream_from(self, request, pool: Pool, ep: Endpoint, path, data, headers, ctx, metadata_only) -> web.StreamResponse:
         """One attempt at a generating backend. Raises UpstreamFailure only before the first byte."""
@@ -454,7 +460,7 @@ class Router:
                 if hit is None:
                     todo.append(item)
                 else:
-                    hit.transfer_id = uuid.uuid4().hex
+                    hit.transfer_id = new_id()
                     encoded[item.index] = hit
             self.metrics.count_items("reused", len(items) - len(todo))
         if not todo:
@@ -513,35 +519,16 @@ class Router:
 
     async def _encode_group(self, ep: Endpoint, group: list[MediaItem], body, rid, headers, consumer_zmq) -> dict[int, EncodedItem]:
         pool = self.encoders
-        transfer_ids = [uuid.uuid4().hex for _ in group]
+        transfer_ids = [new_id() for _ in group]
         req = encoder_request(body, group, consumer_zmq, transfer_ids)
-        sub_headers = {**headers, "x-request-id": f"{rid}:{group[0].index}:{uuid.uuid4().hex[:6]}"}
-        try:
-            async with self.session.post(
-                ep.url + CHAT, data=orjson.dumps(req), headers=sub_headers, timeout=self.encode_timeout
-            ) as r:
-                payload = await r.read()
-                status, ct = r.status, r.headers.get("Content-Type", JSON)
-        except asyncio.TimeoutError:
-            pool.record_failure(ep, "timeout")
-            raise UpstreamFailure("timeout") from None
-        except (aiohttp.ClientError, OSError):
-            pool.record_failure(ep, "connect")
-            raise UpstreamFailure("connect") from None
-        finally:
-            pool.release(ep, len(group))
-        if status != 200:
-            if client_error(status):
-                raise UpstreamRejected(status, payload, ct)
-            pool.record_failure(ep, "status")
-            raise UpstreamFailure("status", status, payload, ct)
+        sub_headers = {**headers, "x-request-id": f"{rid}:{group[0].index}:{new_id()[:6]}"}
+        payload = await self._exchange(pool, ep, CHAT, orjson.dumps(req), sub_headers, self.encode_timeout, len(group))
         try:
             matched = match_encoder_reply(orjson.loads(payload).get("ec_transfer_params"), group)
         except (orjson.JSONDecodeError, AttributeError, EncoderReplyError) as exc:
             log.warning("[%s] encoder %s reply unusable: %s", rid, ep.url, exc)
             pool.record_failure(ep, "reply")
             raise UpstreamFailure("reply") from None
-        pool.record_success(ep)
         tid = {item.index: t for item, t in zip(group, transfer_ids)}
         return {index: EncodedItem(mm_hash, report, tid[index]) for index, (mm_hash, report) in matched.items()}
 
