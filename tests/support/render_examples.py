@@ -96,3 +96,32 @@ def serve_argvs(objects: list[dict]) -> list[list[str]]:
 
 def rendered_examples() -> dict[str, list[dict]]:
     return {path.name: render(parse_epd(example_document(path.name))) for path in example_files()}
+
+
+def variants() -> dict[str, EPDDeployment]:
+    """Examples changed to reach what the examples themselves leave out, by a descriptive name."""
+    gpu_prefill = {"tensorParallelSize": 2, "resources": {"limits": {"nvidia.com/gpu": 2}}}
+    return {
+        "mooncake-rdma-tp2-no-store": example(MOONCAKE, **{
+            "spec.ecTransfer.mooncake": {"protocol": "rdma"}, "spec.decode.tensorParallelSize": 2}),
+        "mooncake-e-p-d": example(MOONCAKE, **{"spec.prefill": gpu_prefill}),
+        "cpu-e-p-d-tp2-encoder": example(CPU_CONNECTOR, **{
+            "spec.prefill": gpu_prefill, "spec.encoder.tensorParallelSize": 2}),
+        "nixl-default-kv-all-autoscaled": example(NIXL_AUTOSCALED, **{
+            "spec.kvTransfer": None,
+            "spec.prefill.autoscaling": {"maxReplicas": 4},
+            "spec.decode.autoscaling": {"minReplicas": 2, "maxReplicas": 6},
+            "spec.router.autoscaling": {"maxReplicas": 3},
+            "spec.router.env": [{"name": "LOG", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}],
+        }),
+        "shared-storage-placement": example(SHARED_STORAGE, **{
+            "spec.model.servedModelName": None,
+            "spec.decode.tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoExecute",
+                                         "tolerationSeconds": 60}],
+            "spec.decode.affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+            "spec.imagePullSecrets": ["regcred"],
+            "spec.router.service": {"type": "NodePort", "port": 30080, "annotations": {"x": "y"}},
+            "spec.ecTransfer.sharedStorage": {"claimName": "ec", "path": "/cache/ec"},
+        }),
+    }

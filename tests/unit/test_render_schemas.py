@@ -9,32 +9,12 @@ import kubernetes_validate.utils
 import pytest
 from kubernetes_validate.utils import latest_version
 
-from epd_operator.api import parse_epd
+from epd_operator.api import EPDDeployment, parse_epd
 from epd_operator.render import render
-from tests.support.render_examples import (MOONCAKE, NIXL_AUTOSCALED, SHARED_STORAGE, example, example_document,
-                                           example_files)
+from tests.support.render_examples import SHARED_STORAGE, example, example_document, example_files, variants
 
 OLDEST_SUPPORTED = "1.30"
 NEWEST = latest_version()
-
-# Specs that reach the branches the examples leave out.
-VARIANTS = {
-    "mooncake-rdma-no-store": lambda: example(MOONCAKE, **{"spec.ecTransfer.mooncake": {"protocol": "rdma"}}),
-    "everything-autoscaled": lambda: example(NIXL_AUTOSCALED, **{
-        "spec.prefill.autoscaling": {"maxReplicas": 4},
-        "spec.decode.autoscaling": {"minReplicas": 2, "maxReplicas": 6},
-        "spec.router.autoscaling": {"maxReplicas": 3},
-        "spec.router.env": [{"name": "LOG", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}],
-    }),
-    "placement": lambda: example(SHARED_STORAGE, **{
-        "spec.decode.tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoExecute",
-                                     "tolerationSeconds": 60}],
-        "spec.decode.affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
-        "spec.imagePullSecrets": ["regcred"],
-        "spec.router.service": {"type": "NodePort", "port": 30080, "annotations": {"x": "y"}},
-    }),
-}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -47,16 +27,18 @@ def _schemas_read_once():
     kubernetes_validate.utils.schema_contents = original
 
 
-def _cases():
-    cases = [(path.name, lambda name=path.name: parse_epd(example_document(name))) for path in example_files()]
-    return cases + list(VARIANTS.items())
+def _specs() -> dict[str, EPDDeployment]:
+    return {**{path.name: parse_epd(example_document(path.name)) for path in example_files()}, **variants()}
+
+
+SPECS = _specs()
 
 
 @pytest.mark.parametrize("version", [OLDEST_SUPPORTED, NEWEST])
-@pytest.mark.parametrize(("case", "build"), _cases(), ids=[name for name, _ in _cases()])
-def test_rendered_objects_are_strictly_valid(case, build, version):
+@pytest.mark.parametrize("case", sorted(SPECS))
+def test_rendered_objects_are_strictly_valid(case, version):
     problems = []
-    for obj in render(build()):
+    for obj in render(SPECS[case]):
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:

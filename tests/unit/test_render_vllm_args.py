@@ -3,16 +3,13 @@ EC/KV connector names resolved by vLLM's connector factories (`tests/support/vll
 from __future__ import annotations
 
 from epd_operator.render import render
-from tests.support.render_examples import MOONCAKE, NIXL_AUTOSCALED, example, rendered_examples, serve_argvs
+from tests.support.render_examples import MOONCAKE, example, rendered_examples, serve_argvs, variants
 from tests.support.vllm_args import check_serve_commands
 
 
 def test_every_rendered_serve_command_parses_under_vllm():
     argvs = [argv for objects in rendered_examples().values() for argv in serve_argvs(objects)]
-    # Branches the examples leave out: plain Mooncake over RDMA with TP consumers, the KV default.
-    argvs += serve_argvs(render(example(MOONCAKE, **{"spec.ecTransfer.mooncake": {"protocol": "rdma"},
-                                                    "spec.decode.tensorParallelSize": 2})))
-    argvs += serve_argvs(render(example(NIXL_AUTOSCALED, **{"spec.kvTransfer": None})))
+    argvs += [argv for epd in variants().values() for argv in serve_argvs(render(epd))]
     errors = check_serve_commands(argvs)
     refused = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors) if error]
     assert not refused, "\n".join(refused)
