@@ -39,7 +39,7 @@ class Workload:
     """One Deployment and what belongs to it."""
 
     deployment: JSON
-    service: Optional[JSON]
+    service: JSON
     hpa: Optional[JSON]
     pdb: Optional[JSON]
 
@@ -55,7 +55,7 @@ def render(epd: EPDDeployment) -> list[JSON]:
     return [
         render_one("configmap.yaml.j2", **_meta(epd, transfer_configmap_name(epd), TRANSFER), data=config),
         *render_documents("router-rbac.yaml.j2", **_meta(epd, object_name(epd, ROUTER), ROUTER)),
-        *(w.service for w in workloads if w.service is not None),
+        *(w.service for w in workloads),
         *(w.deployment for w in workloads),
         *(w.hpa for w in workloads if w.hpa is not None),
         *(w.pdb for w in workloads if w.pdb is not None),
@@ -86,7 +86,7 @@ def config_hash(pod_labels: dict[str, str], pod_spec: JSON, config: dict[str, st
 
 
 def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, config: dict[str, str],
-              service: Optional[JSON], pdb: bool = True) -> Workload:
+              service: JSON, pdb: bool = True) -> Workload:
     name = object_name(epd, role)
     meta = _meta(epd, name, role)
     autoscaling = placement.autoscaling
