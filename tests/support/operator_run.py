@@ -154,17 +154,92 @@ async def wait_until(condition: Any, timeout: float = 15.0, message: Any = "cond
 
 @contextlib.asynccontextmanager
 async def operator_in_process(server_url: str, *args: str, metrics: Metrics | None = None) -> AsyncIterator[Metrics]:
-    """The operator's `run()` as a task in this event loop (kopf in-process), stopped on exit."""
+    """The operator's `run()` in this process (kopf in-process), stopped on exit.
+
+    It gets a thread and an event loop of its own: when kopf stops it cancels every task created
+    in its loop after it started, which in the test's loop would include the test's own tasks."""
     from epd_operator.controller.main import parse_args
 
     options: Options = parse_args([*args, "--bind-address", "127.0.0.1", "--liveness-port", str(free_port()),
                                    "--metrics-port", str(free_port())])
     metrics = metrics or Metrics()
-    stop = asyncio.Event()
-    task = asyncio.create_task(run(options, stop=stop, metrics=metrics,
-                                   credentials=lambda: kopf.ConnectionInfo(server=server_url, insecure=True)))
+    started: asyncio.Future[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = asyncio.get_running_loop().create_future()
+    caller = asyncio.get_running_loop()
+
+    async def operator_main() -> int:
+        stop = asyncio.Event()
+        caller.call_soon_threadsafe(started.set_result, (asyncio.get_running_loop(), stop))
+        return await run(options, stop=stop, metrics=metrics,
+                         credentials=lambda: kopf.ConnectionInfo(server=server_url, insecure=True))
+
+    thread = asyncio.ensure_future(asyncio.to_thread(asyncio.run, operator_main()))
+    loop, stop = await asyncio.wait_for(started, 10)
     try:
         yield metrics
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+        loop.call_soon_threadsafe(stop.set)
+        assert await asyncio.wait_for(thread, 30) == 0
+
+
+# ----------------------------------------------------------------------------- the cluster side
+# What a real cluster's controllers would do around the operator (no kubelet or deployment
+# controller runs against the emulator), through its HTTP API.
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
+EPD_API = "serving.epd.dev/v1alpha1"
+
+
+def epd_crd() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(CRD_FILE.read_text(encoding="utf-8"))
+
+
+def relaxed_epd_crd() -> dict[str, Any]:
+    """The CRD with its spec schema switched off: a cluster whose CRD is older than the operator,
+    the one way a spec the operator refuses can reach it."""
+    crd = epd_crd()
+    version = crd["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    schema["properties"]["spec"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema.pop("x-kubernetes-validations", None)
+    return crd
+
+
+async def api_request(server_url: str, method: str, path: str, body: Any = None, *,
+                      content_type: str = "application/merge-patch+json", manager: str = "test") -> tuple[int, Any]:
+    """One request to the API as client `manager` (the emulator names field managers by user agent)."""
+    headers = {"Content-Type": content_type, "User-Agent": f"{manager}/v0"}
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, server_url + path, data=None if body is None else json.dumps(body),
+                                   headers=headers) as resp:
+            text = await resp.text()
+            return resp.status, (json.loads(text) if text else None)
+
+
+def deployment_path(namespace: str, name: str, sub: str = "") -> str:
+    return f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}" + (f"/{sub}" if sub else "")
+
+
+async def set_deployment_ready(server_url: str, namespace: str, name: str, ready: int | None = None,
+                               *, generation: int | None = None, **extra: Any) -> None:
+    """What the deployment controller and kubelets report once `ready` pods (default: all) run
+    the latest template: observedGeneration, replicas, updated/ready/available counts."""
+    status, dep = await api_request(server_url, "GET", deployment_path(namespace, name))
+    assert status == 200, dep
+    desired = dep["spec"].get("replicas", 1)
+    ready = desired if ready is None else ready
+    st = {"observedGeneration": generation or dep["metadata"]["generation"], "replicas": desired,
+          "updatedReplicas": desired, "readyReplicas": ready, "availableReplicas": ready, **extra}
+    status, body = await api_request(server_url, "PATCH", deployment_path(namespace, name, "status"), {"status": st},
+                                     manager="kube-controller-manager")
+    assert status == 200, body
+
+
+async def scale_deployment(server_url: str, namespace: str, name: str, replicas: int,
+                           manager: str = "kube-controller-manager") -> None:
+    """Scale through the /scale subresource, as the HPA controller (or `kubectl scale`) does."""
+    status, body = await api_request(server_url, "PATCH", deployment_path(namespace, name, "scale"),
+                                     {"spec": {"replicas": replicas}}, manager=manager)
+    assert status == 200, body
