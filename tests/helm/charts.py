@@ -1,6 +1,7 @@
 """Running helm against the repository's charts and reading what it renders."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ class Helm:
     def lint(self, chart: Path, values: Path | None = None, *sets: str) -> HelmResult:
         return self.run("lint", "--strict", str(chart), *_value_args(values, sets))
 
+    @functools.lru_cache(maxsize=256)  # rendering is deterministic; many tests read the same render
     def template_text(self, chart: Path, values: Path | None = None, *sets: str,
                       release: str = "epd", namespace: str = "epd-system") -> HelmResult:
         return self.run("template", release, str(chart), "--namespace", namespace, "--include-crds",

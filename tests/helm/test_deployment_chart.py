@@ -62,7 +62,7 @@ def test_metadata_from_values(helm):
 def test_notes_give_the_endpoint_and_a_curl_example(helm):
     notes = helm.notes(DEPLOYMENT_CHART, "router.service.port=9000", release="my-vl", namespace="ml")
     assert "get epd my-vl -o jsonpath='{.status.endpoint}'" in notes
-    assert "http://my-vl-router.ml.svc:9000" in notes
-    assert "port-forward svc/my-vl-router 9000:9000" in notes
+    assert "http://my-vl.ml.svc:9000" in notes  # the router Service carries the EPDDeployment's name
+    assert "port-forward svc/my-vl 9000:9000" in notes
     assert "curl -s http://127.0.0.1:9000/v1/chat/completions" in notes
     assert '"model": "qwen-vl"' in notes

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -28,6 +30,14 @@ OPERATOR_NAMESPACE = "epd-system"
 WORKLOAD_NAMESPACE = "ml"
 SCENARIO = DEPLOYMENT_CHART / "ci" / "e-pd-shared-storage-values.yaml"
 RECONCILE_WAIT_S = 60
+
+
+@pytest.fixture
+def epd_operator_cli() -> None:
+    """Skips (before the emulator starts) unless the real `epd-operator` can run here."""
+    problem = operator_cli_problem()
+    if problem:
+        pytest.skip(problem)
 
 
 def operator_cli_problem() -> str | None:
@@ -49,6 +59,12 @@ async def kubectl_apply(kube_env: dict[str, str], objects: list[dict[str, Any]])
     out, err = await process.communicate(yaml.safe_dump_all(objects).encode())
     assert process.returncode == 0, f"kubectl apply failed:\n{err.decode()}"
     return out.decode()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def operator_command(deployment: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
@@ -82,9 +98,9 @@ def helm4() -> Helm:
         pytest.skip(f"helm 4 unavailable: {exc}")
 
 
-async def install_operator_chart(helm: Helm, kube_env: dict[str, str]) -> list[dict[str, Any]]:
+async def install_operator_chart(helm: Helm, kube_env: dict[str, str], *sets: str) -> list[dict[str, Any]]:
     """`helm template epd-operator | kubectl apply`; returns what was applied."""
-    objects = [o for o in helm.template(OPERATOR_CHART, None, f"watchNamespaces={{{WORKLOAD_NAMESPACE}}}",
+    objects = [o for o in helm.template(OPERATOR_CHART, None, f"watchNamespaces={{{WORKLOAD_NAMESPACE}}}", *sets,
                                         namespace=OPERATOR_NAMESPACE)
                if o["kind"] != "Pod"]  # the `helm test` hook runs only under `helm test`
     namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
@@ -110,13 +126,13 @@ async def test_both_charts_apply_into_the_api(helm4: Helm, apiserver, kube_env: 
 
 
 @pytest.mark.timeout(180)
-async def test_helm_template_kubectl_apply_reconciles(helm4: Helm, apiserver, kube_env: dict[str, str],
-                                                      tmp_path: Path):
-    problem = operator_cli_problem()
-    if problem:
-        pytest.skip(problem)
-
-    operator_objects = await install_operator_chart(helm4, kube_env)
+async def test_helm_template_kubectl_apply_reconciles(epd_operator_cli: None, helm4: Helm, apiserver,
+                                                      kube_env: dict[str, str], tmp_path: Path):
+    # Loopback ports picked now, passed through the chart's own values into the operator's flags.
+    health_port, metrics_port = free_port(), free_port()
+    operator_objects = await install_operator_chart(helm4, kube_env, f"health.port={health_port}",
+                                                    f"metrics.port={metrics_port}",
+                                                    "extraArgs={--bind-address=127.0.0.1}")
     deployment = one(operator_objects, "Deployment")
     argv, env = operator_command(deployment)
     log = tmp_path / "operator.log"
@@ -147,6 +163,15 @@ async def test_helm_template_kubectl_apply_reconciles(helm4: Helm, apiserver, ku
 
         status = await wait_for(reported_status, "status.observedGeneration catching up", operator, log)
         assert status["topology"] == "E+PD"
+
+        # What the kubelet and Prometheus would see on the ports the chart declares.
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        probe = container["livenessProbe"]["httpGet"]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{health_port}{probe['path']}") as response:
+                assert response.status == 200
+            async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+                assert response.status == 200 and "# TYPE" in await response.text()
     finally:
         if operator.returncode is None:
             operator.terminate()

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from .charts import OPERATOR_CHART, by_kind, one
+from .charts import DEPLOYMENT_CHART, OPERATOR_CHART, by_kind, ci_values, one
 
 pytestmark = pytest.mark.helm
 
@@ -32,9 +32,6 @@ CLUSTER_NEEDS = [
     *[("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")],
     *[("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")],
 ]
-# What the Role the operator creates for each router grants (design.md: read EndpointSlices/Pods).
-ROUTER_ROLE_GRANTS = [(g, r, v) for g, r in [("discovery.k8s.io", "endpointslices"), ("", "pods")]
-                      for v in ("get", "list", "watch")]
 
 
 def granted(rules: list[dict]) -> set[tuple[str, str, str]]:
@@ -68,6 +65,12 @@ def test_operator_probes_and_ports(helm):
     assert c["image"] == "ghcr.io/epd-operator/epd-operator:0.1.0"
 
 
+def test_ports_from_values_reach_the_operator(helm):
+    c = container(helm.template(OPERATOR_CHART, None, "health.port=18080", "metrics.port=19090"))
+    assert {"--liveness-port=18080", "--metrics-port=19090"} <= set(c["args"])
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 18080, "metrics": 19090}
+
+
 def test_image_digest_wins_over_tag(helm):
     digest = "sha256:" + "a" * 64
     c = container(helm.template(OPERATOR_CHART, None, f"image.digest={digest}", "image.tag=ignored"))
@@ -76,7 +79,7 @@ def test_image_digest_wins_over_tag(helm):
 
 def test_cluster_wide_by_default(helm):
     objects = helm.template(OPERATOR_CHART)
-    assert container(objects)["args"] == ["--all-namespaces"]
+    assert container(objects)["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=9090"]
     assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
     rules = granted(one(objects, "ClusterRole")["rules"])
     missing = set(NAMESPACED_NEEDS + CLUSTER_NEEDS) - rules
@@ -90,7 +93,7 @@ def test_cluster_wide_by_default(helm):
 def test_watch_namespaces_gets_namespaced_roles_only(helm):
     objects = helm.template(OPERATOR_CHART, None, "watchNamespaces={team-a,team-b}", namespace="epd-system")
     assert by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
-    assert container(objects)["args"] == ["--namespace=team-a", "--namespace=team-b"]
+    assert container(objects)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     roles = {r["metadata"]["namespace"]: r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith("-self")}
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
@@ -104,10 +107,45 @@ def test_watch_namespaces_gets_namespaced_roles_only(helm):
 
 
 def test_operator_can_create_the_router_role_without_escalate(helm):
-    """RBAC refuses to create a Role granting more than its creator holds (unless `escalate`)."""
+    """RBAC refuses to create a Role granting more than its creator holds (unless `escalate`):
+    the operator must hold everything the router Role it renders grants."""
+    render = pytest.importorskip("epd_operator.render", reason="epd_operator.render not importable").render
+    spec = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
+    (cr,) = helm.template(DEPLOYMENT_CHART, release="my-vl", namespace="ml")
+    router_roles = by_kind(render(spec.EPDDeployment.model_validate(cr)), "Role")
+    assert router_roles, "the renderer made no Role for the router"
     rules = one(helm.template(OPERATOR_CHART), "ClusterRole")["rules"]
-    assert set(ROUTER_ROLE_GRANTS) <= granted(rules)
+    for role in router_roles:
+        missing = granted(role["rules"]) - granted(rules)
+        assert not missing, f"operator cannot grant {sorted(missing)} (Role {role['metadata']['name']})"
     assert not {v for _, _, v in granted(rules)} & {"escalate", "bind", "*"}
+
+
+# Where each kind the renderer emits lives in the API, to look its permissions up.
+KIND_RESOURCES = {
+    "Deployment": ("apps", "deployments"), "Service": ("", "services"), "ConfigMap": ("", "configmaps"),
+    "ServiceAccount": ("", "serviceaccounts"), "Role": ("rbac.authorization.k8s.io", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
+    "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
+    "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
+}
+
+
+def test_operator_may_manage_every_kind_it_renders(helm):
+    """Every object an EPDDeployment becomes (any scenario) is one the operator's RBAC lets it apply."""
+    render = pytest.importorskip("epd_operator.render", reason="epd_operator.render not importable").render
+    spec = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
+    held = granted(one(helm.template(OPERATOR_CHART), "ClusterRole")["rules"])
+    kinds = set()
+    for values in [None, *ci_values(DEPLOYMENT_CHART)]:
+        (cr,) = helm.template(DEPLOYMENT_CHART, values, release="my-vl", namespace="ml")
+        kinds |= {o["kind"] for o in render(spec.EPDDeployment.model_validate(cr))}
+    unknown = kinds - set(KIND_RESOURCES)
+    assert not unknown, f"the renderer emits {sorted(unknown)}: grant them in _helpers.tpl and map them here"
+    for kind in kinds:
+        group, resource = KIND_RESOURCES[kind]
+        missing = {v for v in ("get", "list", "watch", "create", "patch", "delete") if (group, resource, v) not in held}
+        assert not missing, f"operator lacks {sorted(missing)} on {resource}"
 
 
 def test_metrics_service_and_service_monitor_agree(helm):
