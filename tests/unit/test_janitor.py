@@ -321,6 +321,15 @@ def test_bad_flags_are_refused_with_a_reason(tmp_path, capsys, argv, complaint):
     assert complaint in capsys.readouterr().err
 
 
+def test_the_rendered_sidecar_arguments_are_ones_the_janitor_takes():
+    from epd_operator.api.spec import SharedStorage
+    from epd_operator.render.transfer import janitor_args
+
+    storage = SharedStorage(claimName="ec", path="/ec-cache", maxSize="50Gi", ttlSeconds=900)
+    args = janitor.build_parser().parse_args(janitor_args(storage))
+    assert (args.path, args.ttl_seconds, args.max_size) == (Path("/ec-cache"), 900, 50 * 2**30)
+
+
 def test_a_missing_path_is_an_error_not_a_silent_loop(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         janitor.main(["--path", str(tmp_path / "not-mounted"), "--ttl-seconds", "60", "--once"])
