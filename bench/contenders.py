@@ -1,0 +1,85 @@
+"""The routers compared side by side, and how each is started against the fake backends.
+
+- direct: the client talks to the consumer itself (PD in E+PD, D in E/P/D): the floor.
+- vllm-proxy: vLLM 0.32's `disagg_epd_proxy.py`, run as shipped (its own logging included).
+- epd-router: ours, one worker process.
+- vllm-router: the Rust router. Its wheel has no EPD mode, so it runs plain (E+PD) or
+  P/D (E/P/D) and never calls the encoder: a reference floor for a compiled router, not
+  a like-for-like contender.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import thirdparty
+from .procs import free_port
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str  # "E+PD" or "E/P/D"
+    encoder: str
+    decode: str  # PD in E+PD, D in E/P/D
+    prefill: str | None = None
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    calls_encoder: bool  # does it do the EPD work (encoder fan-out + rewrite)?
+    note: str = ""
+
+    def argv(self, topo: Topology, port: int) -> list[str] | None:
+        """Command line of the router process; None when nothing has to run."""
+        return None
+
+
+class Direct(Contender):
+    pass
+
+
+class VllmProxy(Contender):
+    def argv(self, topo: Topology, port: int) -> list[str]:
+        python = thirdparty.bench_venv()
+        return [
+            str(python), str(thirdparty.vllm_proxy_script()), "--host", "127.0.0.1", "--port", str(port),
+            "--encode-servers-urls", topo.encoder,
+            "--prefill-servers-urls", topo.prefill or "disable",
+            "--decode-servers-urls", topo.decode,
+        ]
+
+
+class EpdRouter(Contender):
+    def argv(self, topo: Topology, port: int) -> list[str]:
+        exe = shutil.which("epd-router", path=str(Path(sys.executable).parent)) or "epd-router"
+        return [
+            exe, "--host", "127.0.0.1", "--port", str(port),
+            "--encode-servers-urls", topo.encoder,
+            "--prefill-servers-urls", topo.prefill or "disable",
+            "--decode-servers-urls", topo.decode,
+            "--workers", "1",
+        ]
+
+
+class VllmRouter(Contender):
+    def argv(self, topo: Topology, port: int) -> list[str]:
+        argv = [*thirdparty.vllm_router_argv(thirdparty.bench_venv()),
+                "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
+                "--policy", "round_robin"]
+        if topo.prefill:
+            return [*argv, "--vllm-pd-disaggregation", "--prefill", topo.prefill, "none", "--decode", topo.decode]
+        return [*argv, "--worker-urls", topo.decode]
+
+
+DIRECT = Direct("direct", calls_encoder=False, note="client → consumer, no router (the floor)")
+VLLM_PROXY = VllmProxy("vllm-proxy", calls_encoder=True, note="vLLM 0.32 disagg_epd_proxy.py")
+EPD_ROUTER = EpdRouter("epd-router", calls_encoder=True, note="ours, 1 worker")
+VLLM_ROUTER = VllmRouter("vllm-router", calls_encoder=False,
+                         note=f"vllm-router {thirdparty.VLLM_ROUTER_VERSION}, plain / P/D mode, no encoder call")
+ALL = (DIRECT, VLLM_PROXY, EPD_ROUTER, VLLM_ROUTER)
