@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from .charts import DEPLOYMENT_CHART, ci_values
+from .charts import DEPLOYMENT_CHART, REPO, ci_values
 
 pytestmark = pytest.mark.helm
 
@@ -16,20 +16,24 @@ def render_spec(helm, values=None, *sets, release="my-vl", namespace="ml") -> di
     return cr["spec"]
 
 
-@pytest.mark.parametrize("values", ci_values(DEPLOYMENT_CHART), ids=lambda p: p.name.removesuffix("-values.yaml"))
-def test_scenario_values_become_the_spec_unchanged(helm, values):
-    """Each spec field the scenario sets arrives in the EPDDeployment as written."""
-    wanted = yaml.safe_load(values.read_text())
-    spec = render_spec(helm, values)
-    for field, value in wanted.items():
-        assert _subset(value, spec[field]), f"{field}: {value!r} rendered as {spec[field]!r}"
-    assert ("prefill" in spec) == ("prefill" in wanted)
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
-def _subset(wanted, got) -> bool:
-    if isinstance(wanted, dict):
-        return isinstance(got, dict) and all(k in got and _subset(v, got[k]) for k, v in wanted.items())
-    return wanted == got
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_ci_values_reproduce_each_example(helm, example):
+    """`helm install -f ci/<example>-values.yaml` yields exactly the EPDDeployment of examples/."""
+    wanted = yaml.safe_load(example.read_text())
+    values = DEPLOYMENT_CHART / "ci" / f"{example.stem}-values.yaml"
+    assert values.exists(), f"no {values.relative_to(REPO)} mirroring {example.relative_to(REPO)}"
+    (cr,) = helm.template(DEPLOYMENT_CHART, values, release="release", namespace=wanted["metadata"]["namespace"])
+    assert cr["metadata"]["name"] == wanted["metadata"]["name"]
+    assert cr["spec"] == wanted["spec"]
+
+
+def test_every_ci_values_file_mirrors_an_example():
+    stems = {p.stem for p in EXAMPLES}
+    orphans = [p.name for p in ci_values(DEPLOYMENT_CHART) if p.name.removesuffix("-values.yaml") not in stems]
+    assert not orphans, f"ci values without an example in examples/: {orphans}"
 
 
 def test_defaults_are_e_plus_pd_on_shared_storage(helm):

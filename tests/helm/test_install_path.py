@@ -28,7 +28,7 @@ pytestmark = [
 
 OPERATOR_NAMESPACE = "epd-system"
 WORKLOAD_NAMESPACE = "ml"
-SCENARIO = DEPLOYMENT_CHART / "ci" / "e-pd-shared-storage-values.yaml"
+SCENARIO = DEPLOYMENT_CHART / "ci" / "epd-shared-storage-values.yaml"
 RECONCILE_WAIT_S = 60
 
 
@@ -119,10 +119,9 @@ async def test_both_charts_apply_into_the_api(helm4: Helm, apiserver, kube_env: 
         meta = obj["metadata"]
         assert apiserver.get_object(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")), meta["name"]
     for values in [None, *ci_values(DEPLOYMENT_CHART)]:
-        name = values.name.removesuffix("-values.yaml") if values else "defaults"
-        (epd,) = helm4.template(DEPLOYMENT_CHART, values, release=name, namespace=WORKLOAD_NAMESPACE)
+        (epd,) = helm4.template(DEPLOYMENT_CHART, values, release="defaults", namespace=WORKLOAD_NAMESPACE)
         out = await kubectl_apply(kube_env, [epd])
-        assert f"epddeployment.serving.epd.dev/{name} created" in out
+        assert f"epddeployment.serving.epd.dev/{epd['metadata']['name']} created" in out
 
 
 @pytest.mark.timeout(180)
@@ -140,7 +139,7 @@ async def test_helm_template_kubectl_apply_reconciles(epd_operator_cli: None, he
         operator = await asyncio.create_subprocess_exec(
             *argv, env={**kube_env, **env}, stdout=log_file, stderr=subprocess.STDOUT)
     try:
-        (epd,) = helm4.template(DEPLOYMENT_CHART, SCENARIO, release="my-vl", namespace=WORKLOAD_NAMESPACE)
+        (epd,) = helm4.template(DEPLOYMENT_CHART, SCENARIO, "fullnameOverride=my-vl", namespace=WORKLOAD_NAMESPACE)
         out = await kubectl_apply(kube_env, [epd])
         assert "epddeployment.serving.epd.dev/my-vl created" in out
 

@@ -95,4 +95,4 @@ def test_deployment_chart_renders_what_the_api_models_accept(helm):
     for values in [None, *sorted((CHARTS["epd-deployment"] / "ci").glob("*-values.yaml"))]:
         (cr,) = helm.template(CHARTS["epd-deployment"], values, release="my-vl", namespace="ml")
         parsed = api.EPDDeployment.model_validate(cr)
-        assert parsed.metadata.name == "my-vl"
+        assert parsed.metadata.name == cr["metadata"]["name"]
