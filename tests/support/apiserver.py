@@ -32,11 +32,9 @@ import asyncio
 import contextvars
 import copy
 import dataclasses
-import datetime
 import random
 import re
 import signal
-import string
 import sys
 import time
 import uuid
@@ -55,52 +53,17 @@ if __package__ in (None, ''):  # standalone: `python tests/support/apiserver.py`
 
 from tests.support import crd_schema  # noqa: E402
 from tests.support.emulator import patching, selectors  # noqa: E402
+from tests.support.emulator.errors import ApiError, conflict, invalid, not_found  # noqa: E402
+from tests.support.emulator.garbage import GarbageCollector  # noqa: E402
+from tests.support.emulator.objects import (  # noqa: E402
+    age, crd_status, json_path, manager_from_user_agent, name_errors, now, set_json_path)
 from tests.support.emulator.resources import BUILTINS, ResourceType, crd_definition_errors, types_from_crd  # noqa: E402
-from tests.support.emulator.store import Change, Key, Store  # noqa: E402
+from tests.support.emulator.store import Change, Store  # noqa: E402
 
 WRITE_METHODS = frozenset({'POST', 'PUT', 'PATCH', 'DELETE'})
 DEFAULT_NAMESPACES = ('default', 'kube-system', 'kube-public')
 BOOKMARK_INTERVAL_S = 5.0
-_DNS_SUBDOMAIN = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')
-_DNS_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
 _GENERATE_ALPHABET = 'bcdfghjklmnpqrstvwxz2456789'
-
-
-class ApiError(Exception):
-    """A failure rendered as a Kubernetes ``Status`` object."""
-
-    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
-
-    def status(self) -> dict[str, Any]:
-        return {'apiVersion': 'v1', 'kind': 'Status', 'metadata': {}, 'status': 'Failure',
-                'message': self.message, 'reason': self.reason, 'details': self.details, 'code': self.code}
-
-
-def _invalid(rtype: ResourceType, name: str, errors: list[str]) -> ApiError:
-    what = f'{rtype.kind}.{rtype.group}' if rtype.group else rtype.kind
-    causes = [{'reason': 'FieldValueInvalid', 'message': e, 'field': e.split(':', 1)[0]} for e in errors]
-    return ApiError(422, 'Invalid', f'{what} "{name}" is invalid: [{", ".join(errors)}]'
-                    if len(errors) > 1 else f'{what} "{name}" is invalid: {errors[0]}',
-                    {'name': name, 'group': rtype.group, 'kind': rtype.kind, 'causes': causes})
-
-
-def _not_found(rtype: ResourceType, name: str) -> ApiError:
-    what = f'{rtype.plural}.{rtype.group}' if rtype.group else rtype.plural
-    return ApiError(404, 'NotFound', f'{what} "{name}" not found',
-                    {'name': name, 'group': rtype.group, 'kind': rtype.plural})
-
-
-def _conflict(rtype: ResourceType, name: str, why: str = 'the object has been modified; please apply '
-              'your changes to the latest version and try again') -> ApiError:
-    what = f'{rtype.plural}.{rtype.group}' if rtype.group else rtype.plural
-    return ApiError(409, 'Conflict', f'Operation cannot be fulfilled on {what} "{name}": {why}',
-                    {'name': name, 'group': rtype.group, 'kind': rtype.plural})
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
 
 
 def _body_sans(obj: dict[str, Any], *fields: str) -> dict[str, Any]:
@@ -130,7 +93,7 @@ class RecordedRequest:
 
 
 @attrs.define(kw_only=True)
-class StrictKubernetesEmulator(kmock.KubernetesEmulator):
+class StrictKubernetesEmulator(GarbageCollector, kmock.KubernetesEmulator):
     """The API server core. Use with ``kmock.Server`` (see ``running_apiserver()``)."""
 
     store: Store = attrs.field(factory=Store, init=False)
@@ -271,7 +234,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         query = raw.query
         _field_validation.set(query.get('fieldValidation', 'Ignore'))
         dry_run = query.get('dryRun') == 'All'
-        manager = query.get('fieldManager') or _manager_from_user_agent(raw.headers.get('User-Agent', ''))
+        manager = query.get('fieldManager') or manager_from_user_agent(raw.headers.get('User-Agent', ''))
 
         if raw.method == 'GET' and name is None:
             if query.get('watch') in ('true', '1'):
@@ -366,7 +329,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
     def _existing(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
         obj = self.store.get(rtype.group_plural, namespace, name)
         if obj is None:
-            raise _not_found(rtype, name)
+            raise not_found(rtype, name)
         return self._present(rtype, obj)
 
     def _predicate(self, rtype: ResourceType, namespace: str | None, query: Any) -> Callable[[dict[str, Any]], bool]:
@@ -409,8 +372,8 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
                     for c in rtype.printer_columns]
         columns.append({'name': 'Age', 'type': 'date', 'format': '', 'description': 'Age', 'priority': 0})
         rows = [{'cells': [o['metadata']['name'],
-                           *[_json_path(o, c.get('jsonPath', '')) for c in rtype.printer_columns],
-                           _age(o['metadata'].get('creationTimestamp'))],
+                           *[json_path(o, c.get('jsonPath', '')) for c in rtype.printer_columns],
+                           age(o['metadata'].get('creationTimestamp'))],
                  'object': o} for o in objs]
         return {'apiVersion': 'meta.k8s.io/v1', 'kind': 'Table', 'metadata': {'resourceVersion': str(self.store.rv)},
                 'columnDefinitions': columns, 'rows': rows}
@@ -420,9 +383,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         return {'apiVersion': 'autoscaling/v1', 'kind': 'Scale',
                 'metadata': {k: obj['metadata'][k] for k in ('name', 'namespace', 'uid', 'resourceVersion',
                                                              'creationTimestamp') if k in obj['metadata']},
-                'spec': {'replicas': _json_path(obj, spec_path) or 0},
-                'status': {'replicas': _json_path(obj, status_path) or 0,
-                           **({'selector': _json_path(obj, selector_path)} if selector_path and _json_path(obj, selector_path) else {})}}
+                'spec': {'replicas': json_path(obj, spec_path) or 0},
+                'status': {'replicas': json_path(obj, status_path) or 0,
+                           **({'selector': json_path(obj, selector_path)} if selector_path and json_path(obj, selector_path) else {})}}
 
     @staticmethod
     def _scale_paths(rtype: ResourceType) -> tuple[str, str, str]:
@@ -488,13 +451,13 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         leaving it is DELETED (as upstream)."""
         events = []
         for change in changes:
-            now = predicate(change.obj)
+            after = predicate(change.obj)
             before = change.old is not None and predicate(change.old)
             if change.type == 'DELETED':
-                kind = 'DELETED' if now else None
-            elif now and before:
+                kind = 'DELETED' if after else None
+            elif after and before:
                 kind = 'MODIFIED'
-            elif now:
+            elif after:
                 kind = 'ADDED'
             elif before:
                 kind = 'DELETED'
@@ -522,9 +485,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         """Prune/default/validate custom objects and CRDs; returns the object to store."""
         name = obj['metadata'].get('name', '')
         errors = []
-        meta_errors = _name_errors(rtype, name)
+        meta_errors = name_errors(rtype, name)
         if meta_errors:
-            raise _invalid(rtype, name, meta_errors)
+            raise invalid(rtype, name, meta_errors)
         for field in ('labels', 'annotations'):
             for key, value in (obj['metadata'].get(field) or {}).items():
                 if not isinstance(value, str):
@@ -539,7 +502,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         if rtype.plural == 'customresourcedefinitions' and rtype.group == 'apiextensions.k8s.io':
             errors += crd_definition_errors(obj)
         if errors:
-            raise _invalid(rtype, name, errors)
+            raise invalid(rtype, name, errors)
         return obj
 
     def _create(self, rtype: ResourceType, namespace: str | None, obj: Any, *, manager: str, dry_run: bool,
@@ -578,11 +541,11 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
             what = f'{rtype.plural}.{rtype.group}' if rtype.group else rtype.plural
             raise ApiError(409, 'AlreadyExists', f'{what} "{meta["name"]}" already exists',
                            {'name': meta['name'], 'group': rtype.group, 'kind': rtype.plural})
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now())
         if rtype.tracks_generation:
             meta['generation'] = 1
         if rtype.plural == 'customresourcedefinitions' and rtype.group == 'apiextensions.k8s.io':
-            obj['status'] = _crd_status(obj)
+            obj['status'] = crd_status(obj)
         if dry_run:
             return obj
         meta['resourceVersion'] = str(self.store.next_rv())
@@ -601,9 +564,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         self._check_kind(rtype, obj)
         rv = (obj.get('metadata') or {}).get('resourceVersion')
         if rv is None and rtype.crd is not None:
-            raise _invalid(rtype, name, ['metadata.resourceVersion: Invalid value: 0x0: must be specified for an update'])
+            raise invalid(rtype, name, ['metadata.resourceVersion: Invalid value: 0x0: must be specified for an update'])
         if rv is not None and rv != old['metadata']['resourceVersion']:
-            raise _conflict(rtype, name)
+            raise conflict(rtype, name)
         if (obj.get('metadata') or {}).get('name', name) != name:
             raise ApiError(400, 'BadRequest', 'the name of the object does not match the name on the URL')
         return self._update(rtype, old, copy.deepcopy(obj), sub, manager, 'Update', dry_run)
@@ -631,13 +594,13 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
             else:
                 raise ApiError(415, 'UnsupportedMediaType', f'the patch content type {content_type!r} is not supported')
         except patching.PatchTestFailed as exc:
-            raise _conflict(rtype, name, str(exc)) from exc
+            raise conflict(rtype, name, str(exc)) from exc
         except patching.PatchError as exc:
             raise ApiError(422, 'Invalid', str(exc)) from exc
         if not isinstance(new, dict):
             raise ApiError(422, 'Invalid', 'the patched object is not an object')
         if (new.get('metadata') or {}).get('resourceVersion', base['metadata']['resourceVersion']) != base['metadata']['resourceVersion']:
-            raise _conflict(rtype, name)
+            raise conflict(rtype, name)
         if sub == 'scale':
             return self._write_scale(rtype, old, new, manager, dry_run)
         return self._update(rtype, old, new, sub, manager, 'Update', dry_run)
@@ -646,9 +609,9 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
                      dry_run: bool) -> dict[str, Any]:
         replicas = (scale.get('spec') or {}).get('replicas')
         if not isinstance(replicas, int) or replicas < 0:
-            raise _invalid(rtype, old['metadata']['name'], [f'spec.replicas: Invalid value: {replicas!r}: must be a non-negative integer'])
+            raise invalid(rtype, old['metadata']['name'], [f'spec.replicas: Invalid value: {replicas!r}: must be a non-negative integer'])
         new = copy.deepcopy(old)
-        _set_json_path(new, self._scale_paths(rtype)[0], replicas)
+        set_json_path(new, self._scale_paths(rtype)[0], replicas)
         self._update(rtype, old, new, None, manager, 'Update', dry_run)
         return self._scale_of(rtype, self._existing(rtype, old['metadata'].get('namespace'), old['metadata']['name']))
 
@@ -660,7 +623,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         old = self.store.get(rtype.group_plural, namespace, name)
         if old is None:
             if sub:
-                raise _not_found(rtype, name)
+                raise not_found(rtype, name)
             applied.setdefault('metadata', {})['name'] = name
             return self._create(rtype, namespace, applied, manager=manager, dry_run=dry_run, operation='Apply')
         old = self._present(rtype, old)
@@ -707,7 +670,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         if old_meta.get('deletionTimestamp'):
             added = set(meta.get('finalizers') or []) - set(old_meta.get('finalizers') or [])
             if added:
-                raise _invalid(rtype, meta['name'], [f'metadata.finalizers: Forbidden: no new finalizers can be added '
+                raise invalid(rtype, meta['name'], [f'metadata.finalizers: Forbidden: no new finalizers can be added '
                                                      f'if the object is being deleted, found new finalizers {sorted(added)}'])
         new = self._validate(rtype, new, old)
         ownership_unchanged = applied_paths is None or \
@@ -719,7 +682,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         if rtype.tracks_generation and _body_sans(new, *spec_fields) != _body_sans(old, *spec_fields):
             new['metadata']['generation'] = old_meta.get('generation', 1) + 1
         if rtype.plural == 'customresourcedefinitions' and rtype.group == 'apiextensions.k8s.io':
-            new['status'] = _crd_status(new)
+            new['status'] = crd_status(new)
         if dry_run:
             return new
         new['metadata']['resourceVersion'] = str(self.store.next_rv())
@@ -748,10 +711,10 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         options = options if isinstance(options, dict) else {}
         preconditions = options.get('preconditions') or {}
         if preconditions.get('uid') not in (None, obj['metadata']['uid']):
-            raise _conflict(rtype, name, f'Precondition failed: UID in precondition: {preconditions["uid"]}, '
+            raise conflict(rtype, name, f'Precondition failed: UID in precondition: {preconditions["uid"]}, '
                             f'UID in object meta: {obj["metadata"]["uid"]}')
         if preconditions.get('resourceVersion') not in (None, obj['metadata']['resourceVersion']):
-            raise _conflict(rtype, name)
+            raise conflict(rtype, name)
         dry_run = dry_run or options.get('dryRun') == ['All']
         policy = options.get('propagationPolicy') or query.get('propagationPolicy') or 'Background'
         if options.get('orphanDependents') is True:
@@ -769,7 +732,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
             if meta.get('deletionTimestamp') and finalizers == list(meta.get('finalizers') or []):
                 return obj  # already being deleted; deleting again changes nothing
             new = copy.deepcopy(obj)
-            new['metadata'].update(deletionTimestamp=meta.get('deletionTimestamp') or _now(),
+            new['metadata'].update(deletionTimestamp=meta.get('deletionTimestamp') or now(),
                                    deletionGracePeriodSeconds=0, finalizers=finalizers,
                                    resourceVersion=str(self.store.next_rv()))
             if rtype.tracks_generation:
@@ -811,7 +774,7 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
                 del owners[owner]
 
     def _with_managed_fields(self, rtype: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
-        entries = [{'manager': m, 'operation': op, 'apiVersion': rtype.api_version, 'time': _now(),
+        entries = [{'manager': m, 'operation': op, 'apiVersion': rtype.api_version, 'time': now(),
                     'fieldsType': 'FieldsV1', 'fieldsV1': patching.fields_v1(paths), **({'subresource': s} if s else {})}
                    for (m, op, s), paths in self._owners.get(obj['metadata']['uid'], {}).items()]
         obj['metadata']['managedFields'] = entries
@@ -834,132 +797,6 @@ class StrictKubernetesEmulator(kmock.KubernetesEmulator):
         if not keep_objects:
             for obj in self.store.drop_resource((group, plural)):
                 self._owners.pop(obj['metadata']['uid'], None)
-
-    # --- garbage collection -------------------------------------------------------------------
-
-    def _dependents(self, uid: str) -> list[tuple[Key, dict[str, Any]]]:
-        return self.store.iter_all(lambda o: any(r.get('uid') == uid for r in o['metadata'].get('ownerReferences') or []))
-
-    def _orphan_dependents(self, uid: str) -> None:
-        for key, dep in self._dependents(uid):
-            refs = [r for r in dep['metadata']['ownerReferences'] if r.get('uid') != uid]
-            new = {**dep, 'metadata': {**dep['metadata'], 'ownerReferences': refs, 'resourceVersion': str(self.store.next_rv())}}
-            if not refs:
-                del new['metadata']['ownerReferences']
-            self.store.put(key, new, dep)
-
-    def _schedule_gc(self) -> None:
-        # Background, as upstream: the owner is gone (and the response sent) before dependents go.
-        if not self._gc_scheduled:
-            self._gc_scheduled = True
-            asyncio.get_running_loop().call_soon(self.collect_garbage)
-
-    def _rtype_for_key(self, key: Key) -> ResourceType:
-        return next(t for t in self.types.values() if t.group_plural == key)
-
-    def collect_garbage(self) -> None:
-        """Delete dependents whose owners are all gone, and finish foreground/namespace deletions."""
-        self._gc_scheduled = False
-        changed = True
-        while changed:
-            changed = False
-            for key, obj in self.store.iter_all():
-                meta = obj['metadata']
-                if self.store.get(key, meta.get('namespace'), meta['name']) is not obj:
-                    continue  # changed earlier in this pass
-                rtype = self._rtype_for_key(key)
-                refs = meta.get('ownerReferences') or []
-                owners_alive = [self._owner_alive(r['uid']) for r in refs if r.get('uid')]
-                if refs and not meta.get('deletionTimestamp') and not any(owners_alive):
-                    self._delete(rtype, meta.get('namespace'), meta['name'], {}, {}, False)
-                    changed = True
-                elif meta.get('deletionTimestamp') and 'foregroundDeletion' in (meta.get('finalizers') or []):
-                    deps = self._dependents(meta['uid'])
-                    for dep_key, dep in deps:
-                        if not dep['metadata'].get('deletionTimestamp'):
-                            self._delete(self._rtype_for_key(dep_key), dep['metadata'].get('namespace'),
-                                         dep['metadata']['name'], {'propagationPolicy': 'Foreground'}, {}, False)
-                            changed = True
-                    if not deps:
-                        rest = [f for f in meta['finalizers'] if f != 'foregroundDeletion']
-                        self._update(rtype, obj, {**obj, 'metadata': {**meta, 'finalizers': rest}}, None,
-                                     'garbage-collector', 'Update', False)
-                        changed = True
-                elif key == ('', 'namespaces') and meta.get('deletionTimestamp'):
-                    contents = self.store.iter_all(lambda o: o['metadata'].get('namespace') == meta['name'])
-                    for dep_key, dep in contents:
-                        if not dep['metadata'].get('deletionTimestamp'):
-                            self._delete(self._rtype_for_key(dep_key), meta['name'], dep['metadata']['name'], {}, {}, False)
-                            changed = True
-                    if not contents and not meta.get('finalizers'):
-                        self._remove(rtype, obj)
-                        changed = True
-
-    def _owner_alive(self, uid: str) -> bool:
-        where = self.store.by_uid.get(uid)
-        if where is None:
-            return False
-        owner = self.store.get(where[0], *where[1])
-        # An owner being deleted in the foreground keeps its dependents only until the GC takes them.
-        return owner is not None and 'foregroundDeletion' not in (owner['metadata'].get('finalizers') or [])
-
-
-def _manager_from_user_agent(user_agent: str) -> str:
-    # As upstream: the default field manager is the user agent's program name.
-    return (user_agent.split('/', 1)[0] or 'unknown').strip() or 'unknown'
-
-
-def _name_errors(rtype: ResourceType, name: str) -> list[str]:
-    if not name:
-        return ['metadata.name: Required value: name or generateName is required']
-    pattern, limit = (_DNS_LABEL, 63) if rtype.plural == 'namespaces' and not rtype.group else (_DNS_SUBDOMAIN, 253)
-    if rtype.plural == 'events':
-        return []  # event names carry timestamps and dots; upstream is lenient there too
-    if len(name) > limit or not pattern.match(name):
-        return [f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 '
-                f'{"label" if limit == 63 else "subdomain"} must consist of lower case alphanumeric characters, '
-                "'-' or '.', and must start and end with an alphanumeric character"]
-    return []
-
-
-def _crd_status(crd: dict[str, Any]) -> dict[str, Any]:
-    names = crd['spec']['names']
-    accepted = {'plural': names['plural'], 'kind': names['kind'],
-                'singular': names.get('singular', names['kind'].lower()), 'listKind': names.get('listKind', f"{names['kind']}List")}
-    if names.get('shortNames'):
-        accepted['shortNames'] = names['shortNames']
-    now = _now()
-    return {'acceptedNames': accepted, 'storedVersions': [v['name'] for v in crd['spec']['versions'] if v.get('storage')],
-            'conditions': [{'type': t, 'status': 'True', 'reason': r, 'message': m, 'lastTransitionTime': now}
-                           for t, r, m in (('NamesAccepted', 'NoConflicts', 'no conflicts found'),
-                                           ('Established', 'InitialNamesAccepted', 'the initial names have been accepted'))]}
-
-
-def _age(timestamp: str | None) -> str:
-    """A short age like kubectl prints it (the server renders Table cells)."""
-    if not timestamp:
-        return '<unknown>'
-    then = datetime.datetime.strptime(timestamp, '%Y-%m-%dT%H:%M:%SZ').replace(tzinfo=datetime.UTC)
-    seconds = int((datetime.datetime.now(datetime.UTC) - then).total_seconds())
-    for unit, size in (('d', 86400), ('h', 3600), ('m', 60)):
-        if seconds >= size * 2:
-            return f'{seconds // size}{unit}'
-    return f'{max(seconds, 0)}s'
-
-
-def _json_path(obj: Any, path: str) -> Any:
-    value = obj
-    for part in [p for p in path.strip('.').split('.') if p]:
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
-
-
-def _set_json_path(obj: dict[str, Any], path: str, value: Any) -> None:
-    *parents, last = [p for p in path.strip('.').split('.') if p]
-    for part in parents:
-        obj = obj.setdefault(part, {})
-    obj[last] = value
-
 
 # --- running it ---------------------------------------------------------------------------------
 
