@@ -24,10 +24,10 @@ def test_ci_values_reproduce_each_example(helm, example):
     """`helm install -f ci/<example>-values.yaml` yields exactly the EPDDeployment of examples/."""
     wanted = yaml.safe_load(example.read_text())
     values = DEPLOYMENT_CHART / "ci" / f"{example.stem}-values.yaml"
-    assert values.exists(), f"no {values.relative_to(REPO)} mirroring {example.relative_to(REPO)}"
+    assert values.exists(), f"no {values.relative_to(REPO)}: run `python -m tests.helm.ci_values`"
     (cr,) = helm.template(DEPLOYMENT_CHART, values, release="release", namespace=wanted["metadata"]["namespace"])
     assert cr["metadata"]["name"] == wanted["metadata"]["name"]
-    assert cr["spec"] == wanted["spec"]
+    assert cr["spec"] == wanted["spec"], "ci values drifted from the example: run `python -m tests.helm.ci_values`"
 
 
 def test_every_ci_values_file_mirrors_an_example():
