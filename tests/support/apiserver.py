@@ -5,8 +5,9 @@ kmock's ``KubernetesEmulator`` serves objects but is too lenient for kopf and ku
 resourceVersion, no 409s, broken namespace paths, no schemas). This subclass keeps kmock's
 ``Server``/handler lifecycle and replaces request handling with an API-server-like core:
 
-- metadata: ``uid``, ``resourceVersion`` (one global counter), ``generation`` (bumped on changes
-  outside metadata/status), ``creationTimestamp``, ``managedFields`` per field manager;
+- metadata: ``uid``, ``resourceVersion`` (one global counter), ``generation`` (spec-bearing kinds
+  only, bumped on changes outside metadata/status), ``creationTimestamp``, ``managedFields``;
+  writes that change nothing keep the resourceVersion and emit no watch event;
 - 404/409/422/400 as Kubernetes ``Status`` objects; stale ``resourceVersion`` on PUT/patch → 409;
 - PUT, JSON patch (``test`` ops), merge patch, strategic merge (approximate, see ``patching``),
   server-side apply (create-or-merge, field ownership, conflicts unless ``force=true``);
@@ -18,12 +19,16 @@ resourceVersion, no 409s, broken namespace paths, no schemas). This subclass kee
 - CRDs created through the API become discoverable and are served with pruning, defaulting,
   OpenAPI validation and CEL rules (``tests/support/crd_schema.py``); ``fieldValidation=Strict``
   refuses unknown fields of custom objects instead of pruning them;
-- Table output for ``kubectl get``; every request recorded for assertions (``writes()``).
+- Table output for ``kubectl get``; every request recorded for assertions (``writes()``);
+  ``inject_failure()`` answers chosen requests with errors.
 
 Not emulated: authn/authz, admission webhooks, OpenAPI documents (use ``kubectl --validate=false``),
-protobuf, CRD version conversion (objects are stored once and relabelled per served version),
-schema validation of built-in kinds (only names/namespaces are checked), GC of objects created with
-owners that never existed.
+protobuf request bodies (415: typed clients such as ``kubectl create configmap`` fail; ``kubectl
+apply/create -f`` send JSON and work), CRD version conversion (objects are stored once and relabelled
+per served version), schema validation of built-in kinds (only names/namespaces/label values are
+checked), controllers (no Pods from Deployments, no status written by anyone but clients).
+Approximations are documented where they live: ``emulator/patching.py`` (strategic merge, SSA
+ownership), ``emulator/garbage.py`` (GC), ``crd_schema.py`` (formats, CEL library).
 """
 from __future__ import annotations
 
