@@ -19,6 +19,9 @@ Semantics
   `epd_cache_janitor_over_limit_sweeps_total`; nothing young is touched.
 - Empty or partial entries (no `encoder_cache.safetensors`: a consumer's cache miss, a crashed
   write, a janitor interrupted mid-delete) older than the TTL are deleted in both modes.
+- Deleting an entry takes two steps: its files go when it is chosen; its directory, now empty (and
+  young again, since removing a file touches it), goes as an empty entry once a TTL has passed.
+  The size bound counts file bytes, so the first step is what frees space.
 
 Concurrency
 -----------
@@ -28,8 +31,12 @@ the final name, no temporary file, no lock), and every write advances the file's
 being written is always younger than the TTL. To close the gap between checking a file and removing
 it, a file is first *renamed* to `<name>.janitor-deleting.<token>` in its directory, then its mtime
 is checked again on the renamed inode: a writer that opened it before the rename has truncated it
-by then (that sets the mtime), so the file is put back instead of deleted. Directories are removed
-with `rmdir`, which fails harmlessly if a writer added a file meanwhile. Anything that vanishes
+by then (that sets the mtime), so the file is put back instead of deleted. vLLM runs
+`os.makedirs(<path>/<mm_hash>, exist_ok=True)` and then creates the file; removing the directory
+between the two would fail that write (ENOENT in the encoder). Hence the two steps above: a
+directory is only removed after it has stood empty for a TTL, and with `rmdir`, which fails
+harmlessly if a writer created a file meanwhile. What remains is a window of microseconds, at
+the moment an entry that has been empty for a whole TTL is re-encoded. Anything that vanishes
 under a janitor (another janitor got there first) is skipped. Leftover renamed files from an
 interrupted janitor keep their old mtime and are collected by a later sweep. Clocks of the nodes
 writing and sweeping must agree to well within the TTL (mtimes are set by the writer's side).
@@ -70,6 +77,7 @@ class Entry:
     newest_mtime: float
     size: int
     complete: bool  # holds the embedding file (a miss or a crashed write leaves none)
+    empty: bool  # holds nothing at all (a consumer's miss, or its files deleted a sweep ago)
 
     def age(self, now: float) -> float:
         return now - self.newest_mtime
@@ -92,7 +100,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class SweepResult:
-    entries: int  # what remains after the sweep
+    entries: int  # entries holding data after the sweep (not counting empty directories)
     bytes: int
     deleted_entries: int
     deleted_bytes: int
@@ -124,7 +132,7 @@ def _gone(exc: OSError) -> bool:
 
 
 def _measure(directory: str) -> tuple[float, int, set[str]]:
-    """Newest mtime, total size and file names below `directory` (which may vanish mid-walk)."""
+    """Newest mtime, total size and the names directly in `directory` (which may vanish mid-walk)."""
     newest = os.lstat(directory).st_mtime
     size, names = 0, set()
     try:
@@ -138,6 +146,7 @@ def _measure(directory: str) -> tuple[float, int, set[str]]:
             if child.is_dir(follow_symlinks=False):
                 sub_newest, sub_size, _ = _measure(child.path)
                 newest, size = max(newest, sub_newest), size + sub_size
+                names.add(child.name)
                 continue
             st = child.stat(follow_symlinks=False)
         except OSError as exc:
@@ -163,7 +172,7 @@ def scan(root: Path) -> list[Entry]:
             if _gone(exc):
                 continue
             raise
-        entries.append(Entry(Path(item.path), newest, size, CACHE_FILE in names))
+        entries.append(Entry(Path(item.path), newest, size, complete=CACHE_FILE in names, empty=not names))
     return entries
 
 
@@ -233,19 +242,7 @@ def _remove_file(path: str, cutoff: float) -> int:
         raise
 
 
-def _remove_tree(directory: str, cutoff: float) -> int:
-    freed = 0
-    try:
-        children = list(os.scandir(directory))
-    except OSError as exc:
-        if _gone(exc):
-            return 0
-        raise
-    for child in children:
-        if child.is_dir(follow_symlinks=False):
-            freed += _remove_tree(child.path, cutoff)
-        else:
-            freed += _remove_file(child.path, cutoff)
+def _remove_empty_dir(directory: str) -> None:
     try:
         os.rmdir(directory)
     except OSError as exc:
@@ -253,17 +250,48 @@ def _remove_tree(directory: str, cutoff: float) -> int:
             raise _WrittenMeanwhile(directory) from None  # a writer arrived after we listed it
         if not _gone(exc):
             raise
-    return freed
+
+
+def _remove_contents(directory: str, cutoff: float) -> tuple[int, bool]:
+    """Delete what `directory` holds, keeping the directory: (bytes freed, whether all of it went)."""
+    freed, everything = 0, True
+    try:
+        children = list(os.scandir(directory))
+    except OSError as exc:
+        if _gone(exc):
+            return 0, True
+        raise
+    for child in children:
+        try:
+            if child.is_dir(follow_symlinks=False):  # vLLM makes none; whatever made it, it is old
+                sub_freed, sub_everything = _remove_contents(child.path, cutoff)
+                freed += sub_freed
+                if not sub_everything:
+                    raise _WrittenMeanwhile(child.path)
+                _remove_empty_dir(child.path)
+            else:
+                freed += _remove_file(child.path, cutoff)
+        except _WrittenMeanwhile:
+            everything = False
+    return freed, everything
 
 
 def delete_entry(entry: Entry, cutoff: float) -> tuple[bool, int]:
-    """Remove `entry` unless anything in it was written after `cutoff`: (deleted, bytes freed)."""
-    freed = 0
-    try:
-        freed = _remove_tree(str(entry.path), cutoff)
-    except _WrittenMeanwhile:
-        return False, freed
-    return True, freed
+    """Delete an expired entry unless something in it was written after `cutoff`: (deleted, bytes freed).
+
+    An entry with files loses its files and keeps its directory; removing them makes the directory
+    young, so a later sweep removes it once it has been empty for a TTL. Only a directory that was
+    empty when scanned is removed. This leaves the directory in place for a vLLM writer that has just
+    run `os.makedirs(..., exist_ok=True)` for it and is about to create the file."""
+    path = str(entry.path)
+    if entry.empty:
+        try:
+            _remove_empty_dir(path)
+        except _WrittenMeanwhile:
+            return False, 0
+        return True, 0
+    freed, everything = _remove_contents(path, cutoff)
+    return everything, freed
 
 
 def sweep(root: Path, policy: Policy, now: Optional[float] = None,
@@ -274,19 +302,21 @@ def sweep(root: Path, policy: Policy, now: Optional[float] = None,
     cutoff = now - policy.ttl_seconds
     entries = scan(root)
     decided = plan(entries, policy, now)
-    deleted = freed = kept = 0
+    deleted = freed = kept = emptied = 0
     for entry in decided.victims:
         if stopping():
             break
         gone, bytes_freed = delete_entry(entry, cutoff)
         deleted += gone
+        emptied += gone and not entry.empty
         kept += not gone
         freed += bytes_freed
     total = sum(e.size for e in entries)
     over = decided.over_limit
     if policy.max_bytes is not None and total - freed > policy.max_bytes:
         over = True
-    return SweepResult(len(entries) - deleted, total - freed, deleted, freed, over, kept)
+    holding = sum(not e.empty for e in entries) - emptied
+    return SweepResult(holding, total - freed, deleted, freed, over, kept)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -298,7 +328,8 @@ class Metrics:
 
         self.registry = CollectorRegistry()
         prefix = "epd_cache_janitor"
-        self.entries = Gauge(f"{prefix}_entries", "Cache entries after the last sweep", registry=self.registry)
+        self.entries = Gauge(f"{prefix}_entries", "Cache entries holding data after the last sweep",
+                             registry=self.registry)
         self.bytes = Gauge(f"{prefix}_bytes", "Bytes held by the cache after the last sweep", registry=self.registry)
         self.sweeps = Counter(f"{prefix}_sweeps", "Sweeps run", registry=self.registry)
         self.errors = Counter(f"{prefix}_sweep_errors", "Sweeps that failed", registry=self.registry)

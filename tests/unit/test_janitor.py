@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from epd_operator import janitor
 from epd_operator.janitor import CACHE_FILE, TRASH_MARK, Entry, Policy, plan, sweep
 
-NOW = 1_800_000_000.0
+NOW = float(int(time.time()))  # near real time: the janitor's own deletions stamp directories with it
 TTL = 600
 
 
@@ -39,6 +40,11 @@ def names(root: Path) -> set[str]:
     return {p.name for p in root.iterdir()}
 
 
+def holding(root: Path) -> set[str]:
+    """Entries that still hold something (a deleted entry's directory stays, empty, for a TTL)."""
+    return {p.name for p in root.iterdir() if p.is_dir() and any(p.iterdir())}
+
+
 # ----------------------------------------------------------------------------- TTL only
 
 
@@ -47,8 +53,19 @@ def test_without_max_size_entries_older_than_the_ttl_go_and_younger_stay(tmp_pat
     put(tmp_path, "young", TTL - 1)
     put(tmp_path, "at-ttl", TTL)
     result = sweep(tmp_path, Policy(TTL), now=NOW)
-    assert names(tmp_path) == {"young", "at-ttl"}
+    assert holding(tmp_path) == {"young", "at-ttl"}
     assert (result.entries, result.deleted_entries, result.deleted_bytes, result.bytes) == (2, 1, 100, 200)
+
+
+def test_an_entry_goes_in_two_steps_its_files_then_its_directory_a_ttl_later(tmp_path):
+    put(tmp_path, "old", TTL + 1)
+    sweep(tmp_path, Policy(TTL), now=NOW)
+    assert names(tmp_path) == {"old"} and holding(tmp_path) == set()  # vLLM may have just makedirs'd it
+    sweep(tmp_path, Policy(TTL), now=NOW + TTL / 2)
+    assert names(tmp_path) == {"old"}
+    result = sweep(tmp_path, Policy(TTL), now=time.time() + TTL + 1)
+    assert names(tmp_path) == set()
+    assert (result.entries, result.deleted_entries, result.deleted_bytes) == (0, 1, 0)
 
 
 def test_age_is_the_newest_mtime_in_the_entry(tmp_path):
@@ -73,7 +90,7 @@ def test_partial_entries_go_even_while_within_the_size_bound(tmp_path):
     os.utime(entry, (NOW - TTL - 1,) * 2)
     put(tmp_path, "complete", TTL * 10)
     sweep(tmp_path, Policy(TTL, max_bytes=10**9), now=NOW)
-    assert names(tmp_path) == {"complete"}
+    assert holding(tmp_path) == {"complete"}
 
 
 def test_hidden_names_lost_and_found_and_stray_files_are_not_entries(tmp_path):
@@ -101,7 +118,7 @@ def test_over_the_bound_the_oldest_expired_entries_go_first_until_it_fits(tmp_pa
     for name, age in (("oldest", TTL * 4), ("older", TTL * 3), ("old", TTL * 2), ("young", 1)):
         put(tmp_path, name, age)
     result = sweep(tmp_path, Policy(TTL, max_bytes=250), now=NOW)
-    assert names(tmp_path) == {"old", "young"}
+    assert holding(tmp_path) == {"old", "young"}
     assert (result.bytes, result.deleted_entries, result.over_limit) == (200, 2, False)
 
 
@@ -112,7 +129,7 @@ def test_over_the_bound_with_only_young_entries_nothing_goes_and_it_says_so(tmp_
     metrics = janitor.Metrics()
     with caplog.at_level("INFO", logger="epd_operator.janitor"):
         result = janitor.run_once(tmp_path, Policy(TTL, max_bytes=50), metrics, now=NOW)
-    assert names(tmp_path) == {"young-1", "young-2"}
+    assert holding(tmp_path) == {"young-1", "young-2"}
     assert result is not None and result.over_limit
     assert metrics.registry.get_sample_value("epd_cache_janitor_over_limit_sweeps_total") == 1
     assert any(r.levelname == "WARNING" and "younger than the TTL" in r.message for r in caplog.records)
@@ -160,7 +177,7 @@ def test_a_stop_request_ends_a_sweep_between_deletions(tmp_path):
     asked = iter([False, False, True])
     result = sweep(tmp_path, Policy(TTL), now=NOW, stopping=lambda: next(asked))
     assert result.deleted_entries == 2
-    assert len(names(tmp_path)) == 3
+    assert len(holding(tmp_path)) == 3
 
 
 # ----------------------------------------------------------------------------- plan properties
@@ -174,7 +191,8 @@ disk_entries = st.lists(st.tuples(st.integers(0, TTL * 4), st.integers(0, 1000),
 @settings(max_examples=300, deadline=None)
 @given(entries=entries, ttl=st.integers(1, TTL * 2), max_bytes=st.one_of(st.none(), st.integers(0, 20_000)))
 def test_plan_never_deletes_an_entry_younger_than_the_ttl_and_meets_the_bound_when_it_can(entries, ttl, max_bytes):
-    store = [Entry(Path(f"/c/{i}"), NOW - age, size, complete) for i, (age, size, complete) in enumerate(entries)]
+    store = [Entry(Path(f"/c/{i}"), NOW - age, size, complete, empty=not complete and not size)
+             for i, (age, size, complete) in enumerate(entries)]
     policy = Policy(ttl, max_bytes)
     decided = plan(store, policy, NOW)
     victims = {e.path for e in decided.victims}
@@ -207,11 +225,10 @@ def test_sweeping_a_real_directory_keeps_every_young_entry_and_the_bound_when_it
         young = {f"h{i}" for i, (age, _, _) in enumerate(entries) if age <= TTL}
         young_bytes = sum(size for age, size, complete in entries if age <= TTL and complete)
         result = sweep(root, Policy(TTL, max_bytes), now=NOW)
-        left = names(root)
-        assert young <= left
+        assert young <= names(root)
         assert result.bytes == sum(f.stat().st_size for f in root.glob(f"*/{CACHE_FILE}"))
         if max_bytes is None:
-            assert left == young
+            assert holding(root) <= young
         elif young_bytes <= max_bytes:
             assert result.bytes <= max_bytes and not result.over_limit
 
@@ -265,7 +282,7 @@ def test_another_janitor_deleting_first_is_tolerated(tmp_path):
     sweep(tmp_path, policy, now=NOW)
     outcomes = [janitor.delete_entry(e, NOW - TTL) for e in plan(stale_view, policy, NOW).victims]
     assert outcomes == [(True, 0)] * 20
-    assert names(tmp_path) == {"young"}
+    assert holding(tmp_path) == {"young"}
 
 
 def test_concurrent_janitors_on_one_volume(tmp_path):
@@ -287,7 +304,7 @@ def test_concurrent_janitors_on_one_volume(tmp_path):
     for pod in pods:
         pod.join()
     assert failures == []
-    assert names(tmp_path) == {f"young-{i:02}" for i in range(20)}
+    assert holding(tmp_path) == {f"young-{i:02}" for i in range(20)}
 
 
 # ----------------------------------------------------------------------------- command line
@@ -298,7 +315,7 @@ def test_once_sweeps_and_exits_zero(tmp_path):
     with pytest.raises(SystemExit) as exit_:
         janitor.main(["--path", str(tmp_path), "--ttl-seconds", "60", "--once"])
     assert exit_.value.code == 0
-    assert names(tmp_path) == set()
+    assert holding(tmp_path) == set()
 
 
 def test_epdctl_janitor_passes_its_flags_through(tmp_path):
