@@ -94,7 +94,7 @@ async def test_an_encoder_client_error_is_relayed_not_retried():
 
 
 async def test_a_consumer_rejecting_metadata_only_is_retried_with_raw_media_and_forgets_the_reuse_entry():
-    async with router_stack(encoders=1, decodes=1, reuse_ttl=60) as s:
+    async with router_stack(encoders=1, decodes=1, reuse_ttl=60, reuse_mode="metadata") as s:
         await s.post(CHAT, chat(IMG_A))
         s.decodes[0].knobs.reject_embeds = True  # the cached item was evicted from the shared store
         r = await s.post(CHAT, chat(IMG_A))

@@ -3,6 +3,7 @@
 import asyncio
 
 import orjson
+import pytest
 
 from tests.support.router_stack import router_stack
 
@@ -180,15 +181,18 @@ async def test_prefix_aware_keeps_a_conversation_on_one_instance():
         assert sorted(len(d.received) for d in s.decodes) == [0, 0, 3]
 
 
-async def test_reuse_rewrites_a_repeated_item_without_an_encoder_call_until_the_ttl():
-    async with router_stack(encoders=1, reuse_ttl=60) as s:
+@pytest.mark.parametrize("mode, reused_part", [("pinned", "image_url"), ("metadata", "image_embeds")])
+async def test_reuse_skips_the_encoder_for_a_repeated_item_until_the_ttl(mode, reused_part):
+    async with router_stack(encoders=1, reuse_ttl=60, reuse_mode=mode) as s:
         now = [1000.0]
         s.router.reuse.clock = lambda: now[0]
         await s.post(CHAT, chat(IMG_A))
         await s.post(CHAT, chat(IMG_A))
         assert len(s.encoders[0].received) == 1
-        second = s.decodes[0].bodies()[1]
-        assert parts(second)[1]["type"] == "image_embeds"
+        first, second = s.decodes[0].bodies()
+        assert parts(first)[1]["type"] == "image_embeds"
+        # pinned: raw media under the same uuid, so the consumer loads the stored embedding
+        assert parts(second)[1]["type"] == reused_part and parts(second)[1]["uuid"] == parts(first)[1]["uuid"]
         now[0] += 61  # past the TTL the item may be gone from the shared store: encode again
         await s.post(CHAT, chat(IMG_A))
         assert len(s.encoders[0].received) == 2

@@ -14,7 +14,6 @@ from epd_operator.router.protocol import (
     group_for_encoders,
     match_encoder_reply,
     parse_json_object,
-    pin_uuids,
     prefill_request,
     prompt_prefix,
     rewrite_for_decode,
@@ -134,11 +133,13 @@ def test_an_audio_item_without_metadata_keeps_every_item_raw_but_pinned():
     assert out["ec_transfer_params"]["ec_items"] == [{"mm_hash": "h0", "transfer_id": "t0"}]
 
 
-def test_pinning_tags_media_parts_only():
-    body = chat(IMG_A)
+def test_pinning_tags_raw_media_parts_with_their_uuid():
+    body = chat(IMG_A, IMG_B)
     items = media(body)
-    out = pin_uuids(body, items)
-    assert out["messages"][0]["content"] == [{"type": "text", "text": "describe"}, {**IMG_A, "uuid": items[0].uuid}]
+    out = rewrite_for_decode(body, items, {}, pin_raw=True)
+    assert out["messages"][0]["content"] == [{"type": "text", "text": "describe"}, {**IMG_A, "uuid": items[0].uuid}, {**IMG_B, "uuid": items[1].uuid}]
+    assert "ec_transfer_params" not in out
+    assert rewrite_for_decode(body, items, {}) is body  # vLLM proxy semantics: nothing reported, nothing changed
 
 
 def test_prefill_request_asks_for_one_token_and_remote_decode():

@@ -39,6 +39,12 @@ class RouterConfig:
     # Reuse of encoded items (SharedStorage connector only); 0 disables.
     reuse_ttl: float = 0.0
     reuse_max_items: int = 100_000
+    # How a reused item reaches the consumer. "pinned": raw media + uuid, the consumer loads the
+    # stored embedding (or encodes locally if it is gone): safe. "metadata": metadata-only, no
+    # preprocessing on the consumer, but vLLM 0.32's engine dies if the stored embedding is gone
+    # (seen on CPU: "Expected number of multimodal embeddings to match…"), so only with a cache
+    # that evicts by age alone.
+    reuse_mode: str = "pinned"
     # Mooncake EC: consumer control addresses, either static (aligned with the consumer
     # tier's URLs) or derived from each discovered consumer's IP and this port.
     ec_consumer_zmq_addrs: list[str] = field(default_factory=list)
@@ -76,6 +82,8 @@ class RouterConfig:
             problems.append(f"unknown --discovery {self.discovery!r}")
         if self.mooncake and self.reuse_ttl > 0:
             problems.append("--reuse-ttl works with the SharedStorage connector only, not Mooncake push")
+        if self.reuse_mode not in ("pinned", "metadata"):
+            problems.append("--reuse-mode must be pinned or metadata")
         if self.load_factor < 1:
             problems.append("--load-factor must be >= 1")
         if problems:

@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--reuse-ttl", type=float, default=0.0,
                    help="SharedStorage connector: reuse an encoded item for this many seconds (keep it well below the janitor TTL); 0 = off")
     i.add_argument("--reuse-max-items", type=int, default=100_000)
+    i.add_argument("--reuse-mode", choices=("pinned", "metadata"), default="pinned",
+                   help="pinned: send a reused item raw with its uuid (the consumer loads the stored embedding, "
+                        "or encodes if it was evicted); metadata: metadata-only, faster, but a vLLM 0.32 consumer "
+                        "crashes if the stored embedding is gone — only when the cache evicts by age alone")
     i.add_argument("--health-interval", type=float, default=5.0)
     i.add_argument("--health-timeout", type=float, default=2.0)
     i.add_argument("--eject-after", type=int, default=3, help="consecutive failures before an endpoint is ejected")
@@ -99,6 +103,7 @@ def config_from_args(args: argparse.Namespace):
         allow_file_urls=args.allow_file_urls,
         reuse_ttl=args.reuse_ttl,
         reuse_max_items=args.reuse_max_items,
+        reuse_mode=args.reuse_mode,
         ec_consumer_zmq_addrs=[a.strip() for a in args.ec_consumer_zmq_addrs.split(",") if a.strip()],
         ec_consumer_port=args.ec_consumer_port,
         health_interval=args.health_interval,

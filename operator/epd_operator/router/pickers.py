@@ -72,14 +72,17 @@ class BoundedHashPicker:
             raise ValueError("load_factor must be >= 1")
         self.load_factor = load_factor
         self.vnodes = vnodes
-        self._ring_keys: tuple[str, ...] = ()
-        self._ring = HashRing((), vnodes)
+        # One picker serves several pools (prefill and decode) and exclusion sets: keep a ring
+        # per endpoint set instead of rebuilding on every switch.
+        self._rings: dict[tuple[str, ...], HashRing] = {}
 
     def _ring_for(self, keys: tuple[str, ...]) -> HashRing:
-        if keys != self._ring_keys:
-            self._ring = HashRing(keys, self.vnodes)
-            self._ring_keys = keys
-        return self._ring
+        ring = self._rings.get(keys)
+        if ring is None:
+            if len(self._rings) >= 32:  # endpoint sets churn with scaling: forget old ones
+                self._rings.clear()
+            ring = self._rings[keys] = HashRing(keys, self.vnodes)
+        return ring
 
     def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[E] = ()) -> E | None:
         cands = _candidates(endpoints, exclude)

@@ -244,13 +244,15 @@ def flatten_one_level(value: Any) -> list:
     return [x for v in value for x in (v if isinstance(v, list) else [v])]
 
 
-def rewrite_for_decode(body: dict, items: list[MediaItem], encoded: dict[int, EncodedItem]) -> dict:
+def rewrite_for_decode(body: dict, items: list[MediaItem], encoded: dict[int, EncodedItem], pin_raw: bool = False) -> dict:
     """Replace each encoded media part by a metadata-only `*_embeds` part (a new body; `body` is untouched).
 
-    Items without metadata keep their raw media. If any audio item lacks metadata the
-    whole request keeps raw media, every item pinned to its uuid (vLLM proxy semantics).
+    Items without metadata keep their raw media; with `pin_raw` they also carry their uuid, so
+    a consumer still finds an embedding stored under that key and otherwise encodes locally.
+    If any audio item lacks metadata the whole request keeps raw media, every item pinned to
+    its uuid (vLLM proxy semantics).
     """
-    if not encoded:
+    if not encoded and not (pin_raw and items):
         return body
     audio_missing = any(i.kind in AUDIO_TYPES and not (encoded.get(i.index) and encoded[i.index].metadata) for i in items)
     ec_items: list[dict] = []
@@ -269,11 +271,8 @@ def rewrite_for_decode(body: dict, items: list[MediaItem], encoded: dict[int, En
             item = items[idx]
             idx += 1
             enc = encoded.get(item.index)
-            if audio_missing:
-                new_content.append({**part, "uuid": item.uuid})
-            elif enc is None or not enc.metadata:
-                new_content.append(part)
-                continue
+            if enc is None or not enc.metadata or audio_missing:
+                new_content.append({**part, "uuid": item.uuid} if audio_missing or pin_raw else part)
             else:
                 embeds = EMBEDS_TYPES[item.kind]
                 metadata = {k: flatten_one_level(v) for k, v in enc.metadata.items()}
@@ -281,27 +280,15 @@ def rewrite_for_decode(body: dict, items: list[MediaItem], encoded: dict[int, En
             if enc is not None and enc.metadata and enc.transfer_id is not None:
                 ec_items.append({"mm_hash": enc.mm_hash, "transfer_id": enc.transfer_id})
         new_messages.append({**msg, "content": new_content})
-    ec_params = dict(body.get("ec_transfer_params") or {})
-    for enc in encoded.values():
-        ec_params[enc.mm_hash] = enc.report
-    if ec_items:
-        ec_params["ec_items"] = ec_items
-    return {**body, "messages": new_messages, "ec_transfer_params": ec_params}
-
-
-def pin_uuids(body: dict, items: list[MediaItem]) -> dict:
-    """The raw request with every media part tagged by its uuid, so a consumer still finds
-    a cached embedding under the same key and otherwise encodes locally."""
-    if not items:
-        return body
-    by_id = {id(i.part): i.uuid for i in items}
-    messages = []
-    for msg in body["messages"]:
-        content = msg.get("content")
-        if isinstance(content, list) and any(id(p) in by_id for p in content):
-            msg = {**msg, "content": [{**p, "uuid": by_id[id(p)]} if id(p) in by_id else p for p in content]}
-        messages.append(msg)
-    return {**body, "messages": messages}
+    out = {**body, "messages": new_messages}
+    if encoded:
+        ec_params = dict(body.get("ec_transfer_params") or {})
+        for enc in encoded.values():
+            ec_params[enc.mm_hash] = enc.report
+        if ec_items:
+            ec_params["ec_items"] = ec_items
+        out["ec_transfer_params"] = ec_params
+    return out
 
 
 def prefill_request(body: dict) -> dict:

@@ -26,7 +26,6 @@ from .protocol import (
     match_encoder_reply,
     new_id,
     parse_json_object,
-    pin_uuids,
     prefill_request,
     prompt_prefix,
     rewrite_for_decode,
@@ -96,6 +95,7 @@ class Router:
         self.pd_picker = make_picker(config.pd_policy, config.load_factor)
         self.prefix_keys = config.pd_policy == "prefix-aware"
         self.reuse = ReuseCache(config.reuse_ttl, config.reuse_max_items)
+        self.reuse_metadata = config.reuse_mode == "metadata"
         self.mooncake = config.mooncake
         self.encode_timeout = aiohttp.ClientTimeout(total=config.encode_timeout, sock_connect=config.connect_timeout)
         self.prefill_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout, sock_connect=config.connect_timeout)
@@ -268,19 +268,17 @@ class Router:
             return web.Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
 
         metadata_only = any(enc.metadata for enc in encoded.values())
-        if encoded:
-            prepared = rewrite_for_decode(body, items, encoded)
-        elif items and not self.mooncake:
-            prepared = pin_uuids(body, items)
-        else:
-            prepared = body
+        # Raw items carry their uuid (SharedStorage finds a stored embedding under it); not with
+        # Mooncake, whose consumer would wait for a push that nobody sends.
+        pin = not self.mooncake
+        prepared = rewrite_for_decode(body, items, encoded, pin_raw=pin) if items else body
 
         def raw_media() -> dict:
             # The retry body after a consumer failed a metadata-only request: media kept,
-            # uuids pinned so a still-cached embedding is found, and nothing remembered.
+            # uuids pinned, and the remembered items forgotten.
             for item in items:
                 self.reuse.forget(reuse_key(body, item))
-            return body if self.mooncake else pin_uuids(body, items)
+            return rewrite_for_decode(body, items, {}, pin_raw=pin)
 
         ctx = _Timing(t0, rid)
         try:
@@ -459,9 +457,11 @@ class Router:
                 hit = self.reuse.recall(reuse_key(body, item))
                 if hit is None:
                     todo.append(item)
-                else:
+                elif self.reuse_metadata:
                     hit.transfer_id = new_id()
                     encoded[item.index] = hit
+                # else "pinned": the item goes raw with its uuid and the consumer loads the stored
+                # embedding, or encodes locally if the janitor removed it meanwhile.
             self.metrics.count_items("reused", len(items) - len(todo))
         if not todo:
             return encoded
