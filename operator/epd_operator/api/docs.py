@@ -150,6 +150,9 @@ def reference() -> str:
         "|---|---|---|---|",
         *(f"| {' | '.join(_cell(c) for c in row)} |" for row in rows),
         "",
+        "A *quantity* is a Kubernetes resource quantity: a non-negative number, or a string such as `8Gi`, "
+        "`500m` or `1e9`. *free-form* objects are passed through to Kubernetes as written.",
+        "",
         "Cross-field rules (checked by `epdctl validate`, the operator, and the API server through the CRD):",
         "",
         *(f"- {_rule_path(rule.model, rule.field)}: {rule.message}" for rule in RULES),
