@@ -44,6 +44,17 @@ def container(objects):
     return c
 
 
+def rendered_children(helm) -> list[dict]:
+    """What the operator makes of every scenario's EPDDeployment (the renderer is pure)."""
+    render = pytest.importorskip("epd_operator.render", reason="epd_operator.render not importable").render
+    spec = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
+    children = []
+    for values in [None, *ci_values(DEPLOYMENT_CHART)]:
+        (cr,) = helm.template(DEPLOYMENT_CHART, values, release="my-vl", namespace="ml")
+        children += render(spec.EPDDeployment.model_validate(cr))
+    return children
+
+
 def test_operator_pod_is_locked_down(helm):
     objects = helm.template(OPERATOR_CHART)
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
@@ -110,10 +121,7 @@ def test_watch_namespaces_gets_namespaced_roles_only(helm):
 def test_operator_can_create_the_router_role_without_escalate(helm):
     """RBAC refuses to create a Role granting more than its creator holds (unless `escalate`):
     the operator must hold everything the router Role it renders grants."""
-    render = pytest.importorskip("epd_operator.render", reason="epd_operator.render not importable").render
-    spec = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
-    (cr,) = helm.template(DEPLOYMENT_CHART, release="my-vl", namespace="ml")
-    router_roles = by_kind(render(spec.EPDDeployment.model_validate(cr)), "Role")
+    router_roles = by_kind(rendered_children(helm), "Role")
     assert router_roles, "the renderer made no Role for the router"
     rules = one(helm.template(OPERATOR_CHART), "ClusterRole")["rules"]
     for role in router_roles:
@@ -134,13 +142,8 @@ KIND_RESOURCES = {
 
 def test_operator_may_manage_every_kind_it_renders(helm):
     """Every object an EPDDeployment becomes (any scenario) is one the operator's RBAC lets it apply."""
-    render = pytest.importorskip("epd_operator.render", reason="epd_operator.render not importable").render
-    spec = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
     held = granted(one(helm.template(OPERATOR_CHART), "ClusterRole")["rules"])
-    kinds = set()
-    for values in [None, *ci_values(DEPLOYMENT_CHART)]:
-        (cr,) = helm.template(DEPLOYMENT_CHART, values, release="my-vl", namespace="ml")
-        kinds |= {o["kind"] for o in render(spec.EPDDeployment.model_validate(cr))}
+    kinds = {o["kind"] for o in rendered_children(helm)}
     unknown = kinds - set(KIND_RESOURCES)
     assert not unknown, f"the renderer emits {sorted(unknown)}: grant them in _helpers.tpl and map them here"
     for kind in kinds:
@@ -167,13 +170,29 @@ def test_service_monitor_without_service_is_refused(helm):
     assert result.returncode != 0 and "needs metrics.service.enabled" in result.stderr
 
 
-def test_pod_monitors_select_what_the_operator_creates(helm):
+def _matches(selector: dict, labels: dict) -> bool:
+    ok = selector.get("matchLabels", {}).items() <= labels.items()
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In"
+        ok = ok and labels.get(expr["key"]) in expr["values"]
+    return ok
+
+
+def test_pod_monitors_scrape_the_pods_the_operator_creates(helm):
     objects = helm.template(OPERATOR_CHART, None, "metrics.podMonitors.enabled=true", "watchNamespaces={ml}")
     monitors = {m["metadata"]["name"].rsplit("-", 1)[1]: m["spec"] for m in by_kind(objects, "PodMonitor")}
-    assert monitors["routers"]["selector"]["matchLabels"] == {"serving.epd.dev/role": "router"}
-    (roles,) = monitors["vllm"]["selector"]["matchExpressions"]
-    assert roles["key"] == "serving.epd.dev/role" and set(roles["values"]) == {"encoder", "prefill", "decode"}
     assert all(m["namespaceSelector"] == {"matchNames": ["ml"]} for m in monitors.values())
+    pods = [d["spec"]["template"] for d in by_kind(rendered_children(helm), "Deployment")]
+    for name, monitor in monitors.items():
+        scraped = [p for p in pods if _matches(monitor["selector"], p["metadata"]["labels"])]
+        roles = {p["metadata"]["labels"]["serving.epd.dev/role"] for p in scraped}
+        assert roles == ({"router"} if name == "routers" else {"encoder", "prefill", "decode"}), (name, roles)
+        (endpoint,) = monitor["podMetricsEndpoints"]
+        for pod in scraped:
+            ports = {p.get("name") for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+            assert endpoint["port"] in ports, f"{name}: no container port {endpoint['port']!r} on {roles}"
+            # The dashboard's `epd` label comes from this pod label.
+            assert "app.kubernetes.io/instance" in pod["metadata"]["labels"]
 
 
 def test_prometheus_rule_records_what_the_adapter_serves(helm):
