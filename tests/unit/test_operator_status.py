@@ -1,0 +1,107 @@
+"""EPDDeployment status rules: phase, conditions and the Events worth posting."""
+from __future__ import annotations
+
+from typing import Any
+
+from epd_operator.api.validation import FieldError
+from epd_operator.controller.status import TierInput, derive_status, status_document, tier_state, transitions
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
+
+
+def dep(desired: int = 2, ready: int | None = None, *, updated: int | None = None, replicas: int | None = None,
+        generation: int = 1, observed: int = 1, conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    ready = desired if ready is None else ready
+    updated = desired if updated is None else updated
+    return {"metadata": {"generation": generation}, "spec": {"replicas": desired},
+            "status": {"observedGeneration": observed, "replicas": desired if replicas is None else replicas,
+                       "updatedReplicas": updated, "readyReplicas": ready, "availableReplicas": ready,
+                       "conditions": conditions or []}}
+
+
+def status(tiers: dict[str, TierInput], previous=None, errors=None, now=T0, generation=1):
+    return derive_status(tiers=tiers, topology="E+PD", endpoint="http://vl.ns.svc:8000", observed_generation=generation,
+                         spec_errors=errors, previous=previous, now=now)
+
+
+def cond(st, type_):
+    return next(c for c in st.conditions if c.type == type_)
+
+
+def test_nothing_created_yet_is_pending_with_the_planned_counts():
+    st = status({"encoder": TierInput(None, planned_replicas=3), "decode": TierInput(None)})
+    assert st.phase == "Pending"
+    assert st.tiers.encoder.ready == "0/3"
+
+
+def test_all_tiers_ready_is_ready():
+    st = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(2)), "router": TierInput(dep(2))})
+    assert st.phase == "Ready"
+    assert (cond(st, "Ready").status, cond(st, "Progressing").status, cond(st, "Degraded").status) == ("True", "False", "False")
+    assert st.tiers.decode.ready == "2/2" and st.tiers.prefill is None
+
+
+def test_a_rollout_in_flight_is_progressing():
+    for rolling in (dep(2, observed=0, generation=1), dep(2, updated=1), dep(2, replicas=3)):
+        st = status({"encoder": TierInput(dep(1)), "decode": TierInput(rolling)})
+        assert st.phase == "Progressing", rolling
+        assert cond(st, "Progressing").message == f"rolling out: decode {st.tiers.decode.ready}"
+
+
+def test_pods_still_loading_after_creation_are_progressing_not_degraded():
+    st = status({"encoder": TierInput(dep(1, ready=0)), "decode": TierInput(dep(2))})
+    assert st.phase == "Progressing" and cond(st, "Ready").message == "not ready: encoder 0/1"
+
+
+def test_losing_pods_after_being_ready_is_degraded():
+    ready = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(2))})
+    st = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(2, ready=1))}, previous=ready, now=T1)
+    assert st.phase == "Degraded"
+    assert (cond(st, "Degraded").reason, cond(st, "Degraded").message) == ("ReplicasUnavailable", "pods lost: decode 1/2")
+
+
+def test_a_stuck_rollout_is_degraded():
+    stuck = dep(2, updated=1, conditions=[{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}])
+    st = status({"encoder": TierInput(dep(1)), "decode": TierInput(stuck)})
+    assert st.phase == "Degraded" and cond(st, "Degraded").reason == "ProgressDeadlineExceeded"
+
+
+def test_a_refused_spec_fails_with_the_field_path():
+    st = status({"decode": TierInput(dep(2))}, errors=[FieldError("spec.kvTransfer", "needs a prefill tier")])
+    assert st.phase == "Failed"
+    spec_valid = cond(st, "SpecValid")
+    assert (spec_valid.status, spec_valid.reason, spec_valid.message) == ("False", "InvalidSpec",
+                                                                          "spec.kvTransfer: needs a prefill tier")
+    assert cond(st, "Ready").status == "True"  # what runs from the last good spec still serves
+
+
+def test_transition_times_move_only_when_a_condition_flips():
+    first = status({"decode": TierInput(dep(2, ready=0))}, now=T0)
+    same = status({"decode": TierInput(dep(2, ready=0))}, previous=first, now=T1)
+    assert status_document(same) == status_document(first)  # no change, no write
+    flipped = status({"decode": TierInput(dep(2))}, previous=first, now=T1)
+    assert cond(flipped, "Ready").lastTransitionTime == T1
+    assert cond(flipped, "SpecValid").lastTransitionTime == T0
+
+
+def test_hpa_numbers_are_reported_per_tier():
+    hpa = {"spec": {"minReplicas": 2, "maxReplicas": 8}, "status": {"desiredReplicas": 5, "currentReplicas": 4}}
+    state = tier_state(TierInput(dep(4, ready=4), hpa))
+    assert state.status.autoscaling.model_dump() == {"minReplicas": 2, "maxReplicas": 8, "desiredReplicas": 5,
+                                                     "currentReplicas": 4}
+    assert state.status.ready == "4/4"
+
+
+def test_events_mark_phase_changes_and_new_refusals_only():
+    pending = status({"decode": TierInput(None)})
+    assert transitions(None, pending) == []
+    ready = status({"decode": TierInput(dep(2))}, previous=pending)
+    assert [(t.type, t.reason) for t in transitions(pending, ready)] == [("Normal", "Ready")]
+    assert transitions(ready, status({"decode": TierInput(dep(2))}, previous=ready)) == []
+    refused = status({"decode": TierInput(dep(2))}, previous=ready, errors=[FieldError("spec.x", "bad")])
+    assert [(t.type, t.reason, t.message) for t in transitions(ready, refused)] == [
+        ("Warning", "InvalidSpec", "spec refused, nothing was changed: spec.x: bad")]
+    assert transitions(refused, status({"decode": TierInput(dep(2))}, previous=refused,
+                                       errors=[FieldError("spec.x", "bad")])) == []
+    degraded = status({"decode": TierInput(dep(2, ready=0))}, previous=ready)
+    assert [(t.type, t.reason) for t in transitions(ready, degraded)] == [("Warning", "Degraded")]
