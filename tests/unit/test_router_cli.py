@@ -42,6 +42,7 @@ def test_kubernetes_flags_as_the_operator_passes_them():
         (("--decode-servers-urls", "d:1,d:2", "--ec-consumer-zmq-addrs", "tcp://a:1"), "one address per EC consumer"),
         (("--decode-servers-urls", "d:1", "--ec-consumer-zmq-addrs", "tcp://a:1", "--reuse-ttl", "60"), "SharedStorage"),
         (("--decode-servers-urls", "d:1", "--load-factor", "0.5"), "--load-factor"),
+        (("--decode-servers-urls", "d:1", "--ec-consumer-zmq-addrs", "tcp://a:1", "--rewrite", "pinned"), "--rewrite pinned"),
     ],
 )
 def test_inconsistent_flags_are_refused_with_a_reason(argv, message):

@@ -46,6 +46,15 @@ async def test_e_pd_encodes_then_sends_a_metadata_only_request_to_pd():
         assert pd_req["max_tokens"] == 8 and "kv_transfer_params" not in pd_req
 
 
+async def test_pinned_rewrite_sends_raw_media_under_the_encoders_key():
+    async with router_stack(encoders=1, rewrite="pinned") as s:
+        assert (await s.post(CHAT, chat(IMG_A))).status == 200
+        [item] = parts(s.encoders[0].bodies()[0])
+        [pd_req] = s.decodes[0].bodies()
+        assert parts(pd_req)[1] == {**IMG_A, "uuid": item["uuid"]}
+        assert pd_req["ec_transfer_params"][item["uuid"]]["metadata"] == {"image_grid_thw": [1, 16, 16]}
+
+
 async def test_e_pd_streams_decode_bytes_unchanged():
     async with router_stack(encoders=1) as s:
         r = await s.post(CHAT, chat(IMG_A, stream=True))

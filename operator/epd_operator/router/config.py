@@ -39,6 +39,13 @@ class RouterConfig:
     # Reuse of encoded items (SharedStorage connector only); 0 disables.
     reuse_ttl: float = 0.0
     reuse_max_items: int = 100_000
+    # How an encoded item reaches the consumer. "metadata": a metadata-only `*_embeds` part
+    # (vLLM 0.32 proxy protocol). "pinned": raw media + uuid (SharedStorage only): the consumer
+    # loads the stored embedding if the file exists and encodes locally if not. vLLM 0.32's
+    # ECExampleConnector encoder does not rewrite a file it still holds in its in-memory encoder
+    # cache, so once a janitor deleted it a metadata-only request kills the consumer's engine;
+    # "pinned" is the safe choice beside a janitor.
+    rewrite: str = "metadata"
     # How a reused item reaches the consumer. "pinned": raw media + uuid, the consumer loads the
     # stored embedding (or encodes locally if it is gone): safe. "metadata": metadata-only, no
     # preprocessing on the consumer, but vLLM 0.32's engine dies if the stored embedding is gone
@@ -82,6 +89,10 @@ class RouterConfig:
             problems.append(f"unknown --discovery {self.discovery!r}")
         if self.mooncake and self.reuse_ttl > 0:
             problems.append("--reuse-ttl works with the SharedStorage connector only, not Mooncake push")
+        if self.rewrite not in ("pinned", "metadata"):
+            problems.append("--rewrite must be metadata or pinned")
+        if self.rewrite == "pinned" and self.mooncake:
+            problems.append("--rewrite pinned works with the SharedStorage connector only, not Mooncake push")
         if self.reuse_mode not in ("pinned", "metadata"):
             problems.append("--reuse-mode must be pinned or metadata")
         if self.load_factor < 1:

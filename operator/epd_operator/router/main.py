@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--reuse-ttl", type=float, default=0.0,
                    help="SharedStorage connector: reuse an encoded item for this many seconds (keep it well below the janitor TTL); 0 = off")
     i.add_argument("--reuse-max-items", type=int, default=100_000)
+    i.add_argument("--rewrite", choices=("metadata", "pinned"), default="metadata",
+                   help="metadata: encoded items reach the consumer as metadata-only *_embeds parts (vLLM 0.32 proxy); "
+                        "pinned: raw media + uuid, the consumer loads the stored embedding or encodes locally "
+                        "(SharedStorage; safe when a janitor deletes cache files)")
     i.add_argument("--reuse-mode", choices=("pinned", "metadata"), default="pinned",
                    help="pinned: send a reused item raw with its uuid (the consumer loads the stored embedding, "
                         "or encodes if it was evicted); metadata: metadata-only, faster, but a vLLM 0.32 consumer "
@@ -104,6 +108,7 @@ def config_from_args(args: argparse.Namespace):
         reuse_ttl=args.reuse_ttl,
         reuse_max_items=args.reuse_max_items,
         reuse_mode=args.reuse_mode,
+        rewrite=args.rewrite,
         ec_consumer_zmq_addrs=[a.strip() for a in args.ec_consumer_zmq_addrs.split(",") if a.strip()],
         ec_consumer_port=args.ec_consumer_port,
         health_interval=args.health_interval,

@@ -244,13 +244,15 @@ def flatten_one_level(value: Any) -> list:
     return [x for v in value for x in (v if isinstance(v, list) else [v])]
 
 
-def rewrite_for_decode(body: dict, items: list[MediaItem], encoded: dict[int, EncodedItem], pin_raw: bool = False) -> dict:
+def rewrite_for_decode(
+    body: dict, items: list[MediaItem], encoded: dict[int, EncodedItem], pin_raw: bool = False, embeds: bool = True
+) -> dict:
     """Replace each encoded media part by a metadata-only `*_embeds` part (a new body; `body` is untouched).
 
     Items without metadata keep their raw media; with `pin_raw` they also carry their uuid, so
     a consumer still finds an embedding stored under that key and otherwise encodes locally.
-    If any audio item lacks metadata the whole request keeps raw media, every item pinned to
-    its uuid (vLLM proxy semantics).
+    `embeds=False` treats every item that way (the handles still travel). If any audio item
+    lacks metadata the whole request keeps raw media, every item pinned (vLLM proxy semantics).
     """
     if not encoded and not (pin_raw and items):
         return body
@@ -271,12 +273,12 @@ def rewrite_for_decode(body: dict, items: list[MediaItem], encoded: dict[int, En
             item = items[idx]
             idx += 1
             enc = encoded.get(item.index)
-            if enc is None or not enc.metadata or audio_missing:
+            if enc is None or not enc.metadata or audio_missing or not embeds:
                 new_content.append({**part, "uuid": item.uuid} if audio_missing or pin_raw else part)
             else:
-                embeds = EMBEDS_TYPES[item.kind]
+                kind = EMBEDS_TYPES[item.kind]
                 metadata = {k: flatten_one_level(v) for k, v in enc.metadata.items()}
-                new_content.append({"type": embeds, embeds: metadata, "uuid": item.uuid})
+                new_content.append({"type": kind, kind: metadata, "uuid": item.uuid})
             if enc is not None and enc.metadata and enc.transfer_id is not None:
                 ec_items.append({"mm_hash": enc.mm_hash, "transfer_id": enc.transfer_id})
         new_messages.append({**msg, "content": new_content})

@@ -96,6 +96,7 @@ class Router:
         self.prefix_keys = config.pd_policy == "prefix-aware"
         self.reuse = ReuseCache(config.reuse_ttl, config.reuse_max_items)
         self.reuse_metadata = config.reuse_mode == "metadata"
+        self.rewrite_embeds = config.rewrite == "metadata"
         self.mooncake = config.mooncake
         self.encode_timeout = aiohttp.ClientTimeout(total=config.encode_timeout, sock_connect=config.connect_timeout)
         self.prefill_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout, sock_connect=config.connect_timeout)
@@ -267,11 +268,11 @@ class Router:
         except UpstreamRejected as rej:
             return web.Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
 
-        metadata_only = any(enc.metadata for enc in encoded.values())
+        metadata_only = self.rewrite_embeds and any(enc.metadata for enc in encoded.values())
         # Raw items carry their uuid (SharedStorage finds a stored embedding under it); not with
         # Mooncake, whose consumer would wait for a push that nobody sends.
         pin = not self.mooncake
-        prepared = rewrite_for_decode(body, items, encoded, pin_raw=pin) if items else body
+        prepared = rewrite_for_decode(body, items, encoded, pin_raw=pin, embeds=self.rewrite_embeds) if items else body
 
         def raw_media() -> dict:
             # The retry body after a consumer failed a metadata-only request: media kept,
