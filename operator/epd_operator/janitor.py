@@ -53,9 +53,9 @@ import errno
 import logging
 import os
 import secrets
+import select
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -376,6 +376,36 @@ def run_once(root: Path, policy: Policy, metrics: Metrics, now: Optional[float] 
     return result
 
 
+class StopRequest:
+    """SIGTERM/SIGINT, noted by a handler that takes no locks (an Event.set() from a signal handler
+    can deadlock against the main thread's wait) and wakes the sleeping loop through a pipe."""
+
+    def __init__(self) -> None:
+        self._asked = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, *_: object) -> None:
+        self._asked = True
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already awake
+
+    def requested(self) -> bool:
+        return self._asked
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait up to `seconds`; True when a stop was requested."""
+        if not self._asked:
+            select.select([self._wake_r], [], [], seconds)
+        return self._asked
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -424,20 +454,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     metrics = Metrics()
     if args.metrics_port is not None:
         metrics.serve(args.metrics_port)
-    stop = threading.Event()
+    stop = StopRequest()
     if not args.once:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        stop.install()
         log.info("watching %s: ttl %ss, max size %s, every %ss", args.path, policy.ttl_seconds,
                  _human(policy.max_bytes) if policy.max_bytes is not None else "unbounded", interval)
     while True:
-        result = run_once(args.path, policy, metrics, stopping=stop.is_set)
+        result = run_once(args.path, policy, metrics, stopping=stop.requested)
         if args.once:
             sys.exit(0 if result is not None else 1)
-        if stop.wait(interval):
+        if stop.sleep(interval):
             log.info("stopping")
             return
-
 
 if __name__ == "__main__":
     main()

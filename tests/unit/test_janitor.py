@@ -362,7 +362,7 @@ def test_sigterm_ends_the_sidecar_cleanly(tmp_path):
         assert "watching" in proc.stderr.readline()
         assert "sweep:" in proc.stderr.readline()  # the first sweep ran; now it waits an hour
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=60) == 0
         assert "stopping" in proc.stderr.read()
     finally:
         if proc.poll() is None:
