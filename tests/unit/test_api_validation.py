@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -16,7 +16,7 @@ import yaml
 from epd_operator.api import SpecError, parse_epd
 from epd_operator.api.crd import build_crd
 from epd_operator.cli import main as epdctl
-from tests.support.crd_schema import default_and_prune, validate_custom_object
+from tests.support.crd_schema import default_and_prune, unknown_fields, validate_custom_object
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 CRD = build_crd()
@@ -203,23 +203,10 @@ def test_epdctl_refuses_with_the_path_on_stderr_and_nothing_on_stdout(tmp_path, 
 # ----------------------------------------------------------------------------- the CRD agrees
 
 
-def _unknown_fields(sent: Any, kept: Any, path: str = "") -> Iterator[str]:
-    """Fields the API server prunes: `kubectl apply` (field validation Strict) refuses them."""
-    if isinstance(sent, dict) and isinstance(kept, dict):
-        for key, value in sent.items():
-            child = f"{path}.{key}" if path else key
-            if key not in kept:
-                yield f"{child}: unknown field"
-            else:
-                yield from _unknown_fields(value, kept[key], child)
-    elif isinstance(sent, list) and isinstance(kept, list):
-        for index, (a, b) in enumerate(zip(sent, kept)):
-            yield from _unknown_fields(a, b, f"{path}[{index}]")
-
-
 def crd_refusals(obj: dict[str, Any]) -> list[str]:
     stored = default_and_prune(CRD, obj)
-    return [*_unknown_fields(obj, stored), *validate_custom_object(CRD, stored)]
+    # `kubectl apply` asks for fieldValidation=Strict: what pruning would drop is refused
+    return [*(f"{path}: unknown field" for path in unknown_fields(obj, stored)), *validate_custom_object(CRD, stored)]
 
 
 @pytest.mark.parametrize("doc, path", BAD_SPECS)
