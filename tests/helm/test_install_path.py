@@ -171,6 +171,18 @@ async def test_helm_template_kubectl_apply_reconciles(epd_operator_cli: None, he
                 assert response.status == 200
             async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
                 assert response.status == 200 and "# TYPE" in await response.text()
+
+        # The `helm test` hook's own script, pointed at loopback instead of the in-cluster Service.
+        (hook,) = by_kind(helm4.template(OPERATOR_CHART, None, f"metrics.service.port={metrics_port}",
+                                         namespace=OPERATOR_NAMESPACE), "Pod")
+        script = hook["spec"]["containers"][0]["command"][-1]
+        service_url = f"http://{one(operator_objects, 'Service')['metadata']['name']}.{OPERATOR_NAMESPACE}.svc"
+        assert service_url in script
+        check = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script.replace(service_url, "http://127.0.0.1"),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out, _ = await check.communicate()
+        assert check.returncode == 0, out.decode()
     finally:
         if operator.returncode is None:
             operator.terminate()
