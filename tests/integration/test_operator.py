@@ -5,112 +5,20 @@ scale through /scale as the HPA controller would.
 """
 from __future__ import annotations
 
-import asyncio
-import copy
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from epd_operator.controller.apply import HANDOVER_MANAGER
 from epd_operator.controller.metrics import Metrics
 from tests.support.apiserver import StrictKubernetesEmulator
-from tests.support.operator_run import (EPD_API, api_request, deployment_path, epd_crd, metric_value, operator_in_process,
-                                        relaxed_epd_crd, scale_deployment, set_deployment_ready, wait_until)
-from tests.support.render_examples import NIXL_AUTOSCALED, SHARED_STORAGE, example_document
+from tests.support.operator_run import (EPD_API, NS, api_request, children, condition, create, deployed, deployment,
+                                        deployment_path, epd, epd_crd, epd_doc, events, metric_value, observed,
+                                        operator_in_process, patch_spec, phase, posted, relaxed_epd_crd, resyncs,
+                                        scale_deployment, set_deployment_ready, wait_until)
+from tests.support.render_examples import NIXL_AUTOSCALED
 
-NS = "default"
 RESYNC = "0.2"
-CHILD_KINDS = [("v1", "ConfigMap"), ("v1", "Service"), ("v1", "ServiceAccount"), ("apps/v1", "Deployment"),
-               ("autoscaling/v2", "HorizontalPodAutoscaler"), ("policy/v1", "PodDisruptionBudget"),
-               ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding")]
-
-
-def epd_doc(example: str = SHARED_STORAGE, name: str = "vl", **spec_changes: Any) -> dict[str, Any]:
-    """An example EPDDeployment in the test namespace; `spec_changes` set top-level spec fields."""
-    doc = copy.deepcopy(example_document(example))
-    doc["metadata"] = {"name": name, "namespace": NS}
-    for key, value in spec_changes.items():
-        if value is None:
-            doc["spec"].pop(key, None)
-        else:
-            doc["spec"][key] = value
-    return doc
-
-
-def children(apiserver: StrictKubernetesEmulator, name: str = "vl") -> dict[tuple[str, str], dict[str, Any]]:
-    found = {}
-    for api_version, kind in CHILD_KINDS:
-        for obj in apiserver.list_objects(api_version, kind, NS):
-            if obj["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == name:
-                found[(kind, obj["metadata"]["name"])] = obj
-    return found
-
-
-def epd(apiserver: StrictKubernetesEmulator, name: str = "vl") -> dict[str, Any]:
-    obj = apiserver.get_object(EPD_API, "EPDDeployment", name, NS)
-    assert obj is not None
-    return obj
-
-
-def deployment(apiserver: StrictKubernetesEmulator, name: str) -> dict[str, Any] | None:
-    return apiserver.get_object("apps/v1", "Deployment", name, NS)
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
-
-
-def events(apiserver: StrictKubernetesEmulator, name: str = "vl") -> list[tuple[str, str, str]]:
-    return [(e["type"], e["reason"], e["message"]) for e in apiserver.list_objects("v1", "Event", NS)
-            if e["involvedObject"]["name"] == name and e["involvedObject"]["kind"] == "EPDDeployment"]
-
-
-async def posted(apiserver: StrictKubernetesEmulator, type_: str, reason: str, text: str = "", name: str = "vl") -> str:
-    """Wait for an Event about the EPDDeployment (posted right after the change it reports)."""
-    def find() -> str | None:
-        return next((m for t, r, m in events(apiserver, name) if (t, r) == (type_, reason) and text in m), None)
-    await wait_until(find, 10, lambda: f"no {type_} {reason} event with {text!r}: {events(apiserver, name)}")
-    return find() or ""
-
-
-def full_passes(metrics: Metrics) -> float:
-    return metric_value(metrics.exposition().decode(), "epd_operator_reconciles_total", kind="full")
-
-
-async def resyncs(metrics: Metrics, count: int = 3) -> None:
-    """Wait until the operator has made `count` more full passes (timer-driven resyncs)."""
-    target = full_passes(metrics) + count
-    await wait_until(lambda: full_passes(metrics) >= target, 15, f"fewer than {count} resync passes")
-
-
-async def create(url: str, doc: dict[str, Any]) -> dict[str, Any]:
-    status, body = await api_request(url, "POST", f"/apis/{EPD_API}/namespaces/{NS}/epddeployments", doc,
-                                     content_type="application/json", manager="kubectl")
-    assert status == 201, body
-    return body
-
-
-async def patch_spec(url: str, spec: dict[str, Any], name: str = "vl") -> dict[str, Any]:
-    status, body = await api_request(url, "PATCH", f"/apis/{EPD_API}/namespaces/{NS}/epddeployments/{name}",
-                                     {"spec": spec}, manager="kubectl")
-    assert status == 200, body
-    return body
-
-
-async def phase(apiserver: StrictKubernetesEmulator, expected: str, name: str = "vl") -> None:
-    await wait_until(lambda: epd(apiserver, name).get("status", {}).get("phase") == expected, 10,
-                     lambda: f"phase never became {expected}: {epd(apiserver, name).get('status')}")
-
-
-async def observed(apiserver: StrictKubernetesEmulator, generation: int, name: str = "vl") -> None:
-    """Wait until the operator has reconciled `generation` of the EPDDeployment (it writes status last)."""
-    await wait_until(lambda: epd(apiserver, name).get("status", {}).get("observedGeneration") == generation, 10,
-                     lambda: f"generation {generation} not reconciled: {epd(apiserver, name).get('status')}")
-
-
-async def deployed(apiserver: StrictKubernetesEmulator, *names: str) -> None:
-    await wait_until(lambda: all(deployment(apiserver, n) for n in names), 10, f"{names} were not all created")
 
 
 @pytest.fixture

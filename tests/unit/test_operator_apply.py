@@ -18,9 +18,9 @@ OWNER = owner_reference(EPD)
 
 
 def deployment(replicas: int | None = 2, image: str = "vllm:1") -> dict[str, Any]:
-    spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}},
-                            "template": {"spec": {"containers": [{"name": "vllm", "image": image, "args": ["--a"],
-                                                                  "resources": {"limits": {"cpu": "0.5", "nvidia.com/gpu": 1}}}]}}}
+    container = {"name": "vllm", "image": image, "args": ["--a"],
+                 "resources": {"limits": {"cpu": "0.5", "nvidia.com/gpu": 1}}}
+    spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}}, "template": {"spec": {"containers": [container]}}}
     if replicas is not None:
         spec["replicas"] = replicas
     return {"apiVersion": "apps/v1", "kind": "Deployment",

@@ -93,7 +93,7 @@ def _drift(want: Any, have: Any, path: str, out: list[str]) -> None:
         if have is None or len(have) != len(want):
             out.append(path)
             return
-        for index, (w, h) in enumerate(zip(want, have)):
+        for index, (w, h) in enumerate(zip(want, have, strict=True)):
             _drift(w, h, f"{path}[{index}]", out)
     elif want is None:
         return

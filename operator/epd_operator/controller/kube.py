@@ -166,7 +166,8 @@ class Kube:
                 return None
             raise
 
-    async def list(self, resource: Resource, namespace: str | None, *, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    async def list(self, resource: Resource, namespace: str | None, *,
+                   labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
         params = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
         result = await self._request("GET", resource.path(namespace), kind=resource.kind, params=params)
         items = result.get("items") or []

@@ -74,7 +74,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--leader-election-id", default="epd-operator", help="name of the Lease (default epd-operator)")
     parser.add_argument("--lease-duration", type=float, default=15.0,
                         help="seconds a standby waits on a silent leader before taking over (default 15)")
-    parser.add_argument("--identity", default="", help="this replica's name in the Lease (default: POD_NAME or host, plus a random suffix)")
+    parser.add_argument("--identity", default="",
+                        help="this replica's name in the Lease (default: POD_NAME or host, plus a random suffix)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     if any(not ns.strip() for ns in args.namespaces):
