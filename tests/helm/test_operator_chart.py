@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from . import dashboard as dashboard_source
+from . import promql
 from .charts import DEPLOYMENT_CHART, OPERATOR_CHART, by_kind, ci_values, one
 
 pytestmark = pytest.mark.helm
@@ -273,3 +274,20 @@ def test_notes_say_where_the_operator_looks(helm):
     for sets, expected in [((), "all namespaces"), (("watchNamespaces={team-a,team-b}",), "team-a, team-b")]:
         notes = helm.notes(OPERATOR_CHART, *sets)
         assert expected in notes and "helm test epd -n epd-system" in notes
+
+
+def test_every_promql_query_parses():
+    """Dashboard panels, recording rules and adapter rules, through Prometheus' own grammar."""
+    try:
+        promql.ensure_parser()
+    except promql.PromqlUnavailable as exc:
+        pytest.skip(str(exc))
+    board = json.loads((OPERATOR_CHART / "dashboards" / "epd.json").read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    adapter_dir = OPERATOR_CHART / "prometheus-adapter"
+    exprs += [rule["expr"] for rule in yaml.safe_load((adapter_dir / "recording-rules.yaml").read_text())]
+    for rule in yaml.safe_load((adapter_dir / "values.yaml").read_text())["rules"]["custom"]:
+        exprs += [rule["seriesQuery"], rule["metricsQuery"]]
+    assert promql.syntax_errors(["sum(rate(x[5m])"]), "the checker must flag a broken query"
+    problems = promql.syntax_errors(exprs)
+    assert not problems, "PromQL that Prometheus would refuse:\n" + "\n".join(problems)
