@@ -211,10 +211,13 @@ class Reconciler:
         return [obj for items in lists for obj in items]
 
     async def _converge(self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        meta = body["metadata"]
         for step in todo.applies:
             if step.why == "drift":
                 self.metrics.drift.labels(kind=step.desired["kind"]).inc()
-                log.info("%s", step.describe())
+            log.info("%s/%s: %s", meta["namespace"], meta["name"], step.describe())
+        for obj in todo.prunes:
+            log.info("%s/%s: pruning %s %s", meta["namespace"], meta["name"], obj["kind"], obj["metadata"]["name"])
         touched = await apply.execute(self.kube, todo)
         applied = [s.describe() for s in todo.applies]
         if applied:
