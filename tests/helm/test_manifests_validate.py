@@ -13,21 +13,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .charts import CHARTS, OPERATOR_CHART, REPO, case_id, values_cases
+from .charts import CHARTS, OPERATOR_CHART, REPO, case_id, ci_values, values_cases
 
 pytestmark = pytest.mark.helm
 
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 CRD_PATH = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
-
-# The operator chart with every optional object switched on, cluster-wide and per namespace.
-OPERATOR_EVERYTHING_ON = (
-    "metrics.serviceMonitor.enabled=true", "metrics.podMonitors.enabled=true",
-    "metrics.prometheusRule.enabled=true", "serviceAccount.annotations.team=ml",
-    "podAnnotations.a=b", "extraArgs={--verbose}",
-)
-
 
 def kube_errors(obj: dict[str, Any], version: str) -> list[str]:
     try:
@@ -80,13 +72,12 @@ def test_rendered_objects_are_valid(helm, case, version):
     assert validate_all(objects, version) == []
 
 
-@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("namespaces", ["", "watchNamespaces={team-a,team-b}"], ids=["cluster", "namespaced"])
-def test_operator_chart_with_everything_on_is_valid(helm, namespaces, version):
-    sets = OPERATOR_EVERYTHING_ON + ((namespaces,) if namespaces else ())
-    objects = helm.template(OPERATOR_CHART, None, *sets)
-    assert PROMETHEUS_OPERATOR_KINDS <= {o["kind"] for o in objects}
-    assert validate_all(objects, version) == []
+def test_operator_ci_values_cover_every_optional_kind(helm):
+    """The scenarios above include the Prometheus Operator objects, cluster-wide and namespaced."""
+    for values in ci_values(OPERATOR_CHART):
+        kinds = {o["kind"] for o in helm.template(OPERATOR_CHART, values)}
+        assert PROMETHEUS_OPERATOR_KINDS <= kinds, values.name
+        assert ("ClusterRole" in kinds) != ("watchNamespaces" in values.read_text()), values.name
 
 
 def test_deployment_chart_renders_what_the_api_models_accept(helm):
