@@ -176,33 +176,27 @@ class Router:
         return headers
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        t0 = time.perf_counter()
-        rid = request.headers.get("x-request-id") or new_id()
-        try:
-            raw = await self._read_body(request)
-            body = parse_json_object(raw)
-            items = extract_media(validate_chat(body), self.cfg.allow_file_urls)
-        except BadRequest as exc:
-            return self._answered(CHAT, json_error(exc.status, str(exc), rid, param=exc.param))
-        try:
-            return self._answered(CHAT, await self._generate(request, CHAT, rid, raw, body, items, t0), t0)
-        except asyncio.CancelledError:
-            self.metrics.count_request(CHAT, 499)  # client closed the connection (nginx's code)
-            raise
+        return await self._serve(request, CHAT, self._chat_media)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, COMPLETIONS, _completion_media)
+
+    def _chat_media(self, body: dict) -> list[MediaItem]:
+        return extract_media(validate_chat(body), self.cfg.allow_file_urls)
+
+    async def _serve(self, request: web.Request, route: str, media_of) -> web.StreamResponse:
         t0 = time.perf_counter()
         rid = request.headers.get("x-request-id") or new_id()
         try:
             raw = await self._read_body(request)
             body = parse_json_object(raw)
-            validate_completion(body)
+            items = media_of(body)
         except BadRequest as exc:
-            return self._answered(COMPLETIONS, json_error(exc.status, str(exc), rid, param=exc.param))
+            return self._answered(route, json_error(exc.status, str(exc), rid, param=exc.param))
         try:
-            return self._answered(COMPLETIONS, await self._generate(request, COMPLETIONS, rid, raw, body, [], t0), t0)
+            return self._answered(route, await self._generate(request, route, rid, raw, body, items, t0), t0)
         except asyncio.CancelledError:
-            self.metrics.count_request(COMPLETIONS, 499)
+            self.metrics.count_request(route, 499)  # client closed the connection (nginx's code)
             raise
 
     def _answered(self, route: str, response: web.StreamResponse, t0: float | None = None) -> web.StreamResponse:
@@ -532,6 +526,11 @@ class Router:
             raise UpstreamFailure("reply") from None
         tid = {item.index: t for item, t in zip(group, transfer_ids)}
         return {index: EncodedItem(mm_hash, report, tid[index]) for index, (mm_hash, report) in matched.items()}
+
+
+def _completion_media(body: dict) -> list[MediaItem]:
+    validate_completion(body)
+    return []  # /v1/completions carries text only: no encoder work
 
 
 class _Timing:
