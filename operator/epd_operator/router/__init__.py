@@ -1,0 +1,6 @@
+"""epd-router: the endpoint picker in front of vLLM encoder, prefill and decode tiers.
+
+protocol (vLLM 0.32 EPD wire format) · pickers (bounded-load hashing, least-loaded, round-robin)
+· backends (pools, health, ejection) · discovery (static URLs, EndpointSlices) · reuse (TTL cache)
+· metrics (Prometheus) · server (aiohttp app) · main (CLI, workers).
+"""
