@@ -21,9 +21,9 @@ def parse(*argv):
 
 def test_vllm_proxy_flags_are_accepted():
     cfg = parse("--host", "127.0.0.1", "--port", "10001", "--encode-servers-urls", "http://e1:8000,http://e2:8000",
-                "--prefill-servers-urls", "disable", "--decode-servers-urls", "http://pd:8000")
+                "--prefill-servers-urls", "disable", "--decode-servers-urls", "http://pd:8000", "--log-requests")
     assert (cfg.encode_urls, cfg.prefill_urls, cfg.decode_urls) == (["http://e1:8000", "http://e2:8000"], None, ["http://pd:8000"])
-    assert not cfg.disaggregated_prefill
+    assert not cfg.disaggregated_prefill and cfg.log_requests
     epd = parse("--prefill-servers-urls", "p:8000", "--decode-servers-urls", "d:8000", "--pd-policy", "prefix-aware")
     assert epd.disaggregated_prefill and epd.prefill_urls == ["http://p:8000"] and epd.pd_policy == "prefix-aware"
 

@@ -61,6 +61,7 @@ class RouterConfig:
     health_timeout: float = 2.0
     eject_after: int = 3
     workers: int = 1
+    log_requests: bool = False
 
     @property
     def disaggregated_prefill(self) -> bool:

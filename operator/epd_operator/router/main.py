@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--eject-after", type=int, default=3, help="consecutive failures before an endpoint is ejected")
     a("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
     a("--log-level", default="info")
+    a("--log-requests", action="store_true", help="one log line per request: id, route, status, latency")
     return p
 
 
@@ -115,6 +116,7 @@ def config_from_args(args: argparse.Namespace):
         health_timeout=args.health_timeout,
         eject_after=args.eject_after,
         workers=args.workers,
+        log_requests=args.log_requests,
     )
     cfg.validate()
     return cfg

@@ -202,7 +202,10 @@ class Router:
     def _answered(self, route: str, response: web.StreamResponse, t0: float | None = None) -> web.StreamResponse:
         self.metrics.count_request(route, response.status)
         if t0 is not None:
-            self.metrics.observe_stage("total", time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            self.metrics.observe_stage("total", elapsed)
+            if self.cfg.log_requests:
+                log.info("%s %s %d %.1f ms", response.headers.get("x-request-id"), route, response.status, elapsed * 1e3)
         return response
 
     async def models(self, request: web.Request) -> web.StreamResponse:
