@@ -308,3 +308,15 @@ async def test_the_crd_refuses_a_cel_violation_at_apply(cluster, apiserver_url):
     assert status == 422, body
     assert "kvTransfer moves KV from prefill to decode" in body["message"]
     assert cluster.get_object(EPD_API, "EPDDeployment", "vl", NS) is None
+
+
+async def test_a_deleted_tier_is_recreated_at_once(cluster, apiserver_url):
+    # A resync far away: only the deletion event can bring the tier back within the test.
+    async with operator_in_process(apiserver_url, "--namespace", NS, "--no-leader-election", "--resync-seconds", "3600"):
+        await create(apiserver_url, epd_doc())
+        await observed(cluster, 1)
+        old_uid = deployment(cluster, "vl-decode")["metadata"]["uid"]
+        cluster.delete_object("apps/v1", "Deployment", "vl-decode", NS)
+        await wait_until(lambda: (deployment(cluster, "vl-decode") or {}).get("metadata", {}).get("uid") not in (None, old_uid),
+                         10, "the deleted decode Deployment was not recreated")
+        await wait_until(lambda: ("Normal", "Applied", "Deployment vl-decode created") in events(cluster), 10)

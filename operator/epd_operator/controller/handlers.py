@@ -36,7 +36,7 @@ def build_registry(reconciler: Reconciler, kube: Kube) -> kopf.OperatorRegistry:
         @kopf.on.event(group, version, plural, labels={MANAGED_BY_LABEL: MANAGED_BY}, id=f"{plural}-changed",
                        registry=registry)
         async def child_changed(event: dict[str, Any], **_: Any) -> None:
-            reconciler.child_event(event["object"])
+            reconciler.child_event(event.get("type"), event["object"])
 
     return registry
 

@@ -8,7 +8,8 @@ and a restart all just queue keys:
   after a start) -> a FULL pass: validate, render, apply what drifted, prune, refresh status;
 - a child Deployment or HPA changed -> a STATUS pass: refresh `.status` only. Drift in children is
   repaired on the resync timer (and on spec changes), not on every child event, so a controller or
-  webhook that fights us over a field costs one write per resync instead of a hot loop;
+  webhook that fights us over a field costs one write per resync instead of a hot loop; a deleted
+  child Deployment or HPA gets a FULL pass at once;
 - every `resync_seconds` -> a FULL pass for every known EPDDeployment.
 """
 from __future__ import annotations
@@ -98,12 +99,14 @@ class Reconciler:
                 self.queue.add(key, FULL)
         self.metrics.managed.set(len(self.known))
 
-    def child_event(self, body: dict[str, Any]) -> None:
+    def child_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A watched child changed: refresh the status. A deleted child is restored at once (a full
+        pass), since nothing else would bring a tier back before the next resync."""
         meta = body["metadata"]
         instance = meta.get("labels", {}).get(apply.INSTANCE_LABEL)
         owned = any(ref.get("kind") == KIND and ref.get("name") == instance for ref in meta.get("ownerReferences") or [])
         if owned and (meta["namespace"], instance) in self.known:
-            self.queue.add((meta["namespace"], instance), STATUS)
+            self.queue.add((meta["namespace"], instance), FULL if event_type == "DELETED" else STATUS)
 
     # ---------------------------------------------------------------- running
 
