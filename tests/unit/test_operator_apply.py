@@ -60,6 +60,20 @@ def test_server_defaults_and_normalised_quantities_are_not_drift():
     assert drift(desired, live_copy(desired)) == []
 
 
+def test_zero_values_the_server_omits_are_not_drift():
+    obj = deployment()
+    container = obj["spec"]["template"]["spec"]["containers"][0]
+    container.update(env=[{"name": "EMPTY", "value": ""}], volumeMounts=[{"name": "v", "mountPath": "/v", "readOnly": False}])
+    obj["spec"]["template"]["spec"]["nodeSelector"] = {}
+    desired = adopt(obj, OWNER)
+    live = live_copy(desired)
+    live_container = live["spec"]["template"]["spec"]["containers"][0]
+    live_container["env"] = [{"name": "EMPTY"}]
+    live_container["volumeMounts"] = [{"name": "v", "mountPath": "/v"}]
+    del live["spec"]["template"]["spec"]["nodeSelector"]
+    assert drift(desired, live) == []
+
+
 def test_fields_added_by_others_are_not_drift():
     desired = adopt(deployment(), OWNER)
     live = live_copy(desired)

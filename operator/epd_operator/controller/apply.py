@@ -83,7 +83,7 @@ def _same_scalar(want: Any, have: Any) -> bool:
 def _drift(want: Any, have: Any, path: str, out: list[str]) -> None:
     if isinstance(want, dict):
         if not isinstance(have, dict):
-            if want or have is not None:
+            if want or have is not None:  # an empty map is omitted by the server too
                 out.append(path or "<root>")
             return
         for key, value in want.items():
@@ -95,7 +95,8 @@ def _drift(want: Any, have: Any, path: str, out: list[str]) -> None:
             return
         for index, (w, h) in enumerate(zip(want, have, strict=True)):
             _drift(w, h, f"{path}[{index}]", out)
-    elif want is None:
+    elif want is None or (have is None and want in (False, 0, "")):
+        # Go's `omitempty` drops zero values, so the server never shows them back.
         return
     elif not _same_scalar(want, have):
         out.append(path)

@@ -26,7 +26,8 @@ def build_registry(reconciler: Reconciler, kube: Kube) -> kopf.OperatorRegistry:
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return kube.connection  # kopf's watches and our requests share one set of credentials
+        # kopf's watches and our requests log in the same way; kopf calls this again on a 401.
+        return kube.credentials()
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def epd_changed(event: dict[str, Any], **_: Any) -> None:

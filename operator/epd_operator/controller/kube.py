@@ -100,7 +100,7 @@ class Kube:
 
     def __init__(self, credentials: Callable[[], kopf.ConnectionInfo] = login, *,
                  on_write: Callable[[str, str], None] | None = None, timeout: float = 30.0):
-        self._credentials = credentials
+        self.credentials = credentials
         self._on_write = on_write or (lambda verb, kind: None)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
@@ -109,7 +109,7 @@ class Kube:
     @property
     def connection(self) -> kopf.ConnectionInfo:
         if self._info is None:
-            self._info = self._credentials()
+            self._info = self.credentials()
         return self._info
 
     async def __aenter__(self) -> Kube:
@@ -128,7 +128,7 @@ class Kube:
             info = self.connection
             context: ssl.SSLContext | bool = info.as_ssl_context() if info.server.startswith("https") else False
             self._session = aiohttp.ClientSession(
-                base_url=info.server.rstrip("/") + "/", headers=info.as_http_headers(), timeout=self._timeout,
+                base_url=info.server.rstrip("/") + "/", timeout=self._timeout,
                 connector=aiohttp.TCPConnector(ssl=context), json_serialize=json.dumps)
         return self._session
 
@@ -139,12 +139,12 @@ class Kube:
         data = None if body is None else json.dumps(body)
         for attempt in (1, 2):
             session = self._open()
-            async with session.request(method, path.lstrip("/"), params=params, data=data,
-                                       headers={"Content-Type": content_type, "Accept": "application/json"}) as resp:
+            # Credentials go per request, so a re-login does not disturb requests in flight.
+            headers = {**self.connection.as_http_headers(), "Content-Type": content_type, "Accept": "application/json"}
+            async with session.request(method, path.lstrip("/"), params=params, data=data, headers=headers) as resp:
                 text = await resp.text()
                 if resp.status == 401 and attempt == 1:
                     # Service-account tokens rotate: log in again once, as kopf does for its watches.
-                    await self.close()
                     self._info = None
                     continue
                 try:
