@@ -155,6 +155,8 @@ def test_cache_janitor_sidecar_bounds_the_shared_cache(examples):
                         "capabilities": {"drop": ["ALL"]}}
     router = container(find(examples[SHARED_STORAGE], "Deployment", "qwen-vl-router"), "router")
     assert 0 < float(flag(router["args"], "--reuse-ttl")) < 600
+    # Beside a janitor, a consumer must be able to encode an item whose cache file is gone.
+    assert flag(router["args"], "--rewrite") == "pinned"
 
 
 def test_janitor_uses_the_router_image_override():

@@ -62,7 +62,12 @@ def connector_hints(epd: EPDDeployment) -> list[str]:
     """What the router must know about the EC connector to speak its protocol."""
     ec = epd.spec.ecTransfer
     if ec.connector == "SharedStorage" and ec.sharedStorage is not None:
-        return ["--reuse-ttl", str(reuse_ttl_seconds(cache_ttl_seconds(ec.sharedStorage)))]
+        # Pinned, not metadata-only: a consumer handed metadata for an embedding that is not on the
+        # shared store (evicted by the janitor, or never re-saved by an encoder that served it from
+        # its memory cache) kills its engine in vLLM 0.32. Raw media plus the uuid lets it load the
+        # stored embedding when present and encode locally when not.
+        return ["--rewrite", "pinned",
+                "--reuse-ttl", str(reuse_ttl_seconds(cache_ttl_seconds(ec.sharedStorage)))]
     if ec.connector == "Mooncake":
         # The router addresses each consumer's control socket as tcp://<pod IP>:<ec_port>.
         return ["--ec-consumer-port", str((ec.mooncake or Mooncake()).ecPort)]
