@@ -132,7 +132,14 @@ async def test_replicas_set_by_the_hpa_survive_reconciles(cluster, apiserver_url
     assert "replicas" not in deployment(cluster, "vl-encoder")["spec"]  # the operator leaves it to the HPA
     assert cluster.get_object("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder", NS)["spec"]["maxReplicas"] == 8
 
-    await scale_deployment(apiserver_url, NS, "vl-encoder", 5)  # the HPA scales out
+    await scale_deployment(apiserver_url, NS, "vl-encoder", 5)  # the HPA scales out, and says so
+    status, body = await api_request(
+        apiserver_url, "PATCH", f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers/vl-encoder/status",
+        {"status": {"desiredReplicas": 5, "currentReplicas": 2}}, manager="kube-controller-manager")
+    assert status == 200, body
+    await wait_until(lambda: epd(cluster)["status"]["tiers"]["encoder"].get("autoscaling", {}).get("desiredReplicas") == 5,
+                     10, lambda: epd(cluster)["status"]["tiers"]["encoder"])
+    assert epd(cluster)["status"]["tiers"]["encoder"]["ready"] == "0/5"
     mark = cluster.mark()
     await resyncs(operator)
     decode = {**doc["spec"]["decode"], "image": "vllm/vllm-openai:v0.33.1"}
