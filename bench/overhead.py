@@ -277,6 +277,7 @@ def markdown(result: OverheadResult) -> str:
             if result.cell(t, i, s, n, OURS) and result.cell(t, i, s, n, PROXY) and result.cell(t, i, s, n, C.DIRECT.name)
         ],
     ))
+    parts.append(_reference_check(result))
     rss_rows = [[topo, f"`{name}`", mib] for topo, per in result.peak_rss_mib.items() for name, mib in per.items()]
     parts.append("Peak RSS of each router process tree (VmHWM, after all its cells):\n\n"
                  + table(["topology", "router", "peak RSS MiB"], rss_rows))
@@ -291,3 +292,34 @@ def _ratio(result, t, i, s, n, metric: str) -> float:
     a, b = result.cell(t, i, s, n, OURS), result.cell(t, i, s, n, PROXY)
     value = (lambda c: c.load.rps) if metric == "rps" else (lambda c: c.router_cpu_ms_per_req)
     return value(a) / value(b) if value(b) else float("nan")
+
+
+# The issue's figures from one earlier run (E+PD, 1 image): a sanity check that this machine
+# and these backends put the known contenders where that run did.
+ISSUE_FIGURES = {
+    PROXY: {"added_p50_c1": 0.93, "cpu_ms": 0.71, "max_rps": 1400},
+    C.VLLM_ROUTER.name: {"added_p50_c1": 0.22, "cpu_ms": 0.08, "max_rps": None},
+}
+
+
+def _reference_check(result: OverheadResult) -> str:
+    topo, images, stream = REFERENCE
+    lo, hi = min(result.plan.concurrency), max(result.plan.concurrency)
+    direct = result.cell(topo, images, stream, lo, C.DIRECT.name)
+    rows = []
+    for name in (PROXY, C.VLLM_ROUTER.name, OURS):
+        c1, chi = result.cell(topo, images, stream, lo, name), result.cell(topo, images, stream, hi, name)
+        if not (c1 and chi and direct):
+            continue
+        ref = ISSUE_FIGURES.get(name, {})
+        rows.append([
+            f"`{name}`", c1.load.p50_ms - direct.load.p50_ms, ref.get("added_p50_c1"),
+            c1.router_cpu_ms_per_req, chi.router_cpu_ms_per_req, ref.get("cpu_ms"),
+            chi.load.rps, ref.get("max_rps"),
+        ])
+    return (
+        "This run next to the issue's reference figures (E+PD, 1 image, non-streaming; the issue does not say at "
+        "which concurrency its CPU figure was taken):\n\n"
+        + table(["router", f"added p50 ms @c={lo}", "issue", f"CPU ms/req @c={lo}", f"CPU ms/req @c={hi}", "issue",
+                 f"req/s @c={hi}", "issue"], rows)
+    )

@@ -266,7 +266,9 @@ def markdown(result: RoutingResult) -> str:
         f"encoder, {p.hit_ms:g} ms per item it already has) and one PD. Workload: {p.requests} requests, one image "
         f"each, Zipf(s={p.zipf_s:g}) over {p.catalogue} images ({result.distinct} distinct drawn), Poisson arrivals at "
         f"{p.rate:g} req/s, the same sequence for every policy. Reuse = `--reuse-ttl 600` (the router remembers what "
-        "an encoder reported and skips the encoder for a repeated image)."
+        "an encoder reported and skips the encoder for a repeated image). Cache-aware picks by consistent hashing "
+        "with a bound on each encoder's in-flight load, so with reuse each encoder's share of the work is the share "
+        "of distinct images that hash to it."
     )
     parts = [intro]
     if result.missing:

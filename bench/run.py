@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import contenders, operator_scale, overhead, routing
+from .loadgen import LoadgenMissing, wrk_binary
 from .procs import BENCH_NICE, REPO_ROOT, cpus, isolate
 from .report import Target, targets_table
 
@@ -31,7 +32,10 @@ def _log(msg: str) -> None:
 def _machine(cores: list[int], prioritised: bool) -> str:
     model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("model name")), platform.processor())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip()
+    except OSError:
+        commit = ""
     nice = f"benchmark processes at nice {BENCH_NICE}" if prioritised else "benchmark processes at normal priority"
     return f"{len(cores)} usable cores ({model}), {nice}, Python {platform.python_version()}, commit `{commit or '?'}`"
 
@@ -63,9 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         _log("[bench] router overhead")
         try:
             plan = overhead.QUICK if args.quick else overhead.FULL
+            wrk_binary()
             result = overhead.run(plan, contenders.ALL, log_dir, progress=_log)
             all_targets += overhead.targets(result)
             bodies.append(f"## Router overhead\n\n{_overhead_intro(plan)}\n\n{overhead.markdown(result)}")
+        except LoadgenMissing as e:
+            _log(f"[bench] {e}")
+            bodies.append(f"## Router overhead\n\n**Not measured:** {e}")
+            all_targets += [Target("router overhead", "all", "", "no load generator", None)]
         except Exception:
             bodies.append(_failed("Router overhead", traceback.format_exc()))
             all_targets += [Target("router overhead", "all", "", "section failed", None)]
