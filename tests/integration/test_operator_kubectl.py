@@ -2,30 +2,18 @@
 events, against the API emulator with the real CRD and the operator running."""
 from __future__ import annotations
 
-import asyncio
 import re
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 
 import pytest
 import yaml
 
 from tests.support.apiserver import StrictKubernetesEmulator
-from tests.support.operator_run import (NS, epd_crd, epd_doc, observed, operator_in_process, phase, posted,
-                                        set_deployment_ready)
+from tests.support.kubectl import kubectl, needs_kubectl
+from tests.support.operator_run import NS, epd_crd, epd_doc, observed, operator_in_process, phase, posted, set_deployment_ready
 from tests.support.render_examples import NIXL_AUTOSCALED
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-
-
-async def kubectl(kube_env: dict[str, str], *args: str, stdin: str | None = None) -> str:
-    process = await asyncio.create_subprocess_exec(
-        "kubectl", *args, env=kube_env, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = await process.communicate(stdin.encode() if stdin is not None else None)
-    assert process.returncode == 0, f"kubectl {' '.join(args)} failed: {err.decode()}"
-    return out.decode()
+pytestmark = needs_kubectl
 
 
 @pytest.fixture
