@@ -144,28 +144,21 @@ async def _serve(plan: Plan) -> tuple[list[SlowEncoder], list[web.AppRunner], li
     async def health(_request):
         return web.json_response({"status": "ok"})
 
-    encoders, runners, urls = [], [], []
-    for _ in range(plan.encoders):
-        enc = SlowEncoder(plan)
+    async def serve(chat_handler) -> str:
         app = web.Application()
-        app.router.add_post("/v1/chat/completions", enc.handle)
+        app.router.add_post("/v1/chat/completions", chat_handler)
         app.router.add_get("/health", health)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        encoders.append(enc)
         runners.append(runner)
-        urls.append(f"http://127.0.0.1:{port}")
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", decode)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    runners.append(runner)
-    return encoders, runners, urls, f"http://127.0.0.1:{port}"
+        return f"http://127.0.0.1:{port}"
+
+    runners: list[web.AppRunner] = []
+    encoders = [SlowEncoder(plan) for _ in range(plan.encoders)]
+    urls = [await serve(enc.handle) for enc in encoders]
+    return encoders, runners, urls, await serve(decode)
 
 
 async def _drive(url: str, plan: Plan, workload: list[int]) -> tuple[list[float], int]:

@@ -22,7 +22,6 @@ from .procs import BENCH_NICE, REPO_ROOT, cpus, isolate
 from .report import Target, targets_table
 
 RESULTS = Path(__file__).with_name("results")
-SECTIONS = ("overhead", "routing", "operator")
 
 
 def _log(msg: str) -> None:
@@ -63,41 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     bodies: list[str] = []
     all_targets: list[Target] = []
 
-    if "overhead" in sections:
-        _log("[bench] router overhead")
+    for key in sections:
+        title, measure = SECTIONS[key]
+        _log(f"[bench] {title.lower()}")
         try:
-            plan = overhead.QUICK if args.quick else overhead.FULL
-            wrk_binary()
-            result = overhead.run(plan, contenders.ALL, log_dir, progress=_log)
-            all_targets += overhead.targets(result)
-            bodies.append(f"## Router overhead\n\n{_overhead_intro(plan)}\n\n{overhead.markdown(result)}")
+            targets, body = measure(args.quick, log_dir)
         except LoadgenMissing as e:
             _log(f"[bench] {e}")
-            bodies.append(f"## Router overhead\n\n**Not measured:** {e}")
-            all_targets += [Target("router overhead", "all", "", "no load generator", None)]
+            targets, body = [Target(title.lower(), "all", "", str(e), None)], f"**Not measured:** {e}"
         except Exception:
-            bodies.append(_failed("Router overhead", traceback.format_exc()))
-            all_targets += [Target("router overhead", "all", "", "section failed", None)]
-
-    if "routing" in sections:
-        _log("[bench] routing quality")
-        try:
-            result = routing.run(routing.QUICK if args.quick else routing.FULL, log_dir, progress=_log)
-            all_targets += routing.targets(result)
-            bodies.append(f"## Routing quality\n\n{routing.markdown(result)}")
-        except Exception:
-            bodies.append(_failed("Routing quality", traceback.format_exc()))
-            all_targets += [Target("routing quality", "all", "", "section failed", None)]
-
-    if "operator" in sections:
-        _log("[bench] operator scale")
-        try:
-            result = operator_scale.run(operator_scale.QUICK if args.quick else operator_scale.FULL, log_dir, progress=_log)
-            all_targets += operator_scale.targets(result)
-            bodies.append(f"## Operator scale\n\n{operator_scale.markdown(result)}")
-        except Exception:
-            bodies.append(_failed("Operator scale", traceback.format_exc()))
-            all_targets += [Target("operator scale", "all", "", "section failed", None)]
+            tb = traceback.format_exc()
+            _log(tb)
+            targets = [Target(title.lower(), "all", "", "section failed", None)]
+            body = f"**Not measured: the section failed.**\n\n```\n{tb.strip()[-3000:]}\n```"
+        all_targets += targets
+        bodies.append(f"## {title}\n\n{body}")
 
     elapsed = time.monotonic() - started
     load_after = os.getloadavg()
@@ -115,6 +94,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _overhead_section(quick: bool, log_dir: Path) -> tuple[list[Target], str]:
+    plan = overhead.QUICK if quick else overhead.FULL
+    wrk_binary()
+    result = overhead.run(plan, contenders.ALL, log_dir, progress=_log)
+    return overhead.targets(result), f"{_overhead_intro(plan)}\n\n{overhead.markdown(result)}"
+
+
+def _routing_section(quick: bool, log_dir: Path) -> tuple[list[Target], str]:
+    result = routing.run(routing.QUICK if quick else routing.FULL, log_dir, progress=_log)
+    return routing.targets(result), routing.markdown(result)
+
+
+def _operator_section(quick: bool, log_dir: Path) -> tuple[list[Target], str]:
+    result = operator_scale.run(operator_scale.QUICK if quick else operator_scale.FULL, log_dir, progress=_log)
+    return operator_scale.targets(result), operator_scale.markdown(result)
+
+
 def _overhead_intro(plan: overhead.Plan) -> str:
     return (
         "Fake vLLM backends (bench/backends.py: raw asyncio on uvloop, canned replies: `ec_transfer_params` from the "
@@ -129,9 +125,12 @@ def _overhead_intro(plan: overhead.Plan) -> str:
     )
 
 
-def _failed(title: str, tb: str) -> str:
-    _log(tb)
-    return f"## {title}\n\n**Not measured: the section failed.**\n\n```\n{tb.strip()[-3000:]}\n```"
+# name on the command line: (title in the results, what measures it)
+SECTIONS = {
+    "overhead": ("Router overhead", _overhead_section),
+    "routing": ("Routing quality", _routing_section),
+    "operator": ("Operator scale", _operator_section),
+}
 
 
 if __name__ == "__main__":
