@@ -24,7 +24,9 @@ from pathlib import Path
 VLLM_VERSION = "0.32.0"
 VLLM_ROUTER_VERSION = "0.1.17"
 PROXY_MEMBER = f"vllm-{VLLM_VERSION}/examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py"
-PROXY_DEPS = ["aiohttp", "msgspec", "fastapi", "uvicorn", "uvloop", "pydantic", "orjson"]
+# The proxy's imports, pinned to the versions the committed results were measured with.
+PROXY_DEPS = ["aiohttp==3.14.5", "msgspec==0.23.0", "fastapi==0.165.0", "uvicorn==0.54.0", "uvloop==0.23.0",
+              "pydantic==2.14.4", "orjson==3.13.0"]
 SIMPLE_INDEX = "https://pypi.org/simple"
 
 
@@ -82,7 +84,7 @@ def bench_venv() -> Path:
     """Python of the bench-only venv with the proxy's imports and vllm-router installed."""
     venv = cache_dir() / "venv"
     python = venv / "bin" / "python"
-    marker = venv / f".ready-{VLLM_ROUTER_VERSION}"
+    marker = venv / f".ready-{VLLM_ROUTER_VERSION}-{hashlib.sha256(' '.join(PROXY_DEPS).encode()).hexdigest()[:8]}"
     if marker.exists():
         return python
     _log(f"building the contenders' venv in {venv}")
