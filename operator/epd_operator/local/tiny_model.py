@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 # Bump when anything below changes what is built, so cached models are rebuilt.
-RECIPE = "1"
+RECIPE = "2"
 CACHE = Path(os.environ.get("EPD_CACHE", Path.home() / ".cache" / "epd-operator"))
 MODEL_DIR = CACHE / "models" / f"tiny-qwen2-vl-{RECIPE}"
 # The name vLLM reports in /v1/models and expects in requests.
@@ -32,6 +32,7 @@ SERVED_NAME = "tiny-qwen2-vl"
 # Qwen2-VL's image grid: 14-pixel patches merged 2x2, so one image token covers 28x28 pixels.
 IMAGE_TOKEN_PIXELS = 28 * 28
 MAX_IMAGE_TOKENS = 64
+MAX_MODEL_LEN = 32768
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -135,7 +136,7 @@ def _train_tokenizer(vocab_size: int):
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=SPECIAL_TOKENS[1:],
-        model_max_length=2048,
+        model_max_length=MAX_MODEL_LEN,
         chat_template=CHAT_TEMPLATE,
     )
 
@@ -162,7 +163,8 @@ def _build(out: Path) -> None:
             num_hidden_layers=2,
             num_attention_heads=4,  # head_dim 32: the CPU attention backend's minimum
             num_key_value_heads=2,
-            max_position_embeddings=2048,
+            # As long as the examples' maxModelLen, so their rendered flags run unchanged.
+            max_position_embeddings=MAX_MODEL_LEN,
             rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]},  # sums to head_dim / 2
             rope_theta=10000.0,
             bos_token_id=ids["<|endoftext|>"],
@@ -188,7 +190,8 @@ def _build(out: Path) -> None:
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
     )
-    model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
+    # bfloat16 is what vLLM's CPU backend runs this model in; stored so, nothing is cast at load.
+    model = Qwen2VLForConditionalGeneration(config).to(torch.bfloat16)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.save_pretrained(out)

@@ -1,0 +1,464 @@
+"""Turn rendered Kubernetes objects into local processes: what `make demo` and the e2e tests run.
+
+The point of running locally is to exercise exactly what the operator deploys, so each vLLM
+tier's process is its Deployment's container command line as rendered. Only what cannot be the
+same on one CPU machine is substituted, and every substitution is recorded as a deviation:
+
+* ports (each declared containerPort gets a free loopback port), ``--host`` -> 127.0.0.1,
+  ``$(VAR)`` expansions resolved as the kubelet would (status.podIP -> 127.0.0.1);
+* paths under a volume mount -> a local directory per volume (pods sharing a claim share it);
+* the model -> the local tiny model (no downloads here); executables -> the local venvs';
+* CPU necessities: ``--kv-cache-memory-bytes`` (skips sizing from "GPU" memory), tensor
+  parallelism 1, and for E/P/D ``--block-size 32`` with the KV connector swapped to vLLM's
+  ``ExampleConnector`` over a local directory (NIXL on CPU is erratic); env
+  ``OMP_NUM_THREADS=1``, ``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``HF_HUB_OFFLINE=1``;
+* the router reads static URLs of the local instances instead of EndpointSlices.
+
+One process per tier whatever the replica count; sidecars (the cache janitor) are not run.
+This module only plans (no processes, no I/O besides choosing free ports): see `runner`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+ROLE_LABEL = "serving.epd.dev/role"
+ENCODER, PREFILL, DECODE, ROUTER = "encoder", "prefill", "decode", "router"
+VLLM_ROLES = (ENCODER, PREFILL, DECODE)
+LOCALHOST = "127.0.0.1"
+
+# 64 MiB of KV cache is plenty for a 2-layer model and saves ~1 GB per instance against vLLM's
+# default of sizing the cache from a fraction of "device" (here: host) memory.
+CPU_KV_CACHE_BYTES = 64 * 1024 * 1024
+# vLLM's CPU attention needs KV blocks in multiples of 32 once a KV connector is involved.
+CPU_KV_BLOCK_SIZE = 32
+CPU_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+# EC connectors that can run on this machine (ECCPUConnector needs Triton, Mooncake a NIC).
+LOCAL_EC_CONNECTORS = {"ECExampleConnector"}
+LOCAL_KV_CONNECTOR = "ExampleConnector"
+# Router flags that configure Kubernetes discovery; locally the router gets static URLs instead.
+ROUTER_DISCOVERY_FLAGS = {
+    "--discovery", "--namespace", "--kubeconfig", "--encoder-selector", "--prefill-selector",
+    "--decode-selector", "--backend-port-name", "--backend-port", "--ec-consumer-port",
+    "--encode-servers-urls", "--prefill-servers-urls", "--decode-servers-urls",
+}
+VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+JSON = dict[str, Any]
+
+
+class PlanError(ValueError):
+    """The rendered objects cannot run locally; the message says what and why."""
+
+
+@dataclass
+class LocalProcess:
+    """One local stand-in for a Deployment's pod: the command line it runs and how it differs."""
+
+    name: str  # the Deployment's name
+    role: str
+    argv: list[str]
+    env: dict[str, str]  # added to (or replacing) the caller's environment
+    port: int  # the HTTP port, probed on /health
+    deviations: list[str] = field(default_factory=list)
+    rendered_argv: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+
+@dataclass
+class LocalPlan:
+    processes: list[LocalProcess]
+    topology: str  # "E+PD" or "E/P/D"
+    served_model: str  # the `model` clients send
+    volumes: dict[str, Path]  # volume source (e.g. "pvc/ec-cache") -> local directory
+
+    def of_role(self, role: str) -> list[LocalProcess]:
+        return [p for p in self.processes if p.role == role]
+
+    def one(self, role: str) -> LocalProcess:
+        [process] = self.of_role(role)
+        return process
+
+    def volume(self, key: str) -> Path:
+        return self.volumes[key]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOCALHOST, 0))
+        return s.getsockname()[1]
+
+
+def expand_vars(value: str, env: dict[str, str]) -> str:
+    """The kubelet's `$(VAR)` expansion: defined names are replaced, `$$` escapes, the rest stays."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+
+    return VAR_REF.sub(sub, value)
+
+
+# --------------------------------------------------------------------------------------------
+# Argument-vector editing: flags are matched in both `--flag value` and `--flag=value` forms.
+# --------------------------------------------------------------------------------------------
+
+
+def flag_value(args: list[str], flag: str) -> Optional[str]:
+    """The last value given for `flag` (argparse keeps the last occurrence), or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
+def map_flag_values(args: list[str], flag: str, fn: Callable[[str], str]) -> list[str]:
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == flag and i + 1 < len(out):
+            out[i + 1] = fn(out[i + 1])
+        elif arg.startswith(flag + "="):
+            out[i] = f"{flag}={fn(arg[len(flag) + 1:])}"
+    return out
+
+
+def set_flag(args: list[str], flag: str, value: str) -> list[str]:
+    if flag_value(args, flag) is None:
+        return [*args, flag, value]
+    return map_flag_values(args, flag, lambda _: value)
+
+
+def drop_flags(args: list[str], flags: Iterable[str]) -> list[str]:
+    """Remove each of `flags` with its value."""
+    flags = set(flags)
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in flags:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Volumes and paths
+# --------------------------------------------------------------------------------------------
+
+
+def _volume_key(deployment: str, volume: JSON) -> Optional[str]:
+    """What identifies the storage behind a volume: pods naming the same claim share it."""
+    if "persistentVolumeClaim" in volume:
+        return f"pvc/{volume['persistentVolumeClaim']['claimName']}"
+    if "hostPath" in volume:
+        return "hostpath/" + volume["hostPath"]["path"].strip("/").replace("/", "_")
+    if "emptyDir" in volume:
+        return f"emptydir/{deployment}/{volume['name']}"
+    return None  # configMap/secret/projected: nothing the vLLM command line points into
+
+
+class PathMap:
+    """Container paths under a volume mount -> the volume's local directory."""
+
+    def __init__(self, mounts: dict[str, Path]) -> None:
+        # Longest mount first, so /models/x is not taken for /models.
+        self.mounts = sorted(mounts.items(), key=lambda kv: len(kv[0]), reverse=True)
+
+    def path(self, value: str) -> str:
+        for mount, local in self.mounts:
+            if value == mount or value.startswith(mount.rstrip("/") + "/"):
+                return str(local) + value[len(mount.rstrip("/")):]
+        return value
+
+    def json(self, node: Any) -> Any:
+        if isinstance(node, str):
+            return self.path(node)
+        if isinstance(node, dict):
+            return {k: self.json(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self.json(v) for v in node]
+        return node
+
+    def arg(self, arg: str) -> str:
+        if arg.startswith("{"):
+            try:
+                parsed = json.loads(arg)
+            except ValueError:
+                return arg
+            mapped = self.json(parsed)
+            return arg if mapped == parsed else json.dumps(mapped, separators=(",", ":"))
+        if arg.startswith("--") and "=" in arg:
+            name, value = arg.split("=", 1)
+            return f"{name}={self.arg(value)}"
+        return self.path(arg)
+
+
+# --------------------------------------------------------------------------------------------
+# Planning
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pod:
+    """What a rendered Deployment's main container says, with local values resolved."""
+
+    deployment: JSON
+    container: JSON
+    name: str
+    role: str
+    env: dict[str, str]
+    ports: dict[int, int]  # containerPort -> local port
+    paths: PathMap
+    deviations: list[str]
+
+
+def _deployments(objects: list[JSON]) -> dict[str, JSON]:
+    found: dict[str, JSON] = {}
+    for obj in objects:
+        if obj.get("kind") != "Deployment":
+            continue
+        role = obj["metadata"].get("labels", {}).get(ROLE_LABEL)
+        if role is None:
+            continue
+        if role in found:
+            raise PlanError(f"two Deployments with {ROLE_LABEL}={role}: run one EPDDeployment at a time")
+        found[role] = obj
+    if ENCODER not in found or DECODE not in found or ROUTER not in found:
+        raise PlanError(f"rendered objects lack an encoder, decode or router Deployment (roles: {sorted(found)})")
+    unknown = set(found) - {*VLLM_ROLES, ROUTER}
+    if unknown:
+        raise PlanError(f"cannot run {sorted(unknown)} locally (only the SharedStorage EC connector runs here)")
+    return found
+
+
+def _main_container(deployment: JSON, command: str) -> JSON:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    for c in containers:
+        if command in c.get("command", [])[:2]:
+            return c
+    raise PlanError(f"Deployment {deployment['metadata']['name']} has no container running {command!r}")
+
+
+def _configmaps(objects: list[JSON]) -> dict[str, dict[str, str]]:
+    return {o["metadata"]["name"]: o.get("data", {}) for o in objects if o.get("kind") == "ConfigMap"}
+
+
+def _resolve_env(
+    container: JSON, name: str, configmaps: dict[str, dict[str, str]], ports: dict[int, int], deviations: list[str]
+) -> dict[str, str]:
+    """Container env as the kubelet resolves it, on loopback; earlier variables expand in later ones."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        key = var["name"]
+        if "value" in var:
+            value = expand_vars(str(var["value"]), env)
+            if key.endswith("PORT") and value.isdigit() and int(value) in ports:
+                value = str(ports[int(value)])
+            env[key] = value
+            continue
+        source = var.get("valueFrom", {})
+        if "fieldRef" in source:
+            field_path = source["fieldRef"]["fieldPath"]
+            if field_path in ("status.podIP", "status.hostIP"):
+                env[key] = LOCALHOST
+            elif field_path == "metadata.name":
+                env[key] = f"{name}-local"
+            else:
+                deviations.append(f"env {key} ({field_path}) not set locally")
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            value = configmaps.get(ref["name"], {}).get(ref["key"])
+            if value is None:
+                raise PlanError(f"{name}: env {key} refers to ConfigMap {ref['name']}/{ref['key']}, not rendered")
+            env[key] = value
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            deviations.append(f"env {key} from Secret {ref['name']} not set (the hub is offline here)")
+    return env
+
+
+def _pod(deployment: JSON, command: str, configmaps, workdir: Path, volumes: dict[str, Path], pick_port) -> _Pod:
+    meta = deployment["metadata"]
+    name, role = meta["name"], meta["labels"][ROLE_LABEL]
+    container = _main_container(deployment, command)
+    deviations: list[str] = []
+    replicas = deployment["spec"].get("replicas", 1)
+    if replicas is not None and replicas != 1:
+        deviations.append(f"1 process instead of {replicas} replicas")
+    ports = {p["containerPort"]: pick_port() for p in container.get("ports", [])}
+    pod_volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get("volumes", [])}
+    mounts: dict[str, Path] = {}
+    for mount in container.get("volumeMounts", []):
+        volume = pod_volumes.get(mount["name"])
+        key = _volume_key(name, volume) if volume else None
+        if key is None or mount["mountPath"] == "/dev/shm":
+            continue
+        local = volumes.setdefault(key, workdir / "volumes" / key)
+        mounts[mount["mountPath"]] = local
+    env = _resolve_env(container, name, configmaps, ports, deviations)
+    paths = PathMap(mounts)
+    env = {k: paths.path(v) for k, v in env.items()}
+    return _Pod(deployment, container, name, role, env, ports, paths, deviations)
+
+
+def _http_port(pod: _Pod, args: list[str]) -> int:
+    rendered = flag_value(args, "--port")
+    if rendered is None or not rendered.isdigit() or int(rendered) not in pod.ports:
+        raise PlanError(f"{pod.name}: --port {rendered} is not one of the container's ports {sorted(pod.ports)}")
+    return pod.ports[int(rendered)]
+
+
+def _rendered_argv(pod: _Pod) -> list[str]:
+    c = pod.container
+    return [expand_vars(a, pod.env) for a in [*c.get("command", []), *c.get("args", [])]]
+
+
+def _transfer_config(args: list[str], flag: str) -> Optional[JSON]:
+    value = flag_value(args, flag)
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise PlanError(f"{flag} is not JSON: {exc}") from None
+
+
+def _vllm_process(pod: _Pod, model_dir: Path, vllm: Path, kv_dir: Path) -> LocalProcess:
+    rendered = _rendered_argv(pod)
+    if rendered[:2] != ["vllm", "serve"]:
+        raise PlanError(f"{pod.name}: expected `vllm serve ...`, got {rendered[:2]}")
+    args = [pod.paths.arg(a) for a in rendered[2:]]
+    notes = list(pod.deviations)
+
+    port = _http_port(pod, args)
+    args = map_flag_values(args, "--port", lambda _: str(port))
+    for flag in [a.split("=", 1)[0] for a in args if a.startswith("--") and a.split("=", 1)[0].endswith("-port")]:
+        args = map_flag_values(args, flag, lambda v: str(pod.ports.get(int(v), v)) if v.isdigit() else v)
+    if flag_value(args, "--host") is not None:
+        args = map_flag_values(args, "--host", lambda _: LOCALHOST)
+
+    if args and not args[0].startswith("-"):
+        notes.append(f"model {rendered[2]} -> local tiny model")
+        args[0] = str(model_dir)
+    if flag_value(args, "--model") is not None:
+        args = map_flag_values(args, "--model", lambda _: str(model_dir))
+
+    ec = _transfer_config(args, "--ec-transfer-config")
+    if ec is not None and ec.get("ec_connector") not in LOCAL_EC_CONNECTORS:
+        raise PlanError(
+            f"{pod.name}: EC connector {ec.get('ec_connector')} cannot run on this CPU machine; "
+            "run an EPDDeployment with ecTransfer.connector: SharedStorage locally"
+        )
+    kv = _transfer_config(args, "--kv-transfer-config")
+    if kv is not None:
+        if kv.get("kv_connector") != LOCAL_KV_CONNECTOR:
+            notes.append(f"KV connector {kv.get('kv_connector')} -> {LOCAL_KV_CONNECTOR} over a local directory")
+            local_kv = {
+                "kv_connector": LOCAL_KV_CONNECTOR,
+                "kv_role": kv.get("kv_role"),
+                "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)},
+            }
+            args = map_flag_values(args, "--kv-transfer-config", lambda _: json.dumps(local_kv, separators=(",", ":")))
+        args = set_flag(args, "--block-size", str(CPU_KV_BLOCK_SIZE))
+        notes.append(f"--block-size {CPU_KV_BLOCK_SIZE} (CPU attention)")
+
+    tp = flag_value(args, "--tensor-parallel-size")
+    if tp is not None and tp != "1":
+        args = map_flag_values(args, "--tensor-parallel-size", lambda _: "1")
+        notes.append(f"--tensor-parallel-size {tp} -> 1 (one CPU process)")
+    if flag_value(args, "--kv-cache-memory-bytes") is None:
+        args += ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+        notes.append(f"--kv-cache-memory-bytes {CPU_KV_CACHE_BYTES} (host memory)")
+
+    return LocalProcess(
+        name=pod.name,
+        role=pod.role,
+        argv=[str(vllm), "serve", *args],
+        env={**pod.env, **CPU_ENV},
+        port=port,
+        deviations=notes,
+        rendered_argv=rendered,
+    )
+
+
+def _router_process(pod: _Pod, router: list[str], vllm_processes: list[LocalProcess]) -> LocalProcess:
+    rendered = _rendered_argv(pod)
+    if rendered[:1] != ["epd-router"]:
+        raise PlanError(f"{pod.name}: expected `epd-router ...`, got {rendered[:1]}")
+    args = rendered[1:]
+    port = _http_port(pod, args)
+    args = map_flag_values(args, "--port", lambda _: str(port))
+    if flag_value(args, "--host") is not None:
+        args = map_flag_values(args, "--host", lambda _: LOCALHOST)
+    urls = {role: ",".join(p.url for p in vllm_processes if p.role == role) for role in VLLM_ROLES}
+    args = drop_flags(args, ROUTER_DISCOVERY_FLAGS) + [
+        "--encode-servers-urls", urls[ENCODER],
+        "--prefill-servers-urls", urls[PREFILL] or "disable",
+        "--decode-servers-urls", urls[DECODE],
+    ]
+    return LocalProcess(
+        name=pod.name,
+        role=ROUTER,
+        argv=[*router, *args],
+        env=pod.env,
+        port=port,
+        deviations=[*pod.deviations, "static backend URLs instead of EndpointSlice discovery"],
+        rendered_argv=rendered,
+    )
+
+
+def plan(
+    objects: list[JSON],
+    *,
+    model_dir: Path,
+    workdir: Path,
+    vllm: Path,
+    router: list[str],
+    pick_port: Callable[[], int] = free_port,
+) -> LocalPlan:
+    """The local processes for rendered `objects` (the output of `epd_operator.render.render`).
+
+    `vllm` is the `vllm` executable of the CPU venv, `router` the command that starts
+    `epd-router`, `workdir` where the volumes' local directories go.
+    """
+    deployments = _deployments(objects)
+    configmaps = _configmaps(objects)
+    volumes: dict[str, Path] = {}
+    kv_dir = workdir / "volumes" / "kv-transfer"
+    processes = [
+        _vllm_process(_pod(deployments[role], "vllm", configmaps, workdir, volumes, pick_port), model_dir, vllm, kv_dir)
+        for role in VLLM_ROLES
+        if role in deployments
+    ]
+    if any(flag_value(p.argv, "--kv-transfer-config") for p in processes):
+        volumes["kv-transfer"] = kv_dir
+    router_pod = _pod(deployments[ROUTER], "epd-router", configmaps, workdir, volumes, pick_port)
+    processes.append(_router_process(router_pod, router, processes))
+    decode = next(p for p in processes if p.role == DECODE)
+    served = flag_value(decode.argv, "--served-model-name") or str(model_dir)
+    return LocalPlan(
+        processes=processes,
+        topology="E/P/D" if PREFILL in deployments else "E+PD",
+        served_model=served,
+        volumes=volumes,
+    )
