@@ -268,11 +268,13 @@ def markdown(result: OverheadResult) -> str:
         rows,
     ))
     parts.append("Ours vs vLLM's proxy, per scenario (ratios; lower CPU and added latency are better):\n\n" + table(
-        ["topology", "images", "stream", "conc", "added p50 ours / proxy (ms)", "CPU per req ours/proxy", "req/s ours/proxy"],
+        ["topology", "images", "stream", "conc", "added p50 ours / proxy (ms)", "CPU per req ours/proxy",
+         "req/s ours/proxy", "CPU per req aiohttp-floor/proxy"],
         [
             [t, i, "yes" if s else "no", n,
              f"{_added(result, t, i, s, n, OURS):.2f} / {_added(result, t, i, s, n, PROXY):.2f}",
-             _ratio(result, t, i, s, n, "router_cpu_ms_per_req"), _ratio(result, t, i, s, n, "rps")]
+             _ratio(result, t, i, s, n, "router_cpu_ms_per_req"), _ratio(result, t, i, s, n, "rps"),
+             _ratio(result, t, i, s, n, "router_cpu_ms_per_req", C.AIOHTTP_FLOOR.name)]
             for (t, i, s, n) in by_scenario
             if result.cell(t, i, s, n, OURS) and result.cell(t, i, s, n, PROXY) and result.cell(t, i, s, n, C.DIRECT.name)
         ],
@@ -288,8 +290,10 @@ def _added(result, t, i, s, n, name) -> float:
     return result.cell(t, i, s, n, name).load.p50_ms - result.cell(t, i, s, n, C.DIRECT.name).load.p50_ms
 
 
-def _ratio(result, t, i, s, n, metric: str) -> float:
-    a, b = result.cell(t, i, s, n, OURS), result.cell(t, i, s, n, PROXY)
+def _ratio(result, t, i, s, n, metric: str, name: str = OURS) -> float:
+    a, b = result.cell(t, i, s, n, name), result.cell(t, i, s, n, PROXY)
+    if a is None:
+        return float("nan")
     value = (lambda c: c.load.rps) if metric == "rps" else (lambda c: c.router_cpu_ms_per_req)
     return value(a) / value(b) if value(b) else float("nan")
 
@@ -307,7 +311,7 @@ def _reference_check(result: OverheadResult) -> str:
     lo, hi = min(result.plan.concurrency), max(result.plan.concurrency)
     direct = result.cell(topo, images, stream, lo, C.DIRECT.name)
     rows = []
-    for name in (PROXY, C.VLLM_ROUTER.name, OURS):
+    for name in (PROXY, C.VLLM_ROUTER.name, OURS, C.AIOHTTP_FLOOR.name):
         c1, chi = result.cell(topo, images, stream, lo, name), result.cell(topo, images, stream, hi, name)
         if not (c1 and chi and direct):
             continue
