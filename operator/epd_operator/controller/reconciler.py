@@ -195,15 +195,15 @@ class Reconciler:
             live = await self._children(namespace, name, [DEPLOYMENT, HPA])
 
         previous = status_rules.parse_status(body.get("status"))
-        if full:
-            observed = meta.get("generation")
-        else:
-            observed = previous.observedGeneration if previous is not None else None
+        # A status pass reports on the children but has not acted on a newer generation.
+        observed = meta.get("generation") if full else (previous.observedGeneration if previous else None)
+        if errors is None:
+            topology, endpoint = epd.spec.topology, router_endpoint(objects, name)
+        else:  # the children of the last accepted spec keep running: keep describing them
+            topology, endpoint = (previous.topology, previous.endpoint) if previous else (None, None)
         new = status_rules.derive_status(
-            tiers=tier_inputs(objects, live), topology=epd.spec.topology if errors is None else
-            (previous.topology if previous is not None else None),
-            endpoint=router_endpoint(objects, name) if errors is None else (previous.endpoint if previous else None),
-            observed_generation=observed, spec_errors=errors, previous=previous, now=utcnow())
+            tiers=tier_inputs(objects, live), topology=topology, endpoint=endpoint, observed_generation=observed,
+            spec_errors=errors, previous=previous, now=utcnow())
         await self._publish(body, previous, new)
         if full:
             self._reconciled[key] = (meta["uid"], meta.get("generation"))
