@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from epd_operator.local.client import chat, chat_body, image_part, image_url, metric_sum, text_part
+from epd_operator.local.client import chat, chat_body, image_part, image_url, text_part
 from epd_operator.local.cpu_sizing import fit_to_cpu
 from epd_operator.local.runner import load_spec, run_local
+from tests.support.vllm_pipeline import MAX_TOKENS, ask, requests_served, router_items
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first run also builds the vLLM venv
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "epd-shared-storage.yaml"
 STORE = "pvc/ec-cache"  # the example's `ecTransfer.sharedStorage.claimName`
-MAX_TOKENS = 8
 _seeds = itertools.count(1)
 
 
@@ -33,18 +33,8 @@ def epd(tmp_path_factory):
         yield running
 
 
-def ask(epd, content, **kwargs):
-    reply = chat(epd.router_url, chat_body(epd.plan.served_model, content, MAX_TOKENS, **kwargs))
-    assert reply.ok, f"router: {reply}"
-    return reply
-
-
-def router_items(epd, outcome: str) -> float:
-    return metric_sum(epd.router_url, "epd_router_items_total", outcome=outcome)
-
-
 def encoder_requests(epd) -> float:
-    return metric_sum(epd.url("encoder"), "vllm:request_success_total")
+    return requests_served(epd, "encoder")
 
 
 def stored_items(epd) -> set[str]:
