@@ -29,17 +29,11 @@ import sys
 
 import orjson
 
+from .http1 import chunk, response, take_request
+
 DECODE_CHUNKS = 16
 
 _ids = itertools.count()
-
-
-def _http(status: bytes, content_type: bytes, body: bytes) -> bytes:
-    return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: " + content_type
-        + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
-
 
 COMPLETION = orjson.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
@@ -47,29 +41,23 @@ COMPLETION = orjson.dumps({
                  "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 300, "completion_tokens": DECODE_CHUNKS, "total_tokens": 316},
 })
-OK_JSON = _http(b"200 OK", b"application/json", b'{"status":"ok"}')
-MODELS = _http(b"200 OK", b"application/json",
-               orjson.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}))
-NOT_FOUND = _http(b"404 Not Found", b"application/json", b'{"error":"not found"}')
+OK_JSON = response(b"200 OK", b"application/json", b'{"status":"ok"}')
+MODELS = response(b"200 OK", b"application/json",
+                  orjson.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}))
+NOT_FOUND = response(b"404 Not Found", b"application/json", b'{"error":"not found"}')
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-
-
-def _chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
-
-
 SSE_CHUNKS = [
-    _chunk(b"data: " + orjson.dumps({
+    chunk(b"data: " + orjson.dumps({
         "id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": "bench",
         "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}],
     }) + b"\n\n")
     for i in range(DECODE_CHUNKS)
-] + [_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
+] + [chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
 
 
 def prefill_reply() -> bytes:
     n = next(_ids)
-    return _http(b"200 OK", b"application/json", orjson.dumps({
+    return response(b"200 OK", b"application/json", orjson.dumps({
         "id": f"cmpl-p{n}", "object": "chat.completion", "model": "bench",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": "length"}],
         "kv_transfer_params": {
@@ -100,7 +88,7 @@ def encoder_report(request: dict) -> dict:
 
 
 def encoder_reply(body: bytes) -> bytes:
-    return _http(b"200 OK", b"application/json", orjson.dumps(encoder_report(orjson.loads(body))))
+    return response(b"200 OK", b"application/json", orjson.dumps(encoder_report(orjson.loads(body))))
 
 
 class Counters:
@@ -134,35 +122,13 @@ class BackendProtocol(asyncio.Protocol):
             self._serve_buffered()
 
     def _serve_buffered(self) -> None:
-        while True:
-            head_end = self.buf.find(b"\r\n\r\n")
-            if head_end < 0:
-                return
-            head = bytes(self.buf[:head_end]).decode("latin-1")
-            lines = head.split("\r\n")
-            method, path, _ = lines[0].split(" ", 2)
-            headers = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-            start = head_end + 4
-            if headers.get("transfer-encoding", "").lower() == "chunked":
-                parsed = _dechunk(self.buf, start)
-                if parsed is None:
-                    return
-                body, end = parsed
-            else:
-                end = start + int(headers.get("content-length", "0"))
-                if len(self.buf) < end:
-                    return
-                body = bytes(self.buf[start:end])
-            del self.buf[:end]
-            if self._answer(method, path, body):
+        while (request := take_request(self.buf)) is not None:
+            if self._answer(request.method, request.path, request.body):
                 return  # a stream is being written; the rest waits for it
 
     def _answer(self, method: str, path: str, body: bytes) -> bool:
         if path == "/_stats":
-            self.transport.write(_http(b"200 OK", b"application/json", orjson.dumps(self.counters.by_role)))
+            self.transport.write(response(b"200 OK", b"application/json", orjson.dumps(self.counters.by_role)))
         elif path in ("/health", "/health_generate", "/load"):
             self.transport.write(OK_JSON)
         elif path == "/v1/models":
@@ -177,40 +143,22 @@ class BackendProtocol(asyncio.Protocol):
                 self.streaming = asyncio.ensure_future(self._stream())
                 return True
             else:
-                self.transport.write(_http(b"200 OK", b"application/json", COMPLETION))
+                self.transport.write(response(b"200 OK", b"application/json", COMPLETION))
         else:
             self.transport.write(NOT_FOUND)
         return False
 
     async def _stream(self) -> None:
         self.transport.write(SSE_HEAD)
-        for chunk in SSE_CHUNKS:
+        for piece in SSE_CHUNKS:
             # One write per token, each in its own loop turn, as a decoding engine would.
             await asyncio.sleep(0)
             if self.transport.is_closing():
                 return
-            self.transport.write(chunk)
+            self.transport.write(piece)
         self.streaming = None
         if self.buf:
             self._serve_buffered()
-
-
-def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
-    body = bytearray()
-    while True:
-        line_end = buf.find(b"\r\n", pos)
-        if line_end < 0:
-            return None
-        size = int(bytes(buf[pos:line_end]).split(b";")[0], 16)
-        pos = line_end + 2
-        if size == 0:
-            if len(buf) < pos + 2:
-                return None
-            return bytes(body), pos + 2
-        if len(buf) < pos + size + 2:
-            return None
-        body += buf[pos:pos + size]
-        pos += size + 2
 
 
 async def serve(ports: dict[str, int], host: str = "127.0.0.1") -> None:

@@ -3,8 +3,8 @@
 - direct: the client talks to the consumer itself (PD in E+PD, D in E/P/D): the floor.
 - vllm-proxy: vLLM 0.32's `disagg_epd_proxy.py`, run as shipped (its own logging included).
 - epd-router: ours, one worker process.
-- aiohttp-floor: the same upstream calls through aiohttp and nothing else, to tell
-  aiohttp's own cost from a router's logic.
+- aiohttp-floor, raw-floor: the same upstream calls and nothing else, through aiohttp or
+  through raw asyncio protocols: what the HTTP layer alone costs, apart from a router's logic.
 - vllm-router: the Rust router. Its wheel has no EPD mode, so it runs plain (E+PD) or
   P/D (E/P/D) and never calls the encoder: a reference floor for a compiled router, not
   a like-for-like contender.
@@ -79,10 +79,14 @@ class VllmRouter(Contender):
         return [*argv, "--worker-urls", topo.decode]
 
 
-class AiohttpFloor(Contender):
+@dataclass(frozen=True)
+class Floor(Contender):
+    """A pass-through making the same upstream calls with no router logic."""
+
+    module: str = ""
+
     def argv(self, topo: Topology, port: int) -> list[str]:
-        argv = [sys.executable, "-m", "bench.aiohttp_floor", "--port", str(port), "--encoder", topo.encoder,
-                "--decode", topo.decode]
+        argv = [sys.executable, "-m", self.module, "--port", str(port), "--encoder", topo.encoder, "--decode", topo.decode]
         return [*argv, "--prefill", topo.prefill] if topo.prefill else argv
 
 
@@ -91,7 +95,9 @@ VLLM_PROXY = VllmProxy("vllm-proxy", calls_encoder=True, note="vLLM 0.32 disagg_
 EPD_ROUTER = EpdRouter("epd-router", calls_encoder=True, note="ours, 1 worker")
 VLLM_ROUTER = VllmRouter("vllm-router", calls_encoder=False,
                          note=f"vllm-router {thirdparty.VLLM_ROUTER_VERSION}, plain / P/D mode, no encoder call")
-AIOHTTP_FLOOR = AiohttpFloor("aiohttp-floor", calls_encoder=True,
-                             note="the same calls through aiohttp with no logic (bench/aiohttp_floor.py): "
-                                  "the floor for an aiohttp router")
-ALL = (DIRECT, VLLM_PROXY, EPD_ROUTER, VLLM_ROUTER, AIOHTTP_FLOOR)
+AIOHTTP_FLOOR = Floor("aiohttp-floor", calls_encoder=True, module="bench.aiohttp_floor",
+                      note="the same calls through aiohttp with no logic: the floor for an aiohttp router")
+RAW_FLOOR = Floor("raw-floor", calls_encoder=True, module="bench.raw_floor",
+                  note="the same calls through raw asyncio protocols on uvloop with no logic: "
+                       "the floor for a Python router without an HTTP framework")
+ALL = (DIRECT, VLLM_PROXY, EPD_ROUTER, VLLM_ROUTER, AIOHTTP_FLOOR, RAW_FLOOR)

@@ -37,7 +37,7 @@ class Plan:
     images: tuple[int, ...] = (1, 4)
     streaming: tuple[bool, ...] = (False, True)
     concurrency: tuple[int, ...] = (1, 16, 64)
-    seconds: int = 3  # wrk takes whole seconds
+    seconds: int = 2  # wrk takes whole seconds
     warmup_seconds: int = 1
 
 
@@ -269,12 +269,13 @@ def markdown(result: OverheadResult) -> str:
     ))
     parts.append("Ours vs vLLM's proxy, per scenario (ratios; lower CPU and added latency are better):\n\n" + table(
         ["topology", "images", "stream", "conc", "added p50 ours / proxy (ms)", "CPU per req ours/proxy",
-         "req/s ours/proxy", "CPU per req aiohttp-floor/proxy"],
+         "req/s ours/proxy", "CPU per req aiohttp-floor/proxy", "CPU per req raw-floor/proxy"],
         [
             [t, i, "yes" if s else "no", n,
              f"{_added(result, t, i, s, n, OURS):.2f} / {_added(result, t, i, s, n, PROXY):.2f}",
              _ratio(result, t, i, s, n, "router_cpu_ms_per_req"), _ratio(result, t, i, s, n, "rps"),
-             _ratio(result, t, i, s, n, "router_cpu_ms_per_req", C.AIOHTTP_FLOOR.name)]
+             _ratio(result, t, i, s, n, "router_cpu_ms_per_req", C.AIOHTTP_FLOOR.name),
+             _ratio(result, t, i, s, n, "router_cpu_ms_per_req", C.RAW_FLOOR.name)]
             for (t, i, s, n) in by_scenario
             if result.cell(t, i, s, n, OURS) and result.cell(t, i, s, n, PROXY) and result.cell(t, i, s, n, C.DIRECT.name)
         ],
@@ -311,7 +312,7 @@ def _reference_check(result: OverheadResult) -> str:
     lo, hi = min(result.plan.concurrency), max(result.plan.concurrency)
     direct = result.cell(topo, images, stream, lo, C.DIRECT.name)
     rows = []
-    for name in (PROXY, C.VLLM_ROUTER.name, OURS, C.AIOHTTP_FLOOR.name):
+    for name in (PROXY, C.VLLM_ROUTER.name, OURS, C.AIOHTTP_FLOOR.name, C.RAW_FLOOR.name):
         c1, chi = result.cell(topo, images, stream, lo, name), result.cell(topo, images, stream, hi, name)
         if not (c1 and chi and direct):
             continue

@@ -47,7 +47,7 @@ class Plan:
 WARMUP = 20  # requests, not counted
 
 FULL = Plan()
-QUICK = Plan(requests=500, rate=100.0)
+QUICK = Plan(requests=500, rate=125.0)
 
 # label, contender, extra flags
 POLICIES = (
