@@ -78,11 +78,6 @@ def is_ready() -> bool:
     return (MODEL_DIR / ".ready").exists()
 
 
-def built_path() -> Path | None:
-    """The model directory if it has been built, without building it."""
-    return MODEL_DIR if is_ready() else None
-
-
 def _log(msg: str) -> None:
     print(f"[tiny-model] {msg}", file=sys.stderr, flush=True)
 
