@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -186,13 +187,15 @@ async def _act(options: Options, kube: Kube, metrics: Metrics, health: Health, i
                elector: LeaseElector | None, stop: asyncio.Event) -> int:
     reconciler = Reconciler(kube, metrics, identity=identity, resync_seconds=options.resync_seconds,
                             workers=options.workers)
-    kopf_stop = asyncio.Event()
+    kopf_stop, kopf_ready = asyncio.Event(), asyncio.Event()
     reconciling = asyncio.create_task(reconciler.run(), name="reconciler")
     health.reconciler_task = reconciling
     watching = asyncio.create_task(kopf.operator(
         registry=build_registry(reconciler, kube), settings=build_settings(), standalone=True,
-        clusterwide=options.all_namespaces, namespaces=options.namespaces, stop_flag=kopf_stop), name="kopf")
-    guards = {reconciling, watching, asyncio.create_task(stop.wait(), name="stop")}
+        clusterwide=options.all_namespaces, namespaces=options.namespaces, stop_flag=kopf_stop,
+        ready_flag=kopf_ready), name="kopf")
+    guards = {reconciling, watching, asyncio.create_task(stop.wait(), name="stop"),
+              asyncio.create_task(_reclaim_signals(kopf_ready, stop), name="signals")}
     holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
     if holding:
         guards.add(holding)
@@ -214,6 +217,18 @@ async def _act(options: Options, kube: Kube, metrics: Metrics, health: Health, i
         log.error("the reconciler crashed", exc_info=reconciling.exception())
         return 1
     return 0
+
+
+async def _reclaim_signals(kopf_ready: asyncio.Event, stop: asyncio.Event) -> None:
+    """Route SIGINT/SIGTERM to `stop` again once kopf has taken them over at its start: stopping
+    through our flag releases the Lease first and spares kopf's 5 s wait for its own flag waiter."""
+    await kopf_ready.wait()
+    if threading.current_thread() is threading.main_thread():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+    await asyncio.Event().wait()  # a guard task: it ends only when cancelled
 
 
 def _forget_signal_handlers() -> None:
