@@ -206,16 +206,18 @@ async def _act(options: Options, kube: Kube, metrics: Metrics, health: Health, i
     with contextlib.suppress(asyncio.CancelledError):
         await reconciling
     kopf_stop.set()
-    with contextlib.suppress(asyncio.CancelledError):
-        await watching
+    (watch_error,) = await asyncio.gather(watching, return_exceptions=True)
     for task in guards - {reconciling, watching}:
         task.cancel()
     _forget_signal_handlers()
     if lost:
         return 1
-    if reconciling in done and not reconciling.cancelled() and reconciling.exception() is not None:
-        log.error("the reconciler crashed", exc_info=reconciling.exception())
-        return 1
+    crashed = reconciling in done and not reconciling.cancelled()
+    for what, error in (("the reconciler", reconciling.exception() if crashed else None),
+                        ("kopf", watch_error if isinstance(watch_error, Exception) else None)):
+        if error is not None:
+            log.error("%s crashed", what, exc_info=error)
+            return 1
     return 0
 
 
