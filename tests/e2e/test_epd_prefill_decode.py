@@ -22,7 +22,7 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "epd-nixl-autoscaled.yaml"
 
 
 @pytest.fixture(scope="module")
-def epd(tmp_path_factory):
+def epd(vllm_ready, tmp_path_factory):
     spec, _ = fit_to_cpu(load_spec(EXAMPLE))
     with run_local(spec, tmp_path_factory.mktemp("e-p-d")) as running:
         yield running

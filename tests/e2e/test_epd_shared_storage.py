@@ -27,7 +27,7 @@ _seeds = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def epd(tmp_path_factory):
+def epd(vllm_ready, tmp_path_factory):
     spec, _ = fit_to_cpu(load_spec(EXAMPLE))
     with run_local(spec, tmp_path_factory.mktemp("e-pd")) as running:
         yield running

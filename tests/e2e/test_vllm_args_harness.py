@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.vllm_args import check_serve_commands
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("vllm_ready"), pytest.mark.timeout(1200)]
 
 MODEL = "Qwen/Qwen2.5-VL-3B-Instruct"  # a hub id: the harness must substitute the local model
 
