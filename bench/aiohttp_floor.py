@@ -10,11 +10,12 @@ the gap between it and the direct contender is what aiohttp itself costs.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import aiohttp
 from aiohttp import web
+
+from .contenders import parse_floor_args
 
 CHAT = "/v1/chat/completions"
 JSON = {"Content-Type": "application/json"}
@@ -56,13 +57,7 @@ def build_app(encoder: str, prefill: str | None, decode: str) -> web.Application
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--encoder", required=True)
-    parser.add_argument("--prefill")
-    parser.add_argument("--decode", required=True)
-    args = parser.parse_args(argv)
+    args = parse_floor_args(__doc__.splitlines()[0], argv)
     try:
         import uvloop
         uvloop.install()

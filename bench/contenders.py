@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 from dataclasses import dataclass
@@ -88,6 +89,17 @@ class Floor(Contender):
     def argv(self, topo: Topology, port: int) -> list[str]:
         argv = [sys.executable, "-m", self.module, "--port", str(port), "--encoder", topo.encoder, "--decode", topo.decode]
         return [*argv, "--prefill", topo.prefill] if topo.prefill else argv
+
+
+def parse_floor_args(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of a floor process, as Floor.argv writes it."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--encoder", required=True)
+    parser.add_argument("--prefill")
+    parser.add_argument("--decode", required=True)
+    return parser.parse_args(argv)
 
 
 DIRECT = Direct("direct", calls_encoder=False, note="client → consumer, no router (the floor)")

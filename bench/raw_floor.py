@@ -11,11 +11,11 @@ router's cost is its HTTP framework rather than the language.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from urllib.parse import urlsplit
 
+from .contenders import parse_floor_args
 from .http1 import ResponseEnd, response, take_request
 
 CHAT = b"/v1/chat/completions"
@@ -125,13 +125,7 @@ async def serve(host: str, port: int, encoder: str, prefill: str | None, decode:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--encoder", required=True)
-    parser.add_argument("--prefill")
-    parser.add_argument("--decode", required=True)
-    args = parser.parse_args(argv)
+    args = parse_floor_args(__doc__.splitlines()[0], argv)
     coro = serve(args.host, args.port, args.encoder, args.prefill, args.decode)
     try:
         import uvloop
