@@ -42,7 +42,7 @@ def step(n: int, total: int, msg: str) -> None:
 
 def _wrapped(argv: list[str], indent: str) -> str:
     text = " ".join(a if " " not in a else repr(a) for a in argv)
-    return textwrap.fill(text, width=110, initial_indent=indent, subsequent_indent=indent + "    ",
+    return textwrap.fill(text, width=110, initial_indent=indent, subsequent_indent=" " * (len(indent) + 4),
                          break_long_words=False, break_on_hyphens=False)
 
 

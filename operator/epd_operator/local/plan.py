@@ -315,6 +315,8 @@ def _pod(deployment: JSON, command: str, configmaps, workdir: Path, volumes: dic
             continue
         local = volumes.setdefault(key, workdir / "volumes" / key)
         mounts[mount["mountPath"]] = local
+        deviations.append(f"volume {mount['name']} at {mount['mountPath']} -> {local}")
+    deviations += [f"port {rendered} -> {local}" for rendered, local in ports.items()]
     env = _resolve_env(container, name, configmaps, ports, deviations)
     paths = PathMap(mounts)
     env = {k: paths.path(v) for k, v in env.items()}
