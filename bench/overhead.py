@@ -126,55 +126,35 @@ def run(plan: Plan, contenders: tuple[C.Contender, ...], log_dir: Path, progress
     result = OverheadResult(plan)
     workdir = Path(tempfile.mkdtemp(prefix="epd-bench-"))
     for topo_name in plan.topologies:
-        ports = {"encoder": free_port(), "decode": free_port()}
-        if topo_name == "E/P/D":
-            ports["prefill"] = free_port()
-        topo = C.Topology(
-            topo_name, encoder=f"http://127.0.0.1:{ports['encoder']}", decode=f"http://127.0.0.1:{ports['decode']}",
-            prefill=f"http://127.0.0.1:{ports['prefill']}" if "prefill" in ports else None,
-        )
+        roles = ("encoder", "prefill", "decode") if topo_name == "E/P/D" else ("encoder", "decode")
+        ports = {role: free_port() for role in roles}
+        url = {role: f"http://127.0.0.1:{port}" for role, port in ports.items()}
+        topo = C.Topology(topo_name, encoder=url["encoder"], decode=url["decode"], prefill=url.get("prefill"))
         tag = topo_name.replace("/", "").replace("+", "")
-        procs: dict[str, Proc] = {}
-        urls: dict[str, str] = {}
         backend = start(
             f"backends-{tag}",
-            [_python(), "-m", "bench.backends", *[a for role, p in ports.items() for a in (f"--{role}", str(p))]],
+            [sys.executable, "-m", "bench.backends", *[a for role, p in ports.items() for a in (f"--{role}", str(p))]],
             LOAD_CORE, log_dir,
         )
+        procs: dict[str, Proc] = {}
         try:
             wait_http(backend, f"{topo.decode}/health", timeout=30)
-            for contender in contenders:
-                if contender.name in result.missing:
-                    continue
-                try:
-                    if contender.argv(topo, 0) is None:
-                        urls[contender.name] = topo.decode + C.CHAT_PATH
-                        continue
-                    proc, port = start_server(
-                        f"{contender.name}-{tag}", lambda p, c=contender: c.argv(topo, p), ROUTER_CORE, log_dir,
-                    )
-                    procs[contender.name] = proc
-                    base = f"http://127.0.0.1:{port}"
-                    _smoke(contender, base + C.CHAT_PATH, topo, topo.decode)
-                    urls[contender.name] = base + C.CHAT_PATH
-                    progress(f"  {contender.name} ready ({topo_name})")
-                except Exception as e:  # a contender that cannot run is reported, not fatal
-                    reason = str(e).strip().splitlines()
-                    result.missing[contender.name] = f"{topo_name}: " + " | ".join(reason[:1] + reason[-3:])
-                    progress(f"  {contender.name} NOT measured: {result.missing[contender.name]}")
-                    if contender.name in procs:
-                        procs.pop(contender.name).stop()
+            urls = _start_contenders(contenders, topo, tag, procs, result, log_dir, progress)
             for images in plan.images:
                 for stream in plan.streaming:
                     bodies = write_bodies(workdir / f"{tag}-{images}-{int(stream)}.jsonl", images, stream)
                     for conc in plan.concurrency:
-                        for name, url in urls.items():
-                            cell = _measure(
-                                topo_name, images, stream, conc, name, url, procs.get(name), backend, bodies, plan, topo.decode,
-                            )
+                        for name, target in list(urls.items()):
+                            try:
+                                cell = _measure(topo_name, images, stream, conc, name, target, procs.get(name),
+                                                backend, bodies, plan, topo.decode)
+                            except Exception as e:  # e.g. the router died: report it, measure the others
+                                _give_up(result, name, f"{topo_name}: failed during the run: {_one_line(e)}", progress)
+                                del urls[name]
+                                continue
                             result.cells.append(cell)
                             progress(
-                                f"  {topo_name:5} img={images} stream={int(stream)} c={conc:<3} {name:12} "
+                                f"  {topo_name:5} img={images} stream={int(stream)} c={conc:<3} {name:13} "
                                 f"{cell.load.rps:8.0f} req/s p50 {cell.load.p50_ms:6.2f} ms p99 {cell.load.p99_ms:6.2f} ms "
                                 f"cpu {cell.router_cpu_ms_per_req:5.3f} ms/req fail {cell.load.failed}"
                             )
@@ -184,6 +164,43 @@ def run(plan: Plan, contenders: tuple[C.Contender, ...], log_dir: Path, progress
                 proc.stop()
             backend.stop()
     return result
+
+
+def _start_contenders(contenders, topo: C.Topology, tag: str, procs: dict[str, Proc], result: OverheadResult,
+                      log_dir: Path, progress) -> dict[str, str]:
+    """Start every contender that is not already known broken; returns the URL to load each one."""
+    urls: dict[str, str] = {}
+    for contender in contenders:
+        if contender.name in result.missing:
+            continue
+        if contender.argv(topo, 0) is None:
+            urls[contender.name] = topo.decode + C.CHAT_PATH
+            continue
+        try:
+            proc, port = start_server(f"{contender.name}-{tag}", lambda p, c=contender: c.argv(topo, p), ROUTER_CORE, log_dir)
+            procs[contender.name] = proc
+            chat = f"http://127.0.0.1:{port}{C.CHAT_PATH}"
+            _smoke(contender, chat, topo, topo.decode)
+        except Exception as e:  # a contender that cannot run is reported, not fatal
+            _give_up(result, contender.name, f"{topo.name}: {_one_line(e)}", progress)
+            if contender.name in procs:
+                procs.pop(contender.name).stop()
+            continue
+        urls[contender.name] = chat
+        progress(f"  {contender.name} ready ({topo.name})")
+    return urls
+
+
+def _one_line(error: Exception, limit: int = 400) -> str:
+    """An error (a process's log tail included) as one Markdown-safe line."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    text = " | ".join(dict.fromkeys(lines)) or repr(error)
+    return text if len(text) <= limit else text[: limit // 3] + " … " + text[-2 * limit // 3:]
+
+
+def _give_up(result: OverheadResult, name: str, why: str, progress) -> None:
+    result.missing[name] = why
+    progress(f"  {name} NOT measured: {why}")
 
 
 def _measure(topology, images, stream, conc, name, url, proc, backend, bodies, plan, stats_url) -> Cell:
@@ -200,10 +217,6 @@ def _measure(topology, images, stream, conc, name, url, proc, backend, bodies, p
         encoder_calls=after.get("encoder", 0) - before.get("encoder", 0),
         prefill_calls=after.get("prefill", 0) - before.get("prefill", 0),
     )
-
-
-def _python() -> str:
-    return sys.executable
 
 
 # ---- report -----------------------------------------------------------------------------
