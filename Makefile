@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-unit test-fast demo crds bench bench-quick images lint clean
+.PHONY: install vllm-env test test-fast demo crds bench bench-quick images clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,10 +15,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: install
+# The real vLLM CPU venv and the tiny model the e2e tests and the parser checks run on: built once
+# (minutes, with progress) into ~/.cache/epd-operator, then reused by every run and fresh clone.
+vllm-env: install
+	$(BIN)/python -m epd_operator.local.venv
+	$(BIN)/python -m epd_operator.local.tiny_model
+
+test: vllm-env
 	$(BIN)/pytest
 
-test-fast: install
+test-fast: vllm-env
 	$(BIN)/pytest -m "not e2e"
 
 demo: install
