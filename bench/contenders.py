@@ -1,7 +1,8 @@
 """The routers compared side by side, and how each is started against the fake backends.
 
 - direct: the client talks to the consumer itself (PD in E+PD, D in E/P/D): the floor.
-- vllm-proxy: vLLM 0.32's `disagg_epd_proxy.py`, run as shipped (its own logging included).
+- vllm-proxy: vLLM 0.32's `disagg_epd_proxy.py`, run as shipped (its own logging included);
+  vllm-proxy-quiet: the same with its per-request logging off.
 - epd-router: ours, one worker process.
 - aiohttp-floor, raw-floor: the same upstream calls and nothing else, through aiohttp or
   through raw asyncio protocols: what the HTTP layer alone costs, apart from a router's logic.
@@ -58,6 +59,16 @@ class VllmProxy(Contender):
         ]
 
 
+class QuietVllmProxy(VllmProxy):
+    """vLLM's proxy with its per-request INFO logging (its own and uvicorn's access log) off."""
+
+    def argv(self, topo: Topology, port: int) -> list[str]:
+        python, *rest = super().argv(topo, port)
+        quiet = ("import logging, runpy, sys; logging.disable(logging.INFO); "
+                 "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+        return [python, "-c", quiet, *rest]
+
+
 class EpdRouter(Contender):
     def argv(self, topo: Topology, port: int) -> list[str]:
         exe = shutil.which("epd-router", path=str(Path(sys.executable).parent)) or "epd-router"
@@ -104,6 +115,9 @@ def parse_floor_args(description: str, argv: list[str] | None) -> argparse.Names
 
 DIRECT = Direct("direct", calls_encoder=False, note="client → consumer, no router (the floor)")
 VLLM_PROXY = VllmProxy("vllm-proxy", calls_encoder=True, note="vLLM 0.32 disagg_epd_proxy.py")
+VLLM_PROXY_QUIET = QuietVllmProxy("vllm-proxy-quiet", calls_encoder=True,
+                                  note="the same proxy with its per-request INFO logging off (a reference: "
+                                       "the targets compare with the proxy as shipped)")
 EPD_ROUTER = EpdRouter("epd-router", calls_encoder=True, note="ours, 1 worker")
 VLLM_ROUTER = VllmRouter("vllm-router", calls_encoder=False,
                          note=f"vllm-router {thirdparty.VLLM_ROUTER_VERSION}, plain / P/D mode, no encoder call")
@@ -112,4 +126,4 @@ AIOHTTP_FLOOR = Floor("aiohttp-floor", calls_encoder=True, module="bench.aiohttp
 RAW_FLOOR = Floor("raw-floor", calls_encoder=True, module="bench.raw_floor",
                   note="the same calls through raw asyncio protocols on uvloop with no logic: "
                        "the floor for a Python router without an HTTP framework")
-ALL = (DIRECT, VLLM_PROXY, EPD_ROUTER, VLLM_ROUTER, AIOHTTP_FLOOR, RAW_FLOOR)
+ALL = (DIRECT, VLLM_PROXY, VLLM_PROXY_QUIET, EPD_ROUTER, VLLM_ROUTER, AIOHTTP_FLOOR, RAW_FLOOR)

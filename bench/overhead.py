@@ -42,7 +42,7 @@ class Plan:
 
 
 FULL = Plan()
-QUICK = Plan(topologies=("E+PD",), images=(1,), concurrency=(1, 64), seconds=2, warmup_seconds=1)
+QUICK = Plan(topologies=("E+PD",), images=(1,), concurrency=(1, 64), seconds=1, warmup_seconds=1)
 
 
 @dataclass
@@ -367,7 +367,7 @@ def _reference_check(result: OverheadResult) -> str:
     lo, hi = min(result.plan.concurrency), max(result.plan.concurrency)
     direct = result.cell(topo, images, stream, lo, C.DIRECT.name)
     rows = []
-    for name in (PROXY, C.VLLM_ROUTER.name, OURS, C.AIOHTTP_FLOOR.name, C.RAW_FLOOR.name):
+    for name in (PROXY, C.VLLM_PROXY_QUIET.name, C.VLLM_ROUTER.name, OURS, C.AIOHTTP_FLOOR.name, C.RAW_FLOOR.name):
         c1, chi = result.cell(topo, images, stream, lo, name), result.cell(topo, images, stream, hi, name)
         if not (c1 and chi and direct):
             continue
