@@ -209,10 +209,14 @@ async def test_drift_in_a_child_is_restored_on_resync(cluster, apiserver_url, op
         "spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": "someone/else:latest"}]}}}},
         content_type="application/strategic-merge-patch+json", manager="kubectl-edit")
     assert status == 200, body
+    mark = cluster.mark()
     await wait_until(lambda: deployment(cluster, "vl-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == original,
                      10, "the edited image was not restored")
     assert deployment(cluster, "vl-decode")["metadata"]["labels"]["serving.epd.dev/role"] == "decode"
     await posted(cluster, "Normal", "Applied", "Deployment vl-decode restored")
+    # Only what drifted was written again (plus the Event saying so).
+    assert {(w.method, w.path) for w in cluster.writes(mark)} == {
+        ("PATCH", deployment_path(NS, "vl-decode")), ("POST", f"/api/v1/namespaces/{NS}/events")}
 
 
 async def test_steady_state_issues_no_writes(cluster, apiserver_url, operator):
