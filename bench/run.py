@@ -32,7 +32,8 @@ def _machine(cores: list[int], prioritised: bool) -> str:
     model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("model name")), platform.processor())
     try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty=+uncommitted-changes"], capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip()
+        commit = subprocess.run(["git", "describe", "--always", "--dirty=+uncommitted-changes"],
+                                capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip()
     except OSError:
         commit = ""
     nice = f"benchmark processes at nice {BENCH_NICE}" if prioritised else "benchmark processes at normal priority"
