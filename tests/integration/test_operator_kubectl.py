@@ -29,8 +29,9 @@ async def test_kubectl_get_shows_topology_tiers_and_phase(cluster, apiserver_url
     await observed(cluster, 1)
 
     header, row = (await kubectl(kube_env, "get", "epd")).splitlines()[:2]
-    assert header.split()[:6] == ["NAME", "TOPOLOGY", "ENCODER", "PREFILL", "DECODE", "PHASE"]
+    assert header.split() == ["NAME", "TOPOLOGY", "ENCODER", "PREFILL", "DECODE", "PHASE", "AGE"]
     assert row.split()[:6] == ["vl", "E/P/D", "0/1", "0/2", "0/2", "Progressing"]
+    assert re.fullmatch(r"\d+[smhd]", row.split()[6])  # the CRD's own Age column, as an age
 
     for name in ("vl-encoder", "vl-prefill", "vl-decode", "vl-router"):
         await set_deployment_ready(apiserver_url, NS, name)

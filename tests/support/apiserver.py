@@ -375,10 +375,16 @@ class StrictKubernetesEmulator(GarbageCollector, kmock.KubernetesEmulator):
         columns += [{'name': c['name'], 'type': c.get('type', 'string'), 'format': c.get('format', ''),
                      'description': c.get('description', ''), 'priority': c.get('priority', 0)}
                     for c in rtype.printer_columns]
-        columns.append({'name': 'Age', 'type': 'date', 'format': '', 'description': 'Age', 'priority': 0})
-        rows = [{'cells': [o['metadata']['name'],
-                           *[json_path(o, c.get('jsonPath', '')) for c in rtype.printer_columns],
-                           age(o['metadata'].get('creationTimestamp'))],
+        # A CRD that declares its own Age column gets no second one; `date` cells read as ages, as upstream.
+        default_age = not any(c['name'] == 'Age' for c in rtype.printer_columns)
+        if default_age:
+            columns.append({'name': 'Age', 'type': 'date', 'format': '', 'description': 'Age', 'priority': 0})
+
+        def cell(obj: dict[str, Any], column: dict[str, Any]) -> Any:
+            value = json_path(obj, column.get('jsonPath', ''))
+            return age(value) if column.get('type') == 'date' and isinstance(value, str) else value
+        rows = [{'cells': [o['metadata']['name'], *[cell(o, c) for c in rtype.printer_columns],
+                           *([age(o['metadata'].get('creationTimestamp'))] if default_age else [])],
                  'object': o} for o in objs]
         return {'apiVersion': 'meta.k8s.io/v1', 'kind': 'Table', 'metadata': {'resourceVersion': str(self.store.rv)},
                 'columnDefinitions': columns, 'rows': rows}
