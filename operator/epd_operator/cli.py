@@ -13,6 +13,7 @@ import yaml
 
 from .api import SpecError, parse_epd
 from .api.crd import build_crd
+from .api.spec import DEFAULT_ROUTER_IMAGE
 
 
 class _Dumper(yaml.SafeDumper):
@@ -71,7 +72,7 @@ def cmd_render(args: argparse.Namespace) -> None:
     for epd in _parse_all(args.file):
         if args.namespace:
             epd.metadata.namespace = args.namespace
-        objects.extend(render(epd))
+        objects.extend(render(epd, default_router_image=args.router_image))
     sys.stdout.write(dump_yaml(objects))
 
 
@@ -102,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     render = sub.add_parser("render", help="print the Kubernetes objects an EPDDeployment becomes (multi-document YAML)")
     render.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")
     render.add_argument("-n", "--namespace", help="namespace to render into (default: the spec's, else 'default')")
+    render.add_argument("--router-image", default=DEFAULT_ROUTER_IMAGE,
+                        help=f"router/janitor image when the spec names none (the operator's --router-image; default {DEFAULT_ROUTER_IMAGE})")
     render.set_defaults(func=cmd_render)
     validate = sub.add_parser("validate", help="check EPDDeployment specs; exit 1 naming each bad field")
     validate.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")

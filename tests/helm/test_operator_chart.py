@@ -18,6 +18,7 @@ pytestmark = pytest.mark.helm
 NAMESPACED_NEEDS = [
     *[("serving.epd.dev", "epddeployments", v) for v in ("get", "list", "watch", "patch", "update")],
     *[("serving.epd.dev", "epddeployments/status", v) for v in ("get", "patch", "update")],
+    ("serving.epd.dev", "epddeployments/finalizers", "update"),  # blockOwnerDeletion on children
     *[(g, r, v) for g, r in [("apps", "deployments"), ("", "services"), ("", "configmaps"),
                              ("", "serviceaccounts"), ("autoscaling", "horizontalpodautoscalers"),
                              ("policy", "poddisruptionbudgets"), ("rbac.authorization.k8s.io", "roles"),
@@ -26,13 +27,11 @@ NAMESPACED_NEEDS = [
     ("", "events", "create"), ("", "events", "patch"),
     *[(g, r, v) for g, r in [("", "pods"), ("", "endpoints"), ("discovery.k8s.io", "endpointslices")]
       for v in ("get", "list", "watch")],
-    *[("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")],
     *[("coordination.k8s.io", "leases", v) for v in ("get", "list", "watch", "create", "update", "patch")],
 ]
 CLUSTER_NEEDS = [
     *[("", "namespaces", v) for v in ("list", "watch")],
     *[("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")],
-    *[("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")],
 ]
 
 
@@ -92,7 +91,8 @@ def test_image_digest_wins_over_tag(helm):
 
 def test_cluster_wide_by_default(helm):
     objects = helm.template(OPERATOR_CHART)
-    assert container(objects)["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=9090"]
+    assert container(objects)["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=9090",
+                                          "--router-image=ghcr.io/epd-operator/epd-operator:0.1.0"]
     assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
     rules = granted(one(objects, "ClusterRole")["rules"])
     missing = set(NAMESPACED_NEEDS + CLUSTER_NEEDS) - rules
@@ -291,3 +291,10 @@ def test_every_promql_query_parses():
     assert promql.syntax_errors(["sum(rate(x[5m])"]), "the checker must flag a broken query"
     problems = promql.syntax_errors(exprs)
     assert not problems, "PromQL that Prometheus would refuse:\n" + "\n".join(problems)
+
+
+def test_router_pods_run_the_operators_own_image(helm):
+    objects = helm.template(OPERATOR_CHART, None, "image.repository=registry.example/epd", "image.tag=1.2.3")
+    c = container(objects)
+    assert c["image"] == "registry.example/epd:1.2.3"
+    assert "--router-image=registry.example/epd:1.2.3" in c["args"]

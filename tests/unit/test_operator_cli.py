@@ -13,6 +13,16 @@ def test_namespaces_repeat_and_the_defaults_match_the_chart():
     assert options.leader_election and options.leader_election_id == "epd-operator"
 
 
+def test_router_image_from_flag_else_environment_else_the_release_default(monkeypatch):
+    from epd_operator.api.spec import DEFAULT_ROUTER_IMAGE
+
+    monkeypatch.delenv("EPD_ROUTER_IMAGE", raising=False)
+    assert parse_args(["-A"]).router_image == DEFAULT_ROUTER_IMAGE
+    monkeypatch.setenv("EPD_ROUTER_IMAGE", "registry.local/epd:env")
+    assert parse_args(["-A"]).router_image == "registry.local/epd:env"
+    assert parse_args(["-A", "--router-image", "registry.local/epd:flag"]).router_image == "registry.local/epd:flag"
+
+
 def test_all_namespaces():
     options = parse_args(["--all-namespaces", "--no-leader-election", "--resync-seconds", "30"])
     assert options.all_namespaces and options.namespaces == [] and not options.leader_election

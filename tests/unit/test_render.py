@@ -165,6 +165,16 @@ def test_janitor_uses_the_router_image_override():
     assert container(encoder, "cache-janitor")["image"] == "registry.local/epd:dev"
 
 
+def test_operator_image_is_the_default_router_and_janitor_image():
+    objects = render(example(SHARED_STORAGE), default_router_image="registry.local/operator:9")
+    assert container(find(objects, "Deployment", "qwen-vl-encoder"), "cache-janitor")["image"] == "registry.local/operator:9"
+    assert container(find(objects, "Deployment", "qwen-vl-router"), "router")["image"] == "registry.local/operator:9"
+    # A spec that names a router image keeps it.
+    objects = render(example(SHARED_STORAGE, **{"spec.router.image": "registry.local/epd:dev"}),
+                     default_router_image="registry.local/operator:9")
+    assert container(find(objects, "Deployment", "qwen-vl-router"), "router")["image"] == "registry.local/epd:dev"
+
+
 def test_e_p_d_prefill_and_decode_transfer_roles(examples):
     objects = examples[NIXL_AUTOSCALED]
     prefill, decode = vllm(objects, "qwen-vl-epd-prefill"), vllm(objects, "qwen-vl-epd-decode")

@@ -60,6 +60,11 @@ operator holds exactly those permissions itself, so it needs neither `escalate` 
 - apiGroups: ["serving.epd.dev"]
   resources: ["epddeployments/status"]
   verbs: ["get", "patch", "update"]
+# Children's ownerReferences set blockOwnerDeletion, which clusters enforcing
+# OwnerReferencesPermissionEnforcement allow only with update on the owner's finalizers.
+- apiGroups: ["serving.epd.dev"]
+  resources: ["epddeployments/finalizers"]
+  verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
@@ -87,9 +92,6 @@ operator holds exactly those permissions itself, so it needs neither `escalate` 
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-- apiGroups: ["kopf.dev"]
-  resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "update", "patch"]
@@ -103,7 +105,4 @@ operator holds exactly those permissions itself, so it needs neither `escalate` 
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["get", "list", "watch"]
-- apiGroups: ["kopf.dev"]
-  resources: ["clusterkopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
 {{- end -}}

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import kopf
 from aiohttp import web
 
+from ..api.spec import DEFAULT_ROUTER_IMAGE
 from .handlers import build_registry, build_settings
 from .kube import Kube, login
 from .leader import LeaseElector
@@ -52,6 +53,7 @@ class Options:
     leader_election_id: str = "epd-operator"
     lease_duration: float = 15.0
     identity: str = ""
+    router_image: str = DEFAULT_ROUTER_IMAGE
     verbose: bool = False
 
 
@@ -77,6 +79,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         help="seconds a standby waits on a silent leader before taking over (default 15)")
     parser.add_argument("--identity", default="",
                         help="this replica's name in the Lease (default: POD_NAME or host, plus a random suffix)")
+    parser.add_argument("--router-image", default=os.environ.get("EPD_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
+                        help="image of the router and cache-janitor pods when a spec names none "
+                             f"(default: $EPD_ROUTER_IMAGE, else {DEFAULT_ROUTER_IMAGE}); the chart passes the operator's own image")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     if any(not ns.strip() for ns in args.namespaces):
@@ -186,7 +191,7 @@ async def _until_stopped(work: asyncio.Future | object, stop: asyncio.Event) -> 
 async def _act(options: Options, kube: Kube, metrics: Metrics, health: Health, identity: str,
                elector: LeaseElector | None, stop: asyncio.Event) -> int:
     reconciler = Reconciler(kube, metrics, identity=identity, resync_seconds=options.resync_seconds,
-                            workers=options.workers)
+                            workers=options.workers, router_image=options.router_image)
     kopf_stop, kopf_ready = asyncio.Event(), asyncio.Event()
     reconciling = asyncio.create_task(reconciler.run(), name="reconciler")
     health.reconciler_task = reconciling

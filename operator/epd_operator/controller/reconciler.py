@@ -20,7 +20,7 @@ import random
 import time
 from typing import Any
 
-from ..api.spec import KIND
+from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND
 from ..api.status import EPDDeploymentStatus
 from ..api.validation import FieldError, SpecError, parse_epd
 from ..render import render
@@ -72,8 +72,9 @@ def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> di
 
 class Reconciler:
     def __init__(self, kube: Kube, metrics: Metrics, *, identity: str, resync_seconds: float = 120.0,
-                 workers: int = 4):
+                 workers: int = 4, router_image: str = DEFAULT_ROUTER_IMAGE):
         self.kube = kube
+        self.router_image = router_image
         self.metrics = metrics
         self.identity = identity
         self.resync_seconds = resync_seconds
@@ -179,7 +180,7 @@ class Reconciler:
         namespace, name = key
         try:
             epd = parse_epd({k: v for k, v in body.items() if k != "status"})
-            objects = render(epd)
+            objects = render(epd, default_router_image=self.router_image)
             errors: list[FieldError] | None = None
         except SpecError as exc:
             objects, errors = [], exc.errors

@@ -44,12 +44,17 @@ class Workload:
     pdb: Optional[JSON]
 
 
-def render(epd: EPDDeployment) -> list[JSON]:
-    """Every object `epd` becomes: ConfigMap, router RBAC, Services, Deployments, HPAs, PDBs."""
+def render(epd: EPDDeployment, *, default_router_image: str = DEFAULT_ROUTER_IMAGE) -> list[JSON]:
+    """Every object `epd` becomes: ConfigMap, router RBAC, Services, Deployments, HPAs, PDBs.
+
+    `default_router_image` is the image of the router and janitor when the spec names none; the
+    operator passes its own image, so upgrading the operator chart upgrades the data plane with it.
+    """
     roles = vllm_roles(epd)
     config = configmap_data(epd, roles)
-    workloads = [_vllm_workload(epd, role, config) for role in roles]
-    workloads.append(_router_workload(epd))
+    image = epd.spec.router.image or default_router_image
+    workloads = [_vllm_workload(epd, role, config, image) for role in roles]
+    workloads.append(_router_workload(epd, image))
     if mooncake_store_config(epd) is not None:
         workloads.append(_mooncake_master_workload(epd))
     return [
@@ -148,7 +153,7 @@ def _bytes_quantity(size: int) -> str:
 # ----------------------------------------------------------------------------- vLLM tiers
 
 
-def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str]) -> Workload:
+def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router_image: str) -> Workload:
     spec = epd.spec
     tier = tier_of(epd, role)
     transfer = tier_transfer(epd, role)
@@ -172,7 +177,7 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str]) -> Wor
         capabilities=capabilities,
     )]
     if role == ENCODER and spec.ecTransfer.connector == "SharedStorage":
-        containers.append(_janitor_container(epd))
+        containers.append(_janitor_container(epd, router_image))
     pod = _pod(tier, containers, volumes, spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP)
     name = object_name(epd, role)
     service = render_one(
@@ -196,16 +201,12 @@ def _vllm_volumes(epd: EPDDeployment, role: str, transfer: TierTransfer) -> tupl
     return volumes + transfer.volumes, mounts + transfer.mounts
 
 
-def router_image(epd: EPDDeployment) -> str:
-    return epd.spec.router.image or DEFAULT_ROUTER_IMAGE
-
-
-def _janitor_container(epd: EPDDeployment) -> JSON:
+def _janitor_container(epd: EPDDeployment, router_image: str) -> JSON:
     storage = epd.spec.ecTransfer.sharedStorage
     assert storage is not None
     return render_one(
         "janitor-container.yaml.j2",
-        image=router_image(epd),  # `epdctl janitor` ships in the operator image, beside the router
+        image=router_image,  # `epdctl janitor` ships in the operator image, beside the router
         args=janitor_args(storage),
         mounts=[{"name": EC_CACHE_VOLUME, "mountPath": storage.path}],
         run_as_user=VLLM_IMAGE_UID,
@@ -215,11 +216,11 @@ def _janitor_container(epd: EPDDeployment) -> JSON:
 # ----------------------------------------------------------------------------- router
 
 
-def _router_workload(epd: EPDDeployment) -> Workload:
+def _router_workload(epd: EPDDeployment, router_image: str) -> Workload:
     router = epd.spec.router
     container = render_one(
         "router-container.yaml.j2",
-        image=router_image(epd),
+        image=router_image,
         args=router_args(epd),
         resources=_resources(router),
         env=_env(router),
