@@ -29,12 +29,16 @@ class DiscoveredEndpoint:
 
 
 class Endpoint:
-    __slots__ = ("url", "role", "key", "pod", "ready", "healthy", "failures", "inflight", "external_load", "ec_zmq", "_gauge")
+    __slots__ = ("url", "role", "key", "origin", "prefix", "pod", "ready", "healthy", "failures", "inflight", "external_load", "ec_zmq", "_gauge")
 
     def __init__(self, url: str, role: str, pod: str = "", ec_zmq: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.role = role
-        self.key = urlsplit(self.url).netloc or self.url
+        parts = urlsplit(self.url)
+        self.key = parts.netloc or self.url
+        # What the raw HTTP client dials (scheme://host:port) and puts before each path.
+        self.origin = f"{parts.scheme or 'http'}://{parts.netloc}"
+        self.prefix = parts.path
         self.pod = pod
         self.ready = True
         self.healthy = True

@@ -34,6 +34,8 @@ from .protocol import (
     encoder_request,
 )
 from .reuse import ReuseCache, reuse_key
+from .upstream import Response as UpstreamResponse
+from .upstream import Upstream, UpstreamError, header_lines
 
 log = logging.getLogger("epd_router")
 
@@ -98,10 +100,12 @@ class Router:
         self.reuse_metadata = config.reuse_mode == "metadata"
         self.rewrite_embeds = config.rewrite == "metadata"
         self.mooncake = config.mooncake
-        self.encode_timeout = aiohttp.ClientTimeout(total=config.encode_timeout, sock_connect=config.connect_timeout)
-        self.prefill_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout, sock_connect=config.connect_timeout)
-        self.decode_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout, sock_read=config.decode_timeout)
+        self.models_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout, sock_connect=config.connect_timeout)
+        # Health probes, metrics scraping and /v1/models use aiohttp; the data path uses `upstream`.
         self.session: aiohttp.ClientSession | None = None
+        # vLLM closes idle keep-alive connections after 5 s; retire ours first so a reused
+        # connection is never one the server already closed.
+        self.upstream = Upstream(keepalive=2.5)
         self.health: HealthChecker | None = None
         self._tasks: list[asyncio.Task] = []
 
@@ -119,8 +123,6 @@ class Router:
         return app
 
     async def _start(self, app: web.Application) -> None:
-        # vLLM closes idle keep-alive connections after 5 s; retire ours first so a reused
-        # connection is never one the server already closed.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.5, ttl_dns_cache=30)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         if self.cfg.discovery == "kubernetes":
@@ -150,6 +152,7 @@ class Router:
             await discovery.close()
         if self.session is not None:
             await self.session.close()
+        await self.upstream.close()
 
     def _pool_for_role(self) -> dict[str, Pool]:
         pools = {"encoder": self.encoders, "decode": self.decodes}
@@ -217,7 +220,7 @@ class Router:
         headers = self._upstream_headers(request, rid)
         del headers["Content-Type"]
         try:
-            async with self.session.get(ep.url + "/v1/models", headers=headers, timeout=self.prefill_timeout) as r:
+            async with self.session.get(ep.url + "/v1/models", headers=headers, timeout=self.models_timeout) as r:
                 data = await r.read()
                 ct = r.headers.get("Content-Type", JSON)
                 status = r.status
@@ -345,30 +348,35 @@ class Router:
 
     async def _prefill_once(self, ep: Endpoint, path: str, data: bytes, headers: dict, metadata_only: bool = False):
         self.prefills.acquire(ep)
-        payload = await self._exchange(self.prefills, ep, path, data, headers, self.prefill_timeout, 1, metadata_only)
+        payload = await self._exchange(self.prefills, ep, path, data, headers, self.cfg.prefill_timeout, 1, metadata_only)
         try:
             return orjson.loads(payload).get("kv_transfer_params")
         except (orjson.JSONDecodeError, AttributeError):
             self.prefills.record_failure(ep, "reply")
             raise UpstreamFailure("reply") from None
 
-    async def _exchange(self, pool: Pool, ep: Endpoint, path: str, data: bytes, headers: dict, timeout, weight: int,
+    async def _exchange(self, pool: Pool, ep: Endpoint, path: str, data: bytes, headers: dict, timeout: float, weight: int,
                         metadata_only: bool = False) -> bytes:
-        """POST and read a whole JSON reply (encoder, prefill). `weight` in-flight units were acquired
-        by the caller and are released here. A 400 to a metadata-only body is retryable, not final."""
+        """POST and read a whole JSON reply (encoder, prefill) within `timeout` seconds. `weight`
+        in-flight units were acquired by the caller and are released here. A 400 to a
+        metadata-only body is retryable, not final."""
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
-            async with self.session.post(ep.url + path, data=data, headers=headers, timeout=timeout) as r:
-                payload = await r.read()
-                status, ct = r.status, r.headers.get("Content-Type", JSON)
-        except asyncio.TimeoutError:
-            pool.record_failure(ep, "timeout")
-            raise UpstreamFailure("timeout") from None
-        except (aiohttp.ClientError, OSError):
-            pool.record_failure(ep, "connect")
-            raise UpstreamFailure("connect") from None
+            r = await self.upstream.request(ep.origin, "POST", ep.prefix + path, header_lines(headers), data,
+                                            connect_timeout=self.cfg.connect_timeout, deadline=deadline)
+            try:
+                payload = await r.read(deadline)
+            finally:
+                r.release()
+        except UpstreamError as exc:
+            kind = "timeout" if exc.kind == "timeout" else "connect"
+            pool.record_failure(ep, kind)
+            raise UpstreamFailure(kind) from None
         finally:
             pool.release(ep, weight)
+        status = r.status
         if status != 200:
+            ct = r.content_type
             if client_error(status) and not (metadata_only and status == 400):
                 raise UpstreamRejected(status, payload, ct)
             if not client_error(status):
@@ -384,18 +392,17 @@ class Router:
         resp = None
         try:
             try:
-                resp = await self.session.post(ep.url + path, data=data, headers=headers, timeout=self.decode_timeout)
-            except asyncio.TimeoutError:
-                pool.record_failure(ep, "timeout")
-                raise UpstreamFailure("timeout") from None
-            except (aiohttp.ClientError, OSError):
-                pool.record_failure(ep, "connect")
-                raise UpstreamFailure("connect") from None
+                resp = await self.upstream.request(ep.origin, "POST", ep.prefix + path, header_lines(headers), data,
+                                                   connect_timeout=self.cfg.connect_timeout, idle=self.cfg.decode_timeout)
+            except UpstreamError as exc:
+                kind = "timeout" if exc.kind == "timeout" else "connect"
+                pool.record_failure(ep, kind)
+                raise UpstreamFailure(kind) from None
             if resp.status >= 500 or (metadata_only and resp.status == 400):
                 body = await _read_quietly(resp)
                 if resp.status >= 500:
                     pool.record_failure(ep, "status")
-                raise UpstreamFailure("status", resp.status, body, resp.headers.get("Content-Type", JSON))
+                raise UpstreamFailure("status", resp.status, body, resp.content_type)
             out = await self._relay(request, resp, ctx, pool, ep)
             pool.record_success(ep)
             self.metrics.observe_stage("decode", time.perf_counter() - td)
@@ -409,19 +416,20 @@ class Router:
             if resp is not None:
                 resp.release()
 
-    async def _relay(self, request: web.Request, resp: aiohttp.ClientResponse, ctx: "_Timing", pool: Pool, ep: Endpoint) -> web.StreamResponse:
-        ct = resp.headers.get("Content-Type", JSON)
+    async def _relay(self, request: web.Request, resp: UpstreamResponse, ctx: "_Timing", pool: Pool, ep: Endpoint) -> web.StreamResponse:
+        ct = resp.content_type
         if not ct.startswith("text/event-stream"):
             try:
                 data = await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            except UpstreamError:
                 pool.record_failure(ep, "read")
                 raise UpstreamFailure("read") from None
             self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
             return web.Response(body=data, status=resp.status, headers={"Content-Type": ct, "x-request-id": ctx.rid})
+        body = resp.iter_body()
         try:
-            first = await resp.content.readany()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            first = await anext(body, b"")
+        except UpstreamError:
             pool.record_failure(ep, "read")
             raise UpstreamFailure("read") from None
         out = web.StreamResponse(status=resp.status, headers={"Content-Type": ct, "Cache-Control": "no-cache", "x-request-id": ctx.rid})
@@ -430,14 +438,14 @@ class Router:
             await out.write(first)
         self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in body:
                 try:
                     await out.write(chunk)
                 except ConnectionResetError:
                     # The client went away mid-stream: stop decode's work too.
                     resp.close()
                     return out
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except UpstreamError as exc:
             # Bytes already reached the client: nothing to retry; end the stream where it broke.
             pool.record_failure(ep, "stream")
             log.warning("[%s] decode stream from %s broke after the first byte: %r", ctx.rid, ep.url, exc)
@@ -520,7 +528,7 @@ class Router:
         transfer_ids = [new_id() for _ in group]
         req = encoder_request(body, group, consumer_zmq, transfer_ids)
         sub_headers = {**headers, "x-request-id": f"{rid}:{group[0].index}:{new_id()[:6]}"}
-        payload = await self._exchange(pool, ep, CHAT, orjson.dumps(req), sub_headers, self.encode_timeout, len(group))
+        payload = await self._exchange(pool, ep, CHAT, orjson.dumps(req), sub_headers, self.cfg.encode_timeout, len(group))
         try:
             matched = match_encoder_reply(orjson.loads(payload).get("ec_transfer_params"), group)
         except (orjson.JSONDecodeError, AttributeError, EncoderReplyError) as exc:
@@ -544,8 +552,8 @@ class _Timing:
         self.rid = rid
 
 
-async def _read_quietly(resp: aiohttp.ClientResponse) -> bytes:
+async def _read_quietly(resp: UpstreamResponse) -> bytes:
     try:
         return await resp.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+    except UpstreamError:
         return b""
