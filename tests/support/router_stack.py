@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
-from aiohttp import web
 from multidict import CIMultiDict
 
 from epd_operator.router.config import RouterConfig
-from epd_operator.router.server import Router
+from epd_operator.router.server import Router, RouterServer
 
 from .fake_vllm import FakeVLLM
 
@@ -49,12 +48,9 @@ class Stack:
         return [*self.encoders, *self.prefills, *self.decodes]
 
 
-async def serve_router(router: Router) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(router.app(), access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+async def serve_router(router: Router) -> tuple[RouterServer, str]:
+    server = await router.serve("127.0.0.1", 0)
+    return server, server.url
 
 
 @asynccontextmanager

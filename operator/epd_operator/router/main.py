@@ -134,24 +134,18 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 
 async def _serve(cfg) -> None:
-    from aiohttp import web
-
     from .server import Router
 
     router = Router(cfg)
-    # handler_cancellation: a client that disconnects cancels its handler, which closes
-    # every upstream call it has open.
-    runner = web.AppRunner(router.app(), access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.SockSite(runner, _listening_socket(cfg.host, cfg.port))
-    await site.start()
+    # A client that disconnects cancels its request, which closes every upstream call it has open.
+    server = await router.serve(sock=_listening_socket(cfg.host, cfg.port))
     logging.getLogger("epd_router").info("listening on %s:%d (pid %d)", cfg.host, cfg.port, os.getpid())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await server.cleanup()
 
 
 def run_worker(cfg, log_level: str) -> None:

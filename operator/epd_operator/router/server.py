@@ -1,4 +1,4 @@
-"""The router's aiohttp application: request handlers and the E → (P) → D pipeline."""
+"""The router: request handlers and the E → (P) → D pipeline, served by http_server and calling backends through upstream."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from contextlib import suppress
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from .backends import DiscoveredEndpoint, Endpoint, HealthChecker, Pool
 from .config import RouterConfig
+from .http_server import BodyTooLarge, HttpRequest, Response, StreamResponse, start_server
 from .metrics import RouterMetrics
 from .pickers import make_picker
 from .protocol import (
@@ -54,9 +54,9 @@ class UpstreamFailure(Exception):
         self.body = body
         self.content_type = content_type
 
-    def response(self, rid: str, what: str) -> web.Response:
+    def response(self, rid: str, what: str) -> Response:
         if self.kind == "status" and self.body:
-            return web.Response(body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid})
+            return Response(body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid})
         status = 504 if self.kind == "timeout" else 502
         return json_error(status, f"{what} failed ({self.kind})", rid, "upstream_error")
 
@@ -71,11 +71,11 @@ class UpstreamRejected(Exception):
         self.content_type = content_type
 
 
-def json_error(status: int, message: str, rid: str | None = None, err_type: str = "invalid_request_error", param=None) -> web.Response:
+def json_error(status: int, message: str, rid: str | None = None, err_type: str = "invalid_request_error", param=None) -> Response:
     headers = {"Content-Type": JSON}
     if rid:
         headers["x-request-id"] = rid
-    return web.Response(body=error_body(message, status, err_type, param), status=status, headers=headers)
+    return Response(body=error_body(message, status, err_type, param), status=status, headers=headers)
 
 
 def client_error(status: int) -> bool:
@@ -111,18 +111,34 @@ class Router:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
-        app.router.add_post(CHAT, self.chat_completions)
-        app.router.add_post(COMPLETIONS, self.completions)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health_report)
-        app.router.add_get("/metrics", self.metrics_report)
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-        return app
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, sock=None) -> "RouterServer":
+        """Start the router's background work and listen (on `sock` when given: --workers share one)."""
+        await self.start()
+        routes = {
+            ("POST", CHAT): self.chat_completions,
+            ("POST", COMPLETIONS): self.completions,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/health"): self.health_report,
+            ("GET", "/metrics"): self.metrics_report,
+        }
+        paths = {path for _, path in routes}
 
-    async def _start(self, app: web.Application) -> None:
+        async def dispatch(request: HttpRequest):
+            handler = routes.get((request.method, request.path))
+            if handler is not None:
+                return await handler(request)
+            if request.path in paths:
+                return json_error(405, f"method {request.method} not allowed on {request.path}")
+            return json_error(404, f"no route {request.path}")
+
+        try:
+            server = await start_server(dispatch, self.cfg.max_body_bytes, host=None if sock else host, port=None if sock else port, sock=sock)
+        except BaseException:
+            await self.stop()
+            raise
+        return RouterServer(self, server)
+
+    async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.5, ttl_dns_cache=30)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         if self.cfg.discovery == "kubernetes":
@@ -141,7 +157,7 @@ class Router:
         if self.cfg.health_interval > 0:
             self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
 
-    async def _stop(self, app: web.Application) -> None:
+    async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -165,29 +181,29 @@ class Router:
 
     # ---- handlers --------------------------------------------------------------------
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: HttpRequest) -> bytes:
         try:
             return await request.read()
-        except web.HTTPRequestEntityTooLarge:
+        except BodyTooLarge:
             raise BadRequest(f"request body exceeds {self.cfg.max_body_bytes} bytes", status=413) from None
 
-    def _upstream_headers(self, request: web.Request, rid: str) -> dict[str, str]:
+    def _upstream_headers(self, request: HttpRequest, rid: str) -> dict[str, str]:
         headers = {"Content-Type": JSON, "x-request-id": rid, "Accept-Encoding": "identity"}
-        auth = request.headers.get("Authorization")
+        auth = request.headers.get("authorization")
         if auth:
             headers["Authorization"] = auth
         return headers
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: HttpRequest) -> StreamResponse:
         return await self._serve(request, CHAT, self._chat_media)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: HttpRequest) -> StreamResponse:
         return await self._serve(request, COMPLETIONS, _completion_media)
 
     def _chat_media(self, body: dict) -> list[MediaItem]:
         return extract_media(validate_chat(body), self.cfg.allow_file_urls)
 
-    async def _serve(self, request: web.Request, route: str, media_of) -> web.StreamResponse:
+    async def _serve(self, request: HttpRequest, route: str, media_of) -> StreamResponse:
         t0 = time.perf_counter()
         rid = request.headers.get("x-request-id") or new_id()
         try:
@@ -202,7 +218,7 @@ class Router:
             self.metrics.count_request(route, 499)  # client closed the connection (nginx's code)
             raise
 
-    def _answered(self, route: str, response: web.StreamResponse, t0: float | None = None) -> web.StreamResponse:
+    def _answered(self, route: str, response: StreamResponse, t0: float | None = None) -> StreamResponse:
         self.metrics.count_request(route, response.status)
         if t0 is not None:
             elapsed = time.perf_counter() - t0
@@ -211,7 +227,7 @@ class Router:
                 log.info("%s %s %d %.1f ms", response.headers.get("x-request-id"), route, response.status, elapsed * 1e3)
         return response
 
-    async def models(self, request: web.Request) -> web.StreamResponse:
+    async def models(self, request: HttpRequest) -> StreamResponse:
         rid = request.headers.get("x-request-id") or new_id()
         pool = self.decodes
         if not pool.available:
@@ -227,9 +243,9 @@ class Router:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             pool.record_failure(ep, "connect")
             return self._answered("/v1/models", json_error(502, f"decode /v1/models failed: {exc}", rid, "upstream_error"))
-        return self._answered("/v1/models", web.Response(body=data, status=status, headers={"Content-Type": ct, "x-request-id": rid}))
+        return self._answered("/v1/models", Response(body=data, status=status, headers={"Content-Type": ct, "x-request-id": rid}))
 
-    async def health_report(self, request: web.Request) -> web.Response:
+    async def health_report(self, request: HttpRequest) -> Response:
         report = {
             "proxy": "healthy",
             "encode_cluster": self.encoders.status(),
@@ -240,17 +256,17 @@ class Router:
         # Without encoders the router still serves (consumers encode locally); without a
         # prefill or decode instance it cannot.
         serving = bool(self.decodes.available) and (self.prefills is None or bool(self.prefills.available))
-        return web.Response(body=orjson.dumps(report), status=200 if serving else 503, content_type=JSON)
+        return Response(body=orjson.dumps(report), status=200 if serving else 503, content_type=JSON)
 
-    async def metrics_report(self, request: web.Request) -> web.Response:
+    async def metrics_report(self, request: HttpRequest) -> Response:
         data, content_type = self.metrics.exposition()
-        return web.Response(body=data, headers={"Content-Type": content_type})
+        return Response(body=data, headers={"Content-Type": content_type})
 
     # ---- the pipeline ----------------------------------------------------------------
 
     async def _generate(
-        self, request: web.Request, path: str, rid: str, raw: bytes, body: dict, items: list[MediaItem], t0: float
-    ) -> web.StreamResponse:
+        self, request: HttpRequest, path: str, rid: str, raw: bytes, body: dict, items: list[MediaItem], t0: float
+    ) -> StreamResponse:
         headers = self._upstream_headers(request, rid)
         consumers = self.prefills if self.prefills is not None else self.decodes
         key = prompt_prefix(body, items, self.cfg.prefix_chars) if self.prefix_keys else None
@@ -266,7 +282,7 @@ class Router:
             else:
                 encoded = {}
         except UpstreamRejected as rej:
-            return web.Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
+            return Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
 
         metadata_only = self.rewrite_embeds and any(enc.metadata for enc in encoded.values())
         # Raw items carry their uuid (SharedStorage finds a stored embedding under it); not with
@@ -288,9 +304,9 @@ class Router:
             data = raw if prepared is body else orjson.dumps(prepared)
             return await self._serve_consumer(request, path, data, metadata_only, raw_media, consumer, headers, key, ctx)
         except UpstreamRejected as rej:
-            return web.Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
+            return Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
 
-    async def _serve_consumer(self, request, path, data, metadata_only, raw_media, ep, headers, key, ctx) -> web.StreamResponse:
+    async def _serve_consumer(self, request, path, data, metadata_only, raw_media, ep, headers, key, ctx) -> StreamResponse:
         """E+PD: the PD instance answers; one retry elsewhere before the first byte."""
         pool = self.decodes
         try:
@@ -385,7 +401,7 @@ class Router:
         pool.record_success(ep)
         return payload
 
-    async def _stream_from(self, request, pool: Pool, ep: Endpoint, path, data, headers, ctx, metadata_only) -> web.StreamResponse:
+    async def _stream_from(self, request, pool: Pool, ep: Endpoint, path, data, headers, ctx, metadata_only) -> StreamResponse:
         """One attempt at a generating backend. Raises UpstreamFailure only before the first byte."""
         td = time.perf_counter()
         pool.acquire(ep)
@@ -416,7 +432,7 @@ class Router:
             if resp is not None:
                 resp.release()
 
-    async def _relay(self, request: web.Request, resp: UpstreamResponse, ctx: "_Timing", pool: Pool, ep: Endpoint) -> web.StreamResponse:
+    async def _relay(self, request: HttpRequest, resp: UpstreamResponse, ctx: "_Timing", pool: Pool, ep: Endpoint) -> StreamResponse:
         ct = resp.content_type
         if not ct.startswith("text/event-stream"):
             try:
@@ -425,14 +441,14 @@ class Router:
                 pool.record_failure(ep, "read")
                 raise UpstreamFailure("read") from None
             self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
-            return web.Response(body=data, status=resp.status, headers={"Content-Type": ct, "x-request-id": ctx.rid})
+            return Response(body=data, status=resp.status, headers={"Content-Type": ct, "x-request-id": ctx.rid})
         body = resp.iter_body()
         try:
             first = await anext(body, b"")
         except UpstreamError:
             pool.record_failure(ep, "read")
             raise UpstreamFailure("read") from None
-        out = web.StreamResponse(status=resp.status, headers={"Content-Type": ct, "Cache-Control": "no-cache", "x-request-id": ctx.rid})
+        out = StreamResponse(status=resp.status, headers={"Content-Type": ct, "Cache-Control": "no-cache", "x-request-id": ctx.rid})
         await out.prepare(request)
         if first:
             await out.write(first)
@@ -542,6 +558,20 @@ class Router:
 def _completion_media(body: dict) -> list[MediaItem]:
     validate_completion(body)
     return []  # /v1/completions carries text only: no encoder work
+
+
+class RouterServer:
+    """A listening router: `url` to reach it, `cleanup()` to stop listening and stop its work."""
+
+    def __init__(self, router: Router, server: asyncio.AbstractServer) -> None:
+        self.router = router
+        self.server = server
+        host, port = server.sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+
+    async def cleanup(self) -> None:
+        self.server.close()
+        await self.router.stop()
 
 
 class _Timing:
