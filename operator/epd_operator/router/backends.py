@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from .metrics import RouterMetrics
+from .metrics import RouterMetrics, multiprocess_dir
 
 log = logging.getLogger("epd_router.backends")
 
@@ -97,8 +97,15 @@ class Pool:
         self._refresh()
 
     def _label(self, ep: Endpoint) -> None:
-        ep._gauge = self.metrics.inflight.labels(self.role, ep.key, ep.pod)
-        ep._gauge.set(ep.inflight)
+        gauge = self.metrics.inflight.labels(self.role, ep.key, ep.pod)
+        if multiprocess_dir():
+            # Other workers read this process's value from its file: keep it current.
+            ep._gauge = gauge
+            gauge.set(ep.inflight)
+        else:
+            # One process: read the count when scraped instead of updating it twice a call.
+            gauge.set_function(lambda: ep.inflight)
+            ep._gauge = None
 
     def _forget(self, ep: Endpoint) -> None:
         for gauge in (self.metrics.inflight, self.metrics.endpoint_up):
@@ -114,11 +121,13 @@ class Pool:
 
     def acquire(self, ep: Endpoint, n: int = 1) -> None:
         ep.inflight += n
-        ep._gauge.inc(n)
+        if ep._gauge is not None:
+            ep._gauge.inc(n)
 
     def release(self, ep: Endpoint, n: int = 1) -> None:
         ep.inflight -= n
-        ep._gauge.dec(n)
+        if ep._gauge is not None:
+            ep._gauge.dec(n)
 
     def record_failure(self, ep: Endpoint, kind: str) -> None:
         self.metrics.backend_errors.labels(self.role, ep.key, kind).inc()

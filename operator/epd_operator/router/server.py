@@ -524,9 +524,16 @@ class Router:
 
     async def _encode_groups(self, body, items, targets, rid, headers, consumer_zmq, encoded):
         groups = group_for_encoders(items, targets, self.cfg.encoder_max_batch)
-        results = await asyncio.gather(
-            *(self._encode_group(ep, group, body, rid, headers, consumer_zmq) for ep, group in groups), return_exceptions=True
-        )
+        if len(groups) == 1:  # the usual case: awaited in place, no task per call
+            ep, group = groups[0]
+            try:
+                results = [await self._encode_group(ep, group, body, rid, headers, consumer_zmq)]
+            except (UpstreamFailure, UpstreamRejected) as exc:
+                results = [exc]
+        else:
+            results = await asyncio.gather(
+                *(self._encode_group(ep, group, body, rid, headers, consumer_zmq) for ep, group in groups), return_exceptions=True
+            )
         failed = []
         for (ep, group), result in zip(groups, results):
             if isinstance(result, UpstreamRejected):
