@@ -201,3 +201,25 @@ async def test_a_client_leaving_cancels_its_request():
             async with asyncio.timeout(5):
                 while pd.cancelled != 1 or router.decodes.available[0].inflight:
                     await asyncio.sleep(0.01)
+
+
+async def test_a_handler_error_is_a_500_before_the_reply_and_a_cut_connection_during_a_stream():
+    async def failing(request):
+        if request.path == "/late":
+            out = StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await out.prepare(request)
+            await out.write(b"data: 1\n\n")
+        raise RuntimeError("handler bug")
+
+    server = await start_server(failing, 1024, host="127.0.0.1", port=0)
+    reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+    try:
+        writer.write(b"GET /early HTTP/1.1\r\n\r\n")
+        head, body = await read_response(reader)
+        assert head.startswith(b"HTTP/1.1 500") and b"internal router error" in body
+        writer.write(b"GET /late HTTP/1.1\r\n\r\n")
+        raw = await reader.read()
+        assert raw.endswith(b"data: 1\n\n\r\n")  # one chunk, then no last chunk: the client sees a broken stream
+    finally:
+        writer.close()
+        server.close()

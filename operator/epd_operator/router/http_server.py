@@ -70,6 +70,7 @@ class StreamResponse:
 
     async def prepare(self, request: HttpRequest) -> None:
         conn = self._conn = request._conn
+        conn.streaming = True
         self._chunked = not conn.http10
         if not self._chunked:
             conn.keep_alive = False
@@ -124,6 +125,7 @@ class HttpConnection(asyncio.Protocol):
         self.http10 = False
         self.drained: asyncio.Future | None = None  # set while the transport's buffer is full
         self.continued = False  # 100 Continue already sent for the request being received
+        self.streaming = False  # a streamed reply has started
         self.idle_timer: asyncio.TimerHandle | None = None
 
     # ---- asyncio.Protocol ----
@@ -215,6 +217,7 @@ class HttpConnection(asyncio.Protocol):
                 body = bytes(buf[start:body_end])
         del buf[:body_end]
         self.continued = False
+        self.streaming = False
         self.http10 = version == "HTTP/1.0"
         connection = headers.get("connection", "").lower()
         if self.http10:
@@ -244,6 +247,9 @@ class HttpConnection(asyncio.Protocol):
             return  # the client is gone
         except Exception:
             log.exception("unhandled error answering %s %s", request.method, request.path)
+            if self.streaming:  # part of a reply is out: only cutting the connection tells the client
+                self.transport.abort()
+                return
             response = _error(500, "internal router error")
         if isinstance(response, StreamResponse):
             if response._conn is None:  # never prepared: nothing was sent yet

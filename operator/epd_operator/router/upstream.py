@@ -291,7 +291,7 @@ class Upstream:
             oldest_ok = loop.time() - self.keepalive
             while idle:
                 conn = idle.pop()  # the most recently used: the least likely to be stale
-                if conn.usable and conn.idle_since > oldest_ok:
+                if conn.usable and conn.idle_since > oldest_ok and not conn.buf:
                     return conn
                 conn.abort()
         try:
