@@ -192,3 +192,19 @@ async def test_an_idle_connection_past_keepalive_is_not_reused():
 async def test_origins_must_be_http_urls():
     with pytest.raises(ValueError, match="http"):
         await Upstream().request("ftp://host:21", "POST", "/x", JSON_HEADERS, b"{}")
+
+
+async def test_chunked_framing_split_at_every_byte_still_yields_the_exact_body():
+    async def byte_by_byte(writer):
+        for i in range(len(CHUNKED)):
+            writer.write(CHUNKED[i:i + 1])
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(1)
+
+    async with scripted_backend([byte_by_byte]) as (url, _):
+        up = Upstream()
+        r = await up.request(url, "POST", "/x", JSON_HEADERS, b"{}")
+        assert b"".join([piece async for piece in r.iter_body()]) == b"data: a\n\ndata: b"
+        r.release()
+        await up.close()

@@ -207,35 +207,56 @@ class Response:
         self._done = True
 
     async def _chunks(self, deadline: float | None) -> AsyncIterator[bytes]:
-        """Chunked transfer coding: yields data as soon as part of a chunk is in."""
+        """Chunked transfer coding: yields whatever body bytes are in, so chunks that arrived
+        together leave as one piece (one write to the client, not one per token)."""
+        conn = self._conn
+        buf = conn.buf
+        left = -1  # bytes of the current chunk still to come, its CRLF included; -1: at a size line
+        while True:
+            pieces = []
+            while True:
+                if left < 0:
+                    eol = buf.find(b"\r\n")
+                    if eol < 0:
+                        break
+                    try:
+                        size = int(bytes(buf[:eol]).split(b";", 1)[0], 16)
+                    except ValueError:
+                        raise UpstreamError("read", "bad chunk size") from None
+                    del buf[: eol + 2]
+                    if size == 0:
+                        if pieces:
+                            yield b"".join(pieces)
+                        await self._trailers(deadline)
+                        return
+                    left = size + 2
+                if left > 2 and buf:
+                    piece = bytes(buf[: left - 2])
+                    del buf[: len(piece)]
+                    left -= len(piece)
+                    pieces.append(piece)
+                if left > 2:
+                    break  # the chunk's data is still coming
+                crlf = min(left, len(buf))
+                del buf[:crlf]
+                left -= crlf
+                if left:
+                    break
+                left = -1
+            if pieces:
+                yield b"".join(pieces)
+            await conn.more(deadline if deadline is not None else self._deadline())
+
+    async def _trailers(self, deadline: float | None) -> None:
+        """Trailer lines (vLLM sends none), up to the empty line that ends the body."""
         conn = self._conn
         buf = conn.buf
         while True:
             while (eol := buf.find(b"\r\n")) < 0:
                 await conn.more(deadline if deadline is not None else self._deadline())
-            try:
-                size = int(bytes(buf[:eol]).split(b";", 1)[0], 16)
-            except ValueError:
-                raise UpstreamError("read", "bad chunk size") from None
             del buf[: eol + 2]
-            if size == 0:
-                # Trailers (vLLM sends none) end with an empty line.
-                while True:
-                    while (eol := buf.find(b"\r\n")) < 0:
-                        await conn.more(deadline if deadline is not None else self._deadline())
-                    del buf[: eol + 2]
-                    if eol == 0:
-                        return
-            while size:
-                if not buf:
-                    await conn.more(deadline if deadline is not None else self._deadline())
-                piece = bytes(buf[:size])
-                del buf[: len(piece)]
-                size -= len(piece)
-                yield piece
-            while len(buf) < 2:
-                await conn.more(deadline if deadline is not None else self._deadline())
-            del buf[:2]
+            if eol == 0:
+                return
 
     def release(self) -> None:
         """Done with the reply: a fully read one frees its connection for the next request."""
