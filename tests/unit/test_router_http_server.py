@@ -223,3 +223,17 @@ async def test_a_handler_error_is_a_500_before_the_reply_and_a_cut_connection_du
     finally:
         writer.close()
         server.close()
+
+
+async def test_idle_connections_close_but_a_request_still_arriving_is_waited_for(monkeypatch):
+    from epd_operator.router import http_server
+
+    monkeypatch.setattr(http_server, "KEEPALIVE", 0.3)
+    async with echo_server() as (reader, writer):
+        writer.write(b"POST /a HTTP/1.1\r\nContent-Length: 4\r\n\r\n")
+        for byte in (b"w", b"x", b"y", b"z"):  # 0.4 s in all, longer than the limit; each gap well under it
+            await asyncio.sleep(0.1)
+            writer.write(byte)
+        assert (await read_response(reader))[1] == b"POST /a wxyz"
+        async with asyncio.timeout(2):
+            assert await reader.read() == b""  # then idle: closed

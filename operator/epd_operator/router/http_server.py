@@ -127,6 +127,7 @@ class HttpConnection(asyncio.Protocol):
         self.continued = False  # 100 Continue already sent for the request being received
         self.streaming = False  # a streamed reply has started
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.receiving = False  # bytes arrived since the idle timer was armed
 
     # ---- asyncio.Protocol ----
 
@@ -136,6 +137,7 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        self.receiving = True
         if self.task is None:
             self._next_request()
         elif len(self.buf) > self.max_body + MAX_HEAD:
@@ -168,8 +170,13 @@ class HttpConnection(asyncio.Protocol):
             self.transport.write(data)
 
     def _idle_out(self) -> None:
-        if self.task is None and not self.closed:
-            self.transport.close()
+        if self.task is not None or self.closed:
+            return
+        if self.buf and self.receiving:  # a request still arriving, slowly but surely
+            self.receiving = False
+            self.idle_timer = self.loop.call_later(KEEPALIVE, self._idle_out)
+            return
+        self.transport.close()
 
     def _next_request(self) -> None:
         buf = self.buf
@@ -267,6 +274,7 @@ class HttpConnection(asyncio.Protocol):
         if self.buf:
             self._next_request()
         else:
+            self.receiving = False
             self.idle_timer = self.loop.call_later(KEEPALIVE, self._idle_out)
 
     def _write_response(self, response: Response) -> None:

@@ -379,7 +379,7 @@ class Router:
         deadline = asyncio.get_running_loop().time() + timeout
         try:
             r = await self.upstream.request(ep.origin, "POST", ep.prefix + path, header_lines(headers), data,
-                                            connect_timeout=self.cfg.connect_timeout, deadline=deadline)
+                                            connect_timeout=min(self.cfg.connect_timeout, timeout), deadline=deadline)
             try:
                 payload = await r.read(deadline)
             finally:
