@@ -5,9 +5,9 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from epd_operator.router.upstream import Upstream, UpstreamError, header_lines
+from epd_operator.router.upstream import Upstream, UpstreamError
 
-JSON_HEADERS = header_lines({"Content-Type": "application/json", "x-request-id": "r1"})
+JSON_HEADERS = b"Content-Type: application/json\r\nx-request-id: r1\r\n"
 
 
 @asynccontextmanager

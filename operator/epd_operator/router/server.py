@@ -35,12 +35,13 @@ from .protocol import (
 )
 from .reuse import ReuseCache, reuse_key
 from .upstream import Response as UpstreamResponse
-from .upstream import Upstream, UpstreamError, header_lines
+from .upstream import Upstream, UpstreamError
 
 log = logging.getLogger("epd_router")
 
 JSON = "application/json"
 CHAT = "/v1/chat/completions"
+UPSTREAM_HEADERS = b"Content-Type: application/json\r\nAccept-Encoding: identity\r\n"
 COMPLETIONS = "/v1/completions"
 
 
@@ -187,12 +188,14 @@ class Router:
         except BodyTooLarge:
             raise BadRequest(f"request body exceeds {self.cfg.max_body_bytes} bytes", status=413) from None
 
-    def _upstream_headers(self, request: HttpRequest, rid: str) -> dict[str, str]:
-        headers = {"Content-Type": JSON, "x-request-id": rid, "Accept-Encoding": "identity"}
+    @staticmethod
+    def _upstream_headers(request: HttpRequest) -> bytes:
+        """Header lines every backend call of this request carries; each call adds its x-request-id.
+        Values were decoded as latin-1 by http_server, so they go back out byte for byte."""
         auth = request.headers.get("authorization")
         if auth:
-            headers["Authorization"] = auth
-        return headers
+            return UPSTREAM_HEADERS + b"Authorization: %s\r\n" % auth.encode("latin-1")
+        return UPSTREAM_HEADERS
 
     async def chat_completions(self, request: HttpRequest) -> StreamResponse:
         return await self._serve(request, CHAT, self._chat_media)
@@ -233,8 +236,9 @@ class Router:
         if not pool.available:
             return self._answered("/v1/models", json_error(503, "no decode endpoint available", rid, "service_unavailable"))
         ep = pool.available[0]
-        headers = self._upstream_headers(request, rid)
-        del headers["Content-Type"]
+        headers = {"x-request-id": rid, "Accept-Encoding": "identity"}
+        if "authorization" in request.headers:
+            headers["Authorization"] = request.headers["authorization"]
         try:
             async with self.session.get(ep.url + "/v1/models", headers=headers, timeout=self.models_timeout) as r:
                 data = await r.read()
@@ -267,7 +271,8 @@ class Router:
     async def _generate(
         self, request: HttpRequest, path: str, rid: str, raw: bytes, body: dict, items: list[MediaItem], t0: float
     ) -> StreamResponse:
-        headers = self._upstream_headers(request, rid)
+        common = self._upstream_headers(request)
+        headers = common + b"x-request-id: %s\r\n" % rid.encode("latin-1")
         consumers = self.prefills if self.prefills is not None else self.decodes
         key = prompt_prefix(body, items, self.cfg.prefix_chars) if self.prefix_keys else None
         # The EC consumer is chosen before encoding: a Mooncake encoder pushes straight to it.
@@ -277,7 +282,7 @@ class Router:
         try:
             if items:
                 te = time.perf_counter()
-                encoded = await self._encode(body, items, rid, headers, consumer.ec_zmq if self.mooncake else None)
+                encoded = await self._encode(body, items, rid, common, consumer.ec_zmq if self.mooncake else None)
                 self.metrics.observe_stage("encode", time.perf_counter() - te)
             else:
                 encoded = {}
@@ -362,7 +367,7 @@ class Router:
         retry_ep = self.pd_picker.pick(self.prefills.available, key, exclude=(ep,)) or ep
         return await self._prefill_once(retry_ep, path, orjson.dumps(prefill_request(prepared)), headers), retry_ep, prepared
 
-    async def _prefill_once(self, ep: Endpoint, path: str, data: bytes, headers: dict, metadata_only: bool = False):
+    async def _prefill_once(self, ep: Endpoint, path: str, data: bytes, headers: bytes, metadata_only: bool = False):
         self.prefills.acquire(ep)
         payload = await self._exchange(self.prefills, ep, path, data, headers, self.cfg.prefill_timeout, 1, metadata_only)
         try:
@@ -371,14 +376,14 @@ class Router:
             self.prefills.record_failure(ep, "reply")
             raise UpstreamFailure("reply") from None
 
-    async def _exchange(self, pool: Pool, ep: Endpoint, path: str, data: bytes, headers: dict, timeout: float, weight: int,
+    async def _exchange(self, pool: Pool, ep: Endpoint, path: str, data: bytes, headers: bytes, timeout: float, weight: int,
                         metadata_only: bool = False) -> bytes:
         """POST and read a whole JSON reply (encoder, prefill) within `timeout` seconds. `weight`
         in-flight units were acquired by the caller and are released here. A 400 to a
         metadata-only body is retryable, not final."""
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            r = await self.upstream.request(ep.origin, "POST", ep.prefix + path, header_lines(headers), data,
+            r = await self.upstream.request(ep.origin, "POST", ep.prefix + path, headers, data,
                                             connect_timeout=min(self.cfg.connect_timeout, timeout), deadline=deadline)
             try:
                 payload = await r.read(deadline)
@@ -408,7 +413,7 @@ class Router:
         resp = None
         try:
             try:
-                resp = await self.upstream.request(ep.origin, "POST", ep.prefix + path, header_lines(headers), data,
+                resp = await self.upstream.request(ep.origin, "POST", ep.prefix + path, headers, data,
                                                    connect_timeout=self.cfg.connect_timeout, idle=self.cfg.decode_timeout)
             except UpstreamError as exc:
                 kind = "timeout" if exc.kind == "timeout" else "connect"
@@ -470,7 +475,7 @@ class Router:
 
     # ---- encoders --------------------------------------------------------------------
 
-    async def _encode(self, body: dict, items: list[MediaItem], rid: str, headers: dict, consumer_zmq: str | None) -> dict[int, EncodedItem]:
+    async def _encode(self, body: dict, items: list[MediaItem], rid: str, headers: bytes, consumer_zmq: str | None) -> dict[int, EncodedItem]:
         encoded: dict[int, EncodedItem] = {}
         todo = items
         if self.reuse.enabled:
@@ -550,7 +555,7 @@ class Router:
         pool = self.encoders
         transfer_ids = [new_id() for _ in group]
         req = encoder_request(body, group, consumer_zmq, transfer_ids)
-        sub_headers = {**headers, "x-request-id": f"{rid}:{group[0].index}:{new_id()[:6]}"}
+        sub_headers = headers + f"x-request-id: {rid}:{group[0].index}:{new_id()[:6]}\r\n".encode("latin-1")
         payload = await self._exchange(pool, ep, CHAT, orjson.dumps(req), sub_headers, self.cfg.encode_timeout, len(group))
         try:
             matched = match_encoder_reply(orjson.loads(payload).get("ec_transfer_params"), group)

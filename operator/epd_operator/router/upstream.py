@@ -394,9 +394,3 @@ async def _read_head(conn: _Connection, pool: _OriginPool, deadline: float | Non
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
-
-
-def header_lines(headers: dict[str, str]) -> bytes:
-    """`Name: value\\r\\n` lines for Upstream.request. Values come from parsed client headers,
-    which cannot hold CR or LF."""
-    return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
