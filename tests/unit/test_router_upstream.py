@@ -208,3 +208,23 @@ async def test_chunked_framing_split_at_every_byte_still_yields_the_exact_body()
         assert b"".join([piece async for piece in r.iter_body()]) == b"data: a\n\ndata: b"
         r.release()
         await up.close()
+
+
+async def test_idle_connections_left_from_a_burst_are_retired_by_later_traffic():
+    async with scripted_backend([ok(b"{}")]) as (url, seen):
+        up = Upstream(keepalive=0.1)
+
+        async def call():
+            r = await up.request(url, "POST", "/x", JSON_HEADERS, b"{}")
+            await r.read()
+            r.release()
+
+        await asyncio.gather(*(call() for _ in range(3)))
+        [pool] = up._pools.values()
+        burst = list(pool.idle)
+        assert len(burst) == 3
+        for _ in range(4):  # steady traffic keeps reusing the newest connection
+            await asyncio.sleep(0.05)
+            await call()
+        assert pool.idle == [burst[-1]] and not any(conn.usable for conn in burst[:-1])
+        await up.close()

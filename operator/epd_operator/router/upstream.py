@@ -263,10 +263,16 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._done and self._length is not None and not conn.buf and conn.usable and not self._pool.closed \
+        pool = self._pool
+        if self._done and self._length is not None and not conn.buf and conn.usable and not pool.closed \
                 and self.headers.get("connection", "").lower() != "close":
-            conn.idle_since = conn.loop.time()
-            self._pool.idle.append(conn)
+            now = conn.idle_since = conn.loop.time()
+            idle = pool.idle
+            idle.append(conn)
+            # The oldest idle connections sit at the bottom, left over from a burst: retire them
+            # here, or they would wait for the backend to close them.
+            while idle[0].idle_since < now - pool.keepalive:
+                idle.pop(0).abort()
         else:
             conn.abort()
 
@@ -278,9 +284,10 @@ class Response:
 
 
 class _OriginPool:
-    __slots__ = ("host", "port", "tls", "host_header", "idle", "closed")
+    __slots__ = ("host", "port", "tls", "host_header", "idle", "closed", "keepalive")
 
-    def __init__(self, origin: str) -> None:
+    def __init__(self, origin: str, keepalive: float) -> None:
+        self.keepalive = keepalive
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"backend origin must be http(s)://host[:port], not {origin!r}")
@@ -302,14 +309,14 @@ class Upstream:
     def _pool(self, origin: str) -> _OriginPool:
         pool = self._pools.get(origin)
         if pool is None:
-            pool = self._pools[origin] = _OriginPool(origin)
+            pool = self._pools[origin] = _OriginPool(origin, self.keepalive)
         return pool
 
     async def _connection(self, pool: _OriginPool, connect_timeout: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         idle = pool.idle
         if idle:
-            oldest_ok = loop.time() - self.keepalive
+            oldest_ok = loop.time() - pool.keepalive
             while idle:
                 conn = idle.pop()  # the most recently used: the least likely to be stale
                 if conn.usable and conn.idle_since > oldest_ok and not conn.buf:
