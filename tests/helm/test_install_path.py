@@ -19,6 +19,8 @@ import aiohttp
 import pytest
 import yaml
 
+from tests.support.kubectl import kubectl
+
 from .charts import DEPLOYMENT_CHART, OPERATOR_CHART, Helm, by_kind, ci_values, one
 
 pytestmark = [
@@ -53,12 +55,7 @@ def operator_cli_problem() -> str | None:
 
 
 async def kubectl_apply(kube_env: dict[str, str], objects: list[dict[str, Any]]) -> str:
-    process = await asyncio.create_subprocess_exec(
-        "kubectl", "apply", "--validate=false", "-f", "-", env=kube_env,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = await process.communicate(yaml.safe_dump_all(objects).encode())
-    assert process.returncode == 0, f"kubectl apply failed:\n{err.decode()}"
-    return out.decode()
+    return await kubectl(kube_env, "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(objects))
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,23 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import kopf
-import pytest
 import yaml
 
 from tests.support.apiserver import StrictKubernetesEmulator
+from tests.support.kubectl import kubectl, needs_kubectl
 from tests.support.toys import TOY_CRD, widget
 
 REPO = Path(__file__).resolve().parents[2]
-needs_kubectl = pytest.mark.skipif(shutil.which('kubectl') is None, reason='kubectl is not installed')
-
-
-async def kubectl(kube_env: dict[str, str], *args: str, stdin: str | None = None) -> str:
-    process = await asyncio.create_subprocess_exec(
-        'kubectl', *args, env=kube_env, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = await process.communicate(stdin.encode() if stdin is not None else None)
-    assert process.returncode == 0, f'kubectl {" ".join(args)} failed: {err.decode()}'
-    return out.decode()
 
 
 @needs_kubectl
