@@ -15,7 +15,6 @@ import fcntl
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 VLLM_VERSION = "0.32.0"
