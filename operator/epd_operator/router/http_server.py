@@ -15,6 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
+from .protocol import error_body
+
 log = logging.getLogger("epd_router.http")
 
 MAX_HEAD = 64 * 1024
@@ -105,8 +107,6 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 
 
 def _error(status: int, message: str) -> Response:
-    from .protocol import error_body
-
     return Response(error_body(message, status), status, {"Content-Type": "application/json"})
 
 
