@@ -237,3 +237,24 @@ async def test_idle_connections_close_but_a_request_still_arriving_is_waited_for
         assert (await read_response(reader))[1] == b"POST /a wxyz"
         async with asyncio.timeout(2):
             assert await reader.read() == b""  # then idle: closed
+
+
+async def test_oversized_bodies_are_refused_without_waiting_for_them():
+    async with FakeVLLM("pd") as pd:
+        server, url = await serve_router(Router(RouterConfig(decode_urls=[pd.url], health_interval=0, max_body_bytes=64)))
+        try:
+            host, port = url[7:].split(":")
+            for request in (
+                # Announced too large and expecting 100-continue: answered before any body is sent.
+                b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 65\r\nExpect: 100-continue\r\n\r\n",
+                # Chunked past the limit.
+                b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n41\r\n" + b"x" * 65 + b"\r\n",
+            ):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(request)
+                head, body = await read_response(reader)
+                assert head.startswith(b"HTTP/1.1 413") and "exceeds 64 bytes" in orjson.loads(body)["error"]["message"]
+                writer.close()
+            assert not pd.received
+        finally:
+            await server.cleanup()
