@@ -33,14 +33,21 @@ def test_hash_pick_never_exceeds_the_load_bound(loads, key, factor):
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(min_value=2, max_value=10), keys=st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=20))
+@given(n=st.integers(min_value=2, max_value=10), keys=st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=40))
 def test_same_key_same_endpoint_while_not_overloaded(n, keys):
     picker = BoundedHashPicker(1.25)
     eps = endpoints([0] * n)
-    first = {k: picker.pick(eps, k) for k in keys}
-    # A fresh picker (another worker, another router replica) agrees, loads staying balanced.
-    other = BoundedHashPicker(1.25)
-    assert all(other.pick(list(reversed(eps)), k) is first[k] for k in keys)
+    home = {}
+    for k in keys:
+        assert home.setdefault(k, picker.pick(eps, k)) is picker.pick(eps, k)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(min_value=2, max_value=10), keys=st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=60))
+def test_router_replicas_seeing_the_same_traffic_pick_the_same_endpoints(n, keys):
+    eps = endpoints([0] * n)
+    one, other = BoundedHashPicker(1.25), BoundedHashPicker(1.25)
+    assert [one.pick(eps, k) for k in keys] == [other.pick(list(reversed(eps)), k) for k in keys]
 
 
 @settings(max_examples=200, deadline=None)
@@ -55,6 +62,22 @@ def test_a_hot_key_spills_only_when_its_endpoint_is_over_the_bound(n, key, extra
         assert chosen is home
     else:
         assert chosen is not home and chosen.load == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(min_value=2, max_value=8), keys=st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=300),
+       factor=st.floats(min_value=1.0, max_value=2.0))
+def test_new_keys_are_placed_within_the_bound_even_with_nothing_in_flight(n, keys, factor):
+    # Short, distinct items (encoder reuse) never overlap in time: the bound must hold on work done.
+    picker = BoundedHashPicker(factor)
+    eps = endpoints([0] * n)
+    seen = set()
+    for k in keys:
+        work = {e.key: picker.recent_work(e.key) for e in eps}
+        chosen = picker.pick(eps, f"image-{k}")
+        if k not in seen:
+            assert work[chosen.key] + 1 <= load_bound(sum(work.values()), n, factor)
+        seen.add(k)
 
 
 @settings(max_examples=100, deadline=None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .pickers import DEFAULT_LOAD_FACTOR
+
 
 @dataclass
 class RouterConfig:
@@ -25,7 +27,7 @@ class RouterConfig:
     # Picking.
     encoder_policy: str = "cache-aware"
     pd_policy: str = "least-loaded"
-    load_factor: float = 1.25
+    load_factor: float = DEFAULT_LOAD_FACTOR
     prefix_chars: int = 256
     encoder_max_batch: int = 0
     # Timeouts in seconds.

@@ -18,7 +18,7 @@ import socket
 import sys
 import tempfile
 
-from .pickers import ENCODER_POLICIES, PD_POLICIES
+from .pickers import DEFAULT_LOAD_FACTOR, ENCODER_POLICIES, PD_POLICIES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("picking")
     r.add_argument("--encoder-policy", choices=ENCODER_POLICIES, default="cache-aware")
     r.add_argument("--pd-policy", choices=PD_POLICIES, default="least-loaded")
-    r.add_argument("--load-factor", type=float, default=1.25, help="hash pickers: max load relative to the mean (>= 1)")
+    r.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR,
+                   help=f"hash pickers: max load relative to the mean (>= 1; default {DEFAULT_LOAD_FACTOR})")
     r.add_argument("--prefix-chars", type=int, default=256, help="prefix-aware: characters of the prompt hashed")
     r.add_argument("--encoder-max-batch", type=int, default=int(os.environ.get("ENCODER_MAX_BATCH_SIZE", "0")),
                    help="images per encoder sub-request, 0 = unlimited (env ENCODER_MAX_BATCH_SIZE)")
