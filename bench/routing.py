@@ -259,9 +259,9 @@ def markdown(result: RoutingResult) -> str:
         f"encoder, {p.hit_ms:g} ms per item it already has) and one PD. Workload: {p.requests} requests, one image "
         f"each, Zipf(s={p.zipf_s:g}) over {p.catalogue} images ({result.distinct} distinct drawn), Poisson arrivals at "
         f"{p.rate:g} req/s, the same sequence for every policy. Reuse = `--reuse-ttl 600` (the router remembers what "
-        "an encoder reported and skips the encoder for a repeated image). Cache-aware picks by consistent hashing "
-        "with a bound on each encoder's in-flight load, so with reuse each encoder's share of the work is the share "
-        "of distinct images that hash to it."
+        "an encoder reported and skips the encoder for a repeated image). `encoder calls` counts items the router sent "
+        "to any encoder; `encodes` the ones an encoder had not seen (the real work); the busiest encoder is compared "
+        "with the mean over the measured requests (20 warm-up requests with other images are not counted)."
     )
     parts = [intro]
     if result.missing:
