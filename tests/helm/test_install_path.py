@@ -34,26 +34,6 @@ SCENARIO = DEPLOYMENT_CHART / "ci" / "epd-shared-storage-values.yaml"
 RECONCILE_WAIT_S = 60
 
 
-@pytest.fixture
-def epd_operator_cli() -> None:
-    """Skips (before the emulator starts) unless the real `epd-operator` can run here."""
-    problem = operator_cli_problem()
-    if problem:
-        pytest.skip(problem)
-
-
-def operator_cli_problem() -> str | None:
-    """Why the real `epd-operator` cannot be run here, or None when it can."""
-    exe = Path(sys.executable).with_name("epd-operator")
-    if not exe.exists():
-        return f"{exe} is not installed (pip install -e .)"
-    probe = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
-    if probe.returncode != 0 or "not implemented" in probe.stdout + probe.stderr:
-        return ("waiting for the operator: `epd-operator --help` fails "
-                f"({(probe.stdout + probe.stderr).strip()[:200]!r}); epd_operator.controller.main is not finished")
-    return None
-
-
 async def kubectl_apply(kube_env: dict[str, str], objects: list[dict[str, Any]]) -> str:
     return await kubectl(kube_env, "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(objects))
 
@@ -122,7 +102,7 @@ async def test_both_charts_apply_into_the_api(helm4: Helm, apiserver, kube_env: 
 
 
 @pytest.mark.timeout(180)
-async def test_helm_template_kubectl_apply_reconciles(epd_operator_cli: None, helm4: Helm, apiserver,
+async def test_helm_template_kubectl_apply_reconciles(helm4: Helm, apiserver,
                                                       kube_env: dict[str, str], tmp_path: Path):
     # Loopback ports picked now, passed through the chart's own values into the operator's flags.
     health_port, metrics_port = free_port(), free_port()
