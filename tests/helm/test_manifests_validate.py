@@ -13,6 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from epd_operator.api import spec as api_spec
+
 from .charts import CHARTS, OPERATOR_CHART, REPO, case_id, ci_values, values_cases
 
 pytestmark = pytest.mark.helm
@@ -31,10 +33,8 @@ def kube_errors(obj: dict[str, Any], version: str) -> list[str]:
 
 
 def custom_object_errors(obj: dict[str, Any]) -> list[str]:
-    try:
-        from tests.support.crd_schema import default_and_prune, validate_custom_object
-    except ImportError as exc:  # pragma: no cover - only while the emulator helper is missing
-        pytest.skip(f"tests/support/crd_schema.py (validate_custom_object) not importable: {exc}")
+    from tests.support.crd_schema import default_and_prune, validate_custom_object
+
     crd = yaml.safe_load(CRD_PATH.read_text())
     pruned = default_and_prune(crd, obj)
     dropped = _dropped_paths(obj, pruned)
@@ -82,7 +82,7 @@ def test_operator_ci_values_cover_every_optional_kind(helm):
 
 def test_deployment_chart_renders_what_the_api_models_accept(helm):
     """The same spec through the operator's own pydantic models (what the controller parses)."""
-    api = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
+    api = api_spec
     for values in [None, *sorted((CHARTS["epd-deployment"] / "ci").glob("*-values.yaml"))]:
         (cr,) = helm.template(CHARTS["epd-deployment"], values, release="my-vl", namespace="ml")
         parsed = api.EPDDeployment.model_validate(cr)

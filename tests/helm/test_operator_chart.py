@@ -8,6 +8,11 @@ import re
 import pytest
 import yaml
 
+from epd_operator.api import spec as api_spec
+from epd_operator.controller import metrics as operator_metrics
+from epd_operator.render import render as render_epd
+from epd_operator.router import metrics as router_metrics
+
 from . import dashboard as dashboard_source
 from . import promql
 from .charts import DEPLOYMENT_CHART, OPERATOR_CHART, by_kind, ci_values, one
@@ -46,8 +51,8 @@ def container(objects):
 
 def rendered_children(helm) -> list[dict]:
     """What the operator makes of every scenario's EPDDeployment (the renderer is pure)."""
-    render = pytest.importorskip("epd_operator.render", reason="epd_operator.render not importable").render
-    spec = pytest.importorskip("epd_operator.api.spec", reason="epd_operator.api not importable")
+    render = render_epd
+    spec = api_spec
     children = []
     for values in [None, *ci_values(DEPLOYMENT_CHART)]:
         (cr,) = helm.template(DEPLOYMENT_CHART, values, release="my-vl", namespace="ml")
@@ -215,8 +220,8 @@ FOREIGN_METRIC = re.compile(r"^(vllm:\w+|kube_(deployment|horizontalpodautoscale
 
 def exported_series() -> set[str]:
     """Every series name the router and the operator really export."""
-    router = pytest.importorskip("epd_operator.router.metrics", reason="router metrics not importable")
-    operator = pytest.importorskip("epd_operator.controller.metrics", reason="operator metrics not importable")
+    router = router_metrics
+    operator = operator_metrics
     names = set()
     for metrics in (router.RouterMetrics(), operator.Metrics()):
         for family in metrics.registry.collect():
