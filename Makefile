@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install vllm-env test test-fast demo crds bench bench-quick images clean
+.PHONY: install vllm-env test test-fast demo crds bench bench-tools bench-quick images clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,10 +35,15 @@ crds: install
 	cp crds/serving.epd.dev_epddeployments.yaml charts/epd-operator/crds/
 	$(BIN)/python -m tests.helm.values_schema
 
-bench: install
+# The overhead benchmark drives load with wrk (Debian's package): installed when missing and possible.
+bench-tools:
+	@command -v wrk >/dev/null || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q wrk) \
+	  || echo "bench: wrk is not installed; the router-overhead section will say so (apt-get install wrk)"
+
+bench: install bench-tools
 	$(BIN)/python -m bench.run
 
-bench-quick: install
+bench-quick: install bench-tools
 	$(BIN)/python -m bench.run --quick
 
 images:
