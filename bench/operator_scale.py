@@ -203,7 +203,7 @@ def markdown(r: ScaleResult) -> str:
         ["operator API requests per CR (creation wave)", r.requests_per_cr],
         ["operator API writes per CR (creation wave)", r.writes_per_cr],
         [f"operator API requests during {p.idle_resyncs} idle resyncs", r.idle_requests],
-        [f"reconcile passes during the idle window (metric)", r.idle_reconciles],
+        ["reconcile passes during the idle window (metric)", r.idle_reconciles],
         [f"operator API writes during {p.idle_resyncs} idle resyncs (target 0)", len(r.idle_writes)],
         ["operator CPU seconds (wave + idle)", r.operator_cpu_s],
         ["operator peak RSS MiB", r.peak_rss_mib],

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
