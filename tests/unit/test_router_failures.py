@@ -59,7 +59,7 @@ async def test_an_encoder_timeout_counts_as_a_failure_and_is_retried():
         assert r.status == 200
         assert sum(len(e.received) for e in s.encoders) == 2
         assert media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_url"
-        assert await metric(s, 'epd_router_backend_errors_total{endpoint="' + s.encoders[0].url.split("//")[1] + '",kind="timeout",role="encoder"} 1.0')
+        assert await metric(s, 'epd_router_backend_errors_total{backend="' + s.encoders[0].url.split("//")[1] + '",kind="timeout",role="encoder"} 1.0')
 
 
 async def test_when_encoders_keep_failing_the_media_goes_raw_and_pinned_to_pd():
@@ -206,7 +206,7 @@ async def test_endpoints_are_ejected_after_consecutive_failed_checks_and_readmit
         for img in (IMG_A, IMG_B, {**IMG_A, "uuid": "x"}):
             await s.post(CHAT, chat(img))
         assert not bad.received
-        assert await metric(s, f'epd_router_ejections_total{{endpoint="{bad.url.split("//")[1]}",role="encoder"}} 1.0')
+        assert await metric(s, f'epd_router_ejections_total{{backend="{bad.url.split("//")[1]}",role="encoder"}} 1.0')
         bad.knobs.health_status = 200
         await s.router.health.check_all()
         assert len(s.router.encoders.available) == 2

@@ -220,7 +220,7 @@ async def test_health_reports_every_tier_and_metrics_expose_inflight_per_endpoin
         await s.post(CHAT, chat(IMG_A))
         text = (await s.get("/metrics")).body.decode()
         host = s.encoders[0].url.split("//")[1]
-        assert f'epd_router_endpoint_inflight{{endpoint="{host}",pod="",role="encoder"}} 0.0' in text
+        assert f'epd_router_endpoint_inflight{{backend="{host}",backend_pod="",role="encoder"}} 0.0' in text
         assert 'epd_router_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
         for stage in ("encode", "prefill", "decode", "total", "ttfb"):
             assert f'epd_router_stage_seconds_count{{stage="{stage}"}} 1.0' in text

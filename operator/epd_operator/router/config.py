@@ -11,6 +11,8 @@ from .pickers import DEFAULT_LOAD_FACTOR
 class RouterConfig:
     host: str = "0.0.0.0"
     port: int = 8000
+    # /metrics on its own port (main.py serves it); None: on `port`, beside the API.
+    metrics_port: int | None = None
     # Static endpoints (vLLM proxy flags). prefill_urls None means E+PD.
     encode_urls: list[str] = field(default_factory=list)
     prefill_urls: list[str] | None = None

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -18,14 +19,20 @@ import socket
 import sys
 import tempfile
 
+from .. import __version__
 from .pickers import DEFAULT_LOAD_FACTOR, ENCODER_POLICIES, PD_POLICIES
+
+MULTIPROC_ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epd-router", description="Endpoint-picker router for vLLM Encoder/Prefill/Decode serving.")
     a = p.add_argument
+    a("--version", action="version", version=f"%(prog)s {__version__}")
     a("--host", default="0.0.0.0")
     a("--port", type=int, default=8000)
+    a("--metrics-port", type=int, default=None,
+      help="serve /metrics on this port only (default: on --port, beside the API)")
     g = p.add_argument_group("static endpoints (vLLM proxy compatible)")
     g.add_argument("--encode-servers-urls", default="", help="comma-separated encoder URLs")
     g.add_argument("--prefill-servers-urls", default="none", help="comma-separated prefill URLs; 'disable'/'none' = E+PD")
@@ -85,6 +92,7 @@ def config_from_args(args: argparse.Namespace):
     cfg = RouterConfig(
         host=args.host,
         port=args.port,
+        metrics_port=args.metrics_port,
         encode_urls=split_urls(args.encode_servers_urls),
         prefill_urls=prefill,
         decode_urls=split_urls(args.decode_servers_urls),
@@ -140,7 +148,10 @@ async def _serve(cfg) -> None:
     router = Router(cfg)
     # A client that disconnects cancels its request, which closes every upstream call it has open.
     server = await router.serve(sock=_listening_socket(cfg.host, cfg.port))
-    logging.getLogger("epd_router").info("listening on %s:%d (pid %d)", cfg.host, cfg.port, os.getpid())
+    log = logging.getLogger("epd_router")
+    log.info("listening on %s:%d (pid %d)", cfg.host, cfg.port, os.getpid())
+    if cfg.metrics_port is not None and cfg.workers <= 1:
+        _serve_metrics(cfg.host, cfg.metrics_port, router.metrics.registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -159,6 +170,32 @@ def run_worker(cfg, log_level: str) -> None:
         uvloop.run(_serve(cfg))
 
 
+def _serve_metrics(host: str, port: int, registry) -> None:
+    """/metrics on its own port, from a thread (prometheus_client's server), apart from the API."""
+    from prometheus_client import start_http_server
+
+    start_http_server(port, addr=host, registry=registry)
+    logging.getLogger("epd_router").info("metrics on %s:%d/metrics", host, port)
+
+
+def metrics_run_dir() -> str:
+    """A fresh directory for this run's multiprocess metric files.
+
+    Under $PROMETHEUS_MULTIPROC_DIR when set (the operator points it into the pod's scratch
+    emptyDir: the root filesystem is read-only), else under the temporary directory. Fresh each
+    start, so a restarted container never adds the previous run's counts.
+    """
+    base = os.environ.get(MULTIPROC_ENV[0]) or os.environ.get(MULTIPROC_ENV[1])
+    try:
+        if base:
+            os.makedirs(base, exist_ok=True)
+        return tempfile.mkdtemp(prefix="run-", dir=base)
+    except (OSError, FileNotFoundError) as exc:
+        raise OSError(
+            f"--workers > 1 needs a writable directory for the shared metrics ({exc}); "
+            "set PROMETHEUS_MULTIPROC_DIR or TMPDIR to one (a pod: an emptyDir)") from exc
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
@@ -166,28 +203,53 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         sys.exit(f"epd-router: {exc}")
     if cfg.workers <= 1:
+        # One process keeps its metrics in memory: nothing to write, whatever the environment says.
+        for name in MULTIPROC_ENV:
+            os.environ.pop(name, None)
         run_worker(cfg, args.log_level)
         return
     # Several interpreters share the metrics through prometheus_client's multiprocess files;
     # the variable must be set before any worker creates a metric.
-    metrics_dir = tempfile.mkdtemp(prefix="epd-router-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    from prometheus_client import multiprocess
+
+    from .metrics import PIDS_FILE, multiprocess_registry
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        metrics_dir = metrics_run_dir()
+    except OSError as exc:
+        sys.exit(f"epd-router: {exc}")
+    os.environ[MULTIPROC_ENV[0]] = metrics_dir
+    os.environ.pop(MULTIPROC_ENV[1], None)
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=run_worker, args=(cfg, args.log_level), name=f"epd-router-{i}") for i in range(cfg.workers)]
-    for w in workers:
-        w.start()
-
-    def forward(signum, _frame):
-        for w in workers:
-            if w.is_alive() and w.pid:
-                os.kill(w.pid, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
     try:
         for w in workers:
-            w.join()
+            w.start()
+        with open(os.path.join(metrics_dir, PIDS_FILE), "w") as f:
+            f.write("".join(f"{pid}\n" for pid in [os.getpid(), *(w.pid for w in workers)]))
+
+        def forward(signum, _frame):
+            for w in workers:
+                if w.is_alive() and w.pid:
+                    os.kill(w.pid, signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        if cfg.metrics_port is not None:
+            # The supervisor reports for all workers: whichever worker the kernel would pick
+            # for a scrape, the answer is the same, and a busy worker never delays it.
+            _serve_metrics(cfg.host, cfg.metrics_port, multiprocess_registry(metrics_dir))
+        running = {w.sentinel: w for w in workers}
+        while running:
+            for sentinel in multiprocessing.connection.wait(list(running)):
+                w = running.pop(sentinel)
+                w.join()
+                multiprocess.mark_process_dead(w.pid, metrics_dir)  # its live gauges leave /metrics
     finally:
+        for w in workers:
+            if w.is_alive():
+                w.terminate()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     sys.exit(max((w.exitcode or 0) for w in workers))
 

@@ -1,21 +1,152 @@
 """Prometheus metrics of the router.
 
 With `--workers N` every worker process is a separate interpreter, so the metrics use
-prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by main before
-this module is imported) and any worker's /metrics reports the sum over all workers.
+prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by main before any
+worker starts): each worker writes its values to files in that directory and /metrics
+(served by the supervisor on `--metrics-port`, or by any worker on the data port) reads
+them all.
+
+Label names never collide with the target labels Prometheus Operator adds to every scraped
+series (`pod`, `namespace`, `service`, `endpoint`, `job`, `instance`, `container`): the
+backend an endpoint series is about is `backend` (host:port) and `backend_pod` (its pod).
+
+Per-backend gauges in multiprocess mode: prometheus_client cannot remove a label set from
+its files, and its `liveall` mode adds a `pid` label. So each worker writes NaN for a backend
+it forgot, and the view below drops NaN samples, then sums (in flight) or takes the maximum
+(available) over the live workers, without a `pid` label. A worker that exits is marked dead
+by the supervisor, which deletes its live-gauge file.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections import defaultdict
+from typing import Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.samples import Sample
+
+from .. import __version__
 
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+BACKEND_LABELS = ["role", "backend", "backend_pod"]
+INFLIGHT = "epd_router_endpoint_inflight"
+AVAILABLE = "epd_router_endpoint_available"
+# How the per-worker values of each per-backend gauge combine.
+_COMBINE: dict[str, Callable[[Iterable[float]], float]] = {INFLIGHT: sum, AVAILABLE: max}
+# The supervisor writes its own pid and its workers' here, one a line, for the process metrics.
+PIDS_FILE = "pids"
 
 
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+
+
+class _BackendGauge(Gauge):
+    """A per-backend gauge whose removal also works across worker processes (see the module doc)."""
+
+    def remove(self, *labelvalues) -> None:
+        if not multiprocess_dir():
+            super().remove(*labelvalues)
+            return
+        key = tuple(str(v) for v in labelvalues)
+        with self._lock:
+            child = self._metrics.pop(key, None)
+        if child is None:
+            raise KeyError(key)
+        child.set(math.nan)
+
+
+class BuildInfo:
+    """`<prefix>_build_info{version} 1`: present from the first scrape, before any traffic."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name
+        self.documentation = documentation
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=["version"])
+        family.add_metric([__version__], 1)
+        yield family
+
+
+ROUTER_BUILD_INFO = BuildInfo("epd_router_build_info", "epd-router version; always 1")
+
+
+class ProcessGroupCollector:
+    """prometheus_client's process metrics (`process_*`) summed over the supervisor and its workers.
+
+    CPU seconds, memory and open descriptors add up; the start time is the earliest and the
+    descriptor limit the largest. No per-process label.
+    """
+
+    def __init__(self, pids: Callable[[], list[int]]) -> None:
+        self.pids = pids
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        values: dict[str, list[float]] = defaultdict(list)
+        for pid in self.pids():
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+                merged.setdefault(family.name, family)
+                values[family.name] += [s.value for s in family.samples]
+        for name, family in merged.items():
+            numbers = values[name]
+            if name.endswith("start_time_seconds"):
+                value = min(numbers)
+            elif name.endswith("max_fds"):
+                value = max(numbers)
+            else:
+                value = sum(numbers)
+            out = Metric(family.name, family.documentation, family.type)
+            out.samples = [Sample(family.samples[0].name, {}, value)]
+            yield out
+
+
+def _recorded_pids(path: str) -> list[int]:
+    try:
+        with open(os.path.join(path, PIDS_FILE)) as f:
+            return [int(line) for line in f.read().split()]
+    except (OSError, ValueError):
+        return [os.getpid()]
+
+
+class MultiProcessView:
+    """Every worker's metrics from the multiprocess directory, per-backend gauges combined without `pid`."""
+
+    def __init__(self, path: str) -> None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self.path = path
+        self.files = MultiProcessCollector(None, path=path)
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.files.collect():
+            combine = _COMBINE.get(family.name)
+            if family.type != "gauge" or combine is None:
+                yield family
+                continue
+            per_series: dict[tuple, list[float]] = defaultdict(list)
+            for s in family.samples:
+                if math.isnan(s.value):  # a backend this worker forgot
+                    continue
+                key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "pid"))
+                per_series[key].append(s.value)
+            out = Metric(family.name, family.documentation, family.type)
+            out.samples = [Sample(family.name, dict(key), float(combine(vals))) for key, vals in sorted(per_series.items())]
+            yield out
+
+
+def multiprocess_registry(path: str) -> CollectorRegistry:
+    """What /metrics reports when several workers share the metrics directory `path`."""
+    reg = CollectorRegistry()
+    reg.register(MultiProcessView(path))
+    reg.register(ROUTER_BUILD_INFO)
+    reg.register(ProcessGroupCollector(lambda: _recorded_pids(path)))
+    return reg
 
 
 class RouterMetrics:
@@ -43,24 +174,27 @@ class RouterMetrics:
             registry=reg,
         )
         self.retries = Counter("epd_router_retries", "Retries by stage and reason", ["stage", "reason"], registry=reg)
-        self.inflight = Gauge(
-            "epd_router_endpoint_inflight",
-            "Work the router has in flight per endpoint (media items for encoders, requests otherwise)",
-            ["role", "endpoint", "pod"],
+        self.inflight = _BackendGauge(
+            INFLIGHT,
+            "Work the router has in flight per backend (media items for encoders, requests otherwise)",
+            BACKEND_LABELS,
             registry=reg,
-            multiprocess_mode="livesum",
+            multiprocess_mode="liveall",  # combined without `pid` by MultiProcessView
         )
         self.backend_errors = Counter(
-            "epd_router_backend_errors", "Failed backend calls by role, endpoint and kind", ["role", "endpoint", "kind"], registry=reg
+            "epd_router_backend_errors", "Failed backend calls by role, backend and kind", ["role", "backend", "kind"], registry=reg
         )
-        self.ejections = Counter("epd_router_ejections", "Endpoints ejected after consecutive failures", ["role", "endpoint"], registry=reg)
-        self.endpoint_up = Gauge(
-            "epd_router_endpoint_available",
-            "1 while the endpoint is ready and not ejected",
-            ["role", "endpoint", "pod"],
+        self.ejections = Counter("epd_router_ejections", "Backends ejected after consecutive failures", ["role", "backend"], registry=reg)
+        self.endpoint_up = _BackendGauge(
+            AVAILABLE,
+            "1 while the backend is ready and not ejected",
+            BACKEND_LABELS,
             registry=reg,
-            multiprocess_mode="liveall",
+            multiprocess_mode="liveall",  # combined without `pid` by MultiProcessView
         )
+        if registry is None:
+            reg.register(ROUTER_BUILD_INFO)
+            ProcessCollector(registry=reg)
         # Label children are looked up once per combination: .labels() is not free.
         self._stage = {}
         self._items = {}
@@ -86,12 +220,9 @@ class RouterMetrics:
             child = self._requests[key] = self.requests.labels(route, str(status))
         child.inc()
 
-    def exposition(self) -> tuple[bytes, str]:
+    def exposition_registry(self) -> CollectorRegistry:
         path = multiprocess_dir()
-        if path:
-            from prometheus_client import multiprocess
+        return multiprocess_registry(path) if path else self.registry
 
-            reg = CollectorRegistry()
-            multiprocess.MultiProcessCollector(reg, path=path)
-            return generate_latest(reg), CONTENT_TYPE_LATEST
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.exposition_registry()), CONTENT_TYPE_LATEST

@@ -120,8 +120,9 @@ class Router:
             ("POST", COMPLETIONS): self.completions,
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health_report,
-            ("GET", "/metrics"): self.metrics_report,
         }
+        if self.cfg.metrics_port is None:  # else main.py serves /metrics on its own port
+            routes[("GET", "/metrics")] = self.metrics_report
         paths = {path for _, path in routes}
 
         async def dispatch(request: HttpRequest):
