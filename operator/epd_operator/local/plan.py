@@ -413,6 +413,11 @@ def _router_process(pod: _Pod, router: list[str], vllm_processes: list[LocalProc
     if flag_value(args, "--host") is not None:
         args = map_flag_values(args, "--host", lambda _: LOCALHOST)
     urls = {role: ",".join(p.url for p in vllm_processes if p.role == role) for role in VLLM_ROLES}
+    notes = [*pod.deviations, "static backend URLs instead of EndpointSlice discovery"]
+    if flag_value(args, "--metrics-port") is not None:
+        # The demo reads the router's stage timings from /metrics on its one local port.
+        args = drop_flags(args, ["--metrics-port"])
+        notes.append("/metrics on the API port instead of --metrics-port")
     args = drop_flags(args, ROUTER_DISCOVERY_FLAGS) + [
         "--encode-servers-urls", urls[ENCODER],
         "--prefill-servers-urls", urls[PREFILL] or "disable",
@@ -424,7 +429,7 @@ def _router_process(pod: _Pod, router: list[str], vllm_processes: list[LocalProc
         argv=[*router, *args],
         env=pod.env,
         port=port,
-        deviations=[*pod.deviations, "static backend URLs instead of EndpointSlice discovery"],
+        deviations=notes,
         rendered_argv=rendered,
     )
 

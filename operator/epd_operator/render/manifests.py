@@ -13,7 +13,7 @@ from typing import Any, Optional
 from ..api.spec import DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeployment, Placement
 from .naming import (CONFIG_HASH_ANNOTATION, ENCODER, MOONCAKE_MASTER, ROLE_LABEL, ROUTER, TRANSFER, labels, object_name,
                      router_service_name, selector_labels, tier_of, transfer_configmap_name, vllm_roles)
-from .router_args import ROUTER_HEALTH_PATH, router_args
+from .router_args import ROUTER_HEALTH_PATH, ROUTER_METRICS_PORT, router_args
 from .templating import render_documents, render_one
 from .transfer import (EC_CACHE_VOLUME, MOONCAKE_MASTER_METRICS_PORT, MOONCAKE_MASTER_RPC_PORT, TierTransfer,
                        configmap_data, container_port, janitor_args, mooncake_store_config, tier_transfer)
@@ -29,6 +29,11 @@ NONROOT_UID = 65532
 # The user vLLM's upstream image runs as, and so owns the shared cache's files.
 VLLM_IMAGE_UID = 0
 RUNTIME_DEFAULT_SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
+# The router's writable scratch (its root filesystem is read-only): TMPDIR, and the directory its
+# worker processes share their metrics through (prometheus_client's multiprocess mode).
+ROUTER_SCRATCH_VOLUME = "tmp"
+ROUTER_SCRATCH_PATH = "/tmp"
+ROUTER_SCRATCH_ENV = {"TMPDIR": ROUTER_SCRATCH_PATH, "PROMETHEUS_MULTIPROC_DIR": ROUTER_SCRATCH_PATH + "/epd-router-metrics"}
 DEFAULT_HPA_METRICS = [
     {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}},
 ]
@@ -223,11 +228,15 @@ def _router_workload(epd: EPDDeployment, router_image: str) -> Workload:
         image=router_image,
         args=router_args(epd),
         resources=_resources(router),
-        env=_env(router),
+        env=_router_env(router),
         health_path=ROUTER_HEALTH_PATH,
+        metrics_port=ROUTER_METRICS_PORT,
+        scratch_volume=ROUTER_SCRATCH_VOLUME,
+        scratch_path=ROUTER_SCRATCH_PATH,
     )
     security = {"runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID, **RUNTIME_DEFAULT_SECCOMP}
-    pod = _pod(router, [container], [], epd.spec.imagePullSecrets, security,
+    scratch = {"name": ROUTER_SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}
+    pod = _pod(router, [container], [scratch], epd.spec.imagePullSecrets, security,
                service_account=object_name(epd, ROUTER))
     service = render_one(
         "service.yaml.j2", **_meta(epd, router_service_name(epd), ROUTER),
@@ -236,6 +245,13 @@ def _router_workload(epd: EPDDeployment, router_image: str) -> Workload:
         ports=[{"name": "http", "port": router.service.port, "targetPort": "http", "protocol": "TCP"}],
     )
     return _workload(epd, ROUTER, router, pod, {}, service)
+
+
+def _router_env(router: Placement) -> list[JSON]:
+    """The scratch variables, unless the spec sets them itself, then the spec's env."""
+    own = _env(router)
+    names = {var["name"] for var in own}
+    return [{"name": k, "value": v} for k, v in ROUTER_SCRATCH_ENV.items() if k not in names] + own
 
 
 # ----------------------------------------------------------------------------- Mooncake master

@@ -13,6 +13,8 @@ from .naming import DECODE, ENCODER, PREFILL, label_selector
 from .transfer import cache_ttl_seconds
 
 ROUTER_PORT = 8000
+# /metrics on its own container port (named `metrics`), never on the API port the Service exposes.
+ROUTER_METRICS_PORT = 9090
 ROUTER_HEALTH_PATH = "/health"
 
 
@@ -31,6 +33,7 @@ def router_args(epd: EPDDeployment) -> list[str]:
     args = [
         "--host", "0.0.0.0",
         "--port", str(ROUTER_PORT),
+        "--metrics-port", str(ROUTER_METRICS_PORT),
         "--discovery", "kubernetes",
         "--namespace", epd.namespace,
         "--encoder-selector", label_selector(epd, ENCODER),
