@@ -82,9 +82,26 @@ def test_fields_added_by_others_are_not_drift():
     assert drift(desired, live) == []
 
 
+def test_items_other_managers_add_to_keyed_lists_are_not_drift():
+    # `kubectl set env` or a mesh's injected sidecar stay after our forced apply (server-side apply
+    # merges keyed lists): judging them drift would re-apply on every resync, forever.
+    obj = deployment()
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
+    desired = adopt(obj, OWNER)
+    live = live_copy(desired)
+    spec = live["spec"]["template"]["spec"]
+    spec["containers"][0]["env"].insert(0, {"name": "DEBUG", "value": "1"})
+    spec["containers"].append({"name": "istio-proxy", "image": "proxy"})
+    assert drift(desired, live) == []
+    spec["containers"][0]["env"][1]["value"] = "2"  # our own item changed: drift, named by its key
+    assert drift(desired, live) == ["spec.template.spec.containers[name=vllm].env[name=A].value"]
+    spec["containers"].pop(0)  # our container is gone
+    assert drift(desired, live) == ["spec.template.spec.containers[name=vllm]"]
+
+
 @pytest.mark.parametrize("edit, path", [
-    (lambda o: o["spec"]["template"]["spec"]["containers"][0].update(image="other"), "spec.template.spec.containers[0].image"),
-    (lambda o: o["spec"]["template"]["spec"]["containers"][0]["args"].append("--b"), "spec.template.spec.containers[0].args"),
+    (lambda o: o["spec"]["template"]["spec"]["containers"][0].update(image="other"), "spec.template.spec.containers[name=vllm].image"),
+    (lambda o: o["spec"]["template"]["spec"]["containers"][0]["args"].append("--b"), "spec.template.spec.containers[name=vllm].args"),
     (lambda o: o["metadata"]["labels"].pop("serving.epd.dev/role"), "metadata.labels.serving.epd.dev/role"),
     (lambda o: o["metadata"].update(ownerReferences=[]), "metadata.ownerReferences"),
     (lambda o: o["spec"].update(replicas=5), "spec.replicas"),
@@ -117,7 +134,7 @@ def test_plan_restores_drift_and_says_what_changed():
     live["spec"]["template"]["spec"]["containers"][0]["image"] = "other"
     [step] = plan([desired], [live], "uid-1").applies
     assert step.why == "drift"
-    assert step.describe() == "Deployment vl-encoder restored (spec.template.spec.containers[0].image had been changed)"
+    assert step.describe() == "Deployment vl-encoder restored (spec.template.spec.containers[name=vllm].image had been changed)"
 
 
 def test_plan_prunes_only_our_own_children_that_are_no_longer_rendered():

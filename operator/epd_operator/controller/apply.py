@@ -80,6 +80,20 @@ def _same_scalar(want: Any, have: Any) -> bool:
     return False
 
 
+# Keys by which the API server merges the lists we render (their `x-kubernetes-list-map-keys`):
+# container and Service ports are keyed by port number, mounts by path, the rest by name.
+_LIST_KEYS = ("name", "mountPath", "containerPort", "port")
+
+
+def _merge_key(items: list[Any]) -> str | None:
+    if not items or not all(isinstance(item, dict) for item in items):
+        return None
+    for key in _LIST_KEYS:
+        if all(key in item for item in items) and len({item[key] for item in items}) == len(items):
+            return key
+    return None
+
+
 def _drift(want: Any, have: Any, path: str, out: list[str]) -> None:
     if isinstance(want, dict):
         if not isinstance(have, dict):
@@ -90,6 +104,19 @@ def _drift(want: Any, have: Any, path: str, out: list[str]) -> None:
             _drift(value, have.get(key), f"{path}.{key}" if path else key, out)
     elif isinstance(want, list):
         have = have if isinstance(have, list) else ([] if have is None else None)
+        key = _merge_key(want)
+        if key is not None and have is not None:
+            # A keyed list (containers, env, ports, volumes...) is merged by server-side apply: items
+            # other managers add (`kubectl set env`, a mesh's sidecar) stay after our apply and are
+            # not ours to judge, so only our own items are compared, found by their key.
+            found = {item.get(key): item for item in have if isinstance(item, dict)}
+            for w in want:
+                h = found.get(w[key])
+                if h is None:
+                    out.append(f"{path}[{key}={w[key]}]")
+                else:
+                    _drift(w, h, f"{path}[{key}={w[key]}]", out)
+            return
         if have is None or len(have) != len(want):
             out.append(path)
             return

@@ -56,6 +56,10 @@ def build_settings() -> kopf.OperatorSettings:
     # Watches are re-established regularly so a silently dropped connection heals.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # Children are filtered by the API server, not in kopf: the operator then never receives (nor
+    # caches) the cluster's other Deployments and HPAs.
+    for group, _version, plural in CHILDREN_WATCHED:
+        settings.watching.label_selectors[group, plural] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     settings.networking.request_timeout = 60
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # per-event chatter
     return settings

@@ -51,6 +51,8 @@ class Resource:
 EPD = Resource(f"{GROUP}/{VERSION}", KIND, PLURAL)
 LEASE = Resource("coordination.k8s.io/v1", "Lease", "leases")
 EVENT = Resource("v1", "Event", "events")
+# Read only: a tier's pods are listed when it lacks ready pods, to say why (e.g. unschedulable).
+POD = Resource("v1", "Pod", "pods")
 
 # Every kind the renderer may emit. Pruning lists each of them, so a kind missing here would leave
 # its objects behind when a feature is switched off; a unit test renders the examples against it.
@@ -179,10 +181,12 @@ class Kube:
     # ---------------------------------------------------------------- writes
 
     async def apply(self, obj: dict[str, Any], *, field_manager: str = FIELD_MANAGER, force: bool = True) -> dict[str, Any]:
-        """Server-side apply; `force` takes over fields another manager changed (drift repair)."""
+        """Server-side apply; `force` takes over fields another manager changed (drift repair).
+        Strict field validation: a field the server does not know fails the apply instead of being
+        dropped silently."""
         resource = child_resource(obj) if obj.get("kind") != KIND else EPD
         meta = obj["metadata"]
-        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
+        params = {"fieldManager": field_manager, "force": "true" if force else "false", "fieldValidation": "Strict"}
         return await self._request("PATCH", resource.path(meta.get("namespace"), meta["name"]), kind=resource.kind,
                                    params=params, body=obj, content_type="application/apply-patch+yaml")
 
