@@ -1,0 +1,219 @@
+"""The rendered router container, run as a real process: with 2 CPUs the operator gives it
+`--workers 2`, and it must start under the pod's read-only root filesystem with only its
+rendered scratch volume writable, serve /metrics on its own port (not on the API port),
+report every worker's counts, and drop a removed backend's gauges, without a `pid` label.
+
+Where user namespaces work, the process runs in a mount namespace whose every mount is
+read-only, with a tmpfs at each rendered emptyDir mountPath (what the kubelet gives the pod)
+and the kubeconfig on a read-only mount. Elsewhere the environment stands in: no usable
+TMPDIR or HOME, the rendered scratch paths mapped to a temporary directory.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from epd_operator.render import render
+from tests.support.fake_vllm import FakeVLLM
+from tests.support.render_examples import SHARED_STORAGE, example, find
+
+REPO = Path(__file__).resolve().parents[2]
+NS = "default"
+BIN = Path(sys.executable).parent
+
+# Inside `unshare -rm`: tmpfs at each scratch mountPath, the kubeconfig on its own mount, then
+# every other mount read-only. $1 is the kubeconfig source, $2 the scratch paths (colon
+# separated), the rest the command.
+READ_ONLY_ROOT = r"""
+set -e
+kubeconfig=$(cat "$1"); scratch=$2; shift 2
+IFS=:; for path in $scratch; do mount -t tmpfs -o size=64m tmpfs "$path"; done; unset IFS
+mount -t tmpfs -o size=1m tmpfs /mnt
+printf '%s' "$kubeconfig" > /mnt/kubeconfig
+mount -o remount,ro /mnt
+for target in $(awk '{print $5}' /proc/self/mountinfo); do
+  case "$target" in /proc*|/sys*|/dev*|/mnt) continue;; esac
+  case ":$scratch:" in *":$target:"*) continue;; esac
+  mount -o remount,bind,ro "$target" 2>/dev/null || true
+done
+if touch /.epd-rw-check 2>/dev/null || touch "$HOME/.epd-rw-check" 2>/dev/null; then
+  echo "root filesystem still writable" >&2; exit 97
+fi
+exec "$@"
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def user_namespaces_work() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -o remount,bind,ro / && ! touch /.epd-rw-check"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def endpoint_slice(name: str, selector: str, port: int, pod: str) -> dict:
+    labels = dict(pair.split("=", 1) for pair in selector.split(","))
+    return {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
+                       "targetRef": {"kind": "Pod", "name": pod, "namespace": NS}}],
+    }
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def with_flag(args: list[str], name: str, value: str) -> list[str]:
+    args = list(args)
+    args[args.index(name) + 1] = value
+    return args
+
+
+def rendered_router(cpu: str) -> tuple[dict, list[str]]:
+    epd = example(SHARED_STORAGE, **{"spec.router.resources": {"requests": {"cpu": cpu, "memory": "256Mi"},
+                                                               "limits": {"cpu": cpu, "memory": "1Gi"}}})
+    objects = render(epd)
+    deployment = find(objects, "Deployment", f"{epd.name}-router")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return pod, container
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """{label text: value} of every sample of `name`."""
+    out = {}
+    for line in text.splitlines():
+        m = re.fullmatch(re.escape(name) + r"(\{.*\})? (\S+)", line)
+        if m:
+            out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+async def test_rendered_router_with_two_workers_runs_read_only_and_metrics_follow_backends(apiserver, kubeconfig, tmp_path):
+    pod, container = rendered_router("2")
+    args = container["args"]
+    assert flag(args, "--workers") == "2"
+    assert pod["securityContext"]["runAsNonRoot"] and container["securityContext"]["readOnlyRootFilesystem"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert int(flag(args, "--metrics-port")) == ports["metrics"] != ports["http"] == int(flag(args, "--port"))
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    scratch = [m["mountPath"] for m in container["volumeMounts"] if "emptyDir" in volumes[m["name"]]]
+    assert scratch, "the router needs a writable emptyDir"
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert any(env.get("PROMETHEUS_MULTIPROC_DIR", "").startswith(p) for p in scratch)
+
+    port, metrics_port = free_port(), free_port()
+    args = with_flag(with_flag(with_flag(args, "--port", str(port)), "--metrics-port", str(metrics_port)),
+                     "--host", "127.0.0.1")
+    args += ["--health-interval", "0.2", "--log-level", "warning"]
+    base_env = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "operator"), "HOME": "/nonexistent"}
+    if user_namespaces_work():
+        argv = ["unshare", "-rm", "sh", "-c", READ_ONLY_ROOT, "sh", str(kubeconfig), ":".join(scratch),
+                *container["command"], *args, "--kubeconfig", "/mnt/kubeconfig"]
+        proc_env = {**base_env, **env}
+    else:  # no mount namespace: a read-only root as far as the environment can say it
+        unwritable = tmp_path / "read-only"
+        unwritable.mkdir(mode=0o555)
+        local = tmp_path / "scratch"
+        mapped = {k: v for k, v in env.items()}
+        for path in scratch:
+            mapped = {k: v.replace(path, str(local / path.strip("/")), 1) if v.startswith(path) else v for k, v in mapped.items()}
+            (local / path.strip("/")).mkdir(parents=True)
+        argv = [*container["command"], *args, "--kubeconfig", str(kubeconfig)]
+        proc_env = {**base_env, "TMPDIR": str(unwritable), "HOME": str(unwritable), **mapped}
+
+    enc_sel, dec_sel = flag(args, "--encoder-selector"), flag(args, "--decode-selector")
+    async with FakeVLLM("encoder", "e0") as e0, FakeVLLM("encoder", "e1") as e1, FakeVLLM("pd", "d0") as d0:
+        for name, sel, fake, pod_name in (("enc-a", enc_sel, e0, "vl-encoder-0"), ("enc-b", enc_sel, e1, "vl-encoder-1"),
+                                          ("dec-a", dec_sel, d0, "vl-decode-0")):
+            apiserver.create_object(endpoint_slice(name, sel, int(fake.url.rsplit(":", 1)[1]), pod_name))
+        proc = subprocess.Popen(argv, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/")
+        url, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
+        try:
+            async with aiohttp.ClientSession() as session:
+
+                async def scrape() -> str:
+                    async with session.get(metrics_url) as r:
+                        assert r.status == 200
+                        return await r.text()
+
+                async with asyncio.timeout(60):
+                    while True:
+                        assert proc.poll() is None, proc.stdout.read().decode()
+                        try:
+                            async with session.get(url + "/health") as r:
+                                if r.status == 200 and "vl-encoder-1" in await scrape():
+                                    break
+                        except aiohttp.ClientError:
+                            pass
+                        await asyncio.sleep(0.1)
+
+                body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                for _ in range(8):  # fresh connections: the kernel spreads them over both workers
+                    async with aiohttp.ClientSession() as one_shot:
+                        async with one_shot.post(url + "/v1/chat/completions", data=body) as r:
+                            assert r.status == 200
+                async with session.get(url + "/metrics") as r:
+                    assert r.status == 404, "metrics must not be served on the API port"
+
+                text = await scrape()
+                assert samples(text, "epd_router_requests_total") == {'{route="/v1/chat/completions",status="200"}': 8.0}
+                assert samples(text, "epd_router_build_info")
+                assert samples(text, "process_cpu_seconds_total") and samples(text, "process_resident_memory_bytes")
+                assert "pid=" not in text
+                e1_key = e1.url.split("//")[1]
+                available = samples(text, "epd_router_endpoint_available")
+                assert available[f'{{backend="{e1_key}",backend_pod="vl-encoder-1",role="encoder"}}'] == 1.0
+                assert len(available) == 3
+                assert len(samples(text, "epd_router_endpoint_inflight")) == 3
+
+                # The encoder behind enc-b goes away: both workers forget it, and so does /metrics.
+                apiserver.delete_object("discovery.k8s.io/v1", "EndpointSlice", "enc-b", NS)
+                async with asyncio.timeout(30):
+                    while e1_key in (text := await scrape()):
+                        await asyncio.sleep(0.2)
+                assert len(samples(text, "epd_router_endpoint_available")) == 2
+                assert len(samples(text, "epd_router_endpoint_inflight")) == 2
+                assert "pid=" not in text
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+        assert proc.returncode == 0, out.decode()
+
+
+def test_more_workers_without_a_writable_directory_fail_with_a_reason(tmp_path):
+    unwritable = tmp_path / "read-only"
+    unwritable.mkdir(mode=0o555)
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "operator"),
+           "PROMETHEUS_MULTIPROC_DIR": str(unwritable / "metrics")}
+    if os.geteuid() == 0 and not user_namespaces_work():
+        return  # root writes anywhere and no namespace can say otherwise: nothing to observe
+    argv = ["epd-router", "--decode-servers-urls", "http://127.0.0.1:1", "--workers", "2", "--port", str(free_port())]
+    if os.geteuid() == 0:
+        argv = ["unshare", "-rm", "sh", "-c", 'mount -o remount,bind,ro / && exec "$@"', "sh", *argv]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "PROMETHEUS_MULTIPROC_DIR" in r.stderr
