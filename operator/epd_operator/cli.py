@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from . import __version__
 from .api import SpecError, parse_epd
 from .api.crd import build_crd
 from .api.spec import DEFAULT_ROUTER_IMAGE
@@ -93,6 +94,7 @@ def cmd_docs(_: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epdctl", description="Work with EPDDeployment specs (serving.epd.dev/v1alpha1).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     render = sub.add_parser("render", help="print the Kubernetes objects an EPDDeployment becomes (multi-document YAML)")
     render.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")

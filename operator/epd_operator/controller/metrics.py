@@ -1,13 +1,30 @@
 """Prometheus metrics of one operator process (served on `--metrics-port`, path `/metrics`).
 
 Each operator instance owns its registry, so two operators in one test process never share counts.
+Label names never collide with Prometheus Operator's target labels (`namespace`, `pod`, ...): an
+EPDDeployment is `epd_namespace`/`epd_name`.
 """
 from __future__ import annotations
 
+import typing
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import GaugeMetricFamily
+from prometheus_client.process_collector import ProcessCollector
+
+from .. import __version__
+from ..api.status import Phase
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+PHASES: tuple[str, ...] = typing.get_args(Phase)
+
+
+class _BuildInfo:
+    def collect(self):
+        family = GaugeMetricFamily("epd_operator_build_info", "epd-operator version; always 1", labels=["version"])
+        family.add_metric([__version__], 1)
+        yield family
 
 
 class Metrics:
@@ -32,6 +49,25 @@ class Metrics:
                             registry=self.registry)
         self.managed = Gauge("epd_operator_epddeployments", "EPDDeployments this operator currently watches.",
                              registry=self.registry)
+        self.phase = Gauge(
+            "epd_operator_deployment_phase",
+            "Phase of each EPDDeployment: one series per phase, 1 for the current one (set by the leader).",
+            ["epd_namespace", "epd_name", "phase"], registry=self.registry)
+        self.registry.register(_BuildInfo())
+        ProcessCollector(registry=self.registry)
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        """Record `phase` as the EPDDeployment's current one (call after each status computation)."""
+        for candidate in PHASES:
+            self.phase.labels(namespace, name, candidate).set(1 if candidate == phase else 0)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the phase series of a deleted EPDDeployment (or one this replica stops acting for)."""
+        for candidate in PHASES:
+            try:
+                self.phase.remove(namespace, name, candidate)
+            except KeyError:
+                pass
 
     def count_write(self, verb: str, kind: str) -> None:
         self.writes.labels(verb=verb, kind=kind).inc()
