@@ -31,6 +31,7 @@ demo: install
 	$(BIN)/python -m epd_operator.local.demo
 
 crds: install
+	$(BIN)/python -m epd_operator.api.kube_schemas
 	$(BIN)/epdctl crd > crds/serving.epd.dev_epddeployments.yaml
 	cp crds/serving.epd.dev_epddeployments.yaml charts/epd-operator/crds/
 	$(BIN)/python -m tests.helm.values_schema

@@ -9,6 +9,9 @@ import cel
 import pytest
 import yaml
 
+import json
+
+from epd_operator.api import kube_schemas
 from epd_operator.api.crd import build_crd
 from epd_operator.cli import dump_yaml
 
@@ -80,11 +83,80 @@ def test_required_fields_exist():
     assert missing == []
 
 
+UPSTREAM = [kube_schemas.schema(name) for name in kube_schemas.TYPES]
+
+
+def _is_upstream(node: dict[str, Any]) -> bool:
+    return {k: v for k, v in node.items() if k != "description"} in UPSTREAM
+
+
+# The fields typed with generated Kubernetes schemas (affinity, tolerations[], ...).
+UPSTREAM_ROOTS = [path for path, node in ALL_NODES
+                  if _is_upstream(node) or (isinstance(node.get("items"), dict) and _is_upstream(node["items"]))]
+
+
+def _inside_upstream(path: str) -> bool:
+    return any(path.startswith((f"{root}.", f"{root}[]")) for root in UPSTREAM_ROOTS)
+
+
 def test_every_spec_field_is_described():
-    # kubectl explain shows these; an undocumented object is where users get lost.
+    # kubectl explain shows these; an undocumented object is where users get lost. Inside the generated
+    # Kubernetes types descriptions are dropped for size: the field itself says which type it is.
     bare = [path for path, node in ALL_NODES if path.startswith(".spec.") and "description" not in node
-            and not path.endswith((".*", "[]"))]  # map values and list items: their parent says
+            and not path.endswith((".*", "[]"))  # map values and list items: their parent says
+            and not _inside_upstream(path)]
     assert bare == []
+
+
+def test_the_committed_kubernetes_schemas_are_the_generated_ones():
+    assert kube_schemas.SCHEMA_FILE.read_text(encoding="utf-8") == kube_schemas.dump(kube_schemas.generate()), (
+        "operator/epd_operator/api/kube_schemas.json is stale: run `make crds` and commit it")
+
+
+def test_kubernetes_schemas_come_from_the_oldest_release_the_charts_claim():
+    for chart in ("epd-operator", "epd-deployment"):
+        meta = yaml.safe_load((REPO / "charts" / chart / "Chart.yaml").read_text(encoding="utf-8"))
+        assert meta["kubeVersion"] == f">={kube_schemas.KUBERNETES_VERSION}.0-0", chart
+
+
+@pytest.mark.parametrize("path, kube_type", [
+    (".spec.encoder.affinity", "Affinity"), (".spec.decode.tolerations[]", "Toleration"),
+    (".spec.router.env[].valueFrom", "EnvVarSource"), (".spec.encoder.autoscaling.metrics[]", "MetricSpec"),
+    (".spec.prefill.autoscaling.behavior", "HorizontalPodAutoscalerBehavior"),
+    (".spec.decode.volumes[]", "Volume"), (".spec.decode.securityContext", "SecurityContext"),
+    (".spec.ecTransfer.mooncake.master.affinity", "Affinity"),
+])
+def test_pass_through_fields_carry_the_upstream_schema(path, kube_type):
+    node = {k: v for k, v in dict(ALL_NODES)[path].items() if k != "description"}
+    assert node == kube_schemas.schema(kube_type)
+    assert "x-kubernetes-preserve-unknown-fields" not in node
+
+
+def test_upstream_schemas_are_structural_and_keep_their_enums():
+    metric = kube_schemas.schema("MetricSpec")
+    assert metric["required"] == ["type"]
+    assert "Bogus" not in metric["properties"]["type"]["enum"] and "Pods" in metric["properties"]["type"]["enum"]
+    text = json.dumps([kube_schemas.schema(name) for name in kube_schemas.TYPES])
+    assert "$ref" not in text and '"null"' not in text and "oneOf" not in text
+    quantity = metric["properties"]["pods"]["properties"]["target"]["properties"]["averageValue"]
+    assert quantity["x-kubernetes-int-or-string"] and "pattern" in quantity
+
+
+def test_the_crd_fits_the_api_server_and_client_side_apply():
+    compact = len(json.dumps(CRD, separators=(",", ":")))
+    assert compact < 1_500_000  # etcd's object size limit, with margin
+    # `kubectl apply` (client-side) stores the whole object in an annotation of at most 256 KiB
+    assert compact < 256 * 1024 - 4096
+
+
+def test_cel_rules_on_lists_have_bounded_lists():
+    # The API server estimates a rule's cost from the largest list it may walk: unbounded lists under
+    # `.all()`/`.exists()` get the CRD refused. Every list a rule walks has maxItems.
+    for path, rule in RULES:
+        node = dict(ALL_NODES)[path]
+        for name, child in (node.get("properties") or {}).items():
+            if child.get("type") == "array" and f"self.{name}." in rule["rule"]:
+                assert "maxItems" in child, f"{path}.{name} is walked by {rule['rule']!r} without maxItems"
 
 
 RULES = [(path, rule) for path, node in ALL_NODES for rule in node.get("x-kubernetes-validations", [])]

@@ -19,10 +19,19 @@ _DROP = {"title", "$defs"}
 
 
 def _rules_by_title() -> dict[str, list[dict[str, Any]]]:
-    # Pydantic titles each definition with its class name; that is how a schema node finds its model.
+    # Pydantic titles each definition with its class name; that is how a schema node finds its model
+    # (a rule of a base model such as Placement holds in every model that extends it).
     out: dict[str, list[dict[str, Any]]] = {}
-    for rule in rules_mod.RULES:
-        out.setdefault(rule.model.__name__, []).append(rule.as_validation())
+    models = {rule.model for rule in rules_mod.RULES}
+    while True:
+        more = {sub for model in models for sub in model.__subclasses__()} - models
+        if not more:
+            break
+        models |= more
+    for model in sorted(models, key=lambda m: m.__name__):
+        rules = [rule.as_validation() for rule in rules_mod.rules_for(model)]
+        if rules:
+            out[model.__name__] = rules
     return out
 
 

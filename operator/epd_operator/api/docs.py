@@ -17,9 +17,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from . import kube_schemas
 from .quantity import Quantity
 from .rules import RULES
-from .spec import EPDDeployment, EPDDeploymentSpec
+from .spec import EPDDeployment, EPDDeploymentSpec, KubeType
 
 _QUANTITY_ARGS = typing.get_args(Quantity)[0]  # Union[int, str], as annotated by Quantity
 
@@ -37,10 +38,19 @@ def _is_quantity(annotation: Any) -> bool:
         or annotation == _QUANTITY_ARGS
 
 
+def _kube_type(annotation: Any) -> KubeType | None:
+    if typing.get_origin(annotation) is typing.Annotated:
+        return next((m for m in typing.get_args(annotation)[1:] if isinstance(m, KubeType)), None)
+    return None
+
+
 def _type_name(annotation: Any) -> str:
     annotation = _unwrap_optional(annotation)
     if _is_quantity(annotation):
         return "quantity"
+    kube = _kube_type(annotation)
+    if kube is not None:
+        return kube_schemas.kubernetes_type(kube.name)
     origin = typing.get_origin(annotation)
     if origin is Literal:
         return "enum: " + ", ".join(f"`{v}`" for v in typing.get_args(annotation))
@@ -51,6 +61,8 @@ def _type_name(annotation: Any) -> str:
         return "object (free-form)" if value is Any else f"map[string]{_type_name(value)}"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "object"
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _type_name(typing.get_args(annotation)[0])  # a constrained scalar (label values)
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
     if annotation in names:
         return names[annotation]
@@ -104,7 +116,9 @@ def _rows(model: type[BaseModel], path: str, seen: dict[type[BaseModel], str]) -
     for name, info in model.model_fields.items():
         field_path = f"{path}.{name}"
         nested = _nested_model(info.annotation)
-        type_name = _type_name(info.annotation) + _constraints(info)
+        kube = next((m for m in info.metadata if isinstance(m, KubeType)), None)
+        type_name = (kube_schemas.kubernetes_type(kube.name) if kube else _type_name(info.annotation)) \
+            + _constraints(info)
         description = info.description or ""
         if nested is not None and nested in seen:
             description = f"{description} Same fields as `{seen[nested]}`.".strip()
@@ -132,7 +146,7 @@ def _rule_path(model: type[BaseModel], field: str) -> str:
     model occurs at several paths that differ in one segment."""
     if model is EPDDeployment:
         return f"`{field.lstrip('.')}`"
-    paths = [p.split(".") for m, p in _model_paths(EPDDeploymentSpec, "spec") if m is model]
+    paths = [p.split(".") for m, p in _model_paths(EPDDeploymentSpec, "spec") if issubclass(m, model)]
     if len(paths) > 1 and len({len(p) for p in paths}) == 1:
         differing = [i for i in range(len(paths[0])) if len({p[i] for p in paths}) > 1]
         if len(differing) == 1:
@@ -151,7 +165,9 @@ def reference() -> str:
         *(f"| {' | '.join(_cell(c) for c in row)} |" for row in rows),
         "",
         "A *quantity* is a Kubernetes resource quantity: a non-negative number, or a string such as `8Gi`, "
-        "`500m` or `1e9`. *free-form* objects are passed through to Kubernetes as written.",
+        "`500m` or `1e9`. Kubernetes types (`core/v1 Affinity`, `autoscaling/v2 MetricSpec`, ...) are checked against "
+        f"the upstream schemas of Kubernetes {kube_schemas.KUBERNETES_VERSION} (unknown fields, types, allowed "
+        "values) and passed through to the pods and HPAs as written.",
         "",
         "Cross-field rules (checked by `epdctl validate`, the operator, and the API server through the CRD):",
         "",

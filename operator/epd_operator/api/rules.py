@@ -16,7 +16,8 @@ from typing import Any
 import cel
 from pydantic import BaseModel
 
-from .spec import Autoscaling, ECTransfer, EPDDeployment, EPDDeploymentSpec
+from .spec import (OPERATOR_MOUNT_PATHS, OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS, OPERATOR_VOLUMES, Autoscaling,
+                   ECTransfer, EPDDeployment, EPDDeploymentSpec, Placement)
 
 # Child objects are named `<name>-<suffix>`; the longest suffix is "-mooncake-master" (16), and
 # Service names are DNS-1035 labels of at most 63 characters.
@@ -40,6 +41,22 @@ class Rule:
 
     def as_validation(self) -> dict[str, Any]:
         return {"rule": self.expression, "message": self.message, "fieldPath": self.field, "reason": self.reason}
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _no_shared_storage_mount(tier: str) -> Rule:
+    return Rule(
+        EPDDeploymentSpec,
+        f"!has(self.{tier}) || !has(self.{tier}.volumeMounts) || self.ecTransfer.connector != 'SharedStorage'"
+        " || !has(self.ecTransfer.sharedStorage) || !has(self.ecTransfer.sharedStorage.path)"
+        f" || self.{tier}.volumeMounts.all(m, m.mountPath != self.ecTransfer.sharedStorage.path)",
+        f".{tier}.volumeMounts",
+        "the shared-storage path (ecTransfer.sharedStorage.path) is mounted by the operator; mount elsewhere",
+        "FieldValueDuplicate",
+    )
 
 
 def _settings_only_for(connector: str, key: str) -> Rule:
@@ -102,8 +119,59 @@ RULES: tuple[Rule, ...] = (
         ".minReplicas",
         "minReplicas must not exceed maxReplicas",
     ),
+    # Placement rules hold for every vLLM tier and the router (the models that extend Placement).
+    Rule(
+        Placement,
+        "!has(self.autoscaling) || (has(self.autoscaling.metrics) && size(self.autoscaling.metrics) > 0)"
+        " || (has(self.resources) && ((has(self.resources.requests) && 'cpu' in self.resources.requests)"
+        " || (has(self.resources.limits) && 'cpu' in self.resources.limits)))",
+        ".autoscaling.metrics",
+        "autoscaling needs metrics: the default (CPU utilisation) cannot be computed without a CPU request "
+        "(resources.requests.cpu) on this tier; add metrics or a CPU request",
+        "FieldValueRequired",
+    ),
+    Rule(
+        Placement,
+        f"!has(self.podLabels) || !{_cel_list(OPERATOR_POD_LABELS)}.exists(k, k in self.podLabels)",
+        ".podLabels",
+        "the operator's own labels (" + ", ".join(OPERATOR_POD_LABELS) + ") select the pods and may not be set",
+        "FieldValueForbidden",
+    ),
+    Rule(
+        Placement,
+        f"!has(self.podAnnotations) || !{_cel_list(OPERATOR_POD_ANNOTATIONS)}.exists(k, k in self.podAnnotations)",
+        ".podAnnotations",
+        "the operator's own annotations (" + ", ".join(OPERATOR_POD_ANNOTATIONS) + ") may not be set",
+        "FieldValueForbidden",
+    ),
+    Rule(
+        Placement,
+        f"!has(self.volumes) || self.volumes.all(v, !(v.name in {_cel_list(OPERATOR_VOLUMES)})"
+        " && self.volumes.exists_one(w, w.name == v.name))",
+        ".volumes",
+        "volume names must be unique and not one the operator uses (" + ", ".join(OPERATOR_VOLUMES) + ")",
+        "FieldValueDuplicate",
+    ),
+    Rule(
+        Placement,
+        f"!has(self.volumeMounts) || self.volumeMounts.all(m, !(m.mountPath in {_cel_list(OPERATOR_MOUNT_PATHS)})"
+        " && self.volumeMounts.exists_one(n, n.mountPath == m.mountPath))",
+        ".volumeMounts",
+        "mount paths must be unique and not one the operator mounts (" + ", ".join(OPERATOR_MOUNT_PATHS) + ")",
+        "FieldValueDuplicate",
+    ),
+    Rule(
+        Placement,
+        f"!has(self.volumeMounts) || self.volumeMounts.all(m, m.name in {_cel_list(OPERATOR_VOLUMES)}"
+        " || (has(self.volumes) && self.volumes.exists(v, v.name == m.name)))",
+        ".volumeMounts",
+        "every volumeMount must name a volume of this tier's `volumes`",
+        "FieldValueNotFound",
+    ),
+    *(_no_shared_storage_mount(tier) for tier in ("encoder", "prefill", "decode")),
 )
 
 
 def rules_for(model: type[BaseModel]) -> list[Rule]:
-    return [rule for rule in RULES if rule.model is model]
+    """The rules that hold for `model`: its own and those of the models it extends."""
+    return [rule for rule in RULES if issubclass(model, rule.model)]

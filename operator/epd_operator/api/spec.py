@@ -2,16 +2,20 @@
 
 These models are the API: the CRD's schema is generated from them (`epd_operator.api.crd`), the
 renderer reads them, and the README documents their fields. Every model forbids unknown fields, so
-a typo in a spec is refused with its path instead of being dropped silently. Kubernetes-typed blobs
-that we pass through untouched (affinity, HPA metrics, env `valueFrom`) keep unknown fields, as the
-Kubernetes schemas validate them where they land.
+a typo in a spec is refused with its path instead of being dropped silently. Kubernetes types we pass
+through to pods and HPAs (affinity, tolerations, volumes, security contexts, HPA metrics, env
+`valueFrom`, ...) carry the upstream Kubernetes schemas, generated in `kube_schemas`, so a typo inside
+them is refused too, by `epdctl validate` and by the API server alike.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
+from . import kube_schemas
 from .quantity import Quantity
 
 GROUP = "serving.epd.dev"
@@ -25,9 +29,50 @@ DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 DEFAULT_ROUTER_IMAGE = "ghcr.io/epd-operator/epd-operator:0.1.0"
 VLLM_PORT = 8000
 
-# A free-form Kubernetes object kept as is (validated by Kubernetes where it is used).
+# A free-form Kubernetes object kept as is (the status, which only the operator writes).
 KubeObject = dict[str, Any]
-PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
+
+# Labels and annotations the operator puts on every pod it renders: the router discovers its backends
+# and Deployments select their pods by these, so a tier's `podLabels`/`podAnnotations` may not set them.
+OPERATOR_POD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
+                       "app.kubernetes.io/managed-by", "serving.epd.dev/role")
+OPERATOR_POD_ANNOTATIONS = ("serving.epd.dev/config-hash",)
+# Volume names and mount paths the operator renders into some pod (the shared-storage path aside,
+# which the spec chooses): a tier's `volumes`/`volumeMounts` may not reuse them. A render test checks
+# this list covers everything rendered.
+OPERATOR_VOLUMES = ("dshm", "models", "ec-cache", "mooncake-store", "tmp")
+OPERATOR_MOUNT_PATHS = ("/dev/shm", "/models", "/etc/epd/mooncake", "/tmp")
+# Bounds on the pass-through lists: they keep the CEL rules that walk them within the API server's cost limits.
+MAX_LIST_ITEMS = 64
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+@dataclass(frozen=True)
+class KubeType:
+    """Marks a field as an upstream Kubernetes type (for the API reference)."""
+
+    name: str
+
+
+def _kube_check(name: str):
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        problems = kube_schemas.validate(name, value)
+        if problems:
+            raise PydanticCustomError(
+                "kube_schema", "{summary}",
+                {"summary": "; ".join(f"{p or '.'}: {m}" for p, m in problems), "problems": problems})
+        return value
+    return check
+
+
+def Kube(name: str) -> Any:
+    """An upstream Kubernetes type (`"Affinity"`, `"MetricSpec"`, ...): its generated schema in the CRD,
+    and the same schema checked in Python with a path for every problem."""
+    return Annotated[dict[str, Any], KubeType(name), WithJsonSchema(kube_schemas.schema(name)),
+                     AfterValidator(_kube_check(name))]
+
+
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 
 
 class Strict(BaseModel):
@@ -64,21 +109,11 @@ class ModelSpec(Strict):
 # ----------------------------------------------------------------------------- tiers
 
 
-class Toleration(Strict):
-    key: Optional[str] = Field(None, description="Taint key to tolerate; empty with `operator: Exists` tolerates every taint.")
-    operator: Optional[Literal["Exists", "Equal"]] = Field(None, description="`Equal` (Kubernetes' default) compares `value`; `Exists` ignores it.")
-    value: Optional[str] = Field(None, description="Taint value to match with `operator: Equal`.")
-    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
-        None, description="Taint effect to tolerate; empty: every effect.")
-    tolerationSeconds: Optional[int] = Field(None, description="With `NoExecute`: how long the pod stays after the taint appears.")
-
-
 class EnvVar(Strict):
     name: str = Field(min_length=1, description="Variable name.")
     value: Optional[str] = Field(None, description="Literal value.")
-    valueFrom: Optional[KubeObject] = Field(
-        None, description="core/v1 EnvVarSource (`secretKeyRef`, `configMapKeyRef`, `fieldRef`, ...), passed through.",
-        json_schema_extra=PRESERVE)
+    valueFrom: Optional[Kube("EnvVarSource")] = Field(
+        None, description="core/v1 EnvVarSource (`secretKeyRef`, `configMapKeyRef`, `fieldRef`, ...).")
 
 
 class Resources(Strict):
@@ -89,13 +124,13 @@ class Resources(Strict):
 class Autoscaling(Strict):
     minReplicas: int = Field(1, ge=1, description="Lower bound for the HPA.")
     maxReplicas: int = Field(ge=1, description="Upper bound for the HPA.")
-    metrics: list[KubeObject] = Field(
-        default_factory=list,
-        description="autoscaling/v2 MetricSpecs; default: 70% average CPU utilisation.",
-        json_schema_extra={"items": PRESERVE},
+    metrics: list[Kube("MetricSpec")] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS,
+        description="autoscaling/v2 MetricSpecs. Empty: 70% average CPU utilisation, which needs the tier to "
+                    "request CPU (`resources.requests.cpu`); without one, `metrics` is required.",
     )
-    behavior: Optional[KubeObject] = Field(None, description="autoscaling/v2 HorizontalPodAutoscalerBehavior.",
-                                           json_schema_extra=PRESERVE)
+    behavior: Optional[Kube("HorizontalPodAutoscalerBehavior")] = Field(
+        None, description="autoscaling/v2 HorizontalPodAutoscalerBehavior.")
 
 
 class Placement(Strict):
@@ -107,9 +142,36 @@ class Placement(Strict):
     extraArgs: list[str] = Field(default_factory=list, description="Appended verbatim to the container's arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector, e.g. a GPU product label.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations, e.g. for tainted GPU nodes.")
-    affinity: Optional[KubeObject] = Field(None, description="core/v1 Affinity for the pods, passed through.",
-                                           json_schema_extra=PRESERVE)
+    tolerations: list[Kube("Toleration")] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
+                                                  description="Pod tolerations, e.g. for tainted GPU nodes.")
+    affinity: Optional[Kube("Affinity")] = Field(None, description="Pod affinity (node, pod, anti-affinity).")
+    topologySpreadConstraints: list[Kube("TopologySpreadConstraint")] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS, description="Pod topologySpreadConstraints.")
+    podLabels: dict[str, LabelValue] = Field(
+        default_factory=dict, description="Extra pod labels (Kueue queues, service meshes); the operator's own "
+                                          "labels (`app.kubernetes.io/*`, `serving.epd.dev/role`) are refused.")
+    podAnnotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    priorityClassName: Optional[str] = Field(None, min_length=1, description="Pod priorityClassName.")
+    runtimeClassName: Optional[str] = Field(None, min_length=1, description="Pod runtimeClassName, e.g. `nvidia`.")
+    schedulerName: Optional[str] = Field(None, min_length=1, description="Pod schedulerName; default: the cluster's.")
+    volumes: list[Kube("Volume")] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS,
+        description="Extra pod volumes; names the operator uses (" + ", ".join(f"`{v}`" for v in OPERATOR_VOLUMES)
+                    + ") are refused.")
+    volumeMounts: list[Kube("VolumeMount")] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS,
+        description="Extra mounts in the main container (vLLM or router) of a volume of `volumes` (or of one the "
+                    "operator renders); paths the operator mounts (" + ", ".join(f"`{p}`" for p in OPERATOR_MOUNT_PATHS)
+                    + ", the shared-storage path) are refused.")
+    envFrom: list[Kube("EnvFromSource")] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS,
+        description="Environment from ConfigMaps/Secrets for the main container.")
+    podSecurityContext: Optional[Kube("PodSecurityContext")] = Field(
+        None, description="Pod securityContext; its fields replace the operator's (`seccompProfile: RuntimeDefault`, "
+                          "the router's non-root user) one by one.")
+    securityContext: Optional[Kube("SecurityContext")] = Field(
+        None, description="Main container securityContext; its fields replace the operator's one by one "
+                          "(`capabilities` as a whole).")
     autoscaling: Optional[Autoscaling] = Field(None, description="Present: an HPA scales this tier and the operator never writes its replicas.")
 
 
@@ -133,10 +195,30 @@ class SharedStorage(Strict):
                                "no entry younger is deleted. Without `maxSize`, older entries are deleted.")
 
 
+def _master_resources() -> "Resources":
+    return Resources(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "2Gi"})
+
+
+class MooncakeMaster(Strict):
+    """Where the Mooncake master runs (the cross-encoder cache's metadata service)."""
+
+    resources: Resources = Field(
+        default_factory=_master_resources,
+        description="Master container resources; default: requests `cpu: 500m`, `memory: 1Gi`, limit `memory: 2Gi`.",
+        json_schema_extra={"default": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}})
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[Kube("Toleration")] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
+                                                  description="Pod tolerations.")
+    affinity: Optional[Kube("Affinity")] = Field(None, description="Pod affinity.")
+    priorityClassName: Optional[str] = Field(None, min_length=1, description="Pod priorityClassName.")
+
+
 class Mooncake(Strict):
     protocol: Literal["tcp", "rdma"] = Field("tcp", description="`mooncake_protocol`; producer and consumers must match.")
     ecPort: int = Field(14579, ge=1024, le=65000, description="Consumer control port (`ec_port`; TP ranks use the next ports).")
     crossEncoderCache: bool = Field(False, description="Share embeddings across encoders through a Mooncake store (adds a master).")
+    master: MooncakeMaster = Field(default_factory=MooncakeMaster,
+                                   description="The Mooncake master's resources and placement (with `crossEncoderCache`).")
 
 
 class CPUConnector(Strict):
@@ -174,8 +256,18 @@ class RouterService(Strict):
     annotations: dict[str, str] = Field(default_factory=dict, description="Service annotations, e.g. for a cloud load balancer.")
 
 
+def _router_resources() -> "Resources":
+    return Resources(requests={"cpu": "500m", "memory": "256Mi"}, limits={"memory": "1Gi"})
+
+
 class Router(Placement):
     replicas: int = Field(2, ge=0, description="Router pods; ignored while `autoscaling` is set.")
+    resources: Resources = Field(
+        default_factory=_router_resources,
+        description="Router container resources; default: requests `cpu: 500m`, `memory: 256Mi`, limit "
+                    "`memory: 1Gi` (Burstable). The router runs one worker process per CPU of its limit, else "
+                    "its request.",
+        json_schema_extra={"default": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}})
     service: RouterService = Field(default_factory=RouterService, description="The Service clients call: the deployment's one endpoint.")
     encoderPolicy: Literal["cache-aware", "round-robin", "least-loaded"] = Field(
         "cache-aware", description="Which encoder gets an image: `cache-aware` hashes the item so repeats land where "

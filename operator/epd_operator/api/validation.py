@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ValidationError
 
-from .rules import RULES, Rule
+from .rules import rules_for
 from .spec import EPDDeployment
 
 
@@ -47,6 +47,12 @@ def _path(loc: tuple[Any, ...]) -> str:
 def _schema_errors(exc: ValidationError) -> list[FieldError]:
     seen: dict[str, FieldError] = {}
     for err in exc.errors(include_url=False):
+        if err["type"] == "kube_schema":
+            # An upstream Kubernetes type (kube_schemas): one error per offending field inside it.
+            base = _path(err["loc"])
+            for sub, message in err["ctx"]["problems"]:
+                seen.setdefault(base + sub, FieldError(base + sub, message))
+            continue
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown field (typo?)"
@@ -71,12 +77,9 @@ def _walk(node: Any, path: str) -> Iterator[tuple[BaseModel, str]]:
 
 
 def _rule_errors(epd: EPDDeployment) -> list[FieldError]:
-    by_model: dict[type[BaseModel], list[Rule]] = {}
-    for rule in RULES:
-        by_model.setdefault(rule.model, []).append(rule)
     errors = []
     for node, path in _walk(epd, ""):
-        rules = by_model.get(type(node))
+        rules = rules_for(type(node))
         if not rules:
             continue
         value = node.model_dump(mode="json", exclude_none=True)

@@ -10,7 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..api.spec import DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeployment, Placement
+from ..api.spec import (DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeployment, Mooncake, MooncakeMaster,
+                        Placement)
 from .naming import (CONFIG_HASH_ANNOTATION, ENCODER, MOONCAKE_MASTER, ROLE_LABEL, ROUTER, TRANSFER, labels, object_name,
                      router_service_name, selector_labels, tier_of, transfer_configmap_name, vllm_roles)
 from .router_args import ROUTER_HEALTH_PATH, ROUTER_METRICS_PORT, router_args
@@ -25,6 +26,10 @@ JSON = dict[str, Any]
 SHM_PER_TP_RANK = 2 * 2**30
 # Model load (a hub download on first start) may take long; the startup probe allows 30 minutes.
 STARTUP_PROBE_FAILURES = 180  # x 10 s
+# The Deployment controller calls a rollout stuck after progressDeadlineSeconds (default 600 s); a
+# vLLM tier's must outlast the startup probe's budget, plus time to pull a multi-GB image.
+IMAGE_PULL_ALLOWANCE_S = 600
+VLLM_PROGRESS_DEADLINE_S = STARTUP_PROBE_FAILURES * 10 + IMAGE_PULL_ALLOWANCE_S
 NONROOT_UID = 65532
 # The user vLLM's upstream image runs as, and so owns the shared cache's files.
 VLLM_IMAGE_UID = 0
@@ -100,11 +105,17 @@ def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, co
     name = object_name(epd, role)
     meta = _meta(epd, name, role)
     autoscaling = placement.autoscaling
+    # The user's pod labels and annotations beside ours (the API refuses keys that would replace ours).
+    pod_labels = {**placement.podLabels, **meta["labels"]}
+    pod_annotations = dict(placement.podAnnotations)
+    pod_annotations[CONFIG_HASH_ANNOTATION] = config_hash(pod_labels, {"annotations": pod_annotations, **pod}, config)
     deployment = render_one(
         "deployment.yaml.j2", **meta,
         replicas=None if autoscaling else placement.replicas,  # the HPA owns replicas when present
+        progress_deadline=VLLM_PROGRESS_DEADLINE_S if role in vllm_roles(epd) else None,
         selector=selector_labels(epd, role),
-        annotations={CONFIG_HASH_ANNOTATION: config_hash(meta["labels"], pod, config)},
+        pod_labels=pod_labels,
+        annotations=pod_annotations,
         pod=pod,
     )
     return Workload(
@@ -125,22 +136,53 @@ def _hpa(meta: JSON, autoscaling: Autoscaling) -> JSON:
     )
 
 
-def _pod(placement: Placement, containers: list[JSON], volumes: list[JSON], image_pull_secrets: list[str],
-         security_context: JSON, service_account: Optional[str] = None) -> JSON:
+def _pod(placement: Placement | MooncakeMaster, containers: list[JSON], volumes: list[JSON],
+         image_pull_secrets: list[str], security_context: JSON, service_account: Optional[str] = None) -> JSON:
+    """A pod spec: our containers and volumes, then the tier's placement and overlay fields."""
+    user_security = getattr(placement, "podSecurityContext", None) or {}
     return render_one(
         "pod.yaml.j2",
         service_account=service_account,
-        security_context=security_context,
+        security_context={**security_context, **user_security},  # the user's fields replace ours one by one
         containers=containers,
-        volumes=volumes,
+        volumes=volumes + list(getattr(placement, "volumes", [])),
         node_selector=placement.nodeSelector,
-        tolerations=[t.model_dump(mode="json", exclude_none=True) for t in placement.tolerations],
+        tolerations=placement.tolerations,
         affinity=placement.affinity,
+        topology_spread_constraints=list(getattr(placement, "topologySpreadConstraints", [])),
+        priority_class_name=placement.priorityClassName,
+        runtime_class_name=getattr(placement, "runtimeClassName", None),
+        scheduler_name=getattr(placement, "schedulerName", None),
         image_pull_secrets=[{"name": secret} for secret in image_pull_secrets],
     )
 
 
-def _resources(placement: Placement) -> JSON:
+def _overlay_container(container: JSON, placement: Placement) -> JSON:
+    """The tier's env, envFrom, volumeMounts and securityContext on its main container (vLLM or router).
+
+    A user env var named like one of ours replaces ours in place: server-side apply refuses a list
+    with two entries of one name. Volume names and mount paths cannot collide (the API refuses them).
+    """
+    env = list(container.get("env", []))
+    index = {var["name"]: i for i, var in enumerate(env)}
+    for var in _env(placement):
+        if var["name"] in index:
+            env[index[var["name"]]] = var
+        else:
+            index[var["name"]] = len(env)
+            env.append(var)
+    if env:
+        container["env"] = env
+    if placement.envFrom:
+        container["envFrom"] = list(placement.envFrom)
+    if placement.volumeMounts:
+        container["volumeMounts"] = [*container.get("volumeMounts", []), *placement.volumeMounts]
+    if placement.securityContext:
+        container["securityContext"] = {**container.get("securityContext", {}), **placement.securityContext}
+    return container
+
+
+def _resources(placement: Placement | MooncakeMaster) -> JSON:
     return {key: value for key, value in placement.resources.model_dump(mode="json").items() if value}
 
 
@@ -170,17 +212,17 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router
     capabilities: JSON = {"drop": ["ALL"]}
     if transfer.add_capabilities:
         capabilities["add"] = transfer.add_capabilities
-    containers = [render_one(
+    containers = [_overlay_container(render_one(
         "vllm-container.yaml.j2",
         image=tier.image or spec.image,
         args=serve_args(epd, role, transfer),
-        env=env + transfer.env + _env(tier),  # the user's env last: it may override ours
+        env=env + transfer.env,
         ports=[container_port("http", VLLM_PORT), *transfer.ports],
         resources=_resources(tier),
         mounts=mounts,
         startup_failures=STARTUP_PROBE_FAILURES,
         capabilities=capabilities,
-    )]
+    ), tier)]
     if role == ENCODER and spec.ecTransfer.connector == "SharedStorage":
         containers.append(_janitor_container(epd, router_image))
     pod = _pod(tier, containers, volumes, spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP)
@@ -260,14 +302,16 @@ def _router_env(router: Placement) -> list[JSON]:
 def _mooncake_master_workload(epd: EPDDeployment) -> Workload:
     """The Mooncake store master the cross-encoder cache needs (one replica: it holds only metadata)."""
     spec = epd.spec
+    master = (spec.ecTransfer.mooncake or Mooncake()).master
     container = render_one(
         "mooncake-master-container.yaml.j2",
         image=spec.encoder.image or spec.image,  # the vLLM EPD image ships mooncake_master
         rpc_port=MOONCAKE_MASTER_RPC_PORT,
         metrics_port=MOONCAKE_MASTER_METRICS_PORT,
+        resources=_resources(master),
     )
     placement = Placement(replicas=1)
-    pod = _pod(placement, [container], [], spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP)
+    pod = _pod(master, [container], [], spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP)
     service = render_one(
         "service.yaml.j2", **_meta(epd, object_name(epd, MOONCAKE_MASTER), MOONCAKE_MASTER),
         annotations={}, headless=False, type="ClusterIP",
