@@ -105,3 +105,56 @@ def test_events_mark_phase_changes_and_new_refusals_only():
                                        errors=[FieldError("spec.x", "bad")])) == []
     degraded = status({"decode": TierInput(dep(2, ready=0))}, previous=ready)
     assert [(t.type, t.reason) for t in transitions(ready, degraded)] == [("Warning", "Degraded")]
+
+
+def test_scaling_up_a_ready_tier_is_progressing_not_degraded():
+    ready = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(2))})
+    assert ready.phase == "Ready"
+    # The Deployment controller counts new pods as updated at once: settled, 2 of 4 ready.
+    scaling = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(4, ready=2))}, previous=ready, now=T1)
+    assert scaling.phase == "Progressing"
+    assert cond(scaling, "Degraded").status == "False"
+    assert cond(scaling, "Ready").message == "not ready: decode 2/4"
+    # ... and stays so while the new pods load, then becomes Ready.
+    more = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(4, ready=3))}, previous=scaling, now=T1)
+    assert more.phase == "Progressing"
+    assert status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(4))}, previous=more).phase == "Ready"
+
+
+def test_losing_ready_pods_is_degraded_until_they_are_back_even_while_scaling():
+    ready = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(2))})
+    lost = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(2, ready=1))}, previous=ready, now=T1)
+    assert lost.phase == "Degraded"
+    assert (cond(lost, "Degraded").reason, cond(lost, "Degraded").message) == ("ReplicasUnavailable", "pods lost: decode 1/2")
+    # Still one short on the next pass (no further drop): still Degraded, since the same transition time.
+    still = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(3, ready=1))}, previous=lost, now=T1)
+    assert still.phase == "Degraded" and cond(still, "Degraded").lastTransitionTime == T1
+    back = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(3))}, previous=still)
+    assert back.phase == "Ready" and cond(back, "Degraded").reason == "AsExpected"
+
+
+def test_an_unschedulable_tier_names_itself_and_the_schedulers_reason():
+    why = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    st = status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(2, ready=0), unschedulable=why)})
+    assert st.phase == "Progressing"
+    ready = cond(st, "Ready")
+    assert (ready.status, ready.reason) == ("False", "Unschedulable")
+    assert ready.message == f"not ready: decode 0/2; decode pods cannot be scheduled: {why}"
+    assert st.tiers.decode.message == why and st.tiers.encoder.message is None
+    [event] = transitions(None, st)
+    assert (event.type, event.reason, event.message) == ("Warning", "Unschedulable", ready.message)
+    assert transitions(st, status({"encoder": TierInput(dep(1)), "decode": TierInput(dep(2, ready=0), unschedulable=why)},
+                                  previous=st)) == []  # said once, not on every pass
+
+
+def test_objects_the_api_server_refuses_fail_the_spec_with_its_words():
+    refused = ['Deployment vl-decode: Deployment.apps "vl-decode" is invalid: spec.template.spec.nodeSelector: '
+               'Invalid value: "bad key": name part must consist of alphanumeric characters']
+    st = derive_status(tiers={"decode": TierInput(None)}, topology="E+PD", endpoint=None, observed_generation=2,
+                       spec_errors=None, previous=None, now=T0, refused=refused)
+    assert st.phase == "Failed"
+    spec_valid = cond(st, "SpecValid")
+    assert (spec_valid.status, spec_valid.reason, spec_valid.message) == ("False", "RefusedByAPIServer", refused[0])
+    [event] = transitions(None, st)
+    assert (event.type, event.reason) == ("Warning", "RefusedByAPIServer")
+    assert event.message == f"spec refused, nothing was changed: {refused[0]}"

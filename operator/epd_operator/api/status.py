@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid"]
+# SpecValid reasons: the spec broke our rules, or the API server refused an object rendered from it.
+INVALID_SPEC = "InvalidSpec"
+REFUSED_BY_API_SERVER = "RefusedByAPIServer"
 
 
 class _Status(BaseModel):
@@ -40,6 +43,8 @@ class TierStatus(_Status):
     availableReplicas: int = 0
     ready: str = Field("0/0", description="ready/desired, for printer columns.")
     autoscaling: Optional[TierAutoscaling] = None
+    message: Optional[str] = Field(None, description="Why pods of this tier are not ready, when known "
+                                   "(e.g. the scheduler's reason for pods it cannot place).")
 
 
 class Tiers(_Status):

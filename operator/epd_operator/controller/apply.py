@@ -19,7 +19,7 @@ from typing import Any
 
 from ..api.quantity import parse_quantity
 from ..api.spec import API_VERSION, KIND
-from .kube import FIELD_MANAGER, Kube, child_resource
+from .kube import FIELD_MANAGER, ApiError, Kube, child_resource
 
 APPLIED_HASH = "serving.epd.dev/applied-hash"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -226,6 +226,29 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
     wanted = {key_of(obj) for obj in desired}
     prunes = [obj for obj in live if key_of(obj) not in wanted and is_owned_by(obj, owner_uid)]
     return Plan(applies, prunes)
+
+
+def refusal(error: ApiError) -> bool:
+    """The server refused the object itself (invalid value, unknown field): sending it again cannot
+    succeed until the spec changes. Anything else (RBAC, conflicts, 5xx, 429) is retried and evented."""
+    return error.status in (400, 422)
+
+
+async def refused_by_server(kube: Kube, todo: Plan) -> list[str]:
+    """Server-side dry-run of every apply in `todo`: the server's words for each object it would
+    refuse. Checked before anything is written, so a spec that yields one bad object changes nothing
+    (no tier rolled with half of a change)."""
+    problems = []
+    for step in todo.applies:
+        try:
+            await kube.apply(step.desired, dry_run=True)
+        except ApiError as exc:
+            if not refusal(exc):
+                raise
+            kind, name = key_of(step.desired)
+            message = exc.body.get("message") if isinstance(exc.body, dict) else str(exc)
+            problems.append(f"{kind} {name}: {message}")
+    return problems
 
 
 async def execute(kube: Kube, todo: Plan) -> dict[ObjKey, dict[str, Any] | None]:

@@ -136,7 +136,7 @@ class Kube:
 
     async def _request(self, method: str, path: str, *, kind: str, params: dict[str, str] | None = None,
                        body: Any = None, content_type: str = "application/json") -> Any:
-        if method != "GET":
+        if method != "GET" and not (params or {}).get("dryRun"):  # a dry run persists nothing
             self._on_write(method, kind)
         data = None if body is None else json.dumps(body)
         for attempt in (1, 2):
@@ -180,13 +180,16 @@ class Kube:
 
     # ---------------------------------------------------------------- writes
 
-    async def apply(self, obj: dict[str, Any], *, field_manager: str = FIELD_MANAGER, force: bool = True) -> dict[str, Any]:
+    async def apply(self, obj: dict[str, Any], *, field_manager: str = FIELD_MANAGER, force: bool = True,
+                    dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply; `force` takes over fields another manager changed (drift repair).
         Strict field validation: a field the server does not know fails the apply instead of being
         dropped silently."""
         resource = child_resource(obj) if obj.get("kind") != KIND else EPD
         meta = obj["metadata"]
         params = {"fieldManager": field_manager, "force": "true" if force else "false", "fieldValidation": "Strict"}
+        if dry_run:  # validated and admitted like a real apply, then not persisted
+            params["dryRun"] = "All"
         return await self._request("PATCH", resource.path(meta.get("namespace"), meta["name"]), kind=resource.kind,
                                    params=params, body=obj, content_type="application/apply-patch+yaml")
 

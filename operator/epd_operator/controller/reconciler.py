@@ -15,6 +15,7 @@ and a restart all just queue keys:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -26,7 +27,7 @@ from ..api.validation import FieldError, SpecError, parse_epd
 from ..render import render
 from . import apply, status as status_rules
 from .events import post_event, utcnow
-from .kube import CHILD_RESOURCES, EPD, REQUEST_ERRORS, Kube
+from .kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube
 from .metrics import Metrics
 from .workqueue import FULL, STATUS, WorkQueue
 
@@ -185,13 +186,16 @@ class Reconciler:
         except SpecError as exc:
             objects, errors = [], exc.errors
 
+        refused: list[str] = []
         if full and errors is None:
             owner = apply.owner_reference(body)
             desired = [apply.adopt(obj, owner) for obj in objects]
             live = await self._children(namespace, name, list(CHILD_RESOURCES.values()))
             todo = apply.plan(desired, live, meta["uid"])
             if todo:
-                live = await self._converge(body, todo, live)
+                refused = await apply.refused_by_server(self.kube, todo)
+                if not refused:
+                    live = await self._converge(body, todo, live)
         else:
             live = await self._children(namespace, name, [DEPLOYMENT, HPA])
 
@@ -202,13 +206,31 @@ class Reconciler:
             topology, endpoint = epd.spec.topology, router_endpoint(objects, name)
         else:  # the children of the last accepted spec keep running: keep describing them
             topology, endpoint = (previous.topology, previous.endpoint) if previous else (None, None)
+        if not full:
+            # A status pass does not dry-run: a refusal of this generation still stands.
+            refused = status_rules.standing_refusal(previous, meta.get("generation"))
+        tiers = tier_inputs(objects, live)
+        await self._explain_unready(namespace, tiers)
         new = status_rules.derive_status(
-            tiers=tier_inputs(objects, live), topology=topology, endpoint=endpoint, observed_generation=observed,
-            spec_errors=errors, previous=previous, now=utcnow())
+            tiers=tiers, topology=topology, endpoint=endpoint, observed_generation=observed,
+            spec_errors=errors, previous=previous, now=utcnow(), refused=refused)
         await self._publish(body, previous, new)
         if full:
             self._reconciled[key] = (meta["uid"], meta.get("generation"))
         return "invalid" if errors else "success"
+
+    async def _explain_unready(self, namespace: str, tiers: dict[str, status_rules.TierInput]) -> None:
+        """For tiers short of ready pods, the scheduler's reason for any pod it cannot place (one
+        pod LIST per such tier; none at all when every tier is ready)."""
+        for role, tier in list(tiers.items()):
+            dep = tier.deployment
+            if dep is None or (dep.get("status") or {}).get("readyReplicas", 0) >= dep["spec"].get("replicas", 1):
+                continue
+            selector = dep["spec"].get("selector", {}).get("matchLabels") or {}
+            pods = await self.kube.list(POD, namespace, labels=selector)
+            reason = status_rules.unschedulable_reason(pods)
+            if reason:
+                tiers[role] = dataclasses.replace(tier, unschedulable=reason)
 
     async def _children(self, namespace: str, name: str, resources: list[Any]) -> list[dict[str, Any]]:
         lists = await asyncio.gather(*(self.kube.list(r, namespace, labels=child_selector(name)) for r in resources))

@@ -3,8 +3,10 @@
 Rollout state per tier follows `kubectl rollout status`: a tier is *settled* when its Deployment
 controller has seen the latest template and no pod of an older template is left; it is *ready*
 when enough of its pods are ready and available. A settled tier that is not ready is only called
-Degraded once the EPDDeployment had been Ready (pods lost), or when the Deployment controller gave
-up (ProgressDeadlineExceeded); a fresh deployment still loading its model is Progressing.
+Degraded when it lost pods it had ready (fewer ready than the last status showed, or already
+Degraded), or when the Deployment controller gave up (ProgressDeadlineExceeded): a fresh
+deployment still loading its model, and a Ready tier scaling up, are Progressing. (New pods count
+as "updated" at once on a scale-up, so the Deployment's status alone cannot tell the two apart.)
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.status import Condition, EPDDeploymentStatus, TierAutoscaling, Tiers, TierStatus
+from ..api.status import (INVALID_SPEC, REFUSED_BY_API_SERVER, Condition, EPDDeploymentStatus, TierAutoscaling, Tiers,
+                          TierStatus)
 from ..api.validation import FieldError
 
 TIERS = ("encoder", "prefill", "decode", "router")
@@ -24,6 +27,7 @@ class TierInput:
     deployment: dict[str, Any] | None  # the live Deployment, None while it does not exist
     hpa: dict[str, Any] | None = None
     planned_replicas: int = 1  # what we asked for, shown while the Deployment does not exist yet
+    unschedulable: str | None = None  # the scheduler's reason for a pod of this tier it cannot place
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +46,7 @@ def tier_state(tier: TierInput) -> TierState:
     dep = tier.deployment
     if dep is None:
         desired = tier.planned_replicas
-        status = TierStatus(ready=f"0/{desired}", autoscaling=_autoscaling(tier.hpa))
+        status = TierStatus(ready=f"0/{desired}", autoscaling=_autoscaling(tier.hpa), message=tier.unschedulable)
         return TierState(status, settled=False, ready=False, stuck=False)
     st = dep.get("status") or {}
     desired = dep.get("spec", {}).get("replicas", 1)
@@ -52,7 +56,7 @@ def tier_state(tier: TierInput) -> TierState:
     seen = generation is None or st.get("observedGeneration", 0) >= generation
     settled = seen and updated >= desired and replicas <= updated
     status = TierStatus(replicas=replicas, readyReplicas=ready, updatedReplicas=updated, availableReplicas=available,
-                        ready=f"{ready}/{desired}", autoscaling=_autoscaling(tier.hpa))
+                        ready=f"{ready}/{desired}", autoscaling=_autoscaling(tier.hpa), message=tier.unschedulable)
     stuck = _condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
     return TierState(status, settled, settled and ready >= desired and available >= desired, stuck)
 
@@ -83,21 +87,37 @@ def parse_status(raw: dict[str, Any] | None) -> EPDDeploymentStatus | None:
         return None  # written by something else; ours replaces it
 
 
+def _lost_pods(name: str, state: TierState, previous: EPDDeploymentStatus | None) -> bool:
+    """A settled, unready tier lost pods it had: fewer ready than last reported, or reported lost
+    before and not recovered. A scale-up keeps its ready pods, so it is not a loss."""
+    if previous is None or previous.phase not in ("Ready", "Degraded"):
+        return False
+    before = getattr(previous.tiers, name)
+    if before is None:
+        return False
+    degraded_before = previous.phase == "Degraded" and any(
+        c.type == "Degraded" and c.status == "True" and f"{name} " in c.message for c in previous.conditions)
+    return state.status.readyReplicas < before.readyReplicas or degraded_before
+
+
 def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint: str | None,
                   observed_generation: int | None, spec_errors: list[FieldError] | None,
-                  previous: EPDDeploymentStatus | None, now: str) -> EPDDeploymentStatus:
+                  previous: EPDDeploymentStatus | None, now: str, refused: list[str] | None = None) -> EPDDeploymentStatus:
+    """`spec_errors`: our rules refused the spec; `refused`: the API server refused objects rendered
+    from it (its messages). Either way nothing was applied, and the spec is reported invalid."""
     states = {name: tier_state(tiers[name]) for name in TIERS if name in tiers}
     rolling = [n for n, s in states.items() if not s.settled]
     unready = [n for n, s in states.items() if s.settled and not s.ready]
+    lost = [n for n in unready if _lost_pods(n, states[n], previous)]
     stuck = [n for n, s in states.items() if s.stuck]
-    was_up = previous is not None and previous.phase in ("Ready", "Degraded")
     all_ready = bool(states) and all(s.ready for s in states.values())
+    unplaced = [n for n in TIERS if n in tiers and tiers[n].unschedulable and not states[n].ready]
 
-    if spec_errors:
+    if spec_errors or refused:
         phase = "Failed"
     elif not any(tier.deployment is not None for tier in tiers.values()):
         phase = "Pending"
-    elif stuck or (unready and was_up and not rolling):
+    elif stuck or lost:
         phase = "Degraded"
     elif rolling or unready:
         phase = "Progressing"
@@ -110,25 +130,53 @@ def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint
     old = previous.conditions if previous is not None else []
     gen = observed_generation
     if spec_errors:
-        spec_valid = _set_condition(old, "SpecValid", False, "InvalidSpec",
+        spec_valid = _set_condition(old, "SpecValid", False, INVALID_SPEC,
                                     "; ".join(str(e) for e in spec_errors), gen, now)
+    elif refused:
+        spec_valid = _set_condition(old, "SpecValid", False, REFUSED_BY_API_SERVER, "; ".join(refused), gen, now)
     else:
         spec_valid = _set_condition(old, "SpecValid", True, "Valid", "the spec was accepted and applied", gen, now)
     not_ready = [n for n, s in states.items() if not s.ready]
+    if all_ready:
+        ready_reason, ready_message = "AllTiersReady", "every tier has its pods ready"
+    elif unplaced:
+        ready_reason = "Unschedulable"
+        ready_message = f"not ready: {summary(not_ready)}; " + "; ".join(
+            f"{n} pods cannot be scheduled: {tiers[n].unschedulable}" for n in unplaced)
+    else:
+        ready_reason, ready_message = "TiersNotReady", f"not ready: {summary(not_ready)}"
     conditions = [
-        _set_condition(old, "Ready", all_ready, "AllTiersReady" if all_ready else "TiersNotReady",
-                       "every tier has its pods ready" if all_ready else f"not ready: {summary(not_ready)}", gen, now),
+        _set_condition(old, "Ready", all_ready, ready_reason, ready_message, gen, now),
         _set_condition(old, "Progressing", bool(rolling), "RollingOut" if rolling else "RolloutComplete",
                        f"rolling out: {summary(rolling)}" if rolling else "every tier runs its latest template", gen, now),
         _set_condition(old, "Degraded", phase == "Degraded",
                        ("ProgressDeadlineExceeded" if stuck else "ReplicasUnavailable") if phase == "Degraded" else "AsExpected",
-                       (f"rollout stuck: {summary(stuck)}" if stuck else f"pods lost: {summary(unready)}")
+                       (f"rollout stuck: {summary(stuck)}" if stuck else f"pods lost: {summary(lost)}")
                        if phase == "Degraded" else "", gen, now),
         spec_valid,
     ]
     return EPDDeploymentStatus(
         observedGeneration=observed_generation, phase=phase, topology=topology, endpoint=endpoint,
         conditions=conditions, tiers=Tiers(**{n: s.status for n, s in states.items()}))
+
+
+def standing_refusal(previous: EPDDeploymentStatus | None, generation: int | None) -> list[str]:
+    """The API server's refusal reported for this very generation, if any (kept by status passes)."""
+    if previous is None:
+        return []
+    spec_valid = next((c for c in previous.conditions if c.type == "SpecValid"), None)
+    if spec_valid is None or spec_valid.reason != REFUSED_BY_API_SERVER or spec_valid.observedGeneration != generation:
+        return []
+    return [spec_valid.message]
+
+
+def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
+    """The scheduler's message on the first pod it could not place (PodScheduled=False, Unschedulable)."""
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        scheduled = _condition(pod, "PodScheduled")
+        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+            return str(scheduled.get("message") or "Unschedulable")
+    return None
 
 
 def status_document(status: EPDDeploymentStatus) -> dict[str, Any]:
@@ -152,7 +200,10 @@ def transitions(previous: EPDDeploymentStatus | None, current: EPDDeploymentStat
     after = {c.type: c for c in current.conditions}
     spec = after["SpecValid"]
     if spec.status == "False" and (before.get("SpecValid") is None or before["SpecValid"].message != spec.message):
-        out.append(Transition("Warning", "InvalidSpec", f"spec refused, nothing was changed: {spec.message}"))
+        out.append(Transition("Warning", spec.reason, f"spec refused, nothing was changed: {spec.message}"))
+    ready = after["Ready"]
+    if ready.reason == "Unschedulable" and (before.get("Ready") is None or before["Ready"].message != ready.message):
+        out.append(Transition("Warning", "Unschedulable", ready.message))
     old_phase = previous.phase if previous is not None else None
     if current.phase != old_phase and current.phase != "Failed":
         if current.phase == "Ready":
