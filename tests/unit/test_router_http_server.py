@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 import orjson
 
 from epd_operator.router.config import RouterConfig
-from epd_operator.router.http_server import Response, StreamResponse, start_server
+from epd_operator.router.http_server import Limits, Response, StreamResponse, start_server
 from epd_operator.router.server import Router
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.router_stack import serve_router
@@ -29,8 +29,8 @@ async def echo(request):
 
 
 @asynccontextmanager
-async def echo_server(max_body: int = 1024):
-    server = await start_server(echo, max_body, host="127.0.0.1", port=0)
+async def echo_server(max_body: int = 1024, limits: Limits | None = None):
+    server = await start_server(echo, max_body, host="127.0.0.1", port=0, limits=limits)
     port = server.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -72,7 +72,7 @@ async def test_keep_alive_and_pipelined_requests_are_answered_in_order():
 
 async def test_a_chunked_request_body_is_reassembled():
     async with echo_server() as (reader, writer):
-        writer.write(b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        writer.write(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
         await asyncio.sleep(0.01)
         writer.write(b"2;ext=1\r\nde\r\n0\r\n\r\n")
         assert (await read_response(reader))[1] == b"POST /a abcde"
@@ -80,7 +80,7 @@ async def test_a_chunked_request_body_is_reassembled():
 
 async def test_expect_100_continue_is_answered_before_the_body():
     async with echo_server() as (reader, writer):
-        writer.write(b"POST /a HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        writer.write(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
         assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
         writer.write(b"hi")
         assert (await read_response(reader))[1] == b"POST /a hi"
@@ -110,13 +110,13 @@ async def test_a_malformed_request_gets_400_and_a_closed_connection():
     async with echo_server() as (reader, writer):
         writer.write(b"NONSENSE\r\n\r\n")
         head, body = await read_response(reader)
-        assert head.startswith(b"HTTP/1.1 400") and b"bad request line" in body
+        assert head.startswith(b"HTTP/1.1 400") and b"malformed request" in body
         assert await reader.read() == b""
 
 
 async def test_streams_are_chunked_for_http11_and_until_close_for_http10():
     async with echo_server() as (reader, writer):
-        writer.write(b"GET /stream HTTP/1.1\r\n\r\n")
+        writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
         head, body = await read_response(reader)
         assert b"Transfer-Encoding: chunked" in head and body == b"data: 1\n\ndata: 2\n\n"
         writer.write(b"GET /stream HTTP/1.0\r\n\r\n")
@@ -141,7 +141,7 @@ async def test_unknown_routes_and_methods_get_json_errors():
         try:
             host, port = url[7:].split(":")
             reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"GET /nope HTTP/1.1\r\n\r\nGET /v1/chat/completions HTTP/1.1\r\n\r\n")
+            writer.write(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
             head, body = await read_response(reader)
             assert head.startswith(b"HTTP/1.1 404") and orjson.loads(body)["error"]["code"] == 404
             head, body = await read_response(reader)
@@ -214,10 +214,10 @@ async def test_a_handler_error_is_a_500_before_the_reply_and_a_cut_connection_du
     server = await start_server(failing, 1024, host="127.0.0.1", port=0)
     reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
     try:
-        writer.write(b"GET /early HTTP/1.1\r\n\r\n")
+        writer.write(b"GET /early HTTP/1.1\r\nHost: x\r\n\r\n")
         head, body = await read_response(reader)
         assert head.startswith(b"HTTP/1.1 500") and b"internal router error" in body
-        writer.write(b"GET /late HTTP/1.1\r\n\r\n")
+        writer.write(b"GET /late HTTP/1.1\r\nHost: x\r\n\r\n")
         raw = await reader.read()
         assert raw.endswith(b"data: 1\n\n\r\n")  # one chunk, then no last chunk: the client sees a broken stream
     finally:
@@ -225,12 +225,9 @@ async def test_a_handler_error_is_a_500_before_the_reply_and_a_cut_connection_du
         server.close()
 
 
-async def test_idle_connections_close_but_a_request_still_arriving_is_waited_for(monkeypatch):
-    from epd_operator.router import http_server
-
-    monkeypatch.setattr(http_server, "KEEPALIVE", 0.3)
-    async with echo_server() as (reader, writer):
-        writer.write(b"POST /a HTTP/1.1\r\nContent-Length: 4\r\n\r\n")
+async def test_idle_connections_close_but_a_request_still_arriving_is_waited_for():
+    async with echo_server(limits=Limits(keepalive=0.3)) as (reader, writer):
+        writer.write(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n")
         for byte in (b"w", b"x", b"y", b"z"):  # 0.4 s in all, longer than the limit; each gap well under it
             await asyncio.sleep(0.1)
             writer.write(byte)
@@ -246,9 +243,9 @@ async def test_oversized_bodies_are_refused_without_waiting_for_them():
             host, port = url[7:].split(":")
             for request in (
                 # Announced too large and expecting 100-continue: answered before any body is sent.
-                b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 65\r\nExpect: 100-continue\r\n\r\n",
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 65\r\nExpect: 100-continue\r\n\r\n",
                 # Chunked past the limit.
-                b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n41\r\n" + b"x" * 65 + b"\r\n",
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n41\r\n" + b"x" * 65 + b"\r\n",
             ):
                 reader, writer = await asyncio.open_connection(host, int(port))
                 writer.write(request)

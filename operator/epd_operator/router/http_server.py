@@ -1,42 +1,93 @@
-"""The router's inbound HTTP/1.1 server, on a raw asyncio protocol.
+"""The router's inbound HTTP/1.1 server: llhttp (through httptools) on a raw asyncio protocol.
 
-aiohttp's server cost about as much router CPU per request as the rest of the router, so
-the router parses requests itself: keep-alive and in-order pipelining, Content-Length and
-chunked request bodies, `Expect: 100-continue`, a body-size limit (the handler answers it:
-`HttpRequest.read` raises `BodyTooLarge`), whole replies in one write and streamed replies
-as chunks. Each request runs as its own task, cancelled when the client disconnects, so
-every backend call it has open is aborted too.
+The router faces untrusted clients, so requests are parsed by llhttp, the maintained C parser
+that uvicorn and Node.js run, fed straight from `data_received`: bytes are parsed once, as
+they arrive (chunked bodies included), never re-scanned from the start. On top of llhttp's
+RFC 9112 framing checks (Content-Length with Transfer-Encoding, duplicate or malformed
+Content-Length, chunked not final, bad chunk sizes, obs-fold, bare LF, control characters in
+the target and in header values, all refused) this module refuses what llhttp lets through:
+HTTP versions other than 1.0 and 1.1 (505), a Transfer-Encoding other than exactly `chunked`
+(501) or any in an HTTP/1.0 request, a missing or repeated Host in HTTP/1.1, repeated
+single-valued fields. Every refusal closes the connection.
+
+Limits (`Limits`) hold whatever the read pattern: head size, header count and line length are
+counted as the head arrives, a head must be complete within `head_timeout`, a body must keep
+arriving (`body_timeout` plus time for each `body_min_rate` bytes), idle keep-alive
+connections close after `keepalive`. The body limit is the handler's to answer
+(`HttpRequest.read` raises `BodyTooLarge`); the request is handed over as soon as the head
+announces too much, or the chunks exceed it, without reading the rest.
+
+Replies go out in request order (pipelining); the next request is parsed only once the
+previous reply is written and the client has drained what the transport holds (backpressure
+on every reply, streamed or whole); a client that stops reading for `send_timeout` is cut.
+Each request runs as its own task, cancelled when the client disconnects, so every backend
+call it has open is aborted too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from http import HTTPStatus
+
+import httptools
 
 from .protocol import error_body
 
 log = logging.getLogger("epd_router.http")
 
-MAX_HEAD = 64 * 1024
-KEEPALIVE = 75.0  # seconds an idle client connection stays open (aiohttp's default)
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+# Fields a request may carry once only: repeated, the recipients could disagree on which counts.
+_SINGLETONS = frozenset({"host", "content-length", "transfer-encoding", "content-type", "authorization", "x-request-id", "expect"})
+_IDLE, _HEAD, _BODY = 0, 1, 2
+
+
+@dataclass
+class Limits:
+    max_head: int = 64 * 1024  # request line + header fields, bytes
+    max_headers: int = 100  # header fields in one request
+    max_line: int = 8 * 1024  # request target, and each header field (name + value)
+    max_pipeline: int = 32  # requests parsed ahead of the one being answered
+    head_timeout: float = 10.0  # seconds from a head's first byte to its end
+    body_timeout: float = 30.0  # seconds a body may take, plus 1 s per body_min_rate bytes received
+    body_min_rate: float = 64 * 1024
+    keepalive: float = 75.0  # seconds an idle connection stays open (aiohttp's default)
+    send_timeout: float = 60.0  # seconds a client may leave the router's send buffer full
+
+
 
 
 class BodyTooLarge(Exception):
     pass
 
 
-class HttpRequest:
-    __slots__ = ("method", "path", "query", "headers", "body", "_conn")
+class _Refuse(Exception):
+    """Raised from a parser callback: answer `status` and close."""
 
-    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes | None, conn: "HttpConnection") -> None:
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Stop(Exception):
+    """Raised from a parser callback: the request was handed over early; parse nothing more."""
+
+
+class HttpRequest:
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "http10", "_conn")
+
+    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes | None, conn: "HttpConnection",
+                 keep_alive: bool = True, http10: bool = False) -> None:
         self.method = method
         self.path = path
         self.query = query
         self.headers = headers  # lower-case names
         self.body = body  # None: over the size limit, not read
+        self.keep_alive = keep_alive
+        self.http10 = http10
         self._conn = conn
 
     async def read(self) -> bytes:
@@ -73,9 +124,9 @@ class StreamResponse:
     async def prepare(self, request: HttpRequest) -> None:
         conn = self._conn = request._conn
         conn.streaming = True
-        self._chunked = not conn.http10
+        self._chunked = not request.http10
         if not self._chunked:
-            conn.keep_alive = False
+            request.keep_alive = False
         framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b"Connection: close\r\n"
         conn.send(_head(self.status, self.headers) + framing + b"\r\n")
 
@@ -87,7 +138,7 @@ class StreamResponse:
             raise ConnectionResetError("client closed the connection")
         conn.send(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         if conn.drained is not None:
-            await conn.drained
+            await conn.wait_drained()
 
     async def write_eof(self) -> None:
         if self._ended:
@@ -103,6 +154,10 @@ Handler = Callable[[HttpRequest], Awaitable["Response | StreamResponse"]]
 
 def _head(status: int, headers: dict[str, str]) -> bytes:
     lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    # A value carrying CR or LF would split the head: never let one out (values copied from a
+    # request were checked by the parser; this is the last line of defence).
+    if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
+        raise ValueError("CR or LF in a response header")
     return b"HTTP/1.1 %d %s\r\n%s" % (status, _REASONS.get(status, b"Unknown"), lines.encode("latin-1"))
 
 
@@ -111,42 +166,62 @@ def _error(status: int, message: str) -> Response:
 
 
 class HttpConnection(asyncio.Protocol):
-    """One client connection: parses requests from `buf` and answers them in order."""
+    """One client connection: llhttp parses what arrives, requests are answered in order."""
 
-    def __init__(self, handler: Handler, max_body: int) -> None:
+    def __init__(self, handler: Handler, max_body: int, limits: Limits | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
+        self.limits = limits or Limits()
         self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
         self.task: asyncio.Task | None = None
+        self.queue: deque = deque()  # parsed requests (or a refusal) waiting for their turn
+        self.held = bytearray()  # bytes received while a reply is owed, parsed after it
+        self.dead = False  # the parser stopped: nothing more is read from this client
         self.closed = False
-        self.keep_alive = True
-        self.http10 = False
+        self.reading_paused = False
         self.drained: asyncio.Future | None = None  # set while the transport's buffer is full
         self.continued = False  # 100 Continue already sent for the request being received
         self.streaming = False  # a streamed reply has started
-        self.idle_timer: asyncio.TimerHandle | None = None
-        self.receiving = False  # bytes arrived since the idle timer was armed
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_kind = -1
+        # The message being parsed.
+        self.state = _IDLE
+        self.begun_now = False
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.nheaders = 0
+        self.head_bytes = 0
+        self.started = 0.0
+        self.body: bytes | bytearray | None = None
+        self.body_raw = 0
+        self.request: HttpRequest | None = None
+        self.last: HttpRequest | None = None  # the request parsed last
 
     # ---- asyncio.Protocol ----
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.idle_timer = self.loop.call_later(KEEPALIVE, self._idle_out)
+        self._arm()
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
-        self.receiving = True
-        if self.task is None:
-            self._next_request()
-        elif len(self.buf) > self.max_body + MAX_HEAD:
-            self.transport.pause_reading()  # a client pipelining more than we will hold
+        if self.dead:
+            return
+        if self.task is not None or self.queue:
+            # A reply is owed: keep the bytes for later, and stop reading once they add up.
+            self.held += data
+            if len(self.held) > self.limits.max_head and not self.reading_paused:
+                self.reading_paused = True
+                self.transport.pause_reading()
+            return
+        self._feed(data)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.task is not None:
             self.task.cancel()  # the client left: stop its request and its backend calls
         self._wake_writer()
@@ -163,89 +238,206 @@ class HttpConnection(asyncio.Protocol):
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    # ---- requests ----
+    async def wait_drained(self) -> None:
+        """Wait until the client took what the transport holds; cut a client that never reads."""
+        fut = self.drained
+        if fut is None:
+            return
+        try:
+            async with asyncio.timeout(self.limits.send_timeout):
+                await asyncio.shield(fut)
+        except TimeoutError:
+            self.transport.abort()
+            raise ConnectionResetError("client stopped reading") from None
+
+    # ---- parsing (llhttp callbacks) ----
+
+    def _feed(self, data: bytes) -> None:
+        self.begun_now = False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            self.dead = True
+            if isinstance(cause, _Refuse):
+                self._refuse(cause.status, str(cause))
+            elif not isinstance(cause, _Stop):
+                log.error("request parser callback failed: %r", cause)
+                self._refuse(500, "internal router error")
+            return
+        except httptools.HttpParserUpgrade:
+            # No protocol upgrades here: what was parsed is answered, the rest is not HTTP/1.1.
+            self.dead = True
+            last = self.last
+            if last is not None:
+                last.keep_alive = False
+            if self.task is None and not self.queue:
+                self._close()
+            return
+        except httptools.HttpParserError as exc:
+            self.dead = True
+            status = 414 if isinstance(exc, httptools.HttpParserInvalidURLError) and self.state == _HEAD and len(self.url) > self.limits.max_line else 400
+            self._refuse(status, f"malformed request: {exc}")
+            return
+        state = self.state
+        if state == _HEAD:
+            if not self.begun_now:  # a head spread over reads: count what llhttp may be holding
+                self.head_bytes += len(data)
+            if self.head_bytes > self.limits.max_head:
+                self.dead = True
+                self._refuse(431, "request head too large")
+                return
+        elif state == _BODY:
+            self.body_raw += len(data)
+            if not self.continued and self.headers.get("expect", "").lower() == "100-continue":
+                self.continued = True
+                self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self.body_raw > 2 * self.max_body + self.limits.max_head + 65536:
+                # Framing (chunk sizes, extensions, trailers) far beyond the body it carries.
+                self.dead = True
+                self._refuse(413, "request body framing too large")
+                return
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        self.state = _HEAD
+        self.begun_now = True
+        self.url = b""
+        self.headers = {}
+        self.nheaders = 0
+        self.head_bytes = 0
+        self.started = self.loop.time()
+        self.continued = False
+
+    def on_url(self, piece: bytes) -> None:
+        self.url += piece
+        if len(self.url) > self.limits.max_line:
+            raise _Refuse(414, "request target too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        limits = self.limits
+        self.nheaders += 1
+        size = len(name) + len(value) + 4
+        self.head_bytes += size
+        if self.nheaders > limits.max_headers:
+            raise _Refuse(431, "too many header fields")
+        if size > limits.max_line:
+            raise _Refuse(431, "header field too long")
+        if self.head_bytes > limits.max_head:
+            raise _Refuse(431, "request head too large")
+        if self.state != _HEAD:
+            return  # a trailer field of a chunked body: counted, not used
+        key = name.decode("latin-1").lower()
+        headers = self.headers
+        if key in headers:
+            if key in _SINGLETONS:
+                raise _Refuse(400, f"repeated {key} header field")
+            headers[key] += ", " + value.decode("latin-1")
+        else:
+            headers[key] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            raise _Refuse(505, "only HTTP/1.0 and HTTP/1.1 are served")
+        http10 = version == "1.0"
+        headers = self.headers
+        te = headers.get("transfer-encoding")
+        if te is not None:
+            if http10:
+                raise _Refuse(400, "Transfer-Encoding in an HTTP/1.0 request")
+            if te.lower() != "chunked":
+                raise _Refuse(501, "only the chunked transfer coding is accepted")
+        if not http10 and "host" not in headers:
+            raise _Refuse(400, "missing Host header field")
+        method = parser.get_method().decode("latin-1")
+        if method == "CONNECT":
+            raise _Refuse(405, "CONNECT is not served")
+        target = self.url.decode("latin-1")
+        path, _, query = target.partition("?")
+        self.request = request = HttpRequest(method, path, query, headers, None, self,
+                                             parser.should_keep_alive(), http10)
+        self.state = _BODY
+        self.body = None
+        self.body_raw = 0
+        self.started = self.loop.time()
+        length = headers.get("content-length")
+        if te is None and length is not None and int(length) > self.max_body:
+            self._too_large(request)
+
+    def on_body(self, piece: bytes) -> None:
+        body = self.body
+        if body is None:
+            body = self.body = piece  # the usual case: the whole body in one piece, kept as it came
+        else:
+            if type(body) is bytes:
+                body = self.body = bytearray(body)
+            body += piece
+        if len(body) > self.max_body:
+            self._too_large(self.request)
+
+    def _too_large(self, request: HttpRequest) -> None:
+        # Handed over now, body unread: the handler answers 413 and the connection closes.
+        request.keep_alive = False
+        self.body = None
+        self.state = _IDLE
+        self.request = None
+        self._enqueue(request)
+        raise _Stop
+
+    def on_message_complete(self) -> None:
+        request = self.request
+        self.request = None
+        self.state = _IDLE
+        body = self.body
+        request.body = b"" if body is None else body if type(body) is bytes else bytes(body)
+        self.body = None
+        self._enqueue(request)
+
+    def _enqueue(self, request: HttpRequest) -> None:
+        self.last = request
+        if self.task is None and not self.queue:
+            self._start(request)
+            return
+        if len(self.queue) >= self.limits.max_pipeline:
+            raise _Refuse(429, "too many pipelined requests")
+        self.queue.append(request)
+
+    # ---- answering ----
 
     def send(self, data: bytes) -> None:
         if not self.closed:
             self.transport.write(data)
 
-    def _idle_out(self) -> None:
-        if self.task is not None or self.closed:
+    def _start(self, item: "HttpRequest | Response") -> None:
+        if isinstance(item, Response):  # a refusal queued behind earlier replies
+            self._write_response(item, False, False)
+            self._close()
             return
-        if self.buf and self.receiving:  # a request still arriving, slowly but surely
-            self.receiving = False
-            self.idle_timer = self.loop.call_later(KEEPALIVE, self._idle_out)
-            return
-        self.transport.close()
-
-    def _next_request(self) -> None:
-        buf = self.buf
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buf) > MAX_HEAD:
-                self._refuse(431, "request head too large")
-            return
-        try:
-            method, target, version, headers = _parse_head(bytes(buf[:end]))
-        except ValueError as exc:
-            self._refuse(400, str(exc))
-            return
-        start = end + 4
-        body: bytes | None
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            try:
-                parsed = _dechunk(buf, start, self.max_body)
-            except ValueError:
-                self._refuse(400, "bad chunk size")
-                return
-            if parsed is None:
-                self._maybe_continue(headers)
-                return
-            body, body_end = parsed
-            if body is None:
-                self.keep_alive = False  # the rest of the body is still coming: close after answering
-                body_end = len(buf)
-        else:
-            try:
-                length = int(headers.get("content-length", "0"))
-                if length < 0:
-                    raise ValueError
-            except ValueError:
-                self._refuse(400, "bad Content-Length")
-                return
-            if length > self.max_body:
-                body, body_end = None, len(buf)  # answered by the handler, then closed
-                self.keep_alive = False
-            elif len(buf) - start < length:
-                self._maybe_continue(headers)
-                return
-            else:
-                body_end = start + length
-                body = bytes(buf[start:body_end])
-        del buf[:body_end]
         self.continued = False
         self.streaming = False
-        self.http10 = version == "HTTP/1.0"
-        connection = headers.get("connection", "").lower()
-        if self.http10:
-            self.keep_alive = self.keep_alive and connection == "keep-alive"
-        elif connection == "close":
-            self.keep_alive = False
-        path, _, query = target.partition("?")
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
-        self.task = self.loop.create_task(self._answer(HttpRequest(method, path, query, headers, body, self)))
-
-    def _maybe_continue(self, headers: dict[str, str]) -> None:
-        if not self.continued and headers.get("expect", "").lower() == "100-continue":
-            self.continued = True
-            self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.task = self.loop.create_task(self._answer(item))
 
     def _refuse(self, status: int, message: str) -> None:
-        self.keep_alive = False
-        self._write_response(_error(status, message))
+        response = _error(status, message)
+        if self.task is None and not self.queue:
+            self._write_response(response, False, False)
+            self._close()
+        else:
+            self.queue.append(response)
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self.dead = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.transport.close()
+        if self.transport.get_write_buffer_size():
+            # close() waits to flush; a client that never reads must not hold the socket forever.
+            self.loop.call_later(self.limits.send_timeout, self.transport.abort)
 
     async def _answer(self, request: HttpRequest) -> None:
         try:
@@ -258,78 +450,108 @@ class HttpConnection(asyncio.Protocol):
                 self.transport.abort()
                 return
             response = _error(500, "internal router error")
-        if isinstance(response, StreamResponse):
-            if response._conn is None:  # never prepared: nothing was sent yet
-                await response.prepare(request)
-            await response.write_eof()
-        else:
-            self._write_response(response)
+        try:
+            if isinstance(response, StreamResponse):
+                if response._conn is None:  # never prepared: nothing was sent yet
+                    await response.prepare(request)
+                await response.write_eof()
+            else:
+                try:
+                    self._write_response(response, request.keep_alive, request.http10, request.method == "HEAD")
+                except ValueError:
+                    log.error("refused to write a reply with CR or LF in a header to %s %s", request.method, request.path)
+                    self._write_response(_error(500, "internal router error"), False, request.http10)
+                    request.keep_alive = False
+            if self.drained is not None:
+                await self.wait_drained()  # backpressure: the next request waits for this reply to leave
+        except (ConnectionError, asyncio.CancelledError):
+            return
         self.task = None
         if self.closed:
             return
-        if not self.keep_alive:
-            self.transport.close()
+        if not request.keep_alive:
+            self._close()
             return
-        self.transport.resume_reading()
-        if self.buf:
-            self._next_request()
-        else:
-            self.receiving = False
-            self.idle_timer = self.loop.call_later(KEEPALIVE, self._idle_out)
+        self._next()
 
-    def _write_response(self, response: Response) -> None:
+    def _next(self) -> None:
+        """The reply is out: take the next queued request, else parse what was held."""
+        if self.queue:
+            self._start(self.queue.popleft())
+            return
+        if self.dead:
+            self._close()
+            return
+        if self.held:
+            held, self.held = bytes(self.held), bytearray()
+            if self.state != _IDLE:
+                self.started = self.loop.time()  # its clock ran while we were busy elsewhere
+            self._feed(held)
+        elif self.state != _IDLE:
+            self.started = self.loop.time()
+            self._arm()
+        else:
+            self._arm()
+        if self.reading_paused and self.task is None and not self.queue and not self.closed:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def _write_response(self, response: Response, keep_alive: bool, http10: bool, head_only: bool = False) -> None:
         body = response.body
         framing = b"Content-Length: %d\r\n" % len(body)
-        if not self.keep_alive:
+        if not keep_alive:
             framing += b"Connection: close\r\n"
-        elif self.http10:
+        elif http10:
             framing += b"Connection: keep-alive\r\n"
-        self.send(_head(response.status, response.headers) + framing + b"\r\n" + body)
+        self.send(_head(response.status, response.headers) + framing + b"\r\n" + (b"" if head_only else body))
+
+    # ---- timeouts ----
+
+    def _arm(self) -> None:
+        """Arm the one timer this connection needs now: idle, head or body (none while answering)."""
+        kind = -1 if (self.task is not None or self.queue or self.closed) else self.state
+        if kind == self.timer_kind and (kind == -1 or self.timer is not None):
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.timer_kind = kind
+        if kind == -1:
+            return
+        limits = self.limits
+        if kind == _IDLE:
+            delay = limits.keepalive
+        elif kind == _HEAD:
+            delay = self.started + limits.head_timeout - self.loop.time()
+        else:
+            delay = self._body_deadline() - self.loop.time()
+        self.timer = self.loop.call_later(max(delay, 0.0), self._timed_out)
+
+    def _body_deadline(self) -> float:
+        limits = self.limits
+        return self.started + limits.body_timeout + self.body_raw / limits.body_min_rate
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        kind, self.timer_kind = self.timer_kind, -1
+        if self.closed or self.task is not None or self.queue or kind != self.state:
+            self._arm()
+            return
+        if kind == _IDLE:
+            self._close()
+        elif kind == _HEAD:
+            self.dead = True
+            self._refuse(408, "request head not received in time")
+        else:
+            if self.loop.time() < self._body_deadline():  # more arrived since the timer was set
+                self._arm()
+                return
+            self.dead = True
+            self._refuse(408, "request body not received in time")
 
 
-def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise ValueError("bad request line")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise ValueError("bad header line")
-        headers[name.lower()] = value.strip()
-    return parts[0], parts[1], parts[2], headers
-
-
-def _dechunk(buf: bytearray, pos: int, limit: int) -> tuple[bytes | None, int] | None:
-    """A whole chunked body from `buf[pos:]`: (body, end), (None, _) once it exceeds `limit`,
-    None while incomplete. Tried only when the buffer ends a line pair, as a last chunk does."""
-    if not buf.endswith(b"\r\n\r\n") and len(buf) - pos <= limit:
-        return None
-    body = bytearray()
-    while True:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            return None
-        size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)  # ValueError: a bad request
-        pos = eol + 2
-        if size == 0:
-            while True:  # trailers, then an empty line
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    return None
-                line_was_empty = eol == pos
-                pos = eol + 2
-                if line_was_empty:
-                    return bytes(body), pos
-        if len(body) + size > limit:
-            return None, pos
-        if len(buf) < pos + size + 2:
-            return None
-        body += buf[pos:pos + size]
-        pos += size + 2
-
-
-async def start_server(handler: Handler, max_body: int, *, host: str | None = None, port: int | None = None, sock=None) -> asyncio.Server:
+async def start_server(handler: Handler, max_body: int, *, host: str | None = None, port: int | None = None, sock=None,
+                       limits: Limits | None = None) -> asyncio.Server:
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: HttpConnection(handler, max_body), host, port, sock=sock, backlog=1024)
+    limits = limits or Limits()
+    return await loop.create_server(lambda: HttpConnection(handler, max_body, limits), host, port, sock=sock, backlog=1024)

@@ -1,11 +1,13 @@
-"""The router's HTTP/1.1 client to vLLM backends, on raw asyncio protocols.
+"""The router's HTTP/1.1 client to vLLM backends, on raw asyncio protocols and llhttp.
 
 aiohttp's ClientSession cost more router CPU per request than all the routing logic
 (bench/results/bench.md: the aiohttp floor alone spends most of the budget), so the data
 path talks HTTP/1.1 itself: one keep-alive pool per backend origin, requests written in
-one go, replies parsed straight out of the receive buffer. It speaks just what vLLM's
-uvicorn answers: Content-Length, chunked, or read-until-close bodies; no compression
-(requests say `Accept-Encoding: identity`), no 1xx, no pipelining.
+one go, replies parsed by llhttp (through httptools) as they arrive, chunked framing
+included. It speaks just what vLLM's uvicorn answers: Content-Length, chunked, or
+read-until-close bodies; no compression (requests say `Accept-Encoding: identity`), 1xx
+replies skipped, no pipelining: a connection that receives bytes nobody asked for is
+never reused. A reply head is bounded in size and field count like a client's request.
 
 POST is never retried here, not even on a reused connection that turns out closed: like
 aiohttp, the caller decides (it retries on another backend). Idle connections retire
@@ -20,7 +22,10 @@ import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+import httptools
+
 MAX_HEAD = 64 * 1024  # a reply head larger than this is not from a backend we understand
+MAX_HEADERS = 100
 PAUSE_ABOVE = 1 << 20  # stop reading a backend while this much is buffered for a slow client
 
 
@@ -34,30 +39,102 @@ class UpstreamError(Exception):
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection. The reader coroutine parses `buf`; data_received only
-    appends and wakes it."""
+    """One keep-alive connection. llhttp parses in data_received; the reader coroutine
+    waits for the head, then takes body bytes from `body`."""
 
-    __slots__ = ("loop", "transport", "buf", "eof", "error", "waiter", "paused", "idle_since")
+    __slots__ = ("loop", "transport", "eof", "error", "waiter", "paused", "idle_since", "parser", "status", "headers",
+                 "head_done", "head_bytes", "body", "complete", "keep_alive", "interim", "bad", "stray", "received")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
         self.eof = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future | None = None
         self.paused = False
         self.idle_since = 0.0
+        self.parser = None
+        self.stray = False  # bytes arrived that belong to no request of ours
+        self.bad: str | None = None  # why the reply could not be parsed
+        self.received = False
+
+    def begin(self) -> None:
+        """Ready to parse the reply to a request about to be sent."""
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.head_done = False
+        self.head_bytes = 0
+        self.body = bytearray()
+        self.complete = False
+        self.keep_alive = False
+        self.interim = False
+        self.received = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if len(self.buf) > PAUSE_ABOVE and not self.paused:
+        self.received = True
+        if self.parser is None or self.complete or self.bad:
+            self.stray = True
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            self._broken(str(exc.__context__ or exc))
+            return
+        except httptools.HttpParserError as exc:
+            self._broken(f"malformed reply: {exc}")
+            return
+        if not self.head_done:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD:
+                self._broken("reply head too large")
+                return
+        if len(self.body) > PAUSE_ABOVE and not self.paused:
             self.paused = True
             self.transport.pause_reading()
         self._wake()
+
+    def _broken(self, why: str) -> None:
+        self.bad = why
+        self.transport.abort()
+        self._wake()
+
+    # llhttp callbacks
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.stray = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            return  # a trailer field: ignored
+        headers = self.headers
+        if len(headers) >= MAX_HEADERS:
+            raise ValueError("too many reply header fields")
+        key = name.decode("latin-1").lower()
+        value = value.decode("latin-1")
+        headers[key] = headers[key] + ", " + value if key in headers else value
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim reply: the real one follows
+            self.interim = True
+            self.headers = {}
+            return
+        self.status = status
+        self.head_done = True
+
+    def on_body(self, piece: bytes) -> None:
+        self.body += piece
+
+    def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        self.keep_alive = self.parser.should_keep_alive()
+        self.complete = True
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -78,29 +155,43 @@ class _Connection(asyncio.Protocol):
 
     @property
     def usable(self) -> bool:
-        return not self.eof and not self.transport.is_closing()
+        return not self.eof and not self.stray and not self.transport.is_closing()
 
     def abort(self) -> None:
         self.eof = True
         if self.transport is not None:
             self.transport.abort()
 
-    async def more(self, deadline: float | None) -> None:
-        """Wait for bytes beyond those in `buf`; raises at EOF or past `deadline`."""
+    def take(self) -> bytes:
+        """The body bytes parsed so far (removed from the buffer)."""
+        body = self.body
+        piece = bytes(body)
+        body.clear()
         if self.paused:
             self.paused = False
             self.transport.resume_reading()
+        return piece
+
+    async def more(self, deadline: float | None) -> None:
+        """Wait for the parser to make progress; raises on a bad reply, at EOF or past `deadline`."""
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+        if self.bad:
+            raise UpstreamError("read", self.bad)
         if self.eof:
             raise UpstreamError("read", f"connection closed ({self.error!r})" if self.error else "connection closed")
         waiter = self.waiter = self.loop.create_future()
         if deadline is None:
             await waiter
-            return
-        timer = self.loop.call_at(deadline, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
+        else:
+            timer = self.loop.call_at(deadline, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+        if self.bad:
+            raise UpstreamError("read", self.bad)
 
 
 def _expire(waiter: asyncio.Future) -> None:
@@ -113,7 +204,7 @@ class Response:
     then `release` it (the connection goes back to the pool if the body was read to its
     end) or `close` it (abort: the backend sees the client go away)."""
 
-    __slots__ = ("status", "headers", "_conn", "_pool", "_length", "_chunked", "_done", "_idle")
+    __slots__ = ("status", "headers", "_conn", "_pool", "_until_close", "_done", "_idle")
 
     def __init__(self, status: int, headers: dict[str, str], conn: _Connection, pool: "_OriginPool", idle: float | None) -> None:
         self.status = status
@@ -121,20 +212,9 @@ class Response:
         self._conn = conn
         self._pool = pool
         self._idle = idle  # longest silence while reading, None = wait forever
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        length = headers.get("content-length")
-        if self._chunked:
-            self._length = -1
-        elif length is not None:
-            try:
-                self._length = int(length)
-            except ValueError:
-                conn.abort()
-                raise UpstreamError("read", f"bad Content-Length {length!r}") from None
-        elif status in (204, 304):
-            self._length = 0
-        else:
-            self._length = None  # until the backend closes
+        # No length and not chunked: the body runs until the backend closes (llhttp cannot
+        # tell that end from a cut, so this reply's connection is never reused).
+        self._until_close = "content-length" not in headers and "transfer-encoding" not in headers and status not in (204, 304)
         self._done = False
 
     @property
@@ -147,116 +227,41 @@ class Response:
     async def read(self, deadline: float | None = None) -> bytes:
         """The whole body. `deadline` (loop time) bounds the wait; without one the idle timeout does."""
         conn = self._conn
-        buf = conn.buf
         try:
-            if self._length is not None and self._length >= 0:
-                while len(buf) < self._length:
+            while not conn.complete:
+                try:
                     await conn.more(deadline if deadline is not None else self._deadline())
-                body = bytes(buf[: self._length])
-                del buf[: self._length]
-            elif self._chunked:
-                body = b"".join([piece async for piece in self._chunks(deadline)])
-            else:
-                while not conn.eof:
-                    await conn.more(deadline if deadline is not None else self._deadline())
-                body = bytes(buf)
-                buf.clear()
-        except UpstreamError as exc:
-            if self._length is None and exc.kind == "read":  # read-until-close ends this way
-                body = bytes(buf)
-                buf.clear()
-            else:
-                self.close()
-                raise
+                except UpstreamError as exc:
+                    if self._until_close and exc.kind == "read" and conn.eof and not conn.bad:
+                        break  # read-until-close ends this way
+                    raise
+        except UpstreamError:
+            self.close()
+            raise
         self._done = True
-        return body
+        return conn.take()
 
     async def iter_body(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (chunk framing removed), for streaming replies."""
+        """Body bytes as they arrive (framing removed): what arrived together leaves as one piece."""
         conn = self._conn
-        buf = conn.buf
         try:
-            if self._chunked:
-                async for piece in self._chunks(None):
-                    yield piece
-            elif self._length is not None:
-                left = self._length
-                while left:
-                    if not buf:
-                        await conn.more(self._deadline())
-                    piece = bytes(buf[:left])
-                    del buf[: len(piece)]
-                    left -= len(piece)
-                    yield piece
-            else:
-                while True:
-                    if buf:
-                        piece = bytes(buf)
-                        buf.clear()
-                        yield piece
-                    if conn.eof:
+            while True:
+                if conn.body:
+                    yield conn.take()
+                if conn.complete:
+                    break
+                try:
+                    await conn.more(self._deadline())
+                except UpstreamError as exc:
+                    if self._until_close and exc.kind == "read" and conn.eof and not conn.bad:
+                        if conn.body:
+                            yield conn.take()
                         break
-                    try:
-                        await conn.more(self._deadline())
-                    except UpstreamError as exc:
-                        if exc.kind != "read":
-                            raise
+                    raise
         except BaseException:
             self.close()
             raise
         self._done = True
-
-    async def _chunks(self, deadline: float | None) -> AsyncIterator[bytes]:
-        """Chunked transfer coding: yields whatever body bytes are in, so chunks that arrived
-        together leave as one piece (one write to the client, not one per token)."""
-        conn = self._conn
-        buf = conn.buf
-        left = -1  # bytes of the current chunk still to come, its CRLF included; -1: at a size line
-        while True:
-            pieces = []
-            while True:
-                if left < 0:
-                    eol = buf.find(b"\r\n")
-                    if eol < 0:
-                        break
-                    try:
-                        size = int(bytes(buf[:eol]).split(b";", 1)[0], 16)
-                    except ValueError:
-                        raise UpstreamError("read", "bad chunk size") from None
-                    del buf[: eol + 2]
-                    if size == 0:
-                        if pieces:
-                            yield b"".join(pieces)
-                        await self._trailers(deadline)
-                        return
-                    left = size + 2
-                if left > 2 and buf:
-                    piece = bytes(buf[: left - 2])
-                    del buf[: len(piece)]
-                    left -= len(piece)
-                    pieces.append(piece)
-                if left > 2:
-                    break  # the chunk's data is still coming
-                crlf = min(left, len(buf))
-                del buf[:crlf]
-                left -= crlf
-                if left:
-                    break
-                left = -1
-            if pieces:
-                yield b"".join(pieces)
-            await conn.more(deadline if deadline is not None else self._deadline())
-
-    async def _trailers(self, deadline: float | None) -> None:
-        """Trailer lines (vLLM sends none), up to the empty line that ends the body."""
-        conn = self._conn
-        buf = conn.buf
-        while True:
-            while (eol := buf.find(b"\r\n")) < 0:
-                await conn.more(deadline if deadline is not None else self._deadline())
-            del buf[: eol + 2]
-            if eol == 0:
-                return
 
     def release(self) -> None:
         """Done with the reply: a fully read one frees its connection for the next request."""
@@ -264,8 +269,8 @@ class Response:
         if conn is None:
             return
         pool = self._pool
-        if self._done and self._length is not None and not conn.buf and conn.usable and not pool.closed \
-                and self.headers.get("connection", "").lower() != "close":
+        if self._done and conn.complete and conn.keep_alive and not self._until_close and conn.usable and not pool.closed:
+            conn.parser = None
             now = conn.idle_since = conn.loop.time()
             idle = pool.idle
             idle.append(conn)
@@ -319,7 +324,7 @@ class Upstream:
             oldest_ok = loop.time() - pool.keepalive
             while idle:
                 conn = idle.pop()  # the most recently used: the least likely to be stale
-                if conn.usable and conn.idle_since > oldest_ok and not conn.buf:
+                if conn.usable and conn.idle_since > oldest_ok:
                     return conn
                 conn.abort()
         try:
@@ -341,6 +346,7 @@ class Upstream:
         conn = await self._connection(pool, connect_timeout)
         head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
             method.encode(), path.encode(), pool.host_header, len(body), headers)
+        conn.begin()
         try:
             if len(body) < 65536:
                 conn.transport.write(head + body)
@@ -363,14 +369,13 @@ class Upstream:
 
 
 async def _read_head(conn: _Connection, pool: _OriginPool, deadline: float | None, idle: float | None) -> Response:
-    buf = conn.buf
     loop = conn.loop
-    while (end := buf.find(b"\r\n\r\n")) < 0:
-        if len(buf) > MAX_HEAD:
-            raise UpstreamError("read", "reply head too large")
+    while not conn.head_done:
+        if conn.bad:
+            raise UpstreamError("read", conn.bad)
         if conn.eof:
             # Nothing (or half a head) came back: the backend dropped the connection.
-            raise UpstreamError("connect" if not buf else "read", "connection closed before a reply")
+            raise UpstreamError("read" if conn.received else "connect", "connection closed before a reply")
         wait_until = deadline
         if idle is not None:
             wait_until = loop.time() + idle if deadline is None else min(deadline, loop.time() + idle)
@@ -378,24 +383,9 @@ async def _read_head(conn: _Connection, pool: _OriginPool, deadline: float | Non
             await conn.more(wait_until)
         except UpstreamError as exc:
             if exc.kind == "read":
-                continue  # loop once more: EOF is classified above
+                continue  # loop once more: EOF and bad replies are classified above
             raise
-    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-    del buf[: end + 4]
-    status_line = lines[0]
-    if not status_line.startswith("HTTP/1."):
-        raise UpstreamError("read", f"not an HTTP/1.x reply: {status_line[:40]!r}")
-    try:
-        status = int(status_line[9:12])
-    except ValueError:
-        raise UpstreamError("read", f"bad status line {status_line[:40]!r}") from None
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    if status_line.startswith("HTTP/1.0") and headers.get("connection", "").lower() != "keep-alive":
-        headers["connection"] = "close"
-    return Response(status, headers, conn, pool, idle)
+    return Response(conn.status, conn.headers, conn, pool, idle)
 
 
 @functools.cache
