@@ -98,10 +98,51 @@ def rendered_examples() -> dict[str, list[dict]]:
     return {path.name: render(parse_epd(example_document(path.name))) for path in example_files()}
 
 
+def overlay(tag: str) -> dict[str, Any]:
+    """Every per-tier pod overlay field, set (values differ per tier by `tag`)."""
+    return {
+        "podLabels": {"kueue.x-k8s.io/queue-name": f"q-{tag}"},
+        "podAnnotations": {"sidecar.istio.io/inject": "false", "example.com/tier": tag},
+        "priorityClassName": f"prio-{tag}",
+        "runtimeClassName": "nvidia",
+        "schedulerName": "volcano",
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"example.com/tier": tag}}}],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}},
+                    {"name": "certs", "secret": {"secretName": f"tls-{tag}"}}],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"},
+                         {"name": "certs", "mountPath": "/certs", "readOnly": True}],
+        "envFrom": [{"configMapRef": {"name": f"env-{tag}"}}],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
+                {"name": f"EXTRA_{tag.upper()}", "value": "1"}],
+        "podSecurityContext": {"fsGroup": 2000, "supplementalGroups": [3000]},
+        "securityContext": {"readOnlyRootFilesystem": True},
+    }
+
+
+def with_overlay(tier: dict[str, Any], tag: str) -> dict[str, Any]:
+    return {**tier, **overlay(tag)}
+
+
 def variants() -> dict[str, EPDDeployment]:
     """Examples changed to reach what the examples themselves leave out, by a descriptive name."""
     gpu_prefill = {"tensorParallelSize": 2, "resources": {"limits": {"nvidia.com/gpu": 2}}}
+    nixl = example_document(NIXL_AUTOSCALED)["spec"]
+    mooncake = example_document(MOONCAKE)["spec"]
     return {
+        "nixl-overlay-on-every-tier": example(NIXL_AUTOSCALED, **{
+            f"spec.{role}": with_overlay(nixl.get(role, {}), role) for role in ("encoder", "prefill", "decode", "router")}),
+        "mooncake-master-placement-and-overlays": example(MOONCAKE, **{
+            "spec.ecTransfer.mooncake": {**mooncake["ecTransfer"]["mooncake"], "master": {
+                "nodeSelector": {"pool": "cpu"}, "priorityClassName": "infra",
+                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
+                "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "In",
+                                                                       "values": ["cpu"]}]}}]}},
+                "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}}},
+            "spec.encoder": with_overlay(mooncake["encoder"], "encoder"),
+            "spec.decode": with_overlay(mooncake["decode"], "decode")}),
         "mooncake-rdma-tp2-no-store": example(MOONCAKE, **{
             "spec.ecTransfer.mooncake": {"protocol": "rdma"}, "spec.decode.tensorParallelSize": 2}),
         "mooncake-e-p-d": example(MOONCAKE, **{"spec.prefill": gpu_prefill}),

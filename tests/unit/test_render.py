@@ -6,11 +6,13 @@ import json
 import pytest
 import yaml
 
+from epd_operator.api import parse_epd
+from epd_operator.api.spec import OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES
 from epd_operator.render import render, tier_hashes
 from epd_operator.render.naming import CONFIG_HASH_ANNOTATION
 from tests.support.render_examples import (CPU_CONNECTOR, MOONCAKE, NIXL_AUTOSCALED, SHARED_STORAGE, container,
                                            env_of, example, example_document, example_files, find, flag,
-                                           maybe_find, pod_spec, rendered_examples, serve_argvs)
+                                           maybe_find, overlay, pod_spec, rendered_examples, serve_argvs, variants)
 
 KIND_ORDER = ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment",
               "HorizontalPodAutoscaler", "PodDisruptionBudget"]
@@ -504,3 +506,117 @@ def test_router_and_janitor_accept_their_rendered_arguments(examples):
                     assert janitor_parser().parse_args(c["args"]).ttl_seconds > 0
                 seen.add(c["name"])
     assert {"router", "cache-janitor"} <= seen
+
+
+# ----------------------------------------------------------------------------- pod overlays, defaults
+
+
+def _pods(objects: list[dict]) -> dict[str, dict]:
+    return {obj["metadata"]["labels"]["serving.epd.dev/role"]: obj
+            for obj in objects if obj["kind"] == "Deployment"}
+
+
+def _main(deployment: dict) -> dict:
+    return pod_spec(deployment)["containers"][0]
+
+
+def test_overlay_fields_land_on_every_pod_of_their_tier():
+    objects = render(variants()["nixl-overlay-on-every-tier"])
+    deployments = _pods(objects)
+    assert set(deployments) == {"encoder", "prefill", "decode", "router"}
+    for role, deployment in deployments.items():
+        expected = overlay(role)
+        template = deployment["spec"]["template"]
+        spec = template["spec"]
+        main = _main(deployment)
+        assert main["name"] == ("router" if role == "router" else "vllm")
+        # labels beside ours; the selector is untouched
+        assert template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == f"q-{role}"
+        assert template["metadata"]["labels"]["serving.epd.dev/role"] == role
+        assert deployment["spec"]["selector"]["matchLabels"] == {
+            "app.kubernetes.io/instance": "qwen-vl-epd", "serving.epd.dev/role": role}
+        assert "kueue.x-k8s.io/queue-name" not in deployment["metadata"]["labels"]
+        annotations = template["metadata"]["annotations"]
+        assert annotations["example.com/tier"] == role and CONFIG_HASH_ANNOTATION in annotations
+        assert spec["priorityClassName"] == f"prio-{role}"
+        assert spec["runtimeClassName"] == "nvidia" and spec["schedulerName"] == "volcano"
+        assert spec["topologySpreadConstraints"] == expected["topologySpreadConstraints"]
+        assert spec["volumes"][-2:] == expected["volumes"]
+        assert main["volumeMounts"][-2:] == expected["volumeMounts"]
+        assert main["envFrom"] == expected["envFrom"]
+        # pod securityContext: ours kept, theirs added; container: field by field
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["securityContext"]["fsGroup"] == 2000
+        assert main["securityContext"]["readOnlyRootFilesystem"] is True
+        assert main["securityContext"]["allowPrivilegeEscalation"] is False
+        assert main["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        # sidecars get none of the main container's overlay
+        for other in spec["containers"][1:]:
+            assert "envFrom" not in other and all(m["name"] not in ("scratch", "certs") for m in other["volumeMounts"])
+
+
+def test_a_user_env_var_named_like_ours_replaces_it_in_place():
+    objects = render(variants()["nixl-overlay-on-every-tier"])
+    for role, deployment in _pods(objects).items():
+        env = _main(deployment)["env"]
+        names = [e["name"] for e in env]
+        assert len(names) == len(set(names)), f"{role}: duplicate env names {names}"  # SSA refuses duplicates
+        assert names[-1] == f"EXTRA_{role.upper()}"
+        pod_ip = env[names.index("POD_IP")]
+        assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIPs"}}
+        if role != "router":
+            assert names.index("POD_IP") == 0  # still declared before every var that refers to it
+
+
+def test_overlay_labels_change_the_config_hash_only_of_their_tier():
+    base = tier_hashes(render(example(SHARED_STORAGE)))
+    changed = tier_hashes(render(example(SHARED_STORAGE, **{"spec.decode.podLabels": {"team": "a"}})))
+    assert {role for role in base if base[role] != changed[role]} == {"decode"}
+
+
+def test_router_has_default_requests_and_a_memory_limit(examples):
+    for objects in examples.values():
+        router = find(objects, "Deployment", f"{objects[0]['metadata']['labels']['app.kubernetes.io/instance']}-router")
+        resources = container(router, "router")["resources"]
+        assert resources["requests"]["cpu"] and resources["requests"]["memory"]  # not BestEffort
+        assert resources["limits"]["memory"]
+        assert "cpu" not in resources["limits"]  # no CPU throttling; one worker on the 500m request
+        assert "--workers" not in container(router, "router")["args"]
+
+
+def test_mooncake_master_has_a_memory_limit_and_takes_placement(examples):
+    master = find(examples[MOONCAKE], "Deployment", "qwen-vl-mooncake-mooncake-master")
+    assert container(master, "mooncake-master")["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    objects = render(variants()["mooncake-master-placement-and-overlays"])
+    master = find(objects, "Deployment", "qwen-vl-mooncake-mooncake-master")
+    spec = pod_spec(master)
+    assert spec["nodeSelector"] == {"pool": "cpu"} and spec["priorityClassName"] == "infra"
+    assert spec["tolerations"][0]["key"] == "dedicated" and "nodeAffinity" in spec["affinity"]
+    assert container(master, "mooncake-master")["resources"]["limits"] == {"memory": "3Gi"}
+    assert "runtimeClassName" not in spec  # the encoder's overlay is not the master's
+
+
+def test_the_api_reserves_every_volume_and_mount_path_the_operator_renders():
+    """A user volume or mount colliding with ours is refused by the API (rules.py); that only holds
+    while OPERATOR_VOLUMES / OPERATOR_MOUNT_PATHS list everything the renderer emits."""
+    specs = {**{p.name: parse_epd(example_document(p.name)) for p in example_files()}, **variants()}
+    for case, epd in specs.items():
+        storage = epd.spec.ecTransfer.sharedStorage
+        for deployment in _pods(render(epd)).values():
+            spec = pod_spec(deployment)
+            user = {v["name"] for v in _placement_volumes(epd, deployment)}
+            for volume in spec.get("volumes", []):
+                assert volume["name"] in OPERATOR_VOLUMES or volume["name"] in user, (case, volume["name"])
+            for c in spec["containers"]:
+                for mount in c.get("volumeMounts", []):
+                    if mount["name"] in user:
+                        continue
+                    assert mount["mountPath"] in OPERATOR_MOUNT_PATHS or (
+                        storage is not None and mount["mountPath"] == storage.path), (case, mount)
+
+
+def _placement_volumes(epd, deployment: dict) -> list[dict]:
+    role = deployment["metadata"]["labels"]["serving.epd.dev/role"]
+    placement = getattr(epd.spec, role, None) if role != "mooncake-master" else None
+    return list(placement.volumes) if placement is not None else []

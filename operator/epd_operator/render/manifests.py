@@ -265,7 +265,7 @@ def _janitor_container(epd: EPDDeployment, router_image: str) -> JSON:
 
 def _router_workload(epd: EPDDeployment, router_image: str) -> Workload:
     router = epd.spec.router
-    container = render_one(
+    container = _overlay_container(render_one(
         "router-container.yaml.j2",
         image=router_image,
         args=router_args(epd),
@@ -275,7 +275,7 @@ def _router_workload(epd: EPDDeployment, router_image: str) -> Workload:
         metrics_port=ROUTER_METRICS_PORT,
         scratch_volume=ROUTER_SCRATCH_VOLUME,
         scratch_path=ROUTER_SCRATCH_PATH,
-    )
+    ), router)  # envFrom, volumeMounts, securityContext (its env, already in, is replaced in place)
     security = {"runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID, **RUNTIME_DEFAULT_SECCOMP}
     scratch = {"name": ROUTER_SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}
     pod = _pod(router, [container], [scratch], epd.spec.imagePullSecrets, security,
