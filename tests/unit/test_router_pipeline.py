@@ -192,7 +192,7 @@ async def test_prefix_aware_keeps_a_conversation_on_one_instance():
 
 @pytest.mark.parametrize("mode, reused_part", [("pinned", "image_url"), ("metadata", "image_embeds")])
 async def test_reuse_skips_the_encoder_for_a_repeated_item_until_the_ttl(mode, reused_part):
-    async with router_stack(encoders=1, reuse_ttl=60, reuse_mode=mode) as s:
+    async with router_stack(encoders=1, reuse_ttl=60, reuse_mode=mode, immutable_media_urls=True) as s:
         now = [1000.0]
         s.router.reuse.clock = lambda: now[0]
         await s.post(CHAT, chat(IMG_A))
@@ -208,6 +208,17 @@ async def test_reuse_skips_the_encoder_for_a_repeated_item_until_the_ttl(mode, r
         metrics = (await s.get("/metrics")).body.decode()
         assert 'epd_router_items_total{outcome="reused"} 1.0' in metrics
         assert 'epd_router_items_total{outcome="encoded"} 2.0' in metrics
+
+
+async def test_reuse_by_url_needs_urls_declared_immutable_but_data_urls_are_reused():
+    data_url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    async with router_stack(encoders=1, reuse_ttl=60) as s:
+        for _ in range(2):
+            await s.post(CHAT, chat(IMG_A))  # what is behind the URL may have changed: encoded each time
+        assert len(s.encoders[0].received) == 2
+        for _ in range(2):
+            await s.post(CHAT, chat(data_url))  # the URL is the content
+        assert len(s.encoders[0].received) == 3
 
 
 async def test_health_reports_every_tier_and_metrics_expose_inflight_per_endpoint():

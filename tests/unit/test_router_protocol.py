@@ -36,11 +36,34 @@ def media(body):
 
 def test_uuid_is_the_clients_else_a_hash_of_the_url_else_of_the_sorted_part():
     given = {**IMG_A, "uuid": "client-id"}
-    items = media(chat(given, IMG_B, AUDIO))
+    items = extract_media(validate_chat(chat(given, IMG_B, AUDIO)), trust_uuids=True)
     assert items[0].uuid == "client-id"
     assert items[1].uuid == hashlib.sha256(b"https://img/b.png").hexdigest()
     assert items[2].uuid == hashlib.sha256(json.dumps(AUDIO, sort_keys=True).encode()).hexdigest()
     assert [i.index for i in items] == [0, 1, 2]
+
+
+def test_an_untrusted_client_uuid_is_removed_and_the_item_keyed_by_its_url():
+    body = chat({**IMG_A, "uuid": "someone-elses-image"})
+    stripped = []
+    items = extract_media(validate_chat(body), stripped=stripped)
+    assert items[0].uuid == hashlib.sha256(b"https://img/a.png").hexdigest()
+    assert "uuid" not in body["messages"][0]["content"][1] and stripped == [body["messages"][0]["content"][1]]
+
+
+def test_only_content_named_items_are_reusable_unless_urls_are_declared_immutable():
+    data_url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert [i.content_addressed for i in media(chat(IMG_A, data_url, AUDIO))] == [False, True, True]
+    assert [i.content_addressed for i in extract_media(validate_chat(chat(IMG_A)), immutable_urls=True)] == [True]
+    trusted = extract_media(validate_chat(chat({**IMG_A, "uuid": "u"})), trust_uuids=True)
+    assert [i.content_addressed for i in trusted] == [True]
+
+
+def test_client_embeds_parts_are_refused_unless_allowed():
+    embeds = {"type": "image_embeds", "image_embeds": {"image_grid_thw": [1, 2, 2]}}
+    with pytest.raises(BadRequest, match="image_embeds parts are not accepted"):
+        media(chat(embeds))
+    assert extract_media(validate_chat(chat(embeds)), allow_embeds=True) == []
 
 
 def test_plain_string_content_and_text_parts_carry_no_media():

@@ -40,6 +40,17 @@ class RouterConfig:
     # Input limits.
     max_body_bytes: int = 64 * 1024 * 1024
     allow_file_urls: bool = False
+    # Client connections (seconds): a request head must arrive within header_timeout; a body
+    # within body_timeout plus 1 s per 64 KiB received; idle keep-alive connections close after
+    # keepalive_timeout; a client that leaves the router's send buffer full is cut after send_timeout.
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    keepalive_timeout: float = 75.0
+    send_timeout: float = 60.0
+    # Trust boundary: what the router accepts from clients (all off: clients are untrusted).
+    allow_client_embeds: bool = False  # client `*_embeds` parts (and prompt_embeds) reach the consumers
+    trust_client_uuids: bool = False  # a client's media `uuid` names the item (EC cache key, reuse key)
+    immutable_media_urls: bool = False  # the content behind a media URL never changes: reuse by URL
     # Reuse of encoded items (SharedStorage connector only); 0 disables.
     reuse_ttl: float = 0.0
     reuse_max_items: int = 100_000
@@ -77,6 +88,12 @@ class RouterConfig:
     def mooncake(self) -> bool:
         return bool(self.ec_consumer_zmq_addrs) or self.ec_consumer_port is not None
 
+    def http_limits(self):
+        from .http_server import Limits
+
+        return Limits(head_timeout=self.header_timeout, body_timeout=self.body_timeout, keepalive=self.keepalive_timeout,
+                      send_timeout=self.send_timeout)
+
     def validate(self) -> None:
         problems = []
         if self.discovery == "static":
@@ -100,6 +117,9 @@ class RouterConfig:
             problems.append("--rewrite pinned works with the SharedStorage connector only, not Mooncake push")
         if self.reuse_mode not in ("pinned", "metadata"):
             problems.append("--reuse-mode must be pinned or metadata")
+        for name in ("header_timeout", "body_timeout", "keepalive_timeout", "send_timeout"):
+            if not getattr(self, name) > 0:
+                problems.append(f"--{name.replace('_', '-')} must be > 0")
         if self.load_factor < 1:
             problems.append("--load-factor must be >= 1")
         if problems:

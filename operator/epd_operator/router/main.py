@@ -64,6 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
     i = p.add_argument_group("input, reuse, health")
     i.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
     i.add_argument("--allow-file-urls", action="store_true", help="pass file:// media through (the router never reads them)")
+    c = p.add_argument_group("client connections (seconds)")
+    c.add_argument("--header-timeout", type=float, default=10.0, help="a request head must arrive within this")
+    c.add_argument("--body-timeout", type=float, default=30.0, help="a request body gets this plus 1 s per 64 KiB received")
+    c.add_argument("--keepalive-timeout", type=float, default=75.0, help="idle keep-alive connections close after this")
+    c.add_argument("--send-timeout", type=float, default=60.0, help="a client that stops reading replies is cut after this")
+    b = p.add_argument_group("trust boundary (clients are untrusted unless these say otherwise)")
+    b.add_argument("--allow-client-embeds", action="store_true",
+                   help="accept *_embeds content parts and prompt_embeds from clients (refused by default)")
+    b.add_argument("--trust-client-uuids", action="store_true",
+                   help="a client's media uuid names the item in the encoder cache and the reuse cache "
+                        "(by default it is removed: clients could alias each other's media)")
+    b.add_argument("--immutable-media-urls", action="store_true",
+                   help="the content behind a media URL never changes: reuse encoder results by URL "
+                        "(by default only data: URLs and inline audio, which name their content, are reused)")
     i.add_argument("--reuse-ttl", type=float, default=0.0,
                    help="SharedStorage connector: reuse an encoded item for this many seconds (keep it well below the janitor TTL); 0 = off")
     i.add_argument("--reuse-max-items", type=int, default=100_000)
@@ -115,6 +129,13 @@ def config_from_args(args: argparse.Namespace):
         decode_timeout=args.decode_timeout,
         max_body_bytes=args.max_body_bytes,
         allow_file_urls=args.allow_file_urls,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        send_timeout=args.send_timeout,
+        allow_client_embeds=args.allow_client_embeds,
+        trust_client_uuids=args.trust_client_uuids,
+        immutable_media_urls=args.immutable_media_urls,
         reuse_ttl=args.reuse_ttl,
         reuse_max_items=args.reuse_max_items,
         reuse_mode=args.reuse_mode,

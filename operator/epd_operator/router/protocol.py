@@ -63,6 +63,10 @@ class MediaItem:
     kind: str  # the part's type: image_url, audio_url, input_audio or video_url
     part: dict
     uuid: str
+    # The uuid names this content and nothing else (inline bytes or a data: URL hashed, a
+    # trusted client uuid, a URL the deployment declared immutable): safe to reuse an
+    # encoder result under it.
+    content_addressed: bool = True
 
     @property
     def batchable(self) -> bool:
@@ -142,7 +146,26 @@ def item_uuid(part: dict) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def extract_media(messages: list, allow_file_urls: bool = False) -> list[MediaItem]:
+# Request fields that only the router may set: they steer the KV and EC transfers between
+# the vLLM tiers (which engine, which blocks, which cached embedding).
+ROUTER_ONLY_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+
+
+def refuse_router_fields(body: dict) -> None:
+    for key in ROUTER_ONLY_FIELDS:
+        if key in body:
+            raise BadRequest(f"'{key}' is set by the router, not by clients", param=key)
+
+
+def extract_media(messages: list, allow_file_urls: bool = False, *, allow_embeds: bool = False, trust_uuids: bool = False,
+                  immutable_urls: bool = False, stripped: list | None = None) -> list[MediaItem]:
+    """The request's media items. Untrusted by default: `*_embeds` parts are refused (a
+    metadata-only part whose embedding is absent kills a vLLM 0.32 consumer) and a client's
+    `uuid` is removed from every part (it would name the EC cache entry, so one client could
+    make another's media resolve to its own embedding); the item is then keyed by its content
+    (inline bytes, data: URL) or its URL. The parts are changed in place and each one changed
+    is appended to `stripped`: the caller must then forward the re-serialised body, not the
+    raw bytes."""
     items: list[MediaItem] = []
     for msg in messages:
         content = msg.get("content")
@@ -150,7 +173,17 @@ def extract_media(messages: list, allow_file_urls: bool = False) -> list[MediaIt
             continue
         for part in content:
             kind = part["type"]
+            given = None
+            if "uuid" in part:
+                if trust_uuids:
+                    given = part["uuid"]
+                else:
+                    del part["uuid"]
+                    if stripped is not None:
+                        stripped.append(part)
             if kind not in MEDIA_TYPES:
+                if not allow_embeds and kind.endswith("_embeds"):
+                    raise BadRequest(f"{kind} parts are not accepted from clients by this router", param=kind)
                 continue
             if kind != "input_audio":
                 url = media_url(part)
@@ -158,9 +191,14 @@ def extract_media(messages: list, allow_file_urls: bool = False) -> list[MediaIt
                     raise BadRequest(f"{kind} part needs a 'url'", param=kind)
                 if not allow_file_urls and url[:5].lower() == "file:":
                     raise BadRequest("file:// media URLs are not allowed by this router", param=kind)
+                addressed = immutable_urls or url[:5].lower() == "data:"
             elif not isinstance(part.get("input_audio"), dict):
                 raise BadRequest("input_audio part needs an 'input_audio' object", param="input_audio")
-            items.append(MediaItem(len(items), kind, part, item_uuid(part)))
+            else:
+                addressed = True
+            if isinstance(given, str) and given:
+                addressed = True  # the deployment trusts its clients' names for their media
+            items.append(MediaItem(len(items), kind, part, item_uuid(part), addressed))
     return items
 
 

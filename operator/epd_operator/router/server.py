@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from contextlib import suppress
 
@@ -28,6 +29,7 @@ from .protocol import (
     parse_json_object,
     prefill_request,
     prompt_prefix,
+    refuse_router_fields,
     rewrite_for_decode,
     validate_chat,
     validate_completion,
@@ -43,6 +45,8 @@ JSON = "application/json"
 CHAT = "/v1/chat/completions"
 UPSTREAM_HEADERS = b"Content-Type: application/json\r\nAccept-Encoding: identity\r\n"
 COMPLETIONS = "/v1/completions"
+# A client's x-request-id is copied into backend requests and the reply head: visible ASCII only.
+_REQUEST_ID = re.compile(r"[!-~]{1,256}").fullmatch
 
 
 class UpstreamFailure(Exception):
@@ -120,6 +124,7 @@ class Router:
             ("POST", COMPLETIONS): self.completions,
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health_report,
+            ("GET", "/livez"): self.livez,
         }
         if self.cfg.metrics_port is None:  # else main.py serves /metrics on its own port
             routes[("GET", "/metrics")] = self.metrics_report
@@ -134,7 +139,8 @@ class Router:
             return json_error(404, f"no route {request.path}")
 
         try:
-            server = await start_server(dispatch, self.cfg.max_body_bytes, host=None if sock else host, port=None if sock else port, sock=sock)
+            server = await start_server(dispatch, self.cfg.max_body_bytes, host=None if sock else host, port=None if sock else port,
+                                        sock=sock, limits=self.cfg.http_limits())
         except BaseException:
             await self.stop()
             raise
@@ -202,22 +208,36 @@ class Router:
         return await self._serve(request, CHAT, self._chat_media)
 
     async def completions(self, request: HttpRequest) -> StreamResponse:
-        return await self._serve(request, COMPLETIONS, _completion_media)
+        return await self._serve(request, COMPLETIONS, self._completion_media)
 
-    def _chat_media(self, body: dict) -> list[MediaItem]:
-        return extract_media(validate_chat(body), self.cfg.allow_file_urls)
+    def _chat_media(self, body: dict, stripped: list) -> list[MediaItem]:
+        cfg = self.cfg
+        return extract_media(validate_chat(body), cfg.allow_file_urls, allow_embeds=cfg.allow_client_embeds,
+                             trust_uuids=cfg.trust_client_uuids, immutable_urls=cfg.immutable_media_urls, stripped=stripped)
+
+    def _completion_media(self, body: dict, stripped: list) -> list[MediaItem]:
+        validate_completion(body)
+        if "prompt_embeds" in body and not self.cfg.allow_client_embeds:
+            raise BadRequest("prompt_embeds are not accepted from clients by this router", param="prompt_embeds")
+        return []  # /v1/completions carries text only: no encoder work
 
     async def _serve(self, request: HttpRequest, route: str, media_of) -> StreamResponse:
         t0 = time.perf_counter()
-        rid = request.headers.get("x-request-id") or new_id()
+        rid = request.headers.get("x-request-id")
+        if rid is None:
+            rid = new_id()
+        elif not _REQUEST_ID(rid):
+            return self._answered(route, json_error(400, "x-request-id must be 1 to 256 visible ASCII characters", new_id()))
+        stripped: list = []
         try:
             raw = await self._read_body(request)
             body = parse_json_object(raw)
-            items = media_of(body)
+            refuse_router_fields(body)
+            items = media_of(body, stripped)
         except BadRequest as exc:
             return self._answered(route, json_error(exc.status, str(exc), rid, param=exc.param))
         try:
-            return self._answered(route, await self._generate(request, route, rid, raw, body, items, t0), t0)
+            return self._answered(route, await self._generate(request, route, rid, None if stripped else raw, body, items, t0), t0)
         except asyncio.CancelledError:
             self.metrics.count_request(route, 499)  # client closed the connection (nginx's code)
             raise
@@ -232,7 +252,9 @@ class Router:
         return response
 
     async def models(self, request: HttpRequest) -> StreamResponse:
-        rid = request.headers.get("x-request-id") or new_id()
+        rid = request.headers.get("x-request-id")
+        if rid is None or not _REQUEST_ID(rid):
+            rid = new_id()
         pool = self.decodes
         if not pool.available:
             return self._answered("/v1/models", json_error(503, "no decode endpoint available", rid, "service_unavailable"))
@@ -262,6 +284,11 @@ class Router:
         # prefill or decode instance it cannot.
         serving = bool(self.decodes.available) and (self.prefills is None or bool(self.prefills.available))
         return Response(body=orjson.dumps(report), status=200 if serving else 503, content_type=JSON)
+
+    async def livez(self, request: HttpRequest) -> Response:
+        """Liveness: answered by the event loop itself, so a wedged loop fails it (unlike a TCP
+        check, which the kernel answers). Backends play no part: they have /health."""
+        return Response(body=b"ok", content_type="text/plain")
 
     async def metrics_report(self, request: HttpRequest) -> Response:
         data, content_type = self.metrics.exposition()
@@ -307,7 +334,7 @@ class Router:
         try:
             if self.prefills is not None:
                 return await self._prefill_then_decode(request, path, prepared, metadata_only, raw_media, consumer, headers, key, ctx)
-            data = raw if prepared is body else orjson.dumps(prepared)
+            data = raw if prepared is body and raw is not None else orjson.dumps(prepared)
             return await self._serve_consumer(request, path, data, metadata_only, raw_media, consumer, headers, key, ctx)
         except UpstreamRejected as rej:
             return Response(body=rej.body, status=rej.status, headers={"Content-Type": rej.content_type, "x-request-id": rid})
@@ -482,7 +509,7 @@ class Router:
         if self.reuse.enabled:
             todo = []
             for item in items:
-                hit = self.reuse.recall(reuse_key(body, item))
+                hit = self.reuse.recall(reuse_key(body, item)) if item.content_addressed else None
                 if hit is None:
                     todo.append(item)
                 elif self.reuse_metadata:
@@ -508,7 +535,7 @@ class Router:
         self.metrics.count_items("fallback", sum(1 for i in todo if not (i.index in encoded and encoded[i.index].metadata)))
         if self.reuse.enabled:
             for item in todo:
-                if item.index in encoded:
+                if item.index in encoded and item.content_addressed:
                     self.reuse.remember(reuse_key(body, item), encoded[item.index])
         return encoded
 
@@ -566,11 +593,6 @@ class Router:
             raise UpstreamFailure("reply") from None
         tid = {item.index: t for item, t in zip(group, transfer_ids)}
         return {index: EncodedItem(mm_hash, report, tid[index]) for index, (mm_hash, report) in matched.items()}
-
-
-def _completion_media(body: dict) -> list[MediaItem]:
-    validate_completion(body)
-    return []  # /v1/completions carries text only: no encoder work
 
 
 class RouterServer:
