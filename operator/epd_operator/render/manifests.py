@@ -14,7 +14,7 @@ from ..api.spec import (DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeploym
                         Placement)
 from .naming import (CONFIG_HASH_ANNOTATION, ENCODER, MOONCAKE_MASTER, ROLE_LABEL, ROUTER, TRANSFER, labels, object_name,
                      router_service_name, selector_labels, tier_of, transfer_configmap_name, vllm_roles)
-from .router_args import ROUTER_HEALTH_PATH, ROUTER_METRICS_PORT, router_args
+from .router_args import ROUTER_HEALTH_PATH, ROUTER_LIVENESS_PATH, ROUTER_METRICS_PORT, router_args
 from .templating import render_documents, render_one
 from .transfer import (EC_CACHE_VOLUME, MOONCAKE_MASTER_METRICS_PORT, MOONCAKE_MASTER_RPC_PORT, TierTransfer,
                        configmap_data, container_port, janitor_args, mooncake_store_config, tier_transfer)
@@ -272,6 +272,7 @@ def _router_workload(epd: EPDDeployment, router_image: str) -> Workload:
         resources=_resources(router),
         env=_router_env(router),
         health_path=ROUTER_HEALTH_PATH,
+        liveness_path=ROUTER_LIVENESS_PATH,
         metrics_port=ROUTER_METRICS_PORT,
         scratch_volume=ROUTER_SCRATCH_VOLUME,
         scratch_path=ROUTER_SCRATCH_PATH,

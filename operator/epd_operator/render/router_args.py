@@ -16,6 +16,7 @@ ROUTER_PORT = 8000
 # /metrics on its own container port (named `metrics`), never on the API port the Service exposes.
 ROUTER_METRICS_PORT = 9090
 ROUTER_HEALTH_PATH = "/health"
+ROUTER_LIVENESS_PATH = "/livez"  # answered by the router's event loop, no backend involved
 
 
 def reuse_ttl_seconds(janitor_ttl_seconds: int) -> int:
