@@ -201,3 +201,37 @@ def test_status_is_a_subresource_and_the_names_are_consistent():
 def test_the_committed_file_is_one_yaml_document():
     docs = list(yaml.safe_load_all(COMMITTED.read_text(encoding="utf-8")))
     assert len(docs) == 1 and docs[0]["kind"] == "CustomResourceDefinition"
+
+
+def _validation_rules(node):
+    if isinstance(node, dict):
+        yield from node.get("x-kubernetes-validations", [])
+        for value in node.values():
+            yield from _validation_rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _validation_rules(value)
+
+
+def test_every_rule_reason_is_one_the_api_server_accepts():
+    # kube-apiserver refuses a whole CRD over one unsupported `reason` (this once made every install fail).
+    import yaml
+
+    from epd_operator.api.rules import SUPPORTED_REASONS
+    from tests.support.cluster import CRD_FILE
+
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    rules = list(_validation_rules(crd))
+    assert len(rules) > 10
+    assert {r.get("reason", "FieldValueInvalid") for r in rules} <= set(SUPPORTED_REASONS)
+    assert SUPPORTED_REASONS == ("FieldValueRequired", "FieldValueForbidden", "FieldValueInvalid", "FieldValueDuplicate")
+
+
+def test_a_rule_with_an_unsupported_reason_cannot_be_declared():
+    import pytest
+
+    from epd_operator.api.rules import Rule
+    from epd_operator.api.spec import EPDDeployment
+
+    with pytest.raises(ValueError, match="FieldValueTooLong.*is not one kube-apiserver accepts"):
+        Rule(EPDDeployment, "true", ".x", "m", "FieldValueTooLong")

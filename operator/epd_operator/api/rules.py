@@ -24,6 +24,11 @@ from .spec import (OPERATOR_MOUNT_PATHS, OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_
 MAX_NAME_LENGTH = 47
 
 
+# The only `reason`s kube-apiserver accepts on a CRD validation rule (apiextensions
+# `supportedValidationReason`); any other refuses the whole CRD at install.
+SUPPORTED_REASONS = ("FieldValueRequired", "FieldValueForbidden", "FieldValueInvalid", "FieldValueDuplicate")
+
+
 @dataclass(frozen=True)
 class Rule:
     model: type[BaseModel]
@@ -31,6 +36,11 @@ class Rule:
     field: str  # relative to the model, as a Kubernetes `fieldPath` (".a.b")
     message: str
     reason: str = "FieldValueInvalid"
+
+    def __post_init__(self) -> None:
+        if self.reason not in SUPPORTED_REASONS:
+            raise ValueError(f"rule {self.expression!r}: reason {self.reason!r} is not one kube-apiserver accepts "
+                             f"({', '.join(SUPPORTED_REASONS)})")
 
     @cached_property
     def program(self) -> Any:
@@ -74,7 +84,6 @@ RULES: tuple[Rule, ...] = (
         f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
         ".metadata.name",
         f"must be at most {MAX_NAME_LENGTH} characters (child objects append suffixes such as '-mooncake-master')",
-        "FieldValueTooLong",
     ),
     Rule(
         EPDDeployment,
@@ -166,7 +175,6 @@ RULES: tuple[Rule, ...] = (
         " || (has(self.volumes) && self.volumes.exists(v, v.name == m.name)))",
         ".volumeMounts",
         "every volumeMount must name a volume of this tier's `volumes`",
-        "FieldValueNotFound",
     ),
     *(_no_shared_storage_mount(tier) for tier in ("encoder", "prefill", "decode")),
 )
