@@ -22,8 +22,7 @@ DASHBOARD_PATH = REPO / "charts" / "epd-operator" / "dashboards" / "epd.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'namespace=~"$namespace", epd=~"$epd"'
 RATE = "$__rate_interval"
-# Router pods' own `pod` label wins the scrape; the backend pod the gauge is about is `exported_pod`.
-BACKEND_POD = '"pod", "$1", "exported_pod", "(.+)"'
+# The router's per-backend series name the backend pod `backend_pod` (the target's `pod` is the router).
 TIER_DEPLOYMENTS = 'namespace=~"$namespace", deployment=~"($epd)-(encoder|prefill|decode|router)"'
 
 
@@ -98,8 +97,7 @@ ROWS = [
             (f'sum by (pod) (vllm:num_requests_running{{{SEL}, role="encoder"}})', "running {{pod}}"),
         ]),
         Panel("In flight per encoder (all routers)", [
-            (f'sum by (pod) (label_replace(epd_router_endpoint_inflight{{{SEL}, role="encoder"}}, {BACKEND_POD}))',
-             "{{pod}}"),
+            (f'sum by (backend_pod) (epd_router_endpoint_inflight{{{SEL}, role="encoder"}})', "{{backend_pod}}"),
         ], description="What the encoder HPA scales on (epd_router_encoder_inflight via the Prometheus Adapter)."),
         Panel("Fallback requests / s by reason", [
             (rate("epd_router_encoder_fallback_requests_total", by="reason"), "{{reason}}"),
@@ -107,12 +105,39 @@ ROWS = [
     ]),
     Row("Prefill and decode", [
         Panel("In flight per prefill/decode pod", [
-            (f'sum by (role, pod) (label_replace(epd_router_endpoint_inflight{{{SEL}, role!="encoder"}}, {BACKEND_POD}))',
-             "{{role}} {{pod}}"),
+            (f'sum by (role, backend_pod) (epd_router_endpoint_inflight{{{SEL}, role!="encoder"}})',
+             "{{role}} {{backend_pod}}"),
         ]),
         Panel("vLLM waiting requests per tier", [
             (f'sum by (role) (vllm:num_requests_waiting{{{SEL}, role!="encoder"}})', "{{role}}"),
         ]),
+    ]),
+    Row("vLLM engines: caches, token latency, KV transfer", [
+        Panel("Multimodal processor cache hit rate", [
+            (ratio(rate("vllm:mm_cache_hits_total", by="role"), rate("vllm:mm_cache_queries_total", by="role")), "{{role}}"),
+        ], "percentunit", description="vLLM's own cache of preprocessed media items (vllm:mm_cache_hits / queries), per tier."),
+        Panel("Prompt tokens / s by source", [
+            (rate("vllm:prompt_tokens_by_source_total", by="role, source"), "{{role}} {{source}}"),
+        ], "ops", stack=True,
+              description="local_compute: prefilled here; local_cache_hit: prefix cache; external_kv_transfer: "
+                          "KV received from prefill (E/P/D)."),
+        Panel("Inter-token latency (ITL) and time per output token (TPOT)", [
+            (quantile(0.5, "vllm:inter_token_latency_seconds_bucket", "role"), "ITL p50 {{role}}"),
+            (quantile(0.95, "vllm:inter_token_latency_seconds_bucket", "role"), "ITL p95 {{role}}"),
+            (quantile(0.95, "vllm:request_time_per_output_token_seconds_bucket", "role"), "TPOT p95 {{role}}"),
+        ], "s", description="Decode speed as vLLM measures it: between two tokens, and per request."),
+        Panel("KV-cache usage per pod", [
+            (f'max by (role, pod) (vllm:kv_cache_usage_perc{{{SEL}, role!="encoder"}})', "{{role}} {{pod}}"),
+        ], "percentunit", description="Share of the KV-cache blocks in use; near 1 means preemptions and queueing."),
+        Panel("NIXL KV transfer: bytes / s and p95 time", [
+            (f"sum by (role) (rate(vllm:nixl_bytes_transferred_sum{{{SEL}}}[{RATE}]))", "bytes/s {{role}}"),
+        ], "Bps", description="KV moved from prefill to decode over NIXL (E/P/D with kvTransfer: Nixl)."),
+        Panel("NIXL transfer time and failures", [
+            (quantile(0.95, "vllm:nixl_xfer_time_seconds_bucket", "role"), "xfer p95 {{role}}"),
+            (quantile(0.95, "vllm:nixl_post_time_seconds_bucket", "role"), "post p95 {{role}}"),
+            (rate("vllm:nixl_num_failed_transfers_total", by="role"), "failed transfers/s {{role}}"),
+            (rate("vllm:nixl_num_failed_notifications_total", by="role"), "failed notifications/s {{role}}"),
+        ], "s"),
     ]),
     Row("Replicas per tier", [
         Panel("Available replicas", [(f"sum by (deployment) (kube_deployment_status_replicas_available{{{TIER_DEPLOYMENTS}}})",
@@ -123,21 +148,24 @@ ROWS = [
              '{namespace=~"$namespace", horizontalpodautoscaler=~"($epd)-.*"})', "HPA {{horizontalpodautoscaler}}"),
         ]),
         Panel("Router endpoints available", [
-            (f"sum by (role) (max by (role, endpoint) (epd_router_endpoint_available{{{SEL}}}))", "{{role}}"),
+            (f"sum by (role) (max by (role, backend) (epd_router_endpoint_available{{{SEL}}}))", "{{role}}"),
         ], description="Backends each role has ready and not ejected, as the routers see them."),
     ]),
     Row("Operator", [
         Panel("Reconciles / s by result", [
             ("sum by (kind, result) (rate(epd_operator_reconciles_total[$__rate_interval]))", "{{kind}} {{result}}"),
             ("sum(rate(epd_operator_reconcile_errors_total[$__rate_interval]))", "errors"),
-        ], "ops", width=8),
+        ], "ops", width=6),
         Panel("Reconcile p95", [
             (quantile(0.95, "epd_operator_reconcile_duration_seconds_bucket", "kind", selector=""), "{{kind}}"),
-        ], "s", width=8),
+        ], "s", width=6),
+        Panel("EPDDeployments by phase", [
+            ('sum by (phase) (epd_operator_deployment_phase{epd_namespace=~"$namespace", epd_name=~"$epd"})', "{{phase}}"),
+        ], width=6, description="From the operator: how many of the selected EPDDeployments are in each phase."),
         Panel("API writes and drift repairs / s", [
             ("sum by (verb, kind) (rate(epd_operator_api_writes_total[$__rate_interval]))", "{{verb}} {{kind}}"),
             ("sum by (kind) (rate(epd_operator_drift_repairs_total[$__rate_interval]))", "drift {{kind}}"),
-        ], "ops", width=8, description="Zero in steady state, Lease renewals aside."),
+        ], "ops", width=6, description="Zero in steady state, Lease renewals aside."),
     ]),
 ]
 
@@ -192,8 +220,9 @@ def build_dashboard() -> dict[str, Any]:
         "templating": {"list": [
             {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
              "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
-            _variable("namespace", "Namespace", "label_values(epd_router_requests_total, namespace)"),
-            _variable("epd", "EPDDeployment", 'label_values(epd_router_requests_total{namespace=~"$namespace"}, epd)'),
+            # build_info exists from a router's first scrape, before any request.
+            _variable("namespace", "Namespace", "label_values(epd_router_build_info, namespace)"),
+            _variable("epd", "EPDDeployment", 'label_values(epd_router_build_info{namespace=~"$namespace"}, epd)'),
         ]},
         "panels": panels,
     }

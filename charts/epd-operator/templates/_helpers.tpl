@@ -71,14 +71,14 @@ operator holds exactly those permissions itself, so it needs neither `escalate` 
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# The reconciler posts core/v1 Events about EPDDeployments itself (kopf's poster is off).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+# Pods: read to say why a tier has no ready pod. Pods and EndpointSlices: the operator grants the
+# routers it creates read access to both, and RBAC lets it grant only what it holds itself.
 - apiGroups: [""]
-  resources: ["pods", "endpoints"]
+  resources: ["pods"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
@@ -92,9 +92,6 @@ operator holds exactly those permissions itself, so it needs neither `escalate` 
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["get", "list", "watch", "create", "update", "patch"]
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf makes when it serves all namespaces. */}}
