@@ -15,7 +15,8 @@ node (no `null`), `IntOrString` as `x-kubernetes-int-or-string`, `Quantity` as i
 quantity grammar as pattern, descriptions dropped (size: each type is inlined once per tier), and
 free-form objects marked `x-kubernetes-preserve-unknown-fields`. Kubernetes' OpenAPI carries no enums
 for these types (the API server checks them in Go), so `ENUMS` adds the allowed values of the fields
-whose values are a closed set, taken from the Kubernetes API reference of that release.
+whose values are a closed set, taken from the Kubernetes API reference of that release, and
+`MAX_LENGTHS` the length bounds of the strings our CEL rules compare.
 
 `validate(name, value)` checks a value against one of these schemas the way the API server's
 structural-schema validation does (unknown fields, types, enums, required fields, patterns, ranges),
@@ -71,6 +72,15 @@ ENUMS: dict[tuple[str, str], list[str]] = {
     ("io.k8s.api.core.v1.HostPathVolumeSource", "type"): ["", "BlockDevice", "CharDevice", "Directory",
                                                          "DirectoryOrCreate", "File", "FileOrCreate", "Socket"],
     ("io.k8s.api.core.v1.PersistentVolumeClaimSpec", "volumeMode"): ["Block", "Filesystem"],
+}
+
+# Length bounds Kubernetes enforces in Go (a volume name is a DNS-1123 label; a mount path is a Linux
+# path): the CRD's CEL rules compare these strings, and the API server prices a comparison by the longest
+# string the schema allows, so unbounded strings would push the rules over its cost budget.
+MAX_LENGTHS: dict[tuple[str, str], int] = {
+    ("io.k8s.api.core.v1.Volume", "name"): 63,
+    ("io.k8s.api.core.v1.VolumeMount", "name"): 63,
+    ("io.k8s.api.core.v1.VolumeMount", "mountPath"): 4096,
 }
 
 # k8s.io/apimachinery resource.Quantity, sign included (metric targets may be negative).
@@ -133,6 +143,8 @@ def _convert(defs: dict[str, Any], node: dict[str, Any], owner: str, stack: tupl
             enum = ENUMS.get((owner, prop))
             if enum is not None:
                 converted["enum"] = enum
+            if (owner, prop) in MAX_LENGTHS:
+                converted["maxLength"] = MAX_LENGTHS[(owner, prop)]
             out["properties"][prop] = converted
         required = sorted(node.get("required", []))
         if required:
@@ -158,7 +170,7 @@ def generate(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
     """Every pass-through type's structural schema, from Kubernetes `version`'s definitions."""
     defs = _definitions(version)
     schemas = {short: _structural(defs, full) for short, full in TYPES.items()}
-    for (owner, prop), _ in ENUMS.items():
+    for owner, prop in [*ENUMS, *MAX_LENGTHS]:
         if prop not in defs[owner].get("properties", {}):
             raise ValueError(f"ENUMS names {owner}.{prop}, which Kubernetes {version} does not have")
     return {"kubernetesVersion": version, "generatedFrom": "kubernetes-validate _definitions.json",
@@ -228,6 +240,8 @@ def _problems(node: dict[str, Any], value: Any, path: str) -> Iterator[tuple[str
         yield path, f"{value!r} is not supported; expected one of {', '.join(repr(v) for v in node['enum'])}"
     if isinstance(value, str) and "pattern" in node and not re.search(node["pattern"], value):
         yield path, f"{value!r} does not match {node['pattern']}"
+    if isinstance(value, str) and "maxLength" in node and len(value) > node["maxLength"]:
+        yield path, f"must be at most {node['maxLength']} characters"
     if type_ == "integer" and node.get("format") == "int32" and not _INT32[0] <= value <= _INT32[1]:
         yield path, f"{value} is out of the 32-bit integer range"
     if "minimum" in node and isinstance(value, (int, float)) and value < node["minimum"]:

@@ -186,7 +186,7 @@ class Tier(Placement):
 
 class SharedStorage(Strict):
     claimName: str = Field(min_length=1, description="ReadWriteMany PVC mounted by the encoder and every consumer.")
-    path: str = Field("/ec-cache", pattern=r"^/.*", description="Mount path; the connector's `shared_storage_path`.")
+    path: str = Field("/ec-cache", pattern=r"^/.*", max_length=4096, description="Mount path; the connector's `shared_storage_path`.")
     maxSize: Optional[Quantity] = Field(
         None, description="Size bound for the cache janitor: while the cache is larger, it deletes the oldest entries "
                           "older than `ttlSeconds` (never younger ones). Absent: entries go when older than `ttlSeconds`.")
