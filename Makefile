@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install vllm-env test test-fast demo crds bench bench-tools bench-quick images clean
+.PHONY: install vllm-env k8s cluster cluster-down test test-fast demo crds bench bench-tools bench-quick images clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,10 +21,24 @@ vllm-env: install
 	$(BIN)/python -m epd_operator.local.venv
 	$(BIN)/python -m epd_operator.local.tiny_model
 
-test: vllm-env
+# The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, kwok), built once from the official Go modules into ~/.cache/epd-operator/k8s
+# (cold: tens of minutes on 2 cores, with progress), plus the oldest supported kube-apiserver.
+k8s: install
+	$(BIN)/python -m epd_operator.local.cluster build
+	$(BIN)/python -m epd_operator.local.cluster build --oldest
+
+# A local control plane with fake GPU nodes, in the background: prints the kubeconfig and how to stop it.
+cluster: k8s
+	$(BIN)/python -m epd_operator.local.cluster up --detach
+
+cluster-down: install
+	$(BIN)/python -m epd_operator.local.cluster down
+
+test: vllm-env k8s
 	$(BIN)/pytest
 
-test-fast: vllm-env
+test-fast: vllm-env k8s
 	$(BIN)/pytest -m "not e2e"
 
 demo: install

@@ -1,4 +1,4 @@
-"""Operator scale: the real `epd-operator` against the API emulator, N EPDDeployments at once.
+"""Operator scale: the real `epd-operator` against a real kube-apiserver, N EPDDeployments at once.
 
 The emulator (tests/support/apiserver.py) runs in this process and records every request
 it serves; the operator is a subprocess pinned to its own core, leader election off (a
@@ -76,13 +76,24 @@ def _reported(obj: dict) -> bool:
 
 
 async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
-    from tests.support.apiserver import kubeconfig_text, running_apiserver
-    from tests.support.operator_run import epd_crd, metric_value, operator_command
+    import ssl
 
-    async with running_apiserver(crds=[epd_crd()]) as (api, url):
-        api.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    from epd_operator.local.cluster import LocalCluster
+    from tests.support.cluster import epd_crd, install_crd
+    from tests.support.faults import FaultProxy
+    from tests.support.operator_run import metric_value, operator_command
+
+    with LocalCluster(log_dir / "k8s", apiserver_only=True) as cluster, FaultProxy(cluster) as proxy:
+        install_crd(cluster, epd_crd())
+        cluster.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                       "metadata": {"name": NAMESPACE}})
+        # The operator goes through the recording proxy; the benchmark's own requests go around it.
         kubeconfig = log_dir / "bench-kubeconfig"
-        kubeconfig.write_text(kubeconfig_text(url, NAMESPACE))
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+            "clusters": [{"name": "bench", "cluster": {"server": proxy.url}}],
+            "users": [{"name": "bench", "user": {"token": cluster.admin_token}}],
+            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench", "namespace": NAMESPACE}}]}))
         metrics_port = free_port()
         op = start(
             "epd-operator-scale",
@@ -91,8 +102,10 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
              "--liveness-port", str(free_port()), "--metrics-port", str(metrics_port)],
             ROUTER_CORE, log_dir, env={"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
         )
+        context = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
+        headers = {"User-Agent": USER_AGENT, "Authorization": f"Bearer {cluster.admin_token}"}
         try:
-            async with aiohttp.ClientSession(headers={"User-Agent": USER_AGENT}) as session:
+            async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(ssl=context)) as session:
                 async def metric(name: str, **labels: str) -> float:
                     async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
                         return metric_value(await r.text(), name, **labels)
@@ -100,15 +113,15 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
                 await _until(lambda: _serves(session, metrics_port), 60, op, "the operator never served /metrics")
                 await asyncio.sleep(1.0)  # let its watches start before the wave
 
-                def operator_requests(since: int):
-                    return [r for r in api.requests_since(since) if r.user_agent != USER_AGENT]
+                def operator_requests(since: int) -> list[tuple[str, str]]:
+                    return proxy.requests[since:]
 
-                mark = api.mark()
+                mark = len(proxy.requests)
                 cpu0 = cpu_seconds(op.pid)
                 t0 = time.monotonic()
                 names = [f"bench-{i:03d}" for i in range(plan.deployments)]
                 answers = await asyncio.gather(*(
-                    session.post(url + PLURAL_PATH, json=_sample(n)) for n in names
+                    session.post(cluster.server + PLURAL_PATH, json=_sample(n)) for n in names
                 ))
                 bad = [a.status for a in answers if a.status != 201]
                 for a in answers:
@@ -118,7 +131,7 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
                 first = None
                 deadline = t0 + plan.status_timeout
                 while True:
-                    objs = api.list_objects("serving.epd.dev/v1alpha1", "EPDDeployment", NAMESPACE)
+                    objs = cluster.request("GET", PLURAL_PATH)["items"]
                     done = sum(1 for o in objs if _reported(o))
                     if done and first is None:
                         first = time.monotonic() - t0
@@ -127,21 +140,21 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
                     if time.monotonic() > deadline or not op.alive():
                         raise RuntimeError(f"{done}/{plan.deployments} EPDDeployments reported status "
                                            f"after {time.monotonic() - t0:.0f}s:\n{op.log_tail()}")
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.2)
                 all_status = time.monotonic() - t0
                 wave = operator_requests(mark)
                 progress(f"  {plan.deployments} EPDDeployments reported status in {all_status:.2f}s, "
                          f"{len(wave) / plan.deployments:.1f} API requests per CR")
 
                 # Idle: let the wave's follow-ups drain (no operator write for one resync period), then watch.
-                quiet_since = api.mark()
+                quiet_since = len(proxy.requests)
                 settle_deadline = time.monotonic() + 6 * plan.resync_seconds
                 while time.monotonic() < settle_deadline:
                     await asyncio.sleep(plan.resync_seconds)
-                    if not any(r.is_write for r in operator_requests(quiet_since)):
+                    if not any(m != "GET" for m, _ in operator_requests(quiet_since)):
                         break
-                    quiet_since = api.mark()
-                idle_mark = api.mark()
+                    quiet_since = len(proxy.requests)
+                idle_mark = len(proxy.requests)
                 reconciles0 = await metric("epd_operator_reconciles_total")
                 await asyncio.sleep(plan.idle_resyncs * plan.resync_seconds + 0.5)
                 idle = operator_requests(idle_mark)
@@ -152,8 +165,8 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
             op.stop()
     return ScaleResult(
         plan, seconds_to_all_status=all_status, seconds_to_first_status=first or all_status,
-        requests=len(wave), writes=sum(1 for r in wave if r.is_write),
-        idle_writes=[f"{r.method} {r.path}" for r in idle if r.is_write], idle_requests=len(idle),
+        requests=len(wave), writes=sum(1 for m, _ in wave if m != "GET"),
+        idle_writes=[f"{m} {p}" for m, p in idle if m != "GET"], idle_requests=len(idle),
         idle_reconciles=reconciles, operator_cpu_s=cpu, peak_rss_mib=rss,
     )
 
@@ -187,14 +200,16 @@ def targets(result: ScaleResult) -> list[Target]:
 
 
 def markdown(r: ScaleResult) -> str:
+    from epd_operator.local.cluster import NEWEST as K8S
+
     p = r.plan
     intro = (
         f"The real `epd-operator` (one process pinned to core {ROUTER_CORE}, leader election off, "
-        f"`--resync-seconds {p.resync_seconds:g}`) against the in-process API emulator on core {LOAD_CORE}. "
+        f"`--resync-seconds {p.resync_seconds:g}`) against a real kube-apiserver {K8S} with its etcd (no "
+        f"controllers: children never become ready, and the status reached is the one for unready children). "
         f"{p.deployments} EPDDeployments (examples/epd-shared-storage.yaml, renamed) POSTed concurrently. "
-        "Requests are the operator's own, as recorded by the emulator (the benchmark's are excluded). "
-        "No kubelet or Deployment controller runs against the emulator, so children never become ready and "
-        "the status reached is the one for unready children."
+        "Requests are the operator's own, counted by a recording proxy in front of the API server "
+        "(tests/support/faults.py; the benchmark's own requests go around it)."
     )
     rows = [
         ["EPDDeployments created at once", p.deployments],

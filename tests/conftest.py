@@ -1,1 +1,1 @@
-pytest_plugins = ['tests.support.fixtures']
+pytest_plugins = ['tests.support.cluster']

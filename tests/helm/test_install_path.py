@@ -1,170 +1,119 @@
-"""The install path end to end: `helm template | kubectl apply` of both charts into the API
-emulator, with the real `epd-operator` running as the chart's Deployment would run it, until the
-EPDDeployment from the epd-deployment chart is reconciled into its tiers.
+"""The install path end to end on a REAL control plane, as a user runs it: `helm install` of the
+operator chart (its CRD included), the operator running with the chart's ServiceAccount token (so
+the chart's RBAC is what the API server enforces), `helm install` / `helm upgrade` / `helm uninstall`
+of an EPDDeployment from the epd-deployment chart, with helm 3 and helm 4.
 
-`helm install` itself cannot target the emulator (releases are stored as protobuf Secrets), so the
-charts are rendered with `helm template` and applied with kubectl, as GitOps tools do.
+The chart's operator Deployment is scheduled on a fake node and runs nothing there (kwok); the
+operator under test is the same console script with the same arguments, run here as a process.
 """
 from __future__ import annotations
 
-import asyncio
-import shutil
-import socket
+import json
+import os
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-import yaml
 
-from tests.support.kubectl import kubectl
+from epd_operator.local.cluster import LocalCluster
+from tests.support.cluster import KubeView, volumes, wait_for
+from tests.support.operator_run import OperatorProcess, wait_until
 
-from .charts import DEPLOYMENT_CHART, OPERATOR_CHART, Helm, by_kind, ci_values, one
+from .charts import DEPLOYMENT_CHART, OPERATOR_CHART, Helm
 
-pytestmark = [
-    pytest.mark.helm,
-    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
-]
+pytestmark = [pytest.mark.helm, pytest.mark.timeout(300)]
 
 OPERATOR_NAMESPACE = "epd-system"
 WORKLOAD_NAMESPACE = "ml"
 SCENARIO = DEPLOYMENT_CHART / "ci" / "epd-shared-storage-values.yaml"
-RECONCILE_WAIT_S = 60
+CRD_NAME = "epddeployments.serving.epd.dev"
 
 
-async def kubectl_apply(kube_env: dict[str, str], objects: list[dict[str, Any]]) -> str:
-    return await kubectl(kube_env, "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(objects))
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A cluster of its own: `helm install` must be the one that creates the CRD."""
+    with LocalCluster(tmp_path_factory.mktemp("helm-k8s")) as c:
+        yield c
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def helm_on(helm: Helm, cluster: LocalCluster, *args: str) -> str:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
+    proc = subprocess.run([str(helm.binary), *args], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stderr}"
+    return proc.stdout
 
 
-def operator_command(deployment: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-    """The operator container's command line and literal env, as the chart renders them."""
+def view(cluster: LocalCluster, namespace: str, tmp_path: Path) -> KubeView:
+    kubeconfig = cluster.write_kubeconfig(tmp_path / f"admin-{namespace}", cluster.admin_token, user="epd-admin",
+                                          namespace=namespace)
+    return KubeView(cluster, namespace, kubeconfig)
+
+
+def operator_args(deployment: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The operator container's arguments and literal env, as installed by the chart."""
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    exe = str(Path(sys.executable).with_name(container["command"][0]))
+    assert container["command"] == ["epd-operator"]
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     env.update(POD_NAMESPACE=deployment["metadata"]["namespace"], POD_NAME=f"{deployment['metadata']['name']}-test")
-    return [exe, *container.get("args", [])], env
+    return list(container.get("args", [])), env
 
 
-async def wait_for(condition, what: str, process: asyncio.subprocess.Process, log: Path):
-    """Poll until `condition()` is truthy; fail with the operator's log when it never is."""
-    for _ in range(RECONCILE_WAIT_S * 10):
-        result = condition()
-        if result:
-            return result
-        if process.returncode is not None:
-            break
-        await asyncio.sleep(0.1)
-    pytest.fail(f"{what} did not happen (operator exit code {process.returncode}); its log:\n"
-                f"{log.read_text(errors='replace')[-4000:]}")
+def epd_status(kube: KubeView, name: str) -> dict[str, Any]:
+    obj = kube.get("serving.epd.dev/v1alpha1", "EPDDeployment", name) or {}
+    return obj.get("status") or {}
 
 
-@pytest.fixture
-def helm4() -> Helm:
-    from tests.support.helm import HelmUnavailable, ensure_helm
-    try:
-        return Helm(ensure_helm(4))
-    except HelmUnavailable as exc:
-        pytest.skip(f"helm 4 unavailable: {exc}")
+async def test_helm_install_upgrade_uninstall_with_the_charts_rbac(helm: Helm, cluster: LocalCluster, tmp_path: Path):
+    release = f"epd-h{helm.major}"
+    helm_on(helm, cluster, "install", release, str(OPERATOR_CHART), "-n", OPERATOR_NAMESPACE, "--create-namespace",
+            "--set", f"watchNamespaces={{{WORKLOAD_NAMESPACE}}}", "--wait=false")
+    system = view(cluster, OPERATOR_NAMESPACE, tmp_path)
+    crd = system.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME)
+    assert crd is not None, "helm install did not create the CRD from crds/"
+    wait_for(lambda: any(c["type"] == "Established" and c["status"] == "True"
+                         for c in (system.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME) or {})
+                         .get("status", {}).get("conditions", [])), 30, "the CRD was not established")
 
+    [deployment] = system.list("apps/v1", "Deployment", labels={"app.kubernetes.io/instance": release})
+    args, env = operator_args(deployment)
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    token = cluster.service_account_token(OPERATOR_NAMESPACE, account)
+    sa_kubeconfig = cluster.write_kubeconfig(tmp_path / "operator-kubeconfig", token, user=account)
 
-async def install_operator_chart(helm: Helm, kube_env: dict[str, str], *sets: str) -> list[dict[str, Any]]:
-    """`helm template epd-operator | kubectl apply`; returns what was applied."""
-    objects = [o for o in helm.template(OPERATOR_CHART, None, f"watchNamespaces={{{WORKLOAD_NAMESPACE}}}", *sets,
-                                        namespace=OPERATOR_NAMESPACE)
-               if o["kind"] != "Pod"]  # the `helm test` hook runs only under `helm test`
-    namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
-                  for n in (OPERATOR_NAMESPACE, WORKLOAD_NAMESPACE)]
-    # CRDs first, as `helm install` does with crds/: the custom type must exist before its objects.
-    crds = by_kind(objects, "CustomResourceDefinition")
-    await kubectl_apply(kube_env, namespaces + crds)
-    await kubectl_apply(kube_env, [o for o in objects if o not in crds])
-    return objects
+    ml = view(cluster, WORKLOAD_NAMESPACE, tmp_path)
+    if ml.get("v1", "Namespace", WORKLOAD_NAMESPACE) is None:
+        ml.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORKLOAD_NAMESPACE}})
+        volumes(ml, "ec-cache")
 
+    async with OperatorProcess(sa_kubeconfig, *args, env={**os.environ, **env}) as op:
+        await op.wait_for_role("leader")
+        helm_on(helm, cluster, "install", "my-vl", str(DEPLOYMENT_CHART), "-n", WORKLOAD_NAMESPACE, "-f", str(SCENARIO),
+                "--set", "fullnameOverride=my-vl")
+        await wait_until(lambda: epd_status(ml, "my-vl").get("phase") == "Ready", 90,
+                         lambda: f"{epd_status(ml, 'my-vl')}\n{op.output[-4000:]}")
+        tiers = {d["metadata"]["labels"]["serving.epd.dev/role"]: d for d in ml.list("apps/v1", "Deployment")
+                 if d["metadata"]["labels"].get("app.kubernetes.io/instance") == "my-vl"}
+        assert set(tiers) == {"encoder", "decode", "router"}
 
-async def test_both_charts_apply_into_the_api(helm4: Helm, apiserver, kube_env: dict[str, str]):
-    """Every scenario's EPDDeployment passes the served CRD's schema and CEL rules on apply."""
-    objects = await install_operator_chart(helm4, kube_env)
-    for obj in objects:
-        meta = obj["metadata"]
-        assert apiserver.get_object(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")), meta["name"]
-    for values in [None, *ci_values(DEPLOYMENT_CHART)]:
-        (epd,) = helm4.template(DEPLOYMENT_CHART, values, release="defaults", namespace=WORKLOAD_NAMESPACE)
-        out = await kubectl_apply(kube_env, [epd])
-        assert f"epddeployment.serving.epd.dev/{epd['metadata']['name']} created" in out
+        helm_on(helm, cluster, "upgrade", "my-vl", str(DEPLOYMENT_CHART), "-n", WORKLOAD_NAMESPACE, "-f", str(SCENARIO),
+                "--set", "fullnameOverride=my-vl", "--set", "decode.replicas=3")
+        await wait_until(lambda: epd_status(ml, "my-vl").get("tiers", {}).get("decode", {}).get("ready") == "3/3"
+                         and epd_status(ml, "my-vl").get("phase") == "Ready", 90, lambda: epd_status(ml, "my-vl"))
 
+        helm_on(helm, cluster, "uninstall", "my-vl", "-n", WORKLOAD_NAMESPACE)
+        await wait_until(lambda: not [d for d in ml.list("apps/v1", "Deployment")
+                                      if d["metadata"]["labels"].get("app.kubernetes.io/instance") == "my-vl"], 60,
+                         "the tiers were not garbage-collected after helm uninstall")
+        await wait_until(lambda: not ml.pods(**{"app.kubernetes.io/instance": "my-vl"}), 60, "pods left behind")
+        assert await op.stop() == 0, op.output
+    # The chart's RBAC covered everything the operator did.
+    assert "Forbidden" not in op.output and "forbidden" not in op.output, op.output[-4000:]
 
-@pytest.mark.timeout(180)
-async def test_helm_template_kubectl_apply_reconciles(helm4: Helm, apiserver,
-                                                      kube_env: dict[str, str], tmp_path: Path):
-    # Loopback ports picked now, passed through the chart's own values into the operator's flags.
-    health_port, metrics_port = free_port(), free_port()
-    operator_objects = await install_operator_chart(helm4, kube_env, f"health.port={health_port}",
-                                                    f"metrics.port={metrics_port}",
-                                                    "extraArgs={--bind-address=127.0.0.1}")
-    deployment = one(operator_objects, "Deployment")
-    argv, env = operator_command(deployment)
-    log = tmp_path / "operator.log"
-    with log.open("wb") as log_file:  # a file, not a pipe: nobody must have to drain it
-        operator = await asyncio.create_subprocess_exec(
-            *argv, env={**kube_env, **env}, stdout=log_file, stderr=subprocess.STDOUT)
-    try:
-        (epd,) = helm4.template(DEPLOYMENT_CHART, SCENARIO, "fullnameOverride=my-vl", namespace=WORKLOAD_NAMESPACE)
-        out = await kubectl_apply(kube_env, [epd])
-        assert "epddeployment.serving.epd.dev/my-vl created" in out
-
-        def tier_deployments() -> dict[str, dict[str, Any]]:
-            found = {d["metadata"]["labels"].get("serving.epd.dev/role"): d
-                     for d in apiserver.list_objects("apps/v1", "Deployment", WORKLOAD_NAMESPACE)}
-            return found if {"encoder", "decode", "router"} <= set(found) else {}
-
-        tiers = await wait_for(tier_deployments, "encoder, decode and router Deployments", operator, log)
-        assert "prefill" not in tiers, "E+PD must not get a prefill tier"
-        cr = apiserver.get_object("serving.epd.dev/v1alpha1", "EPDDeployment", "my-vl", WORKLOAD_NAMESPACE)
-        for tier in tiers.values():
-            (owner,) = tier["metadata"]["ownerReferences"]
-            assert (owner["kind"], owner["name"], owner["uid"]) == ("EPDDeployment", "my-vl", cr["metadata"]["uid"])
-
-        def reported_status() -> dict[str, Any] | None:
-            obj = apiserver.get_object("serving.epd.dev/v1alpha1", "EPDDeployment", "my-vl", WORKLOAD_NAMESPACE)
-            status = obj.get("status") or {}
-            return status if status.get("observedGeneration") == obj["metadata"]["generation"] else None
-
-        status = await wait_for(reported_status, "status.observedGeneration catching up", operator, log)
-        assert status["topology"] == "E+PD"
-
-        # What the kubelet and Prometheus would see on the ports the chart declares.
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        probe = container["livenessProbe"]["httpGet"]
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{health_port}{probe['path']}") as response:
-                assert response.status == 200
-            async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
-                assert response.status == 200 and "# TYPE" in await response.text()
-
-        # The `helm test` hook's own script, pointed at loopback instead of the in-cluster Service.
-        (hook,) = by_kind(helm4.template(OPERATOR_CHART, None, f"metrics.service.port={metrics_port}",
-                                         namespace=OPERATOR_NAMESPACE), "Pod")
-        script = hook["spec"]["containers"][0]["command"][-1]
-        service_url = f"http://{one(operator_objects, 'Service')['metadata']['name']}.{OPERATOR_NAMESPACE}.svc"
-        assert service_url in script
-        check = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", script.replace(service_url, "http://127.0.0.1"),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        out, _ = await check.communicate()
-        assert check.returncode == 0, out.decode()
-    finally:
-        if operator.returncode is None:
-            operator.terminate()
-            try:
-                await asyncio.wait_for(operator.wait(), timeout=15)
-            except asyncio.TimeoutError:
-                operator.kill()
-                await operator.wait()
+    helm_on(helm, cluster, "uninstall", release, "-n", OPERATOR_NAMESPACE)
+    assert not system.list("apps/v1", "Deployment", labels={"app.kubernetes.io/instance": release})
+    # Helm never deletes CRDs it installed from crds/ (documented in the README's upgrade section).
+    assert system.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME) is not None
+    listing = json.loads(helm_on(helm, cluster, "list", "-A", "-o", "json"))
+    assert [r["name"] for r in listing] == []

@@ -1,4 +1,4 @@
-"""The operator's API client and Lease elector against the API emulator."""
+"""The operator's API client and Lease elector against the real API server."""
 from __future__ import annotations
 
 import asyncio
@@ -9,31 +9,35 @@ import pytest
 
 from epd_operator.controller.kube import CHILD_RESOURCES, LEASE, ApiError, Kube
 from epd_operator.controller.leader import LeaseElector
-from tests.support.apiserver import StrictKubernetesEmulator
+from tests.support.cluster import KubeView
 
-NS = "default"
 CONFIGMAP = CHILD_RESOURCES["ConfigMap"]
 
 
 @pytest.fixture
-async def kube(apiserver_url: str) -> AsyncIterator[Kube]:
+def ns(kube: KubeView) -> KubeView:
+    return kube
+
+
+@pytest.fixture
+async def client(ns: KubeView) -> AsyncIterator[Kube]:
     writes: list[tuple[str, str]] = []
-    async with Kube(lambda: kopf.ConnectionInfo(server=apiserver_url, insecure=True),
-                    on_write=lambda verb, kind: writes.append((verb, kind))) as client:
-        client.writes = writes  # type: ignore[attr-defined]
-        yield client
+    async with Kube(ns.credentials, on_write=lambda verb, kind: writes.append((verb, kind))) as c:
+        c.writes = writes  # type: ignore[attr-defined]
+        yield c
 
 
-def configmap(name: str, **data: str) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS,
+def configmap(ns: KubeView, name: str, **data: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns.ns,
                                                                   "labels": {"app": "x"}}, "data": data}
 
 
-async def test_apply_list_and_delete(kube: Kube, apiserver: StrictKubernetesEmulator):
-    created = await kube.apply(configmap("a", k="1"))
+async def test_apply_list_and_delete(client: Kube, ns: KubeView):
+    kube, NS = client, ns.ns
+    created = await kube.apply(configmap(ns, "a", k="1"))
     assert created["data"] == {"k": "1"}
     assert [e["manager"] for e in created["metadata"]["managedFields"]] == ["epd-operator"]
-    await kube.apply(configmap("b"))
+    await kube.apply(configmap(ns, "b"))
     listed = await kube.list(CONFIGMAP, NS, labels={"app": "x"})
     assert sorted(o["metadata"]["name"] for o in listed) == ["a", "b"]
     assert all(o["kind"] == "ConfigMap" and o["apiVersion"] == "v1" for o in listed)  # complete objects
@@ -45,28 +49,48 @@ async def test_apply_list_and_delete(kube: Kube, apiserver: StrictKubernetesEmul
                            ("DELETE", "ConfigMap"), ("DELETE", "ConfigMap")]
 
 
-async def test_errors_carry_the_servers_message(kube: Kube):
+async def test_errors_carry_the_servers_message(client: Kube, ns: KubeView):
     with pytest.raises(ApiError) as caught:
-        await kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Bad_Name", "namespace": NS}})
+        await client.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Bad_Name", "namespace": ns.ns}})
     assert caught.value.status == 422 and "Bad_Name" in str(caught.value)
+    with pytest.raises(ApiError) as unknown:  # strict field validation: a typo is an error, not silently dropped
+        await client.apply({**configmap(ns, "c"), "dataa": {"k": "v"}})
+    assert unknown.value.status == 400 and 'unknown field "dataa"' in str(unknown.value)
 
 
-async def test_an_expired_token_is_renewed_once(kube: Kube, apiserver: StrictKubernetesEmulator):
-    apiserver.inject_failure("GET", r"/configmaps/c$", code=401, times=1)
-    assert await kube.get(CONFIGMAP, NS, "c") is None
-    apiserver.inject_failure("GET", r"/configmaps/c$", code=401, times=2)
-    with pytest.raises(ApiError, match="401"):
-        await kube.get(CONFIGMAP, NS, "c")
+async def test_a_dry_run_apply_persists_nothing_and_is_not_counted_as_a_write(client: Kube, ns: KubeView):
+    answer = await client.apply(configmap(ns, "d", k="1"), dry_run=True)
+    assert answer["data"] == {"k": "1"}
+    assert await client.get(CONFIGMAP, ns.ns, "d") is None
+    assert client.writes == []  # type: ignore[attr-defined]
 
 
-async def test_only_one_of_racing_candidates_wins_and_the_other_waits_for_expiry(kube: Kube,
-                                                                               apiserver: StrictKubernetesEmulator):
+async def test_a_refused_token_is_renewed_once(ns: KubeView):
+    # Service-account tokens rotate: on a 401 the client logs in again, once.
+    logins = []
+
+    def credentials(tokens=iter(["expired-token", ns.cluster.admin_token, "expired-again"])) -> kopf.ConnectionInfo:
+        token = next(tokens)
+        logins.append(token)
+        return kopf.ConnectionInfo(server=ns.url, ca_path=str(ns.cluster.pki / "ca.crt"), token=token)
+
+    async with Kube(credentials) as client:
+        assert await client.get(CONFIGMAP, ns.ns, "c") is None  # 401 with the stale token, then 404 with the new
+        assert logins == ["expired-token", ns.cluster.admin_token]
+    async with Kube(lambda: kopf.ConnectionInfo(server=ns.url, ca_path=str(ns.cluster.pki / "ca.crt"),
+                                                token="wrong")) as client:
+        with pytest.raises(ApiError, match="401"):
+            await client.get(CONFIGMAP, ns.ns, "c")
+
+
+async def test_only_one_of_racing_candidates_wins_and_the_other_waits_for_expiry(client: Kube, ns: KubeView):
+    kube, NS = client, ns.ns
     a = LeaseElector(kube, NS, "race", "a", lease_duration=1.0)
     b = LeaseElector(kube, NS, "race", "b", lease_duration=1.0)
     results = await asyncio.gather(a._try_acquire_or_renew(), b._try_acquire_or_renew())
     assert sorted(results) == [False, True]
     winner, loser = (a, b) if results[0] else (b, a)
-    assert apiserver.get_object(LEASE.api_version, "Lease", "race", NS)["spec"]["holderIdentity"] == winner.identity
+    assert ns.get(LEASE.api_version, "Lease", "race")["spec"]["holderIdentity"] == winner.identity
     assert await loser._try_acquire_or_renew() is False  # freshly renewed: not expired
     assert await winner._try_acquire_or_renew() is True  # renewals keep it
     # The winner stops renewing (a crash). Expiry is measured on the candidate's own clock, from
@@ -74,11 +98,12 @@ async def test_only_one_of_racing_candidates_wins_and_the_other_waits_for_expiry
     assert await loser._try_acquire_or_renew() is False
     await asyncio.sleep(1.1)
     assert await loser._try_acquire_or_renew() is True
-    lease = apiserver.get_object(LEASE.api_version, "Lease", "race", NS)["spec"]
+    lease = ns.get(LEASE.api_version, "Lease", "race")["spec"]
     assert (lease["holderIdentity"], lease["leaseTransitions"]) == (loser.identity, 1)
 
 
-async def test_a_released_lease_is_taken_at_once(kube: Kube):
+async def test_a_released_lease_is_taken_at_once(client: Kube, ns: KubeView):
+    kube, NS = client, ns.ns
     a = LeaseElector(kube, NS, "handover", "a", lease_duration=30.0)
     b = LeaseElector(kube, NS, "handover", "b", lease_duration=30.0)
     await asyncio.wait_for(a.acquire(), 5)

@@ -1,55 +1,81 @@
-"""What a user sees with kubectl: `kubectl get epd` columns and `kubectl describe epd` conditions and
-events, against the API emulator with the real CRD and the operator running."""
+"""What a user sees with the real kubectl against the real API server, the operator running:
+`kubectl get epd` columns (the CRD's printer columns, as the server's Table), `kubectl get epd -w`,
+and `kubectl describe epd` conditions and events."""
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import AsyncIterator
 
 import pytest
 import yaml
 
-from tests.support.apiserver import StrictKubernetesEmulator
-from tests.support.kubectl import kubectl, needs_kubectl
-from tests.support.operator_run import NS, epd_crd, epd_doc, observed, operator_in_process, phase, posted, set_deployment_ready
+from tests.support.cluster import KubeView, volumes
+from tests.support.operator_run import epd_doc, observed, operator_in_process, phase, posted, wait_until
 from tests.support.render_examples import NIXL_AUTOSCALED
-
-pytestmark = needs_kubectl
 
 
 @pytest.fixture
-async def cluster(apiserver: StrictKubernetesEmulator, apiserver_url: str) -> AsyncIterator[StrictKubernetesEmulator]:
-    apiserver.create_object(epd_crd())
-    async with operator_in_process(apiserver_url, "--namespace", NS, "--no-leader-election"):
-        yield apiserver
+async def ns(kube: KubeView) -> AsyncIterator[KubeView]:
+    volumes(kube, "ec-cache", "models")
+    async with operator_in_process(kube, "--namespace", kube.ns, "--no-leader-election", "--resync-seconds", "0.5"):
+        yield kube
 
 
-async def test_kubectl_get_shows_topology_tiers_and_phase(cluster, apiserver_url, kube_env):
-    out = await kubectl(kube_env, "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump(epd_doc(NIXL_AUTOSCALED)))
+async def test_kubectl_get_shows_topology_tiers_and_phase(ns):
+    out = ns.kubectl("apply", "-f", "-", input=yaml.safe_dump(epd_doc(NIXL_AUTOSCALED))).stdout
     assert "epddeployment.serving.epd.dev/vl created" in out
-    await observed(cluster, 1)
+    await observed(ns, 1)
 
-    header, row = (await kubectl(kube_env, "get", "epd")).splitlines()[:2]
+    header = ns.kubectl("get", "epd").stdout.splitlines()[0]
     assert header.split() == ["NAME", "TOPOLOGY", "ENCODER", "PREFILL", "DECODE", "PHASE", "AGE"]
-    assert row.split()[:6] == ["vl", "E/P/D", "0/1", "0/2", "0/2", "Progressing"]
-    assert re.fullmatch(r"\d+[smhd]", row.split()[6])  # the CRD's own Age column, as an age
-
-    for name in ("vl-encoder", "vl-prefill", "vl-decode", "vl-router"):
-        await set_deployment_ready(apiserver_url, NS, name)
-    await phase(cluster, "Ready")
-    wide = (await kubectl(kube_env, "get", "epd", "-o", "wide")).splitlines()
+    await phase(ns, "Ready", timeout=60)
+    row = ns.kubectl("get", "epd").stdout.splitlines()[1].split()
+    assert row[:6] == ["vl", "E/P/D", "2/2", "2/2", "2/2", "Ready"]
+    assert re.fullmatch(r"\d+[smhd]", row[6])  # the CRD's own Age column, as an age
+    wide = ns.kubectl("get", "epd", "-o", "wide").stdout.splitlines()
     assert wide[0].split()[:8] == ["NAME", "TOPOLOGY", "ENCODER", "PREFILL", "DECODE", "PHASE", "ENDPOINT", "MODEL"]
-    assert wide[1].split()[:8] == ["vl", "E/P/D", "1/1", "2/2", "2/2", "Ready", "http://vl.default.svc",
+    assert wide[1].split()[:8] == ["vl", "E/P/D", "2/2", "2/2", "2/2", "Ready", f"http://vl.{ns.ns}.svc",
                                    "Qwen/Qwen2.5-VL-7B-Instruct"]
 
 
-async def test_kubectl_describe_shows_conditions_and_events(cluster, apiserver_url, kube_env):
-    await kubectl(kube_env, "apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump(epd_doc()))
-    await observed(cluster, 1)
-    await posted(cluster, "Normal", "Applied")
-    text = await kubectl(kube_env, "describe", "epd", "vl")
+async def test_kubectl_get_watch_goes_progressing_to_ready(ns):
+    argv = [str(ns.cluster.bin / "kubectl"), "--kubeconfig", str(ns.kubeconfig), "get", "epd", "-w",
+            "--output-watch-events", "--request-timeout=60s"]
+    watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ns.kubectl("apply", "-f", "-", input=yaml.safe_dump(epd_doc()))
+        await phase(ns, "Ready", timeout=60)
+    finally:
+        watch.terminate()
+        out, _ = watch.communicate(timeout=10)
+    phases = [line.split()[6] for line in out.splitlines() if line.split()[:2] in (["ADDED", "vl"], ["MODIFIED", "vl"])
+              and len(line.split()) > 6]
+    assert "Progressing" in phases and phases[-1] == "Ready", out
+    assert phases.index("Progressing") < phases.index("Ready"), out
+
+
+async def test_kubectl_describe_shows_conditions_and_events(ns):
+    ns.kubectl("apply", "-f", "-", input=yaml.safe_dump(epd_doc()))
+    await observed(ns, 1)
+    await posted(ns, "Normal", "Applied")
+    await phase(ns, "Ready", timeout=60)
+    await posted(ns, "Normal", "Ready")
+    text = ns.kubectl("describe", "epd", "vl").stdout
     conditions = text[text.index("Conditions:"):]
     for field, value in (("Type", "Ready"), ("Type", "Progressing"), ("Type", "Degraded"), ("Type", "SpecValid"),
-                         ("Reason", "RollingOut"), ("Message", "rolling out: encoder 0/1")):
-        assert re.search(rf"{field}:\s+{value}", conditions), (field, value)
+                         ("Reason", "AllTiersReady"), ("Message", "every tier has its pods ready")):
+        assert re.search(rf"{field}:\s+{value}", conditions), (field, value, conditions)
     events = text[text.index("Events:"):]
     assert re.search(r"Normal\s+Applied\s+\S+\s+epd-operator\s+.*Deployment vl-encoder created", events), events
+    assert re.search(r"Normal\s+Ready\s+\S+\s+epd-operator\s+every tier has its pods ready", events), events
+
+
+async def test_kubectl_apply_of_a_bad_spec_names_the_field(ns):
+    doc = epd_doc()
+    doc["spec"]["kvTransfer"] = {"connector": "Nixl"}
+    result = ns.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert result.returncode == 1
+    assert 'The EPDDeployment "vl" is invalid: spec.kvTransfer: Forbidden: kvTransfer moves KV from prefill to decode' \
+        in result.stderr, result.stderr
+    await wait_until(lambda: ns.kubectl("get", "epd", "-o", "name").stdout == "", 5)

@@ -1,139 +1,98 @@
-"""Router discovery through EndpointSlices served by the API emulator: endpoints appear,
-become unready, disappear; only ready ones get traffic; pod names label the HPA metric."""
+"""Router discovery from REAL EndpointSlices: the rendered headless Services and Deployments are
+applied to the real control plane, kwok runs their pods, the endpointslice controller builds the
+slices, and the router's discovery follows them (scale-up, a pod turning unready, scale-down).
 
+The pods' addresses come from kwok's pod CIDR and are only read: health checks are off and no
+request is sent, since traffic here may only go to 127.0.0.0/8 (routing itself is tested with
+loopback backends in tests/unit/test_router_*).
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiohttp
-import orjson
-
+from epd_operator.api.validation import parse_epd
+from epd_operator.render import render
 from epd_operator.router.config import RouterConfig
 from epd_operator.router.server import Router
-from tests.support.fake_vllm import FakeVLLM
+from tests.support.cluster import KubeView, volumes
+from tests.support.operator_run import epd_doc, wait_until
 from tests.support.router_stack import serve_router
 
-NS = "default"
-ENC_SEL = "serving.epd.dev/role=encoder,app.kubernetes.io/instance=vl"
-DEC_SEL = "serving.epd.dev/role=decode,app.kubernetes.io/instance=vl"
-SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
-IMG = {"type": "image_url", "image_url": {"url": "https://img/a.png"}}
 
-
-def endpoint_slice(name: str, role: str, port: int, endpoints: list[tuple[str, str, bool | None]], instance: str = "vl") -> dict:
-    """endpoints: (address, pod name, ready) — ready None leaves the condition unset."""
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "labels": {"serving.epd.dev/role": role, "app.kubernetes.io/instance": instance, "kubernetes.io/service-name": f"{instance}-{role}"},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "metrics", "port": 9999, "protocol": "TCP"}, {"name": "http", "port": port, "protocol": "TCP"}],
-        "endpoints": [
-            {
-                "addresses": [addr],
-                "conditions": {} if ready is None else {"ready": ready},
-                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
-            }
-            for addr, pod, ready in endpoints
-        ],
-    }
-
-
-def port_of(fake: FakeVLLM) -> int:
-    return int(fake.url.rsplit(":", 1)[1])
+def rendered(kube: KubeView) -> dict[tuple[str, str], dict]:
+    volumes(kube, "ec-cache")
+    doc = epd_doc(namespace=kube.ns)
+    objects = render(parse_epd(doc))
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
 @asynccontextmanager
-async def discovering_router(kubeconfig, **extra):
-    cfg = RouterConfig(
-        discovery="kubernetes",
-        kubeconfig=str(kubeconfig),
-        namespace=NS,
-        encoder_selector=ENC_SEL,
-        decode_selector=DEC_SEL,
-        health_interval=0,
-        **extra,
-    )
+async def discovering_router(kube: KubeView, objects: dict, **extra) -> AsyncIterator[Router]:
+    router_args = objects[("Deployment", "vl-router")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    selector = {flag: router_args[i + 1] for i, flag in enumerate(router_args) if flag.endswith("-selector")}
+    cfg = RouterConfig(discovery="kubernetes", kubeconfig=str(kube.kubeconfig), namespace=kube.ns,
+                       encoder_selector=selector["--encoder-selector"], decode_selector=selector["--decode-selector"],
+                       health_interval=0, **extra)
     router = Router(cfg)
-    runner, url = await serve_router(router)
+    runner, _url = await serve_router(router)
     try:
-        async with aiohttp.ClientSession() as session:
-            yield router, url, session
+        yield router
     finally:
         await runner.cleanup()
 
 
 def pool_view(pool) -> dict[str, tuple[str, bool]]:
-    return {ep.url: (ep.pod, ep.available) for ep in pool.endpoints.values()}
+    return {ep.pod: (ep.url, ep.available) for ep in pool.endpoints.values()}
 
 
-async def patch_slice(apiserver_url: str, name: str, patch: dict) -> None:
-    async with aiohttp.ClientSession() as s:
-        async with s.patch(f"{apiserver_url}{SLICES}/{name}", data=orjson.dumps(patch),
-                           headers={"Content-Type": "application/merge-patch+json"}) as r:
-            assert r.status == 200, await r.text()
+def pod_urls(kube: KubeView, role: str, port: int = 8000) -> dict[str, str]:
+    return {p["metadata"]["name"]: f"http://{p['status']['podIP']}:{port}"
+            for p in kube.pods(**{"serving.epd.dev/role": role}) if p.get("status", {}).get("podIP")}
 
 
-async def test_router_follows_endpointslices_and_routes_only_to_ready_endpoints(apiserver, apiserver_url, kubeconfig):
-    async with FakeVLLM("encoder", "e0") as e0, FakeVLLM("encoder", "e1") as e1, FakeVLLM("pd", "d0") as d0:
-        apiserver.create_object(endpoint_slice("vl-encoder-a", "encoder", port_of(e0), [("127.0.0.1", "vl-encoder-0", True)]))
-        apiserver.create_object(endpoint_slice("vl-decode-a", "decode", port_of(d0), [("127.0.0.1", "vl-decode-0", None)]))
-        # Another deployment's slice: same role label, other instance — never ours.
-        apiserver.create_object(endpoint_slice("other-encoder", "encoder", 1, [("127.0.0.9", "other-0", True)], instance="other"))
-        async with discovering_router(kubeconfig) as (router, url, session):
-            assert pool_view(router.encoders) == {e0.url: ("vl-encoder-0", True)}
-            assert pool_view(router.decodes) == {d0.url: ("vl-decode-0", True)}  # unset ready counts as ready
+async def test_router_follows_the_endpointslices_the_controller_builds(kube):
+    objects = rendered(kube)
+    for key in (("Service", "vl-encoder"), ("Service", "vl-decode"), ("Deployment", "vl-encoder"), ("Deployment", "vl-decode")):
+        kube.apply(objects[key])
+    # Another deployment's encoder in the same namespace: same role label, other instance.
+    other = {**objects[("Service", "vl-encoder")], "metadata": {**objects[("Service", "vl-encoder")]["metadata"],
+                                                               "name": "other-encoder"}}
+    other["metadata"]["labels"] = {**other["metadata"]["labels"], "app.kubernetes.io/instance": "other"}
+    kube.apply(other)
 
-            async def ask() -> int:
-                body = {"model": "m", "messages": [{"role": "user", "content": [IMG]}]}
-                async with session.post(url + "/v1/chat/completions", data=orjson.dumps(body)) as r:
-                    return r.status
+    await wait_until(lambda: len(pod_urls(kube, "decode")) == 2 and len(pod_urls(kube, "encoder")) == 1, 60,
+                     lambda: [p["status"] for p in kube.pods()])
+    async with discovering_router(kube, objects) as router:
+        await wait_until(lambda: pool_view(router.encoders) == {p: (u, True) for p, u in pod_urls(kube, "encoder").items()},
+                         30, lambda: (pool_view(router.encoders), pod_urls(kube, "encoder")))
+        await wait_until(lambda: pool_view(router.decodes) == {p: (u, True) for p, u in pod_urls(kube, "decode").items()},
+                         30, lambda: (pool_view(router.decodes), pod_urls(kube, "decode")))
 
-            assert await ask() == 200 and len(e0.received) == 1
+        # Scale-up: a second encoder pod appears in the slice.
+        kube.kubectl("scale", "deployment/vl-encoder", "--replicas=2")
+        await wait_until(lambda: len(router.encoders.available) == 2, 60, lambda: pool_view(router.encoders))
+        assert set(pool_view(router.encoders)) == set(pod_urls(kube, "encoder"))
 
-            # A second encoder appears (scale-up), as its own slice.
-            apiserver.create_object(endpoint_slice("vl-encoder-b", "encoder", port_of(e1), [("127.0.0.1", "vl-encoder-1", True)]))
-            await apiserver.wait_for(lambda: e1.url in router.encoders.endpoints)
+        # A pod turns unready: it stays known but gets no work.
+        first = sorted(pod_urls(kube, "encoder"))[0]
+        kube.set_pod_ready(first, False)
+        await wait_until(lambda: pool_view(router.encoders).get(first, ("", True))[1] is False, 30,
+                         lambda: pool_view(router.encoders))
+        assert [ep.pod for ep in router.encoders.available] == [p for p in pod_urls(kube, "encoder") if p != first]
 
-            # e0's pod turns unready: it keeps its place but gets no work.
-            await patch_slice(apiserver_url, "vl-encoder-a", {"endpoints": [
-                {"addresses": ["127.0.0.1"], "conditions": {"ready": False}, "targetRef": {"kind": "Pod", "name": "vl-encoder-0"}}]})
-            await apiserver.wait_for(lambda: not router.encoders.endpoints[e0.url].available)
-            assert [ep.url for ep in router.encoders.available] == [e1.url]
-            assert await ask() == 200 and (len(e0.received), len(e1.received)) == (1, 1)
-
-            # The HPA metric carries the pod name from the slice's targetRef.
-            async with session.get(url + "/metrics") as r:
-                text = (await r.read()).decode()
-            assert f'epd_router_endpoint_inflight{{endpoint="127.0.0.1:{port_of(e1)}",pod="vl-encoder-1",role="encoder"}} 0.0' in text
-
-            # Both encoder slices disappear: requests still succeed, media goes raw to PD.
-            apiserver.delete_object("discovery.k8s.io/v1", "EndpointSlice", "vl-encoder-a", NS)
-            apiserver.delete_object("discovery.k8s.io/v1", "EndpointSlice", "vl-encoder-b", NS)
-            await apiserver.wait_for(lambda: not router.encoders.endpoints)
-            assert await ask() == 200
-            assert d0.bodies()[-1]["messages"][0]["content"][0]["type"] == "image_url"
-
-            # Decode disappears: the router says it cannot serve.
-            apiserver.delete_object("discovery.k8s.io/v1", "EndpointSlice", "vl-decode-a", NS)
-            await apiserver.wait_for(lambda: not router.decodes.endpoints)
-            async with session.get(url + "/health") as r:
-                assert r.status == 503
-            assert await ask() == 503
+        # The decode tier goes away: the router says it cannot serve.
+        kube.delete("apps/v1", "Deployment", "vl-decode")
+        await wait_until(lambda: not router.decodes.endpoints, 60, lambda: pool_view(router.decodes))
 
 
-async def test_mooncake_consumer_address_comes_from_the_pod_ip(apiserver, kubeconfig):
-    apiserver.create_object(endpoint_slice("vl-decode-a", "decode", 8000, [("10.1.2.3", "vl-decode-0", True)]))
-    async with discovering_router(kubeconfig, ec_consumer_port=14579) as (router, _url, _session):
-        [ep] = router.decodes.endpoints.values()
-        assert (ep.url, ep.ec_zmq, ep.pod) == ("http://10.1.2.3:8000", "tcp://10.1.2.3:14579", "vl-decode-0")
-
-
-async def test_a_watch_ended_by_the_server_is_resumed(apiserver, kubeconfig):
-    apiserver.create_object(endpoint_slice("vl-decode-a", "decode", 8000, [("10.0.0.1", "d-0", True)]))
-    async with discovering_router(kubeconfig) as (router, _url, _session):
-        apiserver.stop_watches()  # as an API server does when timeoutSeconds runs out
-        apiserver.create_object(endpoint_slice("vl-decode-b", "decode", 8000, [("10.0.0.2", "d-1", True)]))
-        await apiserver.wait_for(lambda: len(router.decodes.available) == 2)
+async def test_mooncake_consumer_address_comes_from_the_pod_ip(kube):
+    objects = rendered(kube)
+    kube.apply(objects[("Service", "vl-decode")])
+    kube.apply(objects[("Deployment", "vl-decode")])
+    await wait_until(lambda: len(pod_urls(kube, "decode")) == 2, 60)
+    async with discovering_router(kube, objects, ec_consumer_port=14579) as router:
+        await wait_until(lambda: len(router.decodes.endpoints) == 2, 30)
+        ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in kube.pods(**{"serving.epd.dev/role": "decode"})}
+        assert {(ep.pod, ep.url, ep.ec_zmq) for ep in router.decodes.endpoints.values()} == {
+            (pod, f"http://{ip}:8000", f"tcp://{ip}:14579") for pod, ip in ips.items()}

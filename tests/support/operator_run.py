@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from epd_operator.controller.metrics import Metrics
 from tests.support.render_examples import SHARED_STORAGE, example_document
 
 if TYPE_CHECKING:
-    from tests.support.apiserver import StrictKubernetesEmulator
+    from tests.support.cluster import KubeView
 
 
 def free_port() -> int:
@@ -158,7 +158,8 @@ async def wait_until(condition: Any, timeout: float = 15.0, message: Any = "cond
 
 
 @contextlib.asynccontextmanager
-async def operator_in_process(server_url: str, *args: str, metrics: Metrics | None = None) -> AsyncIterator[Metrics]:
+async def operator_in_process(kube: KubeView | Callable[[], kopf.ConnectionInfo], *args: str,
+                              metrics: Metrics | None = None) -> AsyncIterator[Metrics]:
     """The operator's `run()` in this process (kopf in-process), stopped on exit.
 
     It gets a thread and an event loop of its own: when kopf stops it cancels every task created
@@ -168,14 +169,14 @@ async def operator_in_process(server_url: str, *args: str, metrics: Metrics | No
     options: Options = parse_args([*args, "--bind-address", "127.0.0.1", "--liveness-port", str(free_port()),
                                    "--metrics-port", str(free_port())])
     metrics = metrics or Metrics()
+    credentials = kube if callable(kube) else kube.credentials
     started: asyncio.Future[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = asyncio.get_running_loop().create_future()
     caller = asyncio.get_running_loop()
 
     async def operator_main() -> int:
         stop = asyncio.Event()
         caller.call_soon_threadsafe(started.set_result, (asyncio.get_running_loop(), stop))
-        return await run(options, stop=stop, metrics=metrics,
-                         credentials=lambda: kopf.ConnectionInfo(server=server_url, insecure=True))
+        return await run(options, stop=stop, metrics=metrics, credentials=credentials)
 
     thread = asyncio.ensure_future(asyncio.to_thread(asyncio.run, operator_main()))
     loop, stop = await asyncio.wait_for(started, 10)
@@ -186,82 +187,21 @@ async def operator_in_process(server_url: str, *args: str, metrics: Metrics | No
         assert await asyncio.wait_for(thread, 30) == 0
 
 
-# ----------------------------------------------------------------------------- the cluster side
-# What a real cluster's controllers would do around the operator (no kubelet or deployment
-# controller runs against the emulator), through its HTTP API.
-
-REPO = Path(__file__).resolve().parents[2]
-CRD_FILE = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
-EPD_API = "serving.epd.dev/v1alpha1"
-NS = "default"
-
-
-def epd_crd() -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(CRD_FILE.read_text(encoding="utf-8"))
-
-
-def relaxed_epd_crd() -> dict[str, Any]:
-    """The CRD with its spec schema switched off: a cluster whose CRD is older than the operator,
-    the one way a spec the operator refuses can reach it."""
-    crd = epd_crd()
-    version = crd["spec"]["versions"][0]
-    schema = version["schema"]["openAPIV3Schema"]
-    schema["properties"]["spec"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    schema.pop("x-kubernetes-validations", None)
-    return crd
-
-
-async def api_request(server_url: str, method: str, path: str, body: Any = None, *,
-                      content_type: str = "application/merge-patch+json", manager: str = "test") -> tuple[int, Any]:
-    """One request to the API as client `manager` (the emulator names field managers by user agent)."""
-    headers = {"Content-Type": content_type, "User-Agent": f"{manager}/v0"}
-    async with aiohttp.ClientSession() as session:
-        async with session.request(method, server_url + path, data=None if body is None else json.dumps(body),
-                                   headers=headers) as resp:
-            text = await resp.text()
-            return resp.status, (json.loads(text) if text else None)
-
-
-def deployment_path(namespace: str, name: str, sub: str = "") -> str:
-    return f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}" + (f"/{sub}" if sub else "")
-
-
-async def set_deployment_ready(server_url: str, namespace: str, name: str, ready: int | None = None,
-                               *, generation: int | None = None, **extra: Any) -> None:
-    """What the deployment controller and kubelets report once `ready` pods (default: all) run
-    the latest template: observedGeneration, replicas, updated/ready/available counts."""
-    status, dep = await api_request(server_url, "GET", deployment_path(namespace, name))
-    assert status == 200, dep
-    desired = dep["spec"].get("replicas", 1)
-    ready = desired if ready is None else ready
-    st = {"observedGeneration": generation or dep["metadata"]["generation"], "replicas": desired,
-          "updatedReplicas": desired, "readyReplicas": ready, "availableReplicas": ready, **extra}
-    status, body = await api_request(server_url, "PATCH", deployment_path(namespace, name, "status"), {"status": st},
-                                     manager="kube-controller-manager")
-    assert status == 200, body
-
-
-async def scale_deployment(server_url: str, namespace: str, name: str, replicas: int,
-                           manager: str = "kube-controller-manager") -> None:
-    """Scale through the /scale subresource, as the HPA controller (or `kubectl scale`) does."""
-    status, body = await api_request(server_url, "PATCH", deployment_path(namespace, name, "scale"),
-                                     {"spec": {"replicas": replicas}}, manager=manager)
-    assert status == 200, body
-
-
 # ----------------------------------------------------------------------------- EPDDeployments in tests
+# Reads and writes go to the real API server of ``tests/support/cluster.py`` through a KubeView.
+
+EPD_API = "serving.epd.dev/v1alpha1"
 
 CHILD_KINDS = [("v1", "ConfigMap"), ("v1", "Service"), ("v1", "ServiceAccount"), ("apps/v1", "Deployment"),
                ("autoscaling/v2", "HorizontalPodAutoscaler"), ("policy/v1", "PodDisruptionBudget"),
                ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding")]
 
 
-def epd_doc(example: str = SHARED_STORAGE, name: str = "vl", **spec_changes: Any) -> dict[str, Any]:
-    """An example EPDDeployment in the test namespace; `spec_changes` set top-level spec fields."""
+def epd_doc(example: str = SHARED_STORAGE, name: str = "vl", namespace: str | None = None,
+            **spec_changes: Any) -> dict[str, Any]:
+    """An example EPDDeployment; `spec_changes` set top-level spec fields (None removes one)."""
     doc = copy.deepcopy(example_document(example))
-    doc["metadata"] = {"name": name, "namespace": NS}
+    doc["metadata"] = {"name": name, **({"namespace": namespace} if namespace else {})}
     for key, value in spec_changes.items():
         if value is None:
             doc["spec"].pop(key, None)
@@ -270,39 +210,42 @@ def epd_doc(example: str = SHARED_STORAGE, name: str = "vl", **spec_changes: Any
     return doc
 
 
-def children(apiserver: StrictKubernetesEmulator, name: str = "vl") -> dict[tuple[str, str], dict[str, Any]]:
+def epd_path(kube: KubeView, name: str = "vl") -> str:
+    return f"/apis/{EPD_API}/namespaces/{kube.ns}/epddeployments/{name}"
+
+
+def children(kube: KubeView, name: str = "vl") -> dict[tuple[str, str], dict[str, Any]]:
     found = {}
     for api_version, kind in CHILD_KINDS:
-        for obj in apiserver.list_objects(api_version, kind, NS):
-            if obj["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == name:
-                found[(kind, obj["metadata"]["name"])] = obj
+        for obj in kube.list(api_version, kind, labels={"app.kubernetes.io/instance": name}):
+            found[(kind, obj["metadata"]["name"])] = obj
     return found
 
 
-def epd(apiserver: StrictKubernetesEmulator, name: str = "vl") -> dict[str, Any]:
-    obj = apiserver.get_object(EPD_API, "EPDDeployment", name, NS)
-    assert obj is not None
+def epd(kube: KubeView, name: str = "vl") -> dict[str, Any]:
+    obj = kube.get(EPD_API, "EPDDeployment", name)
+    assert obj is not None, f"EPDDeployment {name} is gone"
     return obj
 
 
-def deployment(apiserver: StrictKubernetesEmulator, name: str) -> dict[str, Any] | None:
-    return apiserver.get_object("apps/v1", "Deployment", name, NS)
+def deployment(kube: KubeView, name: str) -> dict[str, Any] | None:
+    return kube.get("apps/v1", "Deployment", name)
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
 
 
-def events(apiserver: StrictKubernetesEmulator, name: str = "vl") -> list[tuple[str, str, str]]:
-    return [(e["type"], e["reason"], e["message"]) for e in apiserver.list_objects("v1", "Event", NS)
-            if e["involvedObject"]["name"] == name and e["involvedObject"]["kind"] == "EPDDeployment"]
+def events(kube: KubeView, name: str = "vl") -> list[tuple[str, str, str]]:
+    return [(e["type"], e["reason"], e["message"]) for e in kube.events(kind="EPDDeployment", name=name)]
 
 
-async def posted(apiserver: StrictKubernetesEmulator, type_: str, reason: str, text: str = "", name: str = "vl") -> str:
+async def posted(kube: KubeView, type_: str, reason: str, text: str = "", name: str = "vl",
+                 timeout: float = 20) -> str:
     """Wait for an Event about the EPDDeployment (posted right after the change it reports)."""
     def find() -> str | None:
-        return next((m for t, r, m in events(apiserver, name) if (t, r) == (type_, reason) and text in m), None)
-    await wait_until(find, 10, lambda: f"no {type_} {reason} event with {text!r}: {events(apiserver, name)}")
+        return next((m for t, r, m in events(kube, name) if (t, r) == (type_, reason) and text in m), None)
+    await wait_until(find, timeout, lambda: f"no {type_} {reason} event with {text!r}: {events(kube, name)}")
     return find() or ""
 
 
@@ -310,38 +253,40 @@ def full_passes(metrics: Metrics) -> float:
     return metric_value(metrics.exposition().decode(), "epd_operator_reconciles_total", kind="full")
 
 
+def writes(metrics: Metrics) -> float:
+    """Mutating requests the operator sent (Lease renewals included when leader election is on)."""
+    return metric_value(metrics.exposition().decode(), "epd_operator_api_writes_total")
+
+
 async def resyncs(metrics: Metrics, count: int = 3) -> None:
     """Wait until the operator has made `count` more full passes (timer-driven resyncs)."""
     target = full_passes(metrics) + count
-    await wait_until(lambda: full_passes(metrics) >= target, 15, f"fewer than {count} resync passes")
+    await wait_until(lambda: full_passes(metrics) >= target, 20, f"fewer than {count} resync passes")
 
 
-async def create(url: str, doc: dict[str, Any]) -> dict[str, Any]:
-    status, body = await api_request(url, "POST", f"/apis/{EPD_API}/namespaces/{NS}/epddeployments", doc,
-                                     content_type="application/json", manager="kubectl")
-    assert status == 201, body
-    return body
+async def create(kube: KubeView, doc: dict[str, Any]) -> dict[str, Any]:
+    return dict(kube.ok("POST", f"/apis/{EPD_API}/namespaces/{kube.ns}/epddeployments", doc,
+                        content_type="application/json"))
 
 
-async def patch_spec(url: str, spec: dict[str, Any], name: str = "vl") -> dict[str, Any]:
-    status, body = await api_request(url, "PATCH", f"/apis/{EPD_API}/namespaces/{NS}/epddeployments/{name}",
-                                     {"spec": spec}, manager="kubectl")
-    assert status == 200, body
-    return body
+async def patch_spec(kube: KubeView, spec: dict[str, Any], name: str = "vl") -> dict[str, Any]:
+    return dict(kube.ok("PATCH", epd_path(kube, name), {"spec": spec}))
 
 
-async def phase(apiserver: StrictKubernetesEmulator, expected: str, name: str = "vl") -> None:
-    await wait_until(lambda: epd(apiserver, name).get("status", {}).get("phase") == expected, 10,
-                     lambda: f"phase never became {expected}: {epd(apiserver, name).get('status')}")
+async def phase(kube: KubeView, expected: str, name: str = "vl", timeout: float = 30) -> None:
+    await wait_until(lambda: epd(kube, name).get("status", {}).get("phase") == expected, timeout,
+                     lambda: f"phase never became {expected}: {epd(kube, name).get('status')}")
 
 
-async def observed(apiserver: StrictKubernetesEmulator, generation: int, name: str = "vl") -> None:
+async def observed(kube: KubeView, generation: int, name: str = "vl") -> None:
     """Wait until the operator has reconciled `generation` of the EPDDeployment (it writes status last)."""
-    await wait_until(lambda: epd(apiserver, name).get("status", {}).get("observedGeneration") == generation, 10,
-                     lambda: f"generation {generation} not reconciled: {epd(apiserver, name).get('status')}")
+    await wait_until(lambda: epd(kube, name).get("status", {}).get("observedGeneration") == generation, 20,
+                     lambda: f"generation {generation} not reconciled: {epd(kube, name).get('status')}")
 
 
-async def deployed(apiserver: StrictKubernetesEmulator, *names: str) -> None:
-    await wait_until(lambda: all(deployment(apiserver, n) for n in names), 10, f"{names} were not all created")
+async def deployed(kube: KubeView, *names: str) -> None:
+    await wait_until(lambda: all(deployment(kube, n) for n in names), 20, f"{names} were not all created")
 
 
+def resource_versions(kube: KubeView, name: str = "vl") -> dict[tuple[str, str], str]:
+    return {k: o["metadata"]["resourceVersion"] for k, o in children(kube, name).items()}

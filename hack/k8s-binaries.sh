@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane the tests run on, from the official Go modules, once per
+# version, into ~/.cache/epd-operator/k8s/<version>/ (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, kwok). k8s.io/kubernetes is not consumable as a module (its go.mod points
+# the staging modules at ./staging with replace lines a dependent ignores), so a wrapper module
+# re-pins each staging module to its published v0.<minor>.<patch> tag (kubernetes issue 79384).
+#
+# usage: hack/k8s-binaries.sh [K8S_VERSION] [what...]   (what: apiserver-only | all; default all)
+# Prints the directory holding the binaries on its last line.
+set -euo pipefail
+
+K8S_VERSION=${1:-${EPD_K8S_VERSION:-v1.37.2}}
+WHAT=${2:-all}
+ETCD_VERSION=${EPD_ETCD_VERSION:-v3.6.5}
+KWOK_VERSION=${EPD_KWOK_VERSION:-v0.7.0}
+CACHE=${EPD_CACHE:-$HOME/.cache/epd-operator}
+OUT="$CACHE/k8s/$K8S_VERSION"
+WORK="$CACHE/k8s/build/$K8S_VERSION"
+export GOFLAGS=${GOFLAGS:--buildvcs=false} CGO_ENABLED=0
+
+log() { printf '[k8s %s] %s\n' "$K8S_VERSION" "$*" >&2; }
+
+command -v go >/dev/null || { echo "hack/k8s-binaries.sh: Go >= 1.24 is needed to build the Kubernetes control plane (https://go.dev/dl)" >&2; exit 1; }
+
+case "$WHAT" in
+  apiserver-only) components=(kube-apiserver) ;;
+  all) components=(kube-apiserver kube-controller-manager kube-scheduler kubectl) ;;
+  *) echo "unknown target set: $WHAT" >&2; exit 2 ;;
+esac
+
+mkdir -p "$OUT" "$WORK"
+missing=()
+for c in "${components[@]}"; do [ -x "$OUT/$c" ] || missing+=("$c"); done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  log "building ${missing[*]} from k8s.io/kubernetes@$K8S_VERSION (cold: several minutes per binary on 2 cores)"
+  gomod=$(cd "$WORK" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  minor=${K8S_VERSION#v1.}
+  staging_version="v0.${minor}"
+  {
+    echo "module epd.local/k8s-wrapper"
+    echo
+    echo "go 1.24"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    grep -E '^\s*k8s.io/[a-z0-9-]+ => \./staging/src/' "$gomod" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
+  } > "$WORK/go.mod"
+  cat > "$WORK/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubectl/pkg/cmd"
+)
+GO
+  (cd "$WORK" && log "resolving modules" && GOFLAGS="$GOFLAGS -mod=mod" go mod tidy -e >/dev/null 2>"$WORK/tidy.log" || { cat "$WORK/tidy.log" >&2; exit 1; })
+  for c in "${missing[@]}"; do
+    pkg="k8s.io/kubernetes/cmd/$c"
+    log "go build $c"
+    start=$(date +%s)
+    (cd "$WORK" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" -o "$OUT/$c.tmp" "$pkg")
+    mv "$OUT/$c.tmp" "$OUT/$c"
+    log "$c built in $(( $(date +%s) - start )) s"
+  done
+fi
+
+if [ "$WHAT" = all ]; then
+  if [ ! -x "$CACHE/k8s/etcd-$ETCD_VERSION" ]; then
+    log "building etcd $ETCD_VERSION"
+    ew="$CACHE/k8s/build/etcd-$ETCD_VERSION"; mkdir -p "$ew"
+    cat > "$ew/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+    (cd "$ew" && { [ -f go.mod ] || go mod init epd.local/etcd >/dev/null 2>&1; } \
+      && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null 2>&1 \
+      && go build -trimpath -ldflags "-s -w" -o "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" .)
+    mv "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" "$CACHE/k8s/etcd-$ETCD_VERSION"
+  fi
+  ln -sf "../etcd-$ETCD_VERSION" "$OUT/etcd"
+  if [ ! -x "$CACHE/k8s/kwok-$KWOK_VERSION" ]; then
+    log "building kwok $KWOK_VERSION"
+    GOBIN="$CACHE/k8s/build/kwok-$KWOK_VERSION" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    mv "$CACHE/k8s/build/kwok-$KWOK_VERSION/kwok" "$CACHE/k8s/kwok-$KWOK_VERSION"
+  fi
+  ln -sf "../kwok-$KWOK_VERSION" "$OUT/kwok"
+fi
+log "ready"
+echo "$OUT"

@@ -1,0 +1,521 @@
+"""A real Kubernetes control plane on this machine: no Docker, no VM, no kubelet.
+
+etcd + kube-apiserver (RBAC enforced, service-account tokens) + kube-controller-manager (deployment,
+replicaset, endpointslice, garbage collector, HPA, ...) + kube-scheduler, all built from the official Go
+modules by ``hack/k8s-binaries.sh`` and cached in ``~/.cache/epd-operator/k8s/<version>/``, plus
+kwok, SIG Scheduling's fake kubelet, for nodes with ``nvidia.com/gpu`` capacity on which pods are
+scheduled for real and become Running/Ready (they run nothing: their IPs are for reading only).
+
+    python -m epd_operator.local.cluster up [--detach]   # prints the kubeconfig path and how to stop
+    python -m epd_operator.local.cluster down
+
+The tests use :class:`LocalCluster` directly (``tests/support/cluster.py``). Every process it starts
+is tied to it: they get SIGKILL when the supervising Python process dies (``PR_SET_PDEATHSIG``), so
+a crashed run leaves nothing listening.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CACHE = Path(os.environ.get("EPD_CACHE", Path.home() / ".cache" / "epd-operator"))
+REPO = Path(__file__).resolve().parents[3]
+BUILD_SCRIPT = REPO / "hack" / "k8s-binaries.sh"
+# The newest minor is what the tests run on; the oldest minor the CRD claims is checked by installing
+# the CRD into its apiserver (tests/integration/test_crd_install.py).
+NEWEST = "v1.37.2"
+OLDEST = "v1.34.4"
+STATE_DIR = CACHE / "cluster"
+ADMIN_TOKEN_USER = "epd-admin"
+FAKE_NODE_LABEL = "epd.dev/fake-node"
+GPU = "nvidia.com/gpu"
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+# The controllers a test cluster needs; the rest (node lifecycle, cloud, certificates...) only slow it
+# down or act on things that do not exist here.
+CONTROLLERS = ("deployment", "replicaset", "endpointslice", "endpointslicemirroring", "garbagecollector",
+               "horizontalpodautoscaling", "namespace", "serviceaccount", "serviceaccount-token",
+               "root-ca-certificate-publisher", "persistentvolume-binder", "disruption", "statefulset",
+               "job", "podgc", "resourcequota")
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def _log(msg: str) -> None:
+    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------------ binaries
+
+def binaries(version: str = NEWEST, *, apiserver_only: bool = False) -> Path:
+    """The folder holding the control-plane binaries, built once when absent.
+
+    ``KUBEBUILDER_ASSETS`` (the envtest convention) wins when set and it holds the binaries asked for;
+    envtest's asset folders hold etcd, kube-apiserver and kubectl only, so the rest come from our cache.
+    """
+    needed = ("etcd", "kube-apiserver") if apiserver_only else CONTROL_PLANE
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets and version == NEWEST and all((Path(assets) / b).exists() for b in needed):
+        return Path(assets)
+    folder = CACHE / "k8s" / version
+    if not all(os.access(folder / b, os.X_OK) for b in needed):
+        what = "apiserver-only" if apiserver_only else "all"
+        _log(f"building the Kubernetes {version} control plane from the official Go modules (once; cached in {folder})")
+        subprocess.run(["bash", str(BUILD_SCRIPT), version, what], check=True)
+        if apiserver_only and not (folder / "etcd").exists():
+            newest = binaries(NEWEST, apiserver_only=True)
+            (folder / "etcd").symlink_to(newest / "etcd")
+    if assets and version == NEWEST:
+        # Mix: envtest's etcd/apiserver/kubectl, our controllers and kwok.
+        mixed = CACHE / "k8s" / "assets-mix"
+        mixed.mkdir(parents=True, exist_ok=True)
+        for b in CONTROL_PLANE:
+            src = Path(assets) / b if (Path(assets) / b).exists() else folder / b
+            link = mixed / b
+            link.unlink(missing_ok=True)
+            link.symlink_to(src)
+        return mixed
+    return folder
+
+
+# ------------------------------------------------------------------------------------ PKI
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _make_pki(pki: Path) -> None:
+    """A CA, the apiserver's serving certificate for 127.0.0.1/localhost, and the service-account keys."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
+             "-subj", "/CN=epd-local-ca", cwd=pki)
+    (pki / "san.cnf").write_text(
+        "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost,"
+        "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
+             "-subj", "/CN=kube-apiserver", cwd=pki)
+    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "apiserver.crt", "-days", "3650", "-extfile", "san.cnf", "-extensions", "ext", cwd=pki)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def kubeconfig(server: str, ca_file: Path, token: str, *, user: str = ADMIN_TOKEN_USER,
+               namespace: str | None = None) -> dict[str, Any]:
+    context: dict[str, Any] = {"cluster": "epd-local", "user": user}
+    if namespace:
+        context["namespace"] = namespace
+    return {
+        "apiVersion": "v1", "kind": "Config", "current-context": "epd-local",
+        "clusters": [{"name": "epd-local", "cluster": {
+            "server": server, "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode()}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "epd-local", "context": context}],
+    }
+
+
+# ------------------------------------------------------------------------------------ processes
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.setpgrp()  # a Ctrl-C in the terminal reaches the supervisor, which stops us in order
+
+
+@dataclasses.dataclass
+class Component:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str] | None = None) -> None:
+        out = self.log.open("ab")
+        self.process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        preexec_fn=_die_with_parent, env=env)
+        out.close()
+
+    def check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise ClusterError(f"{self.name} exited with status {self.process.returncode}; its log ends:\n{tail}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeNode:
+    """A kwok node: capacity and placement a test can choose."""
+
+    name: str
+    gpus: int = 8
+    cpu: str = "64"
+    memory: str = "512Gi"
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    taints: tuple[dict[str, str], ...] = ()
+
+    def manifest(self) -> dict[str, Any]:
+        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": "110", GPU: str(self.gpus),
+                    "ephemeral-storage": "1Ti"}
+        return {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": self.name, "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                         "labels": {FAKE_NODE_LABEL: "true", "kubernetes.io/hostname": self.name,
+                                    "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                                    "type": "kwok", **self.labels}},
+            "spec": {"taints": [dict(t) for t in self.taints]},
+            "status": {"allocatable": capacity, "capacity": capacity},
+        }
+
+
+DEFAULT_NODES = (FakeNode("gpu-node-1"), FakeNode("gpu-node-2"))
+
+
+class LocalCluster:
+    """Start, use and stop one local control plane. Use as a context manager."""
+
+    def __init__(self, workdir: Path | None = None, *, version: str = NEWEST, apiserver_only: bool = False,
+                 nodes: Sequence[FakeNode] = DEFAULT_NODES, hpa_sync_seconds: float = 1.0):
+        self.version = version
+        self.apiserver_only = apiserver_only
+        self.nodes = tuple(nodes)
+        self.hpa_sync_seconds = hpa_sync_seconds
+        self._owned_dir = workdir is None
+        self.dir = workdir or Path(tempfile.mkdtemp(prefix="epd-cluster-"))
+        self.pki = self.dir / "pki"
+        self.admin_token = base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
+        self.port = free_port()
+        self.server = f"https://127.0.0.1:{self.port}"
+        self.kubeconfig_path = self.dir / "kubeconfig"
+        self.components: list[Component] = []
+        self.bin: Path | None = None
+
+    # -------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        started = time.monotonic()
+        self.bin = binaries(self.version, apiserver_only=self.apiserver_only)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _make_pki(self.pki)
+        (self.pki / "tokens.csv").write_text(f'{self.admin_token},{ADMIN_TOKEN_USER},epd-admin-uid,"system:masters"\n')
+        self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", self.admin_token)))
+        self._start_etcd()
+        self._start_apiserver()
+        self._wait_ready("/readyz", "kube-apiserver", 60)
+        if not self.apiserver_only:
+            self._start_controllers()
+            self.add_nodes(*self.nodes)
+            self._wait_for_service_account("default", "default", 30)
+        _log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
+
+    def stop(self) -> None:
+        for component in reversed(self.components):
+            component.stop()
+        self.components.clear()
+        if self._owned_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        for component in self.components:
+            component.check_alive()
+
+    def _component(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
+        component = Component(name, argv, self.dir / f"{name}.log")
+        component.start(env)
+        self.components.append(component)
+        return component
+
+    def _exe(self, name: str) -> str:
+        assert self.bin is not None
+        return str(self.bin / name)
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        self._component("etcd", [
+            self._exe("etcd"), "--data-dir", str(self.dir / "etcd"), "--name", "epd-local",
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"epd-local=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync", "--log-level", "warn", "--quota-backend-bytes", str(2 << 30)])
+
+    def _start_apiserver(self) -> None:
+        p = self.pki
+        self._component("kube-apiserver", [
+            self._exe("kube-apiserver"), "--etcd-servers", self.etcd_url,
+            "--bind-address", "127.0.0.1", "--secure-port", str(self.port), "--advertise-address", "127.0.0.1",
+            # Its endpoint reconciler refuses a loopback advertise address; nothing here needs the
+            # `kubernetes` Service's endpoints.
+            "--endpoint-reconciler-type", "none",
+            "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
+            "--client-ca-file", str(p / "ca.crt"), "--token-auth-file", str(p / "tokens.csv"),
+            "--authorization-mode", "RBAC",
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(p / "sa.pub"), "--service-account-signing-key-file", str(p / "sa.key"),
+            "--api-audiences", "https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged=true",
+            "--cert-dir", str(self.dir / "apiserver-certs"), "--storage-media-type", "application/json",
+            "-v", "1"])
+
+    def _kubeconfig_for_components(self) -> Path:
+        return self.kubeconfig_path
+
+    def _start_controllers(self) -> None:
+        kc = str(self._kubeconfig_for_components())
+        self._component("kube-controller-manager", [
+            self._exe("kube-controller-manager"), "--kubeconfig", kc, "--authentication-kubeconfig", kc,
+            "--authorization-kubeconfig", kc, "--leader-elect=false", "--bind-address", "127.0.0.1",
+            "--secure-port", str(free_port()), "--controllers", ",".join(CONTROLLERS),
+            "--service-account-private-key-file", str(self.pki / "sa.key"), "--root-ca-file", str(self.pki / "ca.crt"),
+            "--use-service-account-credentials=false",
+            "--horizontal-pod-autoscaler-sync-period", f"{self.hpa_sync_seconds}s",
+            "--concurrent-deployment-syncs", "10", "--concurrent-replicaset-syncs", "10",
+            "--cluster-signing-cert-file", str(self.pki / "ca.crt"), "--cluster-signing-key-file", str(self.pki / "ca.key"),
+            "-v", "1"])
+        self._component("kube-scheduler", [
+            self._exe("kube-scheduler"), "--kubeconfig", kc, "--authentication-kubeconfig", kc,
+            "--authorization-kubeconfig", kc, "--leader-elect=false", "--bind-address", "127.0.0.1",
+            "--secure-port", str(free_port()), "-v", "1"])
+        self._component("kwok", [
+            self._exe("kwok"), "--kubeconfig", kc, "--manage-all-nodes=false",
+            f"--manage-nodes-with-label-selector={FAKE_NODE_LABEL}=true",
+            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
+            "--node-ip", "10.244.0.1", "--cidr", "10.244.0.0/16",
+            "--node-lease-duration-seconds", "40", "--server-address", f"127.0.0.1:{free_port()}"])
+
+    # -------------------------------------------------------------- API helpers (admin)
+
+    def _ssl(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+
+    def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
+                token: str | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {token or self.admin_token}", "Content-Type": content_type,
+            "Accept": "application/json"})
+        with urllib.request.urlopen(req, context=self._ssl(), timeout=30) as resp:
+            text = resp.read()
+        return json.loads(text) if text else None
+
+    def _wait_ready(self, path: str, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {self.admin_token}"})
+                with urllib.request.urlopen(req, context=self._ssl(), timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise ClusterError(f"{what} not ready after {timeout:.0f} s: {last}")
+
+    def _wait_for_service_account(self, namespace: str, name: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with contextlib.suppress(urllib.error.HTTPError):
+                self.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
+                return
+            time.sleep(0.2)
+        raise ClusterError(f"the serviceaccount controller did not create {namespace}/{name} in {timeout:.0f} s")
+
+    def apply(self, obj: dict[str, Any], *, field_manager: str = "epd-local-cluster") -> Any:
+        """Server-side apply of a cluster-scoped or namespaced core/apps object (admin)."""
+        api = obj["apiVersion"]
+        prefix = f"/api/{api}" if "/" not in api else f"/apis/{api}"
+        plural = {"Node": "nodes", "Namespace": "namespaces"}.get(obj["kind"]) or obj["kind"].lower() + "s"
+        ns = obj["metadata"].get("namespace")
+        path = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+        return self.request("PATCH", f"{path}/{obj['metadata']['name']}?fieldManager={field_manager}&force=true", obj,
+                            content_type="application/apply-patch+yaml")
+
+    def add_nodes(self, *nodes: FakeNode) -> None:
+        for node in nodes:
+            self.apply(node.manifest())
+            # Capacity is status: a node's own status is set by its kubelet (here: kwok keeps it, we seed it).
+            self.request("PATCH", f"/api/v1/nodes/{node.name}/status", {"status": node.manifest()["status"]},
+                         content_type="application/merge-patch+json")
+
+    def remove_node(self, name: str) -> None:
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.request("DELETE", f"/api/v1/nodes/{name}")
+
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A bound token for a ServiceAccount (TokenRequest), as a pod would mount it."""
+        review = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+                              {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                               "spec": {"expirationSeconds": seconds}})
+        return str(review["status"]["token"])
+
+    def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
+        path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", token, user=user,
+                                                  namespace=namespace)))
+        return path
+
+    def kubectl_argv(self, *args: str) -> list[str]:
+        return [self._exe("kubectl"), "--kubeconfig", str(self.kubeconfig_path), *args]
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.kubectl_argv(*args), input=input, text=True, capture_output=True, check=check)
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+def _up(args: argparse.Namespace) -> int:
+    if args.detach:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        log = STATE_DIR / "supervisor.log"
+        if _running_pid() is not None:
+            print(f"a local cluster is already running; stop it with `make cluster-down`", file=sys.stderr)
+            return 1
+        with log.open("wb") as out:
+            child = subprocess.Popen([sys.executable, "-m", "epd_operator.local.cluster", "up", "--version", args.version],
+                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + args.timeout
+        ready = STATE_DIR / "ready"
+        while time.monotonic() < deadline and not ready.exists():
+            if child.poll() is not None:
+                print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        if not ready.exists():
+            child.terminate()
+            print(f"the cluster did not come up in {args.timeout} s; see {log}", file=sys.stderr)
+            return 1
+        print(ready.read_text(), end="")
+        return 0
+
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    (STATE_DIR / "ready").unlink(missing_ok=True)
+    workdir = STATE_DIR / "run"
+    shutil.rmtree(workdir, ignore_errors=True)
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with LocalCluster(workdir, version=args.version) as cluster:
+        kc = STATE_DIR / "kubeconfig"
+        shutil.copy(cluster.kubeconfig_path, kc)
+        (STATE_DIR / "pid").write_text(str(os.getpid()))
+        message = (f"Kubernetes {cluster.version} is running at {cluster.server} "
+                   f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}.\n"
+                   f"  export KUBECONFIG={kc}\n"
+                   f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
+                   f"  stop it with: make cluster-down   (or: python -m epd_operator.local.cluster down)\n")
+        (STATE_DIR / "ready").write_text(message)
+        print(message, end="", flush=True)
+        while not stop:
+            time.sleep(0.5)
+            cluster.check_alive()
+    for f in ("pid", "ready", "kubeconfig"):
+        (STATE_DIR / f).unlink(missing_ok=True)
+    return 0
+
+
+def _running_pid() -> int | None:
+    try:
+        pid = int((STATE_DIR / "pid").read_text())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    return pid
+
+
+def _down(_: argparse.Namespace) -> int:
+    pid = _running_pid()
+    if pid is None:
+        print("no local cluster is running", file=sys.stderr)
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print("local cluster stopped", file=sys.stderr)
+            return 0
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m epd_operator.local.cluster", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a local control plane with fake GPU nodes")
+    up.add_argument("--version", default=NEWEST, help=f"Kubernetes version (default {NEWEST})")
+    up.add_argument("--detach", action="store_true", help="run in the background; stop with `down`")
+    up.add_argument("--timeout", type=float, default=3600, help="seconds to wait for it (first run builds it)")
+    sub.add_parser("down", help="stop the background control plane")
+    build = sub.add_parser("build", help="build the binaries only")
+    build.add_argument("--version", default=NEWEST)
+    build.add_argument("--oldest", action="store_true", help=f"the oldest supported kube-apiserver ({OLDEST}) only")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return _up(args)
+    if args.command == "build":
+        print(binaries(OLDEST, apiserver_only=True) if args.oldest else binaries(args.version))
+        return 0
+    return _down(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

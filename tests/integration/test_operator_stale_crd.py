@@ -1,0 +1,71 @@
+"""A cluster whose CRD is older than the operator: the one way a spec our rules refuse can reach the
+operator. A second, apiserver-only control plane (the CRD is cluster-scoped) with the CRD's spec
+schema switched off."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from epd_operator.local.cluster import LocalCluster
+from tests.support.cluster import KubeView, epd_crd, install_crd, new_namespace
+from tests.support.operator_run import (children, condition, create, deployed, epd, epd_doc, events, observed,
+                                        operator_in_process, patch_spec, phase, posted, writes)
+
+RESYNC = "0.3"
+
+
+def relaxed_epd_crd() -> dict:
+    crd = epd_crd()
+    version = crd["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    schema["properties"]["spec"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema.pop("x-kubernetes-validations", None)
+    return crd
+
+
+@pytest.fixture(scope="module")
+def stale_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("stale-k8s"), apiserver_only=True) as cluster:
+        install_crd(cluster, relaxed_epd_crd())
+        yield cluster
+
+
+@pytest.fixture
+def ns(stale_cluster: LocalCluster, tmp_path: Path) -> KubeView:
+    return new_namespace(stale_cluster, tmp_path, "stale")
+
+
+async def test_a_refused_spec_is_reported_and_nothing_is_created(ns):
+    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC) as metrics:
+        doc = epd_doc()
+        doc["spec"]["kvTransfer"] = {"connector": "Nixl"}  # KV transfer needs a prefill tier
+        await create(ns, doc)
+        await phase(ns, "Failed")
+        spec_valid = condition(epd(ns), "SpecValid")
+        assert spec_valid["status"] == "False" and spec_valid["reason"] == "InvalidSpec"
+        assert spec_valid["message"].startswith("spec.kvTransfer: kvTransfer moves KV from prefill to decode")
+        await posted(ns, "Warning", "InvalidSpec")
+        warnings = [m for t, r, m in events(ns) if (t, r) == ("Warning", "InvalidSpec")]
+        assert len(warnings) == 1 and "spec.kvTransfer" in warnings[0]
+        assert children(ns) == {}
+        # Its only writes: the status and the Event.
+        assert writes(metrics) == 2
+
+        await patch_spec(ns, {"kvTransfer": None})
+        await deployed(ns, "vl-encoder", "vl-decode", "vl-router")
+        assert condition(epd(ns), "SpecValid").get("status") == "True" or await observed(ns, 2) is None
+
+
+async def test_a_refused_update_changes_nothing(ns):
+    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC):
+        await create(ns, epd_doc())
+        await deployed(ns, "vl-encoder", "vl-decode", "vl-router")
+        await observed(ns, 1)
+        before = {k: o["metadata"]["resourceVersion"] for k, o in children(ns).items()}
+        await patch_spec(ns, {"router": {"encoderPolicy": "random"}})
+        await phase(ns, "Failed")
+        assert "spec.router.encoderPolicy" in condition(epd(ns), "SpecValid")["message"]
+        assert epd(ns)["status"]["observedGeneration"] == 2
+        assert {k: o["metadata"]["resourceVersion"] for k, o in children(ns).items()} == before

@@ -1,0 +1,215 @@
+"""pytest fixtures around a REAL Kubernetes control plane (``epd_operator.local.cluster``).
+
+- ``k8s`` (session): etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok fake GPU
+  nodes, started once per test session, with the EPDDeployment CRD from ``crds/`` installed.
+- ``kube``: a fresh namespace on it per test, and a :class:`KubeView` to act and assert through.
+
+The first use builds the binaries (minutes, once; cached in ``~/.cache/epd-operator/k8s``).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import time
+import urllib.error
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from epd_operator.local.cluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
+EPD_API = "serving.epd.dev/v1alpha1"
+
+PLURALS = {"EPDDeployment": "epddeployments", "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+           "PodDisruptionBudget": "poddisruptionbudgets", "EndpointSlice": "endpointslices",
+           "CustomResourceDefinition": "customresourcedefinitions", "Lease": "leases"}
+CLUSTER_SCOPED = {"Node", "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+_namespaces = itertools.count(1)
+
+
+def plural(kind: str) -> str:
+    return PLURALS.get(kind) or kind.lower() + ("es" if kind.endswith("s") else "s")
+
+
+def api_path(api_version: str, kind: str, namespace: str | None, name: str | None = None, sub: str = "") -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace and kind not in CLUSTER_SCOPED:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural(kind)}"
+    if name:
+        base += f"/{name}"
+    return base + (f"/{sub}" if sub else "")
+
+
+class KubeView:
+    """One namespace of the real cluster, as the tests see it (admin credentials, blocking calls).
+
+    Blocking is fine: an operator under test runs in its own thread or process."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str, kubeconfig: Path):
+        self.cluster = cluster
+        self.ns = namespace
+        self.url = cluster.server
+        self.kubeconfig = kubeconfig
+
+    # -------------------------------------------------------------- raw access
+
+    def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/merge-patch+json",
+                token: str | None = None) -> tuple[int, Any]:
+        """One request; returns (HTTP status, decoded body) whatever the status."""
+        try:
+            return 200, self.cluster.request(method, path, body, content_type=content_type, token=token)
+        except urllib.error.HTTPError as exc:
+            text = exc.read()
+            try:
+                return exc.code, json.loads(text)
+            except ValueError:
+                return exc.code, text.decode(errors="replace")
+
+    def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        status, answer = self.request(method, path, body, **kw)
+        assert status < 300, f"{method} {path} -> {status}: {answer}"
+        return answer
+
+    def credentials(self) -> kopf.ConnectionInfo:
+        """What the operator logs in with when run in-process: the admin identity."""
+        return kopf.ConnectionInfo(server=self.url, ca_path=str(self.cluster.pki / "ca.crt"),
+                                   token=self.cluster.admin_token, default_namespace=self.ns)
+
+    def env(self, kubeconfig: Path | None = None) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [str(self.cluster.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]
+        result = subprocess.run(argv, input=input, text=True, capture_output=True, timeout=60)
+        if check:
+            assert result.returncode == 0, f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"
+        return result
+
+    # -------------------------------------------------------------- objects
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        status, body = self.request("GET", api_path(api_version, kind, namespace or self.ns, name))
+        if status == 404:
+            return None
+        assert status == 200, body
+        return dict(body)
+
+    def list(self, api_version: str, kind: str, *, labels: dict[str, str] | None = None,
+             namespace: str | None = None) -> list[dict[str, Any]]:
+        path = api_path(api_version, kind, namespace or self.ns)
+        if labels:
+            path += "?labelSelector=" + ",".join(f"{k}%3D{v}" for k, v in labels.items())
+        items = self.ok("GET", path)["items"]
+        for item in items:
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return list(items)
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        ns = obj.get("metadata", {}).get("namespace") or self.ns
+        return dict(self.ok("POST", api_path(obj["apiVersion"], obj["kind"], ns), obj, content_type="application/json"))
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+        self.ok("DELETE", api_path(api_version, kind, namespace or self.ns, name))
+
+    def events(self, *, kind: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.list("v1", "Event")
+                if (kind is None or e["involvedObject"].get("kind") == kind)
+                and (name is None or e["involvedObject"].get("name") == name)]
+
+    def pods(self, **labels: str) -> list[dict[str, Any]]:
+        return self.list("v1", "Pod", labels=labels or None)
+
+    def set_pod_ready(self, name: str, ready: bool) -> None:
+        """Take a pod's readiness over from kwok (which leaves alone a pod annotated so) and set it."""
+        path = f"/api/v1/namespaces/{self.ns}/pods/{name}"
+        self.ok("PATCH", path, {"metadata": {"annotations": {"kwok.x-k8s.io/status": "custom"}}})
+        pod = self.ok("GET", path)
+        value = "True" if ready else "False"
+        conditions = [{**c, "status": value} if c["type"] in ("Ready", "ContainersReady") else c
+                      for c in pod["status"]["conditions"]]
+        self.ok("PATCH", path + "/status", {"status": {"conditions": conditions}},
+                content_type="application/strategic-merge-patch+json")
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply as the test (admin), into this namespace unless the object names one."""
+        obj = {**obj, "metadata": {**obj["metadata"], "namespace": obj["metadata"].get("namespace") or self.ns}}
+        path = api_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        return dict(self.ok("PATCH", path + "?fieldManager=epd-tests&force=true", obj,
+                            content_type="application/apply-patch+yaml"))
+
+
+def volumes(kube: KubeView, *claims: str) -> None:
+    """What the examples expect to exist: RWX claims, bound to pre-made volumes (pods that name a
+    claim are not scheduled before it is bound)."""
+    for claim in claims:
+        pv = f"{kube.ns}-{claim}"
+        kube.create({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv}, "spec": {
+            "capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+            "hostPath": {"path": f"/tmp/{pv}"}, "persistentVolumeReclaimPolicy": "Delete",
+            "claimRef": {"namespace": kube.ns, "name": claim}}})
+        kube.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": kube.ns},
+                     "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+                              "resources": {"requests": {"storage": "100Gi"}}}})
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, message: Any = "condition not met",
+             interval: float = 0.1) -> Any:
+    """Blocking poll; returns the first truthy value of `condition`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(message() if callable(message) else message)
+        time.sleep(interval)
+
+
+def install_crd(cluster: LocalCluster, crd: dict[str, Any]) -> None:
+    """Server-side apply a CRD and wait until it is Established (served)."""
+    name = crd["metadata"]["name"]
+    cluster.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+                    "?fieldManager=epd-tests&force=true", crd, content_type="application/apply-patch+yaml")
+
+    def established() -> bool:
+        got = cluster.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        return any(c["type"] == "Established" and c["status"] == "True" for c in got.get("status", {}).get("conditions", []))
+
+    wait_for(established, 30, f"CRD {name} not established")
+
+
+def epd_crd() -> dict[str, Any]:
+    return dict(yaml.safe_load(CRD_FILE.read_text(encoding="utf-8")))
+
+
+@pytest.fixture(scope="session")
+def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("k8s")) as cluster:
+        install_crd(cluster, epd_crd())
+        yield cluster
+
+
+def new_namespace(cluster: LocalCluster, tmp_path: Path, prefix: str = "t") -> KubeView:
+    name = f"{prefix}-{next(_namespaces)}-{os.urandom(2).hex()}"
+    cluster.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig", cluster.admin_token, user="epd-admin", namespace=name)
+    return KubeView(cluster, name, kubeconfig)
+
+
+@pytest.fixture
+def kube(k8s: LocalCluster, tmp_path: Path) -> Iterator[KubeView]:
+    view = new_namespace(k8s, tmp_path)
+    yield view
+    # Background deletion: the namespace controller empties it while later tests run.
+    view.request("DELETE", f"/api/v1/namespaces/{view.ns}")

@@ -1,0 +1,118 @@
+"""Faults a real API server cannot produce on demand: a reverse proxy in front of the real one.
+
+    with FaultProxy(cluster) as proxy:          # http://127.0.0.1:PORT -> the real kube-apiserver
+        proxy.fail("PATCH", r"/deployments/vl-decode$", code=500, times=2)
+        ... point a client at proxy.url ...
+        proxy.requests                          # [(method, path)] as they went through
+        proxy.queries                           # [(method, path?query)] likewise
+
+Everything else is the real server's own answer, streamed through unchanged (watches included).
+It runs its own event loop in a thread, so blocking test code cannot stall the clients behind it.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+import ssl
+import threading
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from epd_operator.local.cluster import LocalCluster
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
+
+
+@dataclasses.dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    code: int
+    times: int
+
+
+class FaultProxy:
+    def __init__(self, cluster: LocalCluster):
+        self.cluster = cluster
+        self.faults: list[Fault] = []
+        self.requests: list[tuple[str, str]] = []
+        self.queries: list[tuple[str, str]] = []
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+
+    def fail(self, method: str, path_regex: str, *, code: int = 500, times: int = 1) -> None:
+        self.faults.append(Fault(method, re.compile(path_regex), code, times))
+
+    def __enter__(self) -> FaultProxy:
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the fault proxy did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _injected(self, method: str, path: str) -> Fault | None:
+        for fault in self.faults:
+            if fault.times > 0 and fault.method == method and fault.path.search(path):
+                fault.times -= 1
+                return fault
+        return None
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        context = ssl.create_default_context(cafile=str(self.cluster.pki / "ca.crt"))
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
+                                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            self.requests.append((request.method, request.path))
+            self.queries.append((request.method, request.path_qs))
+            fault = self._injected(request.method, request.path)
+            if fault is not None:
+                status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fault.code,
+                          "reason": "InternalError", "message": f"injected failure ({fault.code})"}
+                return web.json_response(status, status=fault.code, dumps=json.dumps)
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+            body = await request.read()
+            upstream = self.cluster.server + request.path_qs
+            async with session.request(request.method, upstream, headers=headers, data=body or None) as answer:
+                response = web.StreamResponse(status=answer.status, headers={
+                    k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP})
+                await response.prepare(request)
+                async for chunk in answer.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+            await session.close()
+
+    def credentials(self, namespace: str) -> Any:
+        import kopf
+
+        return kopf.ConnectionInfo(server=self.url, token=self.cluster.admin_token, default_namespace=namespace)
