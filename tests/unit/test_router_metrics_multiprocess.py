@@ -22,6 +22,8 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import yaml
+from aiohttp import web
 
 from epd_operator.render import render
 from tests.support.fake_vllm import FakeVLLM
@@ -67,6 +69,73 @@ def user_namespaces_work() -> bool:
     return probe.returncode == 0
 
 
+class SliceAPI:
+    """Just enough of the Kubernetes API for the router's discovery: list and watch EndpointSlices
+    in one namespace by label selector. (A unit test: no control plane needed.)"""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict] = {}
+        self.version = 1
+        self.watchers: list[tuple[dict, asyncio.Queue]] = []
+        self.url = ""
+
+    @staticmethod
+    def _selected(obj: dict, selector: dict) -> bool:
+        return selector.items() <= obj["metadata"]["labels"].items()
+
+    def _notify(self, kind: str, obj: dict) -> None:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        for selector, queue in self.watchers:
+            if self._selected(obj, selector):
+                queue.put_nowait({"type": kind, "object": obj})
+
+    def create(self, obj: dict) -> None:
+        self.slices[obj["metadata"]["name"]] = obj
+        self._notify("ADDED", obj)
+
+    def delete(self, name: str) -> None:
+        self._notify("DELETED", self.slices.pop(name))
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        assert request.match_info["ns"] == NS
+        selector = dict(p.split("=", 1) for p in request.query.get("labelSelector", "").split(",") if p)
+        if request.query.get("watch") not in ("1", "true"):
+            items = [o for o in self.slices.values() if self._selected(o, selector)]
+            return web.json_response({"kind": "EndpointSliceList", "items": items,
+                                      "metadata": {"resourceVersion": str(self.version)}})
+        response = web.StreamResponse()
+        await response.prepare(request)
+        queue: asyncio.Queue = asyncio.Queue()
+        self.watchers.append((selector, queue))
+        try:
+            while True:
+                await response.write(orjson.dumps(await queue.get()) + b"\n")
+        finally:
+            self.watchers.remove((selector, queue))
+
+    async def __aenter__(self) -> "SliceAPI":
+        app = web.Application()
+        app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self.handle)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.runner.cleanup()
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "namespace": NS}}],
+            "users": []}))
+        return path
+
+
 def endpoint_slice(name: str, selector: str, port: int, pod: str) -> dict:
     labels = dict(pair.split("=", 1) for pair in selector.split(","))
     return {
@@ -109,7 +178,12 @@ def samples(text: str, name: str) -> dict[str, float]:
     return out
 
 
-async def test_rendered_router_with_two_workers_runs_read_only_and_metrics_follow_backends(apiserver, kubeconfig, tmp_path):
+async def test_rendered_router_with_two_workers_runs_read_only_and_metrics_follow_backends(tmp_path):
+    async with SliceAPI() as api:
+        await _run_rendered_router(api, api.kubeconfig(tmp_path / "kubeconfig"), tmp_path)
+
+
+async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: Path) -> None:
     pod, container = rendered_router("2")
     args = container["args"]
     assert flag(args, "--workers") == "2"
@@ -146,7 +220,7 @@ async def test_rendered_router_with_two_workers_runs_read_only_and_metrics_follo
     async with FakeVLLM("encoder", "e0") as e0, FakeVLLM("encoder", "e1") as e1, FakeVLLM("pd", "d0") as d0:
         for name, sel, fake, pod_name in (("enc-a", enc_sel, e0, "vl-encoder-0"), ("enc-b", enc_sel, e1, "vl-encoder-1"),
                                           ("dec-a", dec_sel, d0, "vl-decode-0")):
-            apiserver.create_object(endpoint_slice(name, sel, int(fake.url.rsplit(":", 1)[1]), pod_name))
+            apiserver.create(endpoint_slice(name, sel, int(fake.url.rsplit(":", 1)[1]), pod_name))
         proc = subprocess.Popen(argv, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/")
         url, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
         try:
@@ -188,7 +262,7 @@ async def test_rendered_router_with_two_workers_runs_read_only_and_metrics_follo
                 assert len(samples(text, "epd_router_endpoint_inflight")) == 3
 
                 # The encoder behind enc-b goes away: both workers forget it, and so does /metrics.
-                apiserver.delete_object("discovery.k8s.io/v1", "EndpointSlice", "enc-b", NS)
+                apiserver.delete("enc-b")
                 async with asyncio.timeout(30):
                     while e1_key in (text := await scrape()):
                         await asyncio.sleep(0.2)
