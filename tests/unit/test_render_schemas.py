@@ -13,7 +13,7 @@ from epd_operator.api import EPDDeployment, parse_epd
 from epd_operator.render import render
 from tests.support.render_examples import SHARED_STORAGE, example, example_document, example_files, variants
 
-OLDEST_SUPPORTED = "1.30"
+OLDEST_SUPPORTED = "1.34"
 NEWEST = latest_version()
 
 

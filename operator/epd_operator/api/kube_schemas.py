@@ -7,7 +7,7 @@ ships (`python -m epd_operator.api.kube_schemas` rewrites `kube_schemas.json`; `
 unit test fails when the committed file is stale). The operator image does not carry that package, so
 the generated file is package data, read at import.
 
-The release is `KUBERNETES_VERSION`, the oldest the charts claim (`kubeVersion: >=1.30.0-0`): a field
+The release is `KUBERNETES_VERSION`, the oldest the charts claim (`kubeVersion: >=1.34.0-0`): a field
 that exists only in a newer release would be dropped by an older API server, so it is refused here.
 
 Generation turns the definitions into CRD *structural* schema form: every `$ref` inlined, one type per
@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-KUBERNETES_VERSION = "1.30"
+KUBERNETES_VERSION = "1.34"
 SCHEMA_FILE = Path(__file__).with_name("kube_schemas.json")
 
 # The Kubernetes types we pass through, by the name the spec uses for them.
