@@ -15,6 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 OPERATOR_CHART = REPO / "charts" / "epd-operator"
 DEPLOYMENT_CHART = REPO / "charts" / "epd-deployment"
 CHARTS = {"epd-operator": OPERATOR_CHART, "epd-deployment": DEPLOYMENT_CHART}
+# What `helm template`/`lint` assume of the cluster: a version the charts' kubeVersion accepts (helm
+# 3's default, 1.32, is older than the charts claim).
+KUBE_VERSION = "1.37.0"
 
 
 def ci_values(chart: Path) -> list[Path]:
@@ -65,12 +68,13 @@ class Helm:
         return result.stdout.split("NOTES:", 1)[1]
 
     def lint(self, chart: Path, values: Path | None = None, *sets: str) -> HelmResult:
-        return self.run("lint", "--strict", str(chart), *_value_args(values, sets))
+        return self.run("lint", "--strict", "--kube-version", KUBE_VERSION, str(chart), *_value_args(values, sets))
 
     @functools.lru_cache(maxsize=256)  # rendering is deterministic; many tests read the same render
     def template_text(self, chart: Path, values: Path | None = None, *sets: str,
                       release: str = "epd", namespace: str = "epd-system") -> HelmResult:
         return self.run("template", release, str(chart), "--namespace", namespace, "--include-crds",
+                        "--kube-version", KUBE_VERSION,
                         *_value_args(values, sets))
 
     def template(self, chart: Path, values: Path | None = None, *sets: str,

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from .charts import DEPLOYMENT_CHART, OPERATOR_CHART, REPO, by_kind
+from .charts import DEPLOYMENT_CHART, KUBE_VERSION, OPERATOR_CHART, REPO, by_kind
 
 pytestmark = pytest.mark.helm
 
@@ -48,9 +48,9 @@ def umbrella(helm, tmp_path):
 
 
 def test_both_charts_work_as_subcharts_with_global_values(helm, umbrella):
-    lint = helm.run("lint", "--strict", str(umbrella))
+    lint = helm.run("lint", "--strict", "--kube-version", KUBE_VERSION, str(umbrella))
     assert lint.returncode == 0 and "[WARNING]" not in lint.stdout, lint.stdout + lint.stderr
-    result = helm.run("template", "platform", str(umbrella), "--namespace", "epd-system")
+    result = helm.run("template", "platform", str(umbrella), "--namespace", "epd-system", "--kube-version", KUBE_VERSION)
     assert result.returncode == 0, result.stderr
     objects = [o for o in yaml.safe_load_all(result.stdout) if o]
     (epd,) = by_kind(objects, "EPDDeployment")
