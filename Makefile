@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install vllm-env k8s cluster cluster-down test test-fast demo crds bench bench-tools bench-quick images clean
+.PHONY: install vllm-env k8s cluster cluster-down test test-fast demo crds bench bench-tools bench-quick bench-e2e images clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -60,6 +60,12 @@ bench: install bench-tools
 
 bench-quick: install bench-tools
 	$(BIN)/python -m bench.run --quick
+
+# Real vLLM tiers (2 encoders + PD, as render() makes them) behind each router on a Zipf image workload:
+# bench/results/bench-e2e.md and .png (about 20 minutes; QUICK=1: a few minutes, bench-e2e-quick.*).
+bench-e2e: vllm-env
+	@$(BIN)/python -c "import matplotlib, PIL" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench.e2e $(if $(QUICK),--quick)
 
 images:
 	docker build -t epd-operator:dev -f images/operator/Dockerfile .

@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {elapsed / 60:.1f} min. Machine: {_machine(cores, prioritised)}. "
         f"Load average (1 min) before/after: {load_before[0]:.2f} / {load_after[0]:.2f} "
         "(other work on the machine shows up as noise, mostly in p99).\n\n"
+        "End-to-end serving on real vLLM tiers behind each router (TTFT, req/s, encoder calls on a Zipf image "
+        "workload): [bench-e2e.md](bench-e2e.md), written by `make bench-e2e`.\n\n"
         "## Targets\n\n" + targets_table(all_targets)
     )
     out.parent.mkdir(parents=True, exist_ok=True)
