@@ -69,11 +69,10 @@ GO
   done
 fi
 
-if [ "$WHAT" = all ]; then
-  if [ ! -x "$CACHE/k8s/etcd-$ETCD_VERSION" ]; then
-    log "building etcd $ETCD_VERSION"
-    ew="$CACHE/k8s/build/etcd-$ETCD_VERSION"; mkdir -p "$ew"
-    cat > "$ew/main.go" <<'GO'
+if [ ! -x "$CACHE/k8s/etcd-$ETCD_VERSION" ]; then
+  log "building etcd $ETCD_VERSION"
+  ew="$CACHE/k8s/build/etcd-$ETCD_VERSION"; mkdir -p "$ew"
+  cat > "$ew/main.go" <<'GO'
 package main
 
 import (
@@ -84,12 +83,13 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-    (cd "$ew" && { [ -f go.mod ] || go mod init epd.local/etcd >/dev/null 2>&1; } \
-      && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null 2>&1 \
-      && go build -trimpath -ldflags "-s -w" -o "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" .)
-    mv "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" "$CACHE/k8s/etcd-$ETCD_VERSION"
-  fi
-  ln -sf "../etcd-$ETCD_VERSION" "$OUT/etcd"
+  (cd "$ew" && { [ -f go.mod ] || go mod init epd.local/etcd >/dev/null 2>&1; } \
+    && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null 2>&1 \
+    && go build -trimpath -ldflags "-s -w" -o "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" .)
+  mv "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" "$CACHE/k8s/etcd-$ETCD_VERSION"
+fi
+ln -sf "../etcd-$ETCD_VERSION" "$OUT/etcd"
+if [ "$WHAT" = all ]; then
   if [ ! -x "$CACHE/k8s/kwok-$KWOK_VERSION" ]; then
     log "building kwok $KWOK_VERSION"
     GOBIN="$CACHE/k8s/build/kwok-$KWOK_VERSION" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"

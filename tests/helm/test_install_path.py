@@ -74,7 +74,7 @@ async def test_helm_install_upgrade_uninstall_with_the_charts_rbac(helm: Helm, c
     assert crd is not None, "helm install did not create the CRD from crds/"
     wait_for(lambda: any(c["type"] == "Established" and c["status"] == "True"
                          for c in (system.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME) or {})
-                         .get("status", {}).get("conditions", [])), 30, "the CRD was not established")
+                         .get("status", {}).get("conditions") or []), 30, "the CRD was not established")
 
     [deployment] = system.list("apps/v1", "Deployment", labels={"app.kubernetes.io/instance": release})
     args, env = operator_args(deployment)

@@ -35,7 +35,7 @@ def test_kubectl_apply_installs_the_crd_and_it_is_served(kube: KubeView):
 
     def established():
         crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", "epddeployments.serving.epd.dev") or {}
-        return any(c["type"] == "Established" and c["status"] == "True" for c in crd.get("status", {}).get("conditions", []))
+        return any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or [])
 
     wait_for(established, 30, "the CRD was not established")
     for example in sorted((REPO / "examples").glob("*.yaml")):
@@ -82,13 +82,15 @@ def test_the_api_server_refuses_every_spec_parse_epd_refuses_and_accepts_the_res
     kube.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
     wait_for(lambda: kube.kubectl("get", "epd", check=False).returncode == 0, 30)
     disagreements = []
-    for doc, path in BAD_SPECS:
+    for case in BAD_SPECS:
+        doc, path = case.values
         status, body = _server_refusal(kube, copy.deepcopy(doc))
         text = json.dumps(body)
         leaf = path.rsplit(".", 1)[-1]
         if status < 400 or (path not in text and leaf not in text):
             disagreements.append(f"{path}: server answered {status}: {text[:300]}")
-    for doc in GOOD_SPECS:
+    for case in GOOD_SPECS:
+        (doc,) = case.values
         status, body = _server_refusal(kube, copy.deepcopy(doc))
         if status >= 400:
             disagreements.append(f"good spec refused: {json.dumps(body)[:400]}")

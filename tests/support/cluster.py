@@ -184,7 +184,7 @@ def install_crd(cluster: LocalCluster, crd: dict[str, Any]) -> None:
 
     def established() -> bool:
         got = cluster.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        return any(c["type"] == "Established" and c["status"] == "True" for c in got.get("status", {}).get("conditions", []))
+        return any(c["type"] == "Established" and c["status"] == "True" for c in (got.get("status") or {}).get("conditions") or [])
 
     wait_for(established, 30, f"CRD {name} not established")
 

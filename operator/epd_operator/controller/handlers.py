@@ -53,6 +53,9 @@ def build_settings() -> kopf.OperatorSettings:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.serving.epd.dev")
     # Leader election is ours (a Lease); kopf's peering would need its own CRD.
     settings.peering.standalone = True
+    # The namespaces and resources are given on the command line: no cluster-wide scans of
+    # namespaces and CRDs, which a namespaced install is not allowed to make.
+    settings.scanning.disabled = True
     # Watches are re-established regularly so a silently dropped connection heals.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

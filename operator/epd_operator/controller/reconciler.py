@@ -92,6 +92,7 @@ class Reconciler:
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
             # Children go with the owner references; nothing to clean up here.
+            self.metrics.forget(*key)
             self.known.pop(key, None)
             self._reconciled.pop(key, None)
             self._last_error.pop(key, None)
@@ -174,6 +175,7 @@ class Reconciler:
         body = await self.kube.get(EPD, *key)
         if body is None:
             self.known.pop(key, None)
+            self.metrics.forget(*key)
             return "gone"
         meta = body["metadata"]
         if meta.get("deletionTimestamp"):
@@ -215,6 +217,7 @@ class Reconciler:
             tiers=tiers, topology=topology, endpoint=endpoint, observed_generation=observed,
             spec_errors=errors, previous=previous, now=utcnow(), refused=refused)
         await self._publish(body, previous, new)
+        self.metrics.set_phase(namespace, name, new.phase)
         if full:
             self._reconciled[key] = (meta["uid"], meta.get("generation"))
         return "invalid" if errors else "success"

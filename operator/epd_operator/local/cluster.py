@@ -88,10 +88,7 @@ def binaries(version: str = NEWEST, *, apiserver_only: bool = False) -> Path:
     if not all(os.access(folder / b, os.X_OK) for b in needed):
         what = "apiserver-only" if apiserver_only else "all"
         _log(f"building the Kubernetes {version} control plane from the official Go modules (once; cached in {folder})")
-        subprocess.run(["bash", str(BUILD_SCRIPT), version, what], check=True)
-        if apiserver_only and not (folder / "etcd").exists():
-            newest = binaries(NEWEST, apiserver_only=True)
-            (folder / "etcd").symlink_to(newest / "etcd")
+        subprocess.run(["bash", str(BUILD_SCRIPT), version, what], check=True, stdout=subprocess.DEVNULL)
     if assets and version == NEWEST:
         # Mix: envtest's etcd/apiserver/kubectl, our controllers and kwok.
         mixed = CACHE / "k8s" / "assets-mix"
