@@ -26,8 +26,10 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -57,7 +59,7 @@ class Plan:
     repeats: int = 3
     requests: int = 60  # per cell
     warmup: int = 8  # per contender, once, not counted
-    rate: float = 3.0  # open loop, requests/s (Poisson arrivals)
+    rate: float = 4.0  # open loop, requests/s (Poisson arrivals)
     concurrency: int = 8  # closed loop
     workloads: tuple[str, ...] = ("zipf", "no-repeat")
     loops: tuple[str, ...] = ("open", "closed")
@@ -250,6 +252,11 @@ ROUTER_COUNTERS = (
     ("encoded", "epd_router_items_total", {"outcome": "encoded"}),
     ("reused", "epd_router_items_total", {"outcome": "reused"}),
     ("fallback", "epd_router_items_total", {"outcome": "fallback"}),
+    ("retries", "epd_router_retries_total", {}),
+    ("backend_errors", "epd_router_backend_errors_total", {}),
+    ("encode_s", "epd_router_stage_seconds_sum", {"stage": "encode"}),
+    ("decode_s", "epd_router_stage_seconds_sum", {"stage": "decode"}),
+    ("ttfb_s", "epd_router_stage_seconds_sum", {"stage": "ttfb"}),
 )
 
 
@@ -392,7 +399,7 @@ class Cell:
         xs = sorted(getattr(self, which))
         if not xs:
             return None
-        return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))]
+        return xs[min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))]  # nearest rank
 
     def encoder_items(self) -> float | None:
         """Images the encoder tier was asked to encode, from the encoders' own processor counters."""
@@ -572,7 +579,11 @@ def headline(cells: list[Cell], plan: Plan) -> str:
                 ttft = _ratios(groups, workload, loop, c.name, lambda x: x.pct("ttft", 50))
                 parts.append(f"`{c.name}` {_spread(rps, lambda v: f'{v:.2f}×')} req/s, "
                              f"{_spread(ttft, lambda v: f'{v:.2f}×')} p50 TTFT")
-            lines.append(f"- **{workload}, {loop} loop**, against `vllm-proxy`: " + "; ".join(parts) + ".")
+            absolute = "; ".join(
+                f"`{name}` {_spread([x.rps for x in groups[(workload, loop, name)]], lambda v: f'{v:.2f}')} req/s, "
+                f"p50 TTFT {_spread([x.pct('ttft', 50) for x in groups[(workload, loop, name)]], _ms)} ms"
+                for name in (OURS, PROXY) if (workload, loop, name) in groups)
+            lines.append(f"- **{workload}, {loop} loop** ({absolute}), against `vllm-proxy`: " + "; ".join(parts) + ".")
     return "\n".join(lines)
 
 
@@ -769,7 +780,11 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="epd-bench-e2e-") as tmp:
-        cells, dep, leftovers = run(plan, Path(tmp), log_dir)
+        try:
+            cells, dep, leftovers = run(plan, Path(tmp), log_dir)
+        finally:
+            if (Path(tmp) / "logs").is_dir():
+                shutil.copytree(Path(tmp) / "logs", log_dir / "tiers", dirs_exist_ok=True)
     elapsed = time.monotonic() - started
     load_after = os.getloadavg()[0]
     if leftovers:
