@@ -31,7 +31,7 @@ EPD_API = "serving.epd.dev/v1alpha1"
 PLURALS = {"EPDDeployment": "epddeployments", "HorizontalPodAutoscaler": "horizontalpodautoscalers",
            "PodDisruptionBudget": "poddisruptionbudgets", "EndpointSlice": "endpointslices",
            "CustomResourceDefinition": "customresourcedefinitions", "Lease": "leases"}
-CLUSTER_SCOPED = {"Node", "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Node", "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "PersistentVolume"}
 _namespaces = itertools.count(1)
 
 
@@ -116,7 +116,7 @@ class KubeView:
         return list(items)
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        ns = obj.get("metadata", {}).get("namespace") or self.ns
+        ns = None if obj["kind"] in CLUSTER_SCOPED else obj.get("metadata", {}).get("namespace") or self.ns
         return dict(self.ok("POST", api_path(obj["apiVersion"], obj["kind"], ns), obj, content_type="application/json"))
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:

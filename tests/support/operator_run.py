@@ -261,7 +261,7 @@ def writes(metrics: Metrics) -> float:
 async def resyncs(metrics: Metrics, count: int = 3) -> None:
     """Wait until the operator has made `count` more full passes (timer-driven resyncs)."""
     target = full_passes(metrics) + count
-    await wait_until(lambda: full_passes(metrics) >= target, 20, f"fewer than {count} resync passes")
+    await wait_until(lambda: full_passes(metrics) >= target, 45, f"fewer than {count} resync passes")
 
 
 async def create(kube: KubeView, doc: dict[str, Any]) -> dict[str, Any]:

@@ -52,10 +52,12 @@ GPU = "nvidia.com/gpu"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
 # The controllers a test cluster needs; the rest (node lifecycle, cloud, certificates...) only slow it
 # down or act on things that do not exist here.
-CONTROLLERS = ("deployment", "replicaset", "endpointslice", "endpointslicemirroring", "garbagecollector",
-               "horizontalpodautoscaling", "namespace", "serviceaccount", "serviceaccount-token",
-               "root-ca-certificate-publisher", "persistentvolume-binder", "disruption", "statefulset",
-               "job", "podgc", "resourcequota")
+CONTROLLERS = tuple(f"{name}-controller" for name in (
+    "deployment", "replicaset", "endpointslice", "endpointslice-mirroring", "garbage-collector",
+    "horizontal-pod-autoscaler", "namespace", "serviceaccount", "serviceaccount-token",
+    "root-ca-certificate-publisher", "persistentvolume-binder", "persistentvolume-protection",
+    "persistentvolumeclaim-protection", "disruption", "statefulset", "job", "pod-garbage-collector",
+    "resourcequota", "clusterrole-aggregation", "node-lifecycle", "taint-eviction"))
 
 
 class ClusterError(RuntimeError):
@@ -184,7 +186,7 @@ class FakeNode:
     """A kwok node: capacity and placement a test can choose."""
 
     name: str
-    gpus: int = 8
+    gpus: int = 16
     cpu: str = "64"
     memory: str = "512Gi"
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -253,6 +255,7 @@ class LocalCluster:
             self._start_controllers()
             self.add_nodes(*self.nodes)
             self._wait_for_service_account("default", "default", 30)
+            self._wait_for_schedulable_nodes(30)
         _log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
 
     def stop(self) -> None:
@@ -369,6 +372,20 @@ class LocalCluster:
                 return
             time.sleep(0.2)
         raise ClusterError(f"the serviceaccount controller did not create {namespace}/{name} in {timeout:.0f} s")
+
+    def _wait_for_schedulable_nodes(self, timeout: float) -> None:
+        """Nodes are created with the not-ready taint; the node lifecycle controller lifts it once
+        kwok reports them Ready."""
+        deadline = time.monotonic() + timeout
+        names = {n.name for n in self.nodes}
+        while time.monotonic() < deadline:
+            self.check_alive()
+            nodes = [n for n in self.request("GET", "/api/v1/nodes")["items"] if n["metadata"]["name"] in names]
+            if len(nodes) == len(names) and not any(
+                    t["key"].startswith("node.kubernetes.io/") for n in nodes for t in n["spec"].get("taints") or []):
+                return
+            time.sleep(0.2)
+        raise ClusterError(f"the fake nodes were not Ready and untainted after {timeout:.0f} s")
 
     def apply(self, obj: dict[str, Any], *, field_manager: str = "epd-local-cluster") -> Any:
         """Server-side apply of a cluster-scoped or namespaced core/apps object (admin)."""
