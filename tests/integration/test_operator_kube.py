@@ -55,7 +55,8 @@ async def test_errors_carry_the_servers_message(client: Kube, ns: KubeView):
     assert caught.value.status == 422 and "Bad_Name" in str(caught.value)
     with pytest.raises(ApiError) as unknown:  # strict field validation: a typo is an error, not silently dropped
         await client.apply({**configmap(ns, "c"), "dataa": {"k": "v"}})
-    assert unknown.value.status == 400 and 'unknown field "dataa"' in str(unknown.value)
+    # (kube-apiserver 1.37 answers an unknown field in a server-side apply with a 500)
+    assert ".dataa: field not declared in schema" in str(unknown.value), unknown.value
 
 
 async def test_a_dry_run_apply_persists_nothing_and_is_not_counted_as_a_write(client: Kube, ns: KubeView):
