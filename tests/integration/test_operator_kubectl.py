@@ -40,7 +40,7 @@ async def test_kubectl_get_shows_topology_tiers_and_phase(ns):
 
 
 async def test_kubectl_get_watch_goes_progressing_to_ready(ns):
-    argv = [str(ns.cluster.bin / "kubectl"), "--kubeconfig", str(ns.kubeconfig), "get", "epd", "-w",
+    argv = [str(ns.cluster.kubectl_path), "--kubeconfig", str(ns.kubeconfig), "get", "epd", "-w",
             "--output-watch-events", "--request-timeout=60s"]
     watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

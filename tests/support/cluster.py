@@ -89,7 +89,7 @@ class KubeView:
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
-        argv = [str(self.cluster.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]
+        argv = [str(self.cluster.kubectl_path), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]
         result = subprocess.run(argv, input=input, text=True, capture_output=True, timeout=60)
         if check:
             assert result.returncode == 0, f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}"

@@ -228,6 +228,12 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
     return Plan(applies, prunes)
 
 
+# Kinds the spec cannot shape beyond names (no pass-through fields), so the server cannot refuse
+# them over a user's input. RBAC objects are also the ones a dry run cannot judge alone: a
+# RoleBinding's escalation check reads its Role, which a dry run of the Role did not create.
+UNSHAPED_KINDS = frozenset({"ServiceAccount", "Role", "RoleBinding"})
+
+
 def refusal(error: ApiError) -> bool:
     """The server refused the object itself (invalid value, unknown field): sending it again cannot
     succeed until the spec changes. Anything else (RBAC, conflicts, 5xx, 429) is retried and evented."""
@@ -240,6 +246,8 @@ async def refused_by_server(kube: Kube, todo: Plan) -> list[str]:
     (no tier rolled with half of a change)."""
     problems = []
     for step in todo.applies:
+        if step.desired["kind"] in UNSHAPED_KINDS:
+            continue
         try:
             await kube.apply(step.desired, dry_run=True)
         except ApiError as exc:

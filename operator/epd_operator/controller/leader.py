@@ -119,7 +119,7 @@ class LeaseElector:
                     self.is_leader = False
                     return
                 except (*REQUEST_ERRORS, asyncio.TimeoutError) as exc:
-                    log.warning("could not renew the Lease: %s", exc)
+                    log.warning("could not renew the Lease: %s", str(exc) or type(exc).__name__)
                 if time.monotonic() >= deadline:
                     log.error("leadership lost: the Lease was not renewed within %.1fs", self.renew_deadline)
                     self.is_leader = False

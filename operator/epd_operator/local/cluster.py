@@ -250,7 +250,7 @@ class LocalCluster:
         self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", self.admin_token)))
         self._start_etcd()
         self._start_apiserver()
-        self._wait_ready("/readyz", "kube-apiserver", 60)
+        self._wait_ready("/readyz", "kube-apiserver", 180)
         if not self.apiserver_only:
             self._start_controllers()
             self.add_nodes(*self.nodes)
@@ -420,8 +420,16 @@ class LocalCluster:
                                                   namespace=namespace)))
         return path
 
+    @property
+    def kubectl_path(self) -> Path:
+        """This version's kubectl; an apiserver-only older version borrows the newest one (built
+        with every full cluster), which is how users meet old servers too."""
+        assert self.bin is not None
+        own = self.bin / "kubectl"
+        return own if own.exists() else binaries(NEWEST) / "kubectl"
+
     def kubectl_argv(self, *args: str) -> list[str]:
-        return [self._exe("kubectl"), "--kubeconfig", str(self.kubeconfig_path), *args]
+        return [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig_path), *args]
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.kubectl_argv(*args), input=input, text=True, capture_output=True, check=check)
