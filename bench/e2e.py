@@ -390,6 +390,7 @@ class Cell:
     image_items: int
     counters: dict[str, dict[str, float]]
     error_samples: list[str]
+    load1: float = 0.0  # the machine's 1-minute load average when the cell ended
 
     @property
     def rps(self) -> float:
@@ -436,6 +437,7 @@ def run_cell(dep: Deployment, plan: Plan, contender: str, workload: str, loop: s
         distinct_images=W.distinct_images(sent_reqs), image_items=W.image_items(sent_reqs),
         counters=delta(before, after),
         error_samples=sorted({o.error for o in outcomes if not o.ok})[:3],
+        load1=os.getloadavg()[0],
     )
 
 
@@ -687,7 +689,10 @@ def markdown(cells: list[Cell], dep: Deployment, plan: Plan, quick: bool, elapse
 
 Written by `python -m bench.e2e{' --quick' if quick else ''}` (`make bench-e2e{' QUICK=1' if quick else ''}`) on
 {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {elapsed_s / 60:.1f} min. Machine: {_machine()}.
-Load average (1 min) before/after: {loads[0]:.2f} / {loads[1]:.2f}. Every number below comes from this run.
+Load average (1 min) before/after: {loads[0]:.2f} / {loads[1]:.2f}; at the end of each cell: median
+{statistics.median([c.load1 for c in cells]) if cells else 0:.1f}, range {min([c.load1 for c in cells], default=0):.1f}–{max([c.load1 for c in cells], default=0):.1f}
+(the run itself keeps several processes runnable, so some 3–5 of it is expected from the run; beyond that is other work on the machine).
+Every number below comes from this run.
 {'**This is the quick smoke mode: one repeat of few requests per cell; no spread, p99 is close to the maximum.**' if quick else ''}
 
 ## Headline (ratios against vLLM 0.32's own EPD proxy; median of {plan.repeats} repeat{'s' if plan.repeats > 1 else ''}, range in brackets)
@@ -743,7 +748,8 @@ Ablation (per-repeat ratios, median and range; TTFT below 1× is faster, req/s a
   stored embedding from the shared directory. Cache-aware picking sends a repeat to the encoder that processed it
   (its processor cache hits); on this machine that saves little.
 - **Consumer cache hits**: vLLM's CPU backend uses 128-token KV blocks, longer than most of these prompts, so PD's
-  prefix cache cannot hit (the column shows it), and there is no KV connector in E+PD (external hits are 0).
+  prefix cache hits only when two requests share their first 128 tokens (the same leading images), the same for
+  every contender; there is no KV connector in E+PD (external hits are 0).
   vLLM 0.32's EC connectors export no metrics, so whether PD loaded an embedding from the store is not counted by
   vLLM; `vllm-proxy` sends PD metadata-only parts (no processor work at PD), the `epd-router` as rendered sends
   raw media plus uuid (`--rewrite pinned`), which PD preprocesses before loading the stored embedding: the
