@@ -620,3 +620,19 @@ def _placement_volumes(epd, deployment: dict) -> list[dict]:
     role = deployment["metadata"]["labels"]["serving.epd.dev/role"]
     placement = getattr(epd.spec, role, None) if role != "mooncake-master" else None
     return list(placement.volumes) if placement is not None else []
+
+
+@pytest.mark.parametrize("trust, flags", [
+    ({}, []),
+    ({"immutableMediaURLs": True}, ["--immutable-media-urls"]),
+    ({"clientEmbeds": True, "clientUUIDs": True, "immutableMediaURLs": True},
+     ["--allow-client-embeds", "--trust-client-uuids", "--immutable-media-urls"]),
+])
+def test_the_router_trusts_clients_only_as_far_as_the_spec_declares(trust, flags):
+    doc = example_document(SHARED_STORAGE)
+    doc["spec"].setdefault("router", {})["trust"] = trust
+    objects = render(parse_epd(doc))
+    name = doc["metadata"]["name"]
+    args = container(find(objects, "Deployment", f"{name}-router"), "router")["args"]
+    trust_flags = {"--allow-client-embeds", "--trust-client-uuids", "--immutable-media-urls"}
+    assert [a for a in args if a in trust_flags] == flags

@@ -260,6 +260,18 @@ def _router_resources() -> "Resources":
     return Resources(requests={"cpu": "500m", "memory": "256Mi"}, limits={"memory": "1Gi"})
 
 
+class RouterTrust(Strict):
+    """What the router may take from clients it does not otherwise trust. Everything is off by default:
+    transfer parameters are always the router's own, and none of these widen that."""
+    clientEmbeds: bool = Field(False, description="Accept client `*_embeds` content parts and `prompt_embeds` (a "
+                               "metadata-only part whose embedding is absent can kill a vLLM consumer engine).")
+    clientUUIDs: bool = Field(False, description="Honour a client's media `uuid` as the item's identity (it keys the "
+                              "encoder cache and the router's reuse: one client could alias another's media).")
+    immutableMediaURLs: bool = Field(False, description="Media URLs never change content, so an http(s) URL may identify "
+                                     "its item for reuse; otherwise only content-addressed items (data: URLs, inline "
+                                     "bytes) are reused.")
+
+
 class Router(Placement):
     replicas: int = Field(2, ge=0, description="Router pods; ignored while `autoscaling` is set.")
     resources: Resources = Field(
@@ -275,6 +287,8 @@ class Router(Placement):
     pdPolicy: Literal["least-loaded", "prefix-aware", "round-robin"] = Field(
         "least-loaded", description="Which prefill/decode instance gets a request: `prefix-aware` hashes the prompt's "
                                     "prefix for KV prefix-cache hits (bounded load), `least-loaded` picks the fewest in-flight.")
+    trust: RouterTrust = Field(default_factory=RouterTrust, description="What the router may take from clients "
+                               "(all off by default; see the README's router trust model).")
 
 
 # ----------------------------------------------------------------------------- top level

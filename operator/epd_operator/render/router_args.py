@@ -49,6 +49,9 @@ def router_args(epd: EPDDeployment) -> list[str]:
         "--pd-policy", spec.router.pdPolicy,
     ]
     args += connector_hints(epd)
+    trust = spec.router.trust
+    args += [flag for on, flag in ((trust.clientEmbeds, "--allow-client-embeds"), (trust.clientUUIDs, "--trust-client-uuids"),
+                                   (trust.immutableMediaURLs, "--immutable-media-urls")) if on]
     workers = router_workers(epd)
     if workers > 1:
         args += ["--workers", str(workers)]
