@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 import orjson
 import yaml
 from aiohttp import web
@@ -178,15 +179,17 @@ def samples(text: str, name: str) -> dict[str, float]:
     return out
 
 
-async def test_rendered_router_with_two_workers_runs_read_only_and_metrics_follow_backends(tmp_path):
+@pytest.mark.parametrize("cpu", ["2", "500m"], ids=["two-workers", "one-worker-default-resources"])
+async def test_rendered_router_runs_read_only_and_metrics_follow_backends(tmp_path, cpu):
+    # One worker matters as much as two: the rendered pod sets PROMETHEUS_MULTIPROC_DIR either way.
     async with SliceAPI() as api:
-        await _run_rendered_router(api, api.kubeconfig(tmp_path / "kubeconfig"), tmp_path)
+        await _run_rendered_router(api, api.kubeconfig(tmp_path / "kubeconfig"), tmp_path, cpu)
 
 
-async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: Path) -> None:
-    pod, container = rendered_router("2")
+async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: Path, cpu: str) -> None:
+    pod, container = rendered_router(cpu)
     args = container["args"]
-    assert flag(args, "--workers") == "2"
+    assert (flag(args, "--workers") if "--workers" in args else "1") == ("2" if cpu == "2" else "1")
     assert pod["securityContext"]["runAsNonRoot"] and container["securityContext"]["readOnlyRootFilesystem"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert int(flag(args, "--metrics-port")) == ports["metrics"] != ports["http"] == int(flag(args, "--port"))

@@ -224,9 +224,14 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         sys.exit(f"epd-router: {exc}")
     if cfg.workers <= 1:
-        # One process keeps its metrics in memory: nothing to write, whatever the environment says.
+        # One process keeps its metrics in memory: nothing to write, whatever the environment says
+        # (the rendered pod always sets PROMETHEUS_MULTIPROC_DIR). prometheus_client picked its value
+        # class from the environment when it was imported: let it pick again.
         for name in MULTIPROC_ENV:
             os.environ.pop(name, None)
+        from prometheus_client import values
+
+        values.ValueClass = values.get_value_class()
         run_worker(cfg, args.log_level)
         return
     # Several interpreters share the metrics through prometheus_client's multiprocess files;
