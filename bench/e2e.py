@@ -761,6 +761,12 @@ Ablation (per-repeat ratios, median and range; TTFT below 1× is faster, req/s a
 """
 
 
+def write_json(path: Path, plan: dict, cells: list[dict]) -> None:
+    """Every cell's raw numbers (latencies in seconds, counter deltas), one cell a line."""
+    lines = ",\n".join(json.dumps(c, default=str) for c in cells)
+    path.write_text(f'{{"plan": {json.dumps(plan, default=str)},\n"cells": [\n{lines}\n]}}\n')
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one repeat of a few requests per cell (a few minutes)")
@@ -800,8 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown(cells, dep, plan, args.quick, elapsed, (load_before, load_after), leftovers,
                             png.name if drew else None))
-    out.with_suffix(".json").write_text(json.dumps(
-        {"plan": dataclasses.asdict(plan), "cells": [c.as_dict() for c in cells]}, indent=1, default=str) + "\n")
+    write_json(out.with_suffix(".json"), dataclasses.asdict(plan), [c.as_dict() for c in cells])
     _log(f"wrote {out}{' and ' + png.name if drew else ''} in {elapsed / 60:.1f} min (process logs in {log_dir})")
     return 1 if leftovers else 0
 
