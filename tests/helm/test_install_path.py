@@ -120,3 +120,42 @@ async def test_helm_install_upgrade_uninstall_with_the_charts_rbac(helm: Helm, c
     assert system.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME) is not None
     listing = json.loads(helm_on(helm, cluster, "list", "-A", "-o", "json"))
     assert [r["name"] for r in listing] == []
+
+
+async def test_an_umbrella_chart_installs_and_tenants_get_edit_and_view_rights(helm: Helm, cluster: LocalCluster,
+                                                                              tmp_path: Path):
+    """Both charts as subcharts of a platform team's chart, installed for real; the chart's aggregated
+    ClusterRoles reach the built-in edit/view roles through the real aggregation controller."""
+    import yaml
+
+    chart = tmp_path / "platform"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2", "name": "platform", "version": "1.0.0", "type": "application",
+        "dependencies": [
+            {"name": "epd-operator", "version": "0.1.0", "repository": f"file://{OPERATOR_CHART}"},
+            {"name": "epd-deployment", "version": "0.1.0", "repository": f"file://{DEPLOYMENT_CHART}"},
+        ]}))
+    (chart / "values.yaml").write_text(yaml.safe_dump({
+        "global": {"labels": {"team": "ml-platform"}},
+        "epd-operator": {"watchNamespaces": ["platform"]},
+        "epd-deployment": {"fullnameOverride": "qwen-vl"}}))
+    helm_on(helm, cluster, "dependency", "build", str(chart))
+    platform = view(cluster, "platform", tmp_path)
+    if platform.get("v1", "Namespace", "platform") is None:
+        platform.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "platform"}})
+    helm_on(helm, cluster, "install", f"platform-h{helm.major}", str(chart), "-n", "platform")
+    try:
+        epd = platform.get("serving.epd.dev/v1alpha1", "EPDDeployment", "qwen-vl")
+        assert epd is not None and epd["metadata"]["labels"].get("app.kubernetes.io/managed-by") == "Helm"
+
+        def grants(role: str) -> set[str]:
+            rules = (platform.get("rbac.authorization.k8s.io/v1", "ClusterRole", role) or {}).get("rules") or []
+            return {verb for r in rules if "serving.epd.dev" in r.get("apiGroups", [])
+                    and "epddeployments" in r.get("resources", []) for verb in r.get("verbs", [])}
+
+        wait_for(lambda: {"create", "update", "delete"} <= grants("edit"), 30, lambda: grants("edit"))
+        wait_for(lambda: {"get", "list", "watch"} <= grants("view"), 30, lambda: grants("view"))
+        assert not {"create", "update", "patch", "delete"} & grants("view")
+    finally:
+        helm_on(helm, cluster, "uninstall", f"platform-h{helm.major}", "-n", "platform")

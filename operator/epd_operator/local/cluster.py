@@ -83,25 +83,26 @@ def binaries(version: str = NEWEST, *, apiserver_only: bool = False) -> Path:
     envtest's asset folders hold etcd, kube-apiserver and kubectl only, so the rest come from our cache.
     """
     needed = ("etcd", "kube-apiserver") if apiserver_only else CONTROL_PLANE
-    assets = os.environ.get("KUBEBUILDER_ASSETS")
-    if assets and version == NEWEST and all((Path(assets) / b).exists() for b in needed):
-        return Path(assets)
+    env_assets = os.environ.get("KUBEBUILDER_ASSETS")
+    assets = Path(env_assets) if env_assets and version == NEWEST else None
+    from_assets = {b for b in needed if assets is not None and (assets / b).exists()}
+    if assets is not None and from_assets == set(needed):
+        return assets
     folder = CACHE / "k8s" / version
-    if not all(os.access(folder / b, os.X_OK) for b in needed):
+    if any(b not in from_assets and not os.access(folder / b, os.X_OK) for b in needed):
         what = "apiserver-only" if apiserver_only else "all"
         _log(f"building the Kubernetes {version} control plane from the official Go modules (once; cached in {folder})")
         subprocess.run(["bash", str(BUILD_SCRIPT), version, what], check=True, stdout=subprocess.DEVNULL)
-    if assets and version == NEWEST:
-        # Mix: envtest's etcd/apiserver/kubectl, our controllers and kwok.
-        mixed = CACHE / "k8s" / "assets-mix"
-        mixed.mkdir(parents=True, exist_ok=True)
-        for b in CONTROL_PLANE:
-            src = Path(assets) / b if (Path(assets) / b).exists() else folder / b
-            link = mixed / b
-            link.unlink(missing_ok=True)
-            link.symlink_to(src)
-        return mixed
-    return folder
+    if not from_assets:
+        return folder
+    # A mix: envtest's etcd/apiserver/kubectl, our controllers, scheduler and kwok.
+    mixed = CACHE / "k8s" / "assets-mix"
+    mixed.mkdir(parents=True, exist_ok=True)
+    for b in needed:
+        link = mixed / b
+        link.unlink(missing_ok=True)
+        link.symlink_to((assets if b in from_assets else folder) / b)  # type: ignore[operator]
+    return mixed
 
 
 # ------------------------------------------------------------------------------------ PKI
