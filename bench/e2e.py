@@ -32,7 +32,6 @@ import platform
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from pathlib import Path
 
 from . import contenders as C
 from . import e2e_workload as W
-from .procs import BENCH_NICE, REPO_ROOT, Proc, start_server, tree
+from .procs import BENCH_NICE, REPO_ROOT, Proc, commit, cpu_model, start_server, tree
 
 RESULTS = Path(__file__).with_name("results")
 EXAMPLE = REPO_ROOT / "examples" / "epd-shared-storage.yaml"
@@ -660,15 +659,9 @@ def plot(cells: list[Cell], plan: Plan, path: Path, title: str) -> bool:
 
 
 def _machine() -> str:
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor())
-    try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty=+uncommitted-changes"],
-                                capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip()
-    except OSError:
-        commit = ""
-    return f"{os.cpu_count()} cores ({model}), {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, " \
-           f"Python {platform.python_version()}, commit `{commit or '?'}`"
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} cores ({cpu_model()}), {memory:.0f} GiB, Python {platform.python_version()}, "
+            f"commit `{commit()}`")
 
 
 def markdown(cells: list[Cell], dep: Deployment, plan: Plan, quick: bool, elapsed_s: float,

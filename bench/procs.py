@@ -166,3 +166,19 @@ def start_server(name: str, argv_for_port, core: int | None, log_dir: Path, read
             if not lost_port or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def cpu_model() -> str:
+    import platform
+
+    return next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")), platform.processor())
+
+
+def commit() -> str:
+    """The checked-out commit, marked when the tree has uncommitted changes (results name what ran)."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty=+uncommitted-changes"],
+                              capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip() or "?"
+    except OSError:
+        return "?"

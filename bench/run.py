@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from . import contenders, operator_scale, overhead, routing
 from .loadgen import LoadgenMissing, wrk_binary
-from .procs import BENCH_NICE, REPO_ROOT, cpus, isolate
+from .procs import BENCH_NICE, commit, cpu_model, cpus, isolate
 from .report import Target, targets_table
 
 RESULTS = Path(__file__).with_name("results")
@@ -29,15 +28,8 @@ def _log(msg: str) -> None:
 
 
 def _machine(cores: list[int], prioritised: bool) -> str:
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor())
-    try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty=+uncommitted-changes"],
-                                capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip()
-    except OSError:
-        commit = ""
     nice = f"benchmark processes at nice {BENCH_NICE}" if prioritised else "benchmark processes at normal priority"
-    return f"{len(cores)} usable cores ({model}), {nice}, Python {platform.python_version()}, commit `{commit or '?'}`"
+    return f"{len(cores)} usable cores ({cpu_model()}), {nice}, Python {platform.python_version()}, commit `{commit()}`"
 
 
 def main(argv: list[str] | None = None) -> int:
