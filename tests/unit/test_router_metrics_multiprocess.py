@@ -39,9 +39,13 @@ BIN = Path(sys.executable).parent
 # separated), the rest the command.
 READ_ONLY_ROOT = r"""
 set -e
-kubeconfig=$(cat "$1"); scratch=$2; shift 2
-IFS=:; for path in $scratch; do mount -t tmpfs -o size=64m tmpfs "$path"; done; unset IFS
+kubeconfig=$(cat "$1"); scratch=$2; keep=$3; shift 3
 mount -t tmpfs -o size=1m tmpfs /mnt
+# The repository and its venv stay visible even where a scratch mount covers them (a clone in /tmp).
+i=0; IFS=:; for path in $keep; do mkdir -p "/mnt/keep$i"; mount --bind "$path" "/mnt/keep$i"; i=$((i+1)); done
+for path in $scratch; do mount -t tmpfs -o size=64m tmpfs "$path"; done
+i=0; for path in $keep; do mkdir -p "$path" 2>/dev/null || true; mount --bind "/mnt/keep$i" "$path"; i=$((i+1)); done
+unset IFS
 printf '%s' "$kubeconfig" > /mnt/kubeconfig
 mount -o remount,ro /mnt
 for target in $(awk '{print $5}' /proc/self/mountinfo); do
@@ -205,7 +209,8 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
     args += ["--health-interval", "0.2", "--log-level", "warning"]
     base_env = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "operator"), "HOME": "/nonexistent"}
     if user_namespaces_work():
-        argv = ["unshare", "-rm", "sh", "-c", READ_ONLY_ROOT, "sh", str(kubeconfig), ":".join(scratch),
+        keep = ":".join(sorted({str(REPO), str(BIN.parent)}))
+        argv = ["unshare", "-rm", "sh", "-c", READ_ONLY_ROOT, "sh", str(kubeconfig), ":".join(scratch), keep,
                 *container["command"], *args, "--kubeconfig", "/mnt/kubeconfig"]
         proc_env = {**base_env, **env}
     else:  # no mount namespace: a read-only root as far as the environment can say it
