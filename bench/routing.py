@@ -51,7 +51,10 @@ QUICK = Plan(requests=500, rate=125.0)
 
 # label, contender, extra flags
 POLICIES = (
-    ("cache-aware + reuse", C.EPD_ROUTER, ["--encoder-policy", "cache-aware", "--reuse-ttl", "600"]),
+    # The workload's images are http(s) URLs: reusing them is what a deployment that declares its media
+    # URLs immutable (spec.router.trust.immutableMediaURLs) gets; without it only content-addressed items are reused.
+    ("cache-aware + reuse", C.EPD_ROUTER, ["--encoder-policy", "cache-aware", "--reuse-ttl", "600",
+                                           "--immutable-media-urls"]),
     ("cache-aware", C.EPD_ROUTER, ["--encoder-policy", "cache-aware"]),
     ("least-loaded", C.EPD_ROUTER, ["--encoder-policy", "least-loaded"]),
     ("round-robin", C.EPD_ROUTER, ["--encoder-policy", "round-robin"]),
@@ -258,8 +261,9 @@ def markdown(result: RoutingResult) -> str:
         f"{p.encoders} fake encoders (one batch at a time each; {p.miss_ms:g} ms per item not yet encoded on that "
         f"encoder, {p.hit_ms:g} ms per item it already has) and one PD. Workload: {p.requests} requests, one image "
         f"each, Zipf(s={p.zipf_s:g}) over {p.catalogue} images ({result.distinct} distinct drawn), Poisson arrivals at "
-        f"{p.rate:g} req/s, the same sequence for every policy. Reuse = `--reuse-ttl 600` (the router remembers what "
-        "an encoder reported and skips the encoder for a repeated image). `encoder calls` counts items the router sent "
+        f"{p.rate:g} req/s, the same sequence for every policy. Reuse = `--reuse-ttl 600 --immutable-media-urls` (the "
+        "router remembers what an encoder reported and skips the encoder for a repeated image; the images are URLs, so "
+        "the deployment declares them immutable, `spec.router.trust.immutableMediaURLs`). `encoder calls` counts items the router sent "
         "to any encoder; `encodes` the ones an encoder had not seen (the real work); the busiest encoder is compared "
         "with the mean over the measured requests (20 warm-up requests with other images are not counted)."
     )

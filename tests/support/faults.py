@@ -92,9 +92,12 @@ class FaultProxy:
                 response = web.StreamResponse(status=answer.status, headers={
                     k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP})
                 await response.prepare(request)
-                async for chunk in answer.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
+                try:
+                    async for chunk in answer.content.iter_any():
+                        await response.write(chunk)
+                    await response.write_eof()
+                except (aiohttp.ClientError, ConnectionResetError):
+                    pass  # a watch cut by either side (a stop, a timeout): the client sees it end, as it would
                 return response
 
         app = web.Application(client_max_size=64 * 2**20)
