@@ -40,7 +40,8 @@ def test_rows_carry_type_default_and_description():
     assert "| integer (≥ 1) | `600` |" in rows["`spec.ecTransfer.sharedStorage.ttlSeconds`"]
     assert "| enum: `SharedStorage`, `Mooncake`, `CPU` | **required** |" in rows["`spec.ecTransfer.connector`"]
     assert "quantity" in rows["`spec.ecTransfer.cpu.bytes`"]
-    assert "Same fields as `spec.encoder`" in rows["`spec.decode`"]
+    assert "Same fields as `spec.prefill`" in rows["`spec.decode`"]  # the encoder has fields of its own
+    assert "`spec.encoder.cudaGraphs.tokenBudgets`" in rows and "`spec.prefill.cudaGraphs`" not in rows
 
 
 def test_every_cross_field_rule_is_listed_with_its_path():

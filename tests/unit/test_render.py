@@ -636,3 +636,48 @@ def test_the_router_trusts_clients_only_as_far_as_the_spec_declares(trust, flags
     args = container(find(objects, "Deployment", f"{name}-router"), "router")["args"]
     trust_flags = {"--allow-client-embeds", "--trust-client-uuids", "--immutable-media-urls"}
     assert [a for a in args if a in trust_flags] == flags
+
+
+def test_the_encoder_gets_its_own_gpu_memory_default_and_consumers_keep_vllms():
+    from epd_operator.api.spec import ENCODER_GPU_MEMORY_UTILIZATION
+
+    doc = example_document(SHARED_STORAGE)
+    for tier in ("encoder", "decode"):
+        doc["spec"][tier].pop("gpuMemoryUtilization", None)
+    objects = render(parse_epd(doc))
+    name = doc["metadata"]["name"]
+    assert flag(vllm(objects, f"{name}-encoder")["args"], "--gpu-memory-utilization") == str(ENCODER_GPU_MEMORY_UTILIZATION)
+    assert "--gpu-memory-utilization" not in vllm(objects, f"{name}-decode")["args"]
+    doc["spec"]["encoder"]["gpuMemoryUtilization"] = 0.05  # the spec wins
+    objects = render(parse_epd(doc))
+    assert flag(vllm(objects, f"{name}-encoder")["args"], "--gpu-memory-utilization") == "0.05"
+
+
+def test_encoder_performance_settings_become_vllms_flags_on_the_encoder_only():
+    doc = example_document(SHARED_STORAGE)
+    doc["spec"]["encoder"].update(cudaGraphs={"tokenBudgets": [4096, 1024], "maxVisionItemsPerBatch": 8,
+                                              "maxFramesPerBatch": 32},
+                                  preprocessing="gpu", mmEncoderTPMode="data")
+    objects = render(parse_epd(doc))
+    name = doc["metadata"]["name"]
+    args = vllm(objects, f"{name}-encoder")["args"]
+    assert json.loads(flag(args, "--compilation-config")) == {
+        "cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [1024, 4096],
+        "encoder_cudagraph_max_vision_items_per_batch": 8, "encoder_cudagraph_max_frames_per_batch": 32}
+    assert (flag(args, "--mm-tensor-ipc"), flag(args, "--mm-processor-device")) == ("torch_shm", "auto")
+    assert flag(args, "--mm-encoder-tp-mode") == "data"
+    decode = vllm(objects, f"{name}-decode")["args"]
+    assert not {"--compilation-config", "--mm-tensor-ipc", "--mm-encoder-tp-mode"} & set(decode)
+    plain = render(parse_epd(example_document(SHARED_STORAGE)))
+    assert not {"--compilation-config", "--mm-tensor-ipc", "--mm-encoder-tp-mode"} & set(
+        vllm(plain, f"{name}-encoder")["args"])
+
+
+def test_encoder_only_settings_are_refused_on_a_consumer_tier():
+    from epd_operator.api import SpecError
+
+    doc = example_document(SHARED_STORAGE)
+    doc["spec"]["decode"]["cudaGraphs"] = {}
+    with pytest.raises(SpecError) as refused:
+        parse_epd(doc)
+    assert "spec.decode.cudaGraphs" in [e.path for e in refused.value.errors]

@@ -175,10 +175,40 @@ class Placement(Strict):
     autoscaling: Optional[Autoscaling] = Field(None, description="Present: an HPA scales this tier and the operator never writes its replicas.")
 
 
+# An encode-only instance allocates no KV cache, so it needs a fraction of the GPU a consumer does
+# (vLLM's EPD examples run encoders at 0.01-0.35); vLLM's own default (0.9) would starve co-located pods.
+ENCODER_GPU_MEMORY_UTILIZATION = 0.35
+
+
 class Tier(Placement):
     tensorParallelSize: int = Field(1, ge=1, description="`--tensor-parallel-size`.")
-    gpuMemoryUtilization: Optional[float] = Field(None, gt=0, le=1, description="`--gpu-memory-utilization`; default per role.")
+    gpuMemoryUtilization: Optional[float] = Field(
+        None, gt=0, le=1, description=f"`--gpu-memory-utilization`; default per role: encoder "
+                                      f"{ENCODER_GPU_MEMORY_UTILIZATION}, prefill and decode vLLM's own (0.9).")
     maxNumBatchedTokens: Optional[int] = Field(None, ge=1, description="`--max-num-batched-tokens`; default per role (encoder: 114688).")
+
+
+class EncoderCudaGraphs(Strict):
+    """Encoder CUDA graphs (vLLM 0.32 `cudagraph_mm_encoder`): captured per token budget, replayed for batches that fit."""
+    tokenBudgets: list[int] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
+                                    description="`encoder_cudagraph_token_budgets`: the encoder-token counts graphs are "
+                                                "captured for; empty: vLLM's own choice.")
+    maxVisionItemsPerBatch: Optional[int] = Field(None, ge=0, description="`encoder_cudagraph_max_vision_items_per_batch` "
+                                                                          "(0: automatic).")
+    maxFramesPerBatch: Optional[int] = Field(None, ge=1, description="`encoder_cudagraph_max_frames_per_batch` (video).")
+
+
+class EncoderTier(Tier):
+    cudaGraphs: Optional[EncoderCudaGraphs] = Field(
+        None, description="Capture encoder CUDA graphs (`--compilation-config` with `cudagraph_mm_encoder`); absent: vLLM's "
+                          "default for encoders (no encoder graphs).")
+    preprocessing: Literal["cpu", "gpu"] = Field(
+        "cpu", description="Where HF media preprocessing runs: `gpu` passes tensors through shared memory "
+                           "(`--mm-tensor-ipc torch_shm`) so vLLM preprocesses on the encoder's GPU (`--mm-processor-device "
+                           "auto`, only allowed on an encode-only instance).")
+    mmEncoderTPMode: Optional[Literal["weights", "data"]] = Field(
+        None, description="`--mm-encoder-tp-mode`: shard the vision encoder's weights across TP ranks (`weights`, vLLM's "
+                          "default) or run a full copy per rank on a share of the items (`data`).")
 
 
 # ----------------------------------------------------------------------------- transfer
@@ -298,7 +328,7 @@ class EPDDeploymentSpec(Strict):
     model: ModelSpec = Field(description="The model every tier serves.")
     image: str = Field(DEFAULT_VLLM_IMAGE, min_length=1, description="Default image for every vLLM tier.")
     imagePullSecrets: list[str] = Field(default_factory=list, description="Secret names for pulling images.")
-    encoder: Tier = Field(description="The encoder tier (`--mm-encoder-only`, EC producer).")
+    encoder: EncoderTier = Field(description="The encoder tier (`--mm-encoder-only`, EC producer).")
     prefill: Optional[Tier] = Field(None, description="Present: E/P/D (prefill hands KV to decode); absent: E+PD.")
     decode: Tier = Field(description="Decode tier: the combined PD tier in E+PD, D in E/P/D.")
     ecTransfer: ECTransfer = Field(description="How the encoder's embeddings reach the prefill/decode tiers (the EC connector).")

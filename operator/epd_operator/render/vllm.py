@@ -6,9 +6,10 @@ last occurrence of a flag).
 """
 from __future__ import annotations
 
+import json
 from typing import Optional
 
-from ..api.spec import VLLM_PORT, EPDDeployment, EPDDeploymentSpec, Tier
+from ..api.spec import ENCODER_GPU_MEMORY_UTILIZATION, VLLM_PORT, EPDDeployment, EPDDeploymentSpec, EncoderTier, Tier
 from .naming import DECODE, ENCODER, PREFILL, tier_of
 from .transfer import TierTransfer, tier_transfer
 
@@ -32,15 +33,16 @@ def served_model_name(spec: EPDDeploymentSpec) -> str:
     return spec.model.servedModelName or model_path(spec)
 
 
-def _common_args(spec: EPDDeploymentSpec, tier: Tier) -> list[str]:
+def _common_args(spec: EPDDeploymentSpec, tier: Tier, gpu_memory_utilization: Optional[float] = None) -> list[str]:
     args = [model_path(spec), "--port", str(VLLM_PORT)]
     if spec.model.servedModelName:
         args += ["--served-model-name", spec.model.servedModelName]
     args += ["--tensor-parallel-size", str(tier.tensorParallelSize)]
     if spec.model.maxModelLen:
         args += ["--max-model-len", str(spec.model.maxModelLen)]
-    if tier.gpuMemoryUtilization is not None:
-        args += ["--gpu-memory-utilization", str(tier.gpuMemoryUtilization)]
+    memory = tier.gpuMemoryUtilization if tier.gpuMemoryUtilization is not None else gpu_memory_utilization
+    if memory is not None:
+        args += ["--gpu-memory-utilization", str(memory)]
     # The router tags every sub-request with x-request-id; vLLM echoes it only with this flag.
     args.append("--enable-request-id-headers")
     return args
@@ -55,10 +57,31 @@ def encoder_args(epd: EPDDeployment, transfer: Optional[TierTransfer] = None) ->
     """E: an encode-only EC producer; it never samples, and its cache is the connector's, not prefix caching."""
     spec, tier = epd.spec, epd.spec.encoder
     transfer = transfer or tier_transfer(epd, ENCODER)
-    return (_common_args(spec, tier)
+    return (_common_args(spec, tier, ENCODER_GPU_MEMORY_UTILIZATION)
             + ["--mm-encoder-only", "--no-enable-prefix-caching"]
             + _max_num_batched_tokens(tier, ENCODER_MAX_NUM_BATCHED_TOKENS)
+            + encoder_performance_args(tier)
             + transfer.args + tier.extraArgs)
+
+
+def encoder_performance_args(tier: EncoderTier) -> list[str]:
+    """The encoder's speed-ups as vLLM 0.32 spells them (shared/reference/vllm-epd.md §1)."""
+    args: list[str] = []
+    graphs = tier.cudaGraphs
+    if graphs is not None:
+        config: dict[str, object] = {"cudagraph_mm_encoder": True}
+        if graphs.tokenBudgets:
+            config["encoder_cudagraph_token_budgets"] = sorted(graphs.tokenBudgets)
+        if graphs.maxVisionItemsPerBatch is not None:
+            config["encoder_cudagraph_max_vision_items_per_batch"] = graphs.maxVisionItemsPerBatch
+        if graphs.maxFramesPerBatch is not None:
+            config["encoder_cudagraph_max_frames_per_batch"] = graphs.maxFramesPerBatch
+        args += ["--compilation-config", json.dumps(config, separators=(",", ":"), sort_keys=True)]
+    if tier.preprocessing == "gpu":
+        args += ["--mm-tensor-ipc", "torch_shm", "--mm-processor-device", "auto"]
+    if tier.mmEncoderTPMode is not None:
+        args += ["--mm-encoder-tp-mode", tier.mmEncoderTPMode]
+    return args
 
 
 def consumer_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None) -> list[str]:
