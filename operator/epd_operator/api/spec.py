@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic_core import PydanticCustomError
 
 from . import kube_schemas
+from .labels import OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS
 from .quantity import Quantity
 
 GROUP = "serving.epd.dev"
@@ -34,9 +35,6 @@ KubeObject = dict[str, Any]
 
 # Labels and annotations the operator puts on every pod it renders: the router discovers its backends
 # and Deployments select their pods by these, so a tier's `podLabels`/`podAnnotations` may not set them.
-OPERATOR_POD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
-                       "app.kubernetes.io/managed-by", "serving.epd.dev/role")
-OPERATOR_POD_ANNOTATIONS = ("serving.epd.dev/config-hash",)
 # Volume names and mount paths the operator renders into some pod (the shared-storage path aside,
 # which the spec chooses): a tier's `volumes`/`volumeMounts` may not reuse them. A render test checks
 # this list covers everything rendered.

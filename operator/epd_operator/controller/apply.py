@@ -21,11 +21,7 @@ from ..api.quantity import parse_quantity
 from ..api.spec import API_VERSION, KIND
 from .kube import FIELD_MANAGER, ApiError, Kube, child_resource
 
-APPLIED_HASH = "serving.epd.dev/applied-hash"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-ROLE_LABEL = "serving.epd.dev/role"
-MANAGED_BY = "epd-operator"
+from ..api.labels import APPLIED_HASH_ANNOTATION as APPLIED_HASH, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL  # noqa: F401,E501
 
 # Field manager that keeps a Deployment's replicas alive while an HPA takes them over (below).
 HANDOVER_MANAGER = "epd-operator-hpa-handover"

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-ROLE_LABEL = "serving.epd.dev/role"
+from ..api.labels import ROLE_LABEL
+
 ENCODER, PREFILL, DECODE, ROUTER = "encoder", "prefill", "decode", "router"
 VLLM_ROLES = (ENCODER, PREFILL, DECODE)
 LOCALHOST = "127.0.0.1"

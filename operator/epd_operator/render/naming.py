@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from ..api.spec import EPDDeployment, Tier
 
-ROLE_LABEL = "serving.epd.dev/role"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-CONFIG_HASH_ANNOTATION = "serving.epd.dev/config-hash"
-MANAGED_BY = "epd-operator"
+from ..api.labels import (APP_NAME, COMPONENT_LABEL, CONFIG_HASH_ANNOTATION, INSTANCE_LABEL, MANAGED_BY,
+                          MANAGED_BY_LABEL, NAME_LABEL, ROLE_LABEL)
 
 ENCODER, PREFILL, DECODE, ROUTER, MOONCAKE_MASTER = "encoder", "prefill", "decode", "router", "mooncake-master"
 # The role label of the `{name}-transfer` ConfigMap, which serves every tier and belongs to none.
@@ -42,10 +40,10 @@ def selector_labels(epd: EPDDeployment, role: str) -> dict[str, str]:
 
 def labels(epd: EPDDeployment, role: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "epd",
+        NAME_LABEL: APP_NAME,
         INSTANCE_LABEL: epd.name,
-        "app.kubernetes.io/component": role,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        COMPONENT_LABEL: role,
+        MANAGED_BY_LABEL: MANAGED_BY,
         ROLE_LABEL: role,
     }
 
