@@ -1,4 +1,4 @@
-"""The `vllm serve` command line of each tier (vLLM 0.32 flags; see shared/reference/vllm-epd.md §1).
+"""The `vllm serve` command line of each tier (vLLM 0.32 flags, checked by vLLM's own parser in tests/unit/test_render_vllm_args.py).
 
 Order of the arguments: model and port, what every tier shares, the role's own flags, the transfer
 configs, then the user's `extraArgs` last so they win over anything generated (argparse keeps the
@@ -65,7 +65,7 @@ def encoder_args(epd: EPDDeployment, transfer: Optional[TierTransfer] = None) ->
 
 
 def encoder_performance_args(tier: EncoderTier) -> list[str]:
-    """The encoder's speed-ups as vLLM 0.32 spells them (shared/reference/vllm-epd.md §1)."""
+    """The encoder's speed-ups as vLLM 0.32 spells them (its `CompilationConfig` and multimodal flags)."""
     args: list[str] = []
     graphs = tier.cudaGraphs
     if graphs is not None:

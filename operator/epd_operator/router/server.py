@@ -11,7 +11,7 @@ from contextlib import suppress
 import aiohttp
 import orjson
 
-from .backends import DiscoveredEndpoint, Endpoint, HealthChecker, Pool
+from .backends import Endpoint, HealthChecker, Pool
 from .config import RouterConfig
 from .http_server import BodyTooLarge, HttpRequest, Response, StreamResponse, start_server
 from .metrics import RouterMetrics
@@ -183,9 +183,6 @@ class Router:
         if self.prefills is not None:
             pools["prefill"] = self.prefills
         return pools
-
-    def set_endpoints(self, role: str, endpoints: list[DiscoveredEndpoint]) -> None:
-        self._pool_for_role()[role].update(endpoints)
 
     # ---- handlers --------------------------------------------------------------------
 
