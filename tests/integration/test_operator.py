@@ -358,3 +358,29 @@ async def test_a_deleted_tier_is_recreated_at_once(ns):
         await wait_until(lambda: (deployment(ns, "vl-decode") or {}).get("metadata", {}).get("uid") not in (None, old_uid),
                          20, "the deleted decode Deployment was not recreated")
         await wait_until(lambda: ("Normal", "Applied", "Deployment vl-decode created") in events(ns), 20)
+
+
+GATEWAY = {"parentRefs": [{"name": "inference", "namespace": "gateways", "sectionName": "https"}],
+           "hostnames": ["vl.example.com"]}
+
+
+async def test_a_gateway_route_is_applied_owned_and_pruned(ns, operator):
+    from tests.support.cluster import gateway_api_crd, install_crd
+
+    install_crd(ns.cluster, gateway_api_crd("httproutes"))  # the Gateway API's own CRD, with its CEL rules
+    doc = epd_doc()
+    doc["spec"]["router"]["gateway"] = GATEWAY
+    created = await create(ns, doc)
+    await observed(ns, 1)
+    route = ns.get("gateway.networking.k8s.io/v1", "HTTPRoute", "vl")
+    assert route is not None, epd(ns)["status"]
+    assert route["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+    assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == "vl"
+    # Defaulted by the Gateway API's schema (the server's, not ours): the route was validated by it.
+    assert route["spec"]["rules"][0]["backendRefs"][0]["weight"] == 1
+    await posted(ns, "Normal", "Applied", "HTTPRoute vl created")
+
+    await patch_spec(ns, {"router": {**doc["spec"]["router"], "gateway": None}})
+    await wait_until(lambda: ns.get("gateway.networking.k8s.io/v1", "HTTPRoute", "vl") is None, 20,
+                     "the HTTPRoute was not pruned")
+    await posted(ns, "Normal", "Pruned", "HTTPRoute vl")

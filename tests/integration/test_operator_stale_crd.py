@@ -10,8 +10,8 @@ import pytest
 
 from epd_operator.local.cluster import LocalCluster
 from tests.support.cluster import KubeView, epd_crd, install_crd, new_namespace
-from tests.support.operator_run import (children, condition, create, deployed, epd, epd_doc, events, observed,
-                                        operator_in_process, patch_spec, phase, posted, writes)
+from tests.support.operator_run import (children, condition, create, deployed, epd, epd_doc, events, metric_value,
+                                        observed, operator_in_process, patch_spec, phase, posted, writes)
 
 RESYNC = "0.3"
 
@@ -69,3 +69,23 @@ async def test_a_refused_update_changes_nothing(ns):
         assert "spec.router.encoderPolicy" in condition(epd(ns), "SpecValid")["message"]
         assert epd(ns)["status"]["observedGeneration"] == 2
         assert {k: o["metadata"]["resourceVersion"] for k, o in children(ns).items()} == before
+
+
+async def test_a_gateway_on_a_cluster_without_the_gateway_api_is_refused_clearly(ns):
+    """No Gateway API CRDs here: the spec is reported refused, with what is missing, and nothing is applied."""
+    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC) as metrics:
+        doc = epd_doc()
+        doc["spec"]["router"]["gateway"] = {"parentRefs": [{"name": "inference"}]}
+        await create(ns, doc)
+        await phase(ns, "Failed")
+        spec_valid = condition(epd(ns), "SpecValid")
+        assert (spec_valid["status"], spec_valid["reason"]) == ("False", "RefusedByAPIServer")
+        assert spec_valid["message"] == ("HTTPRoute vl: this cluster does not serve gateway.networking.k8s.io/v1 "
+                                         "HTTPRoute (install its CRDs, or remove the field that asks for it)")
+        await posted(ns, "Warning", "RefusedByAPIServer", "does not serve gateway.networking.k8s.io/v1 HTTPRoute")
+        assert children(ns) == {}
+        errors = metric_value(metrics.exposition().decode(), "epd_operator_reconcile_errors_total")
+        assert errors == 0  # reported once, not a retry loop
+
+        await patch_spec(ns, {"router": {**doc["spec"]["router"], "gateway": None}})
+        await deployed(ns, "vl-encoder", "vl-decode", "vl-router")

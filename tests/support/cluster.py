@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import subprocess
+import tempfile
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
 EPD_API = "serving.epd.dev/v1alpha1"
 
-PLURALS = {"EPDDeployment": "epddeployments", "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+PLURALS = {"EPDDeployment": "epddeployments", "HTTPRoute": "httproutes", "HorizontalPodAutoscaler": "horizontalpodautoscalers",
            "PodDisruptionBudget": "poddisruptionbudgets", "EndpointSlice": "endpointslices",
            "CustomResourceDefinition": "customresourcedefinitions", "Lease": "leases"}
 CLUSTER_SCOPED = {"Node", "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "PersistentVolume"}
@@ -187,6 +188,17 @@ def install_crd(cluster: LocalCluster, crd: dict[str, Any]) -> None:
         return any(c["type"] == "Established" and c["status"] == "True" for c in (got.get("status") or {}).get("conditions") or [])
 
     wait_for(established, 30, f"CRD {name} not established")
+
+
+GATEWAY_API = "sigs.k8s.io/gateway-api@v1.4.1"
+
+
+def gateway_api_crd(kind_plural: str = "httproutes") -> dict[str, Any]:
+    """A Gateway API CRD (standard channel) as that project ships it in its Go module."""
+    out = subprocess.run(["go", "mod", "download", "-json", GATEWAY_API], capture_output=True, text=True, check=True,
+                         env={**os.environ, "GOFLAGS": "-mod=mod"}, cwd=tempfile.gettempdir(), timeout=300)
+    folder = Path(json.loads(out.stdout)["Dir"]) / "config" / "crd" / "standard"
+    return dict(yaml.safe_load((folder / f"gateway.networking.k8s.io_{kind_plural}.yaml").read_text()))
 
 
 def epd_crd() -> dict[str, Any]:

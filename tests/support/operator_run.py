@@ -195,6 +195,7 @@ EPD_API = "serving.epd.dev/v1alpha1"
 CHILD_KINDS = [("v1", "ConfigMap"), ("v1", "Service"), ("v1", "ServiceAccount"), ("apps/v1", "Deployment"),
                ("autoscaling/v2", "HorizontalPodAutoscaler"), ("policy/v1", "PodDisruptionBudget"),
                ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding")]
+OPTIONAL_CHILD_KINDS = [("gateway.networking.k8s.io/v1", "HTTPRoute")]  # where the Gateway API is installed
 
 
 def epd_doc(example: str = SHARED_STORAGE, name: str = "vl", namespace: str | None = None,

@@ -15,7 +15,7 @@ from tests.support.render_examples import (CPU_CONNECTOR, MOONCAKE, NIXL_AUTOSCA
                                            maybe_find, overlay, pod_spec, rendered_examples, serve_argvs, variants)
 
 KIND_ORDER = ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment",
-              "HorizontalPodAutoscaler", "PodDisruptionBudget"]
+              "HorizontalPodAutoscaler", "PodDisruptionBudget", "HTTPRoute"]
 LABEL_KEYS = {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
               "app.kubernetes.io/managed-by", "serving.epd.dev/role"}
 
@@ -681,3 +681,24 @@ def test_encoder_only_settings_are_refused_on_a_consumer_tier():
     with pytest.raises(SpecError) as refused:
         parse_epd(doc)
     assert "spec.decode.cudaGraphs" in [e.path for e in refused.value.errors]
+
+
+def test_a_gateway_renders_an_httproute_to_the_router_service():
+    doc = example_document(SHARED_STORAGE)
+    doc["spec"].setdefault("router", {})["gateway"] = {
+        "parentRefs": [{"name": "inference", "namespace": "gateways", "sectionName": "https"}, {"name": "internal"}],
+        "hostnames": ["vl.example.com"]}
+    objects = render(parse_epd(doc))
+    name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
+    route = find(objects, "HTTPRoute", name)
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["metadata"]["namespace"] == ns
+    assert route["spec"] == {
+        "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference",
+                        "namespace": "gateways", "sectionName": "https"},
+                       {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "internal"}],
+        "hostnames": ["vl.example.com"],
+        "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                   "backendRefs": [{"group": "", "kind": "Service", "name": name,
+                                    "port": find(objects, "Service", name)["spec"]["ports"][0]["port"]}]}]}
+    assert route["metadata"]["labels"]["serving.epd.dev/role"] == "router"
+    assert not [o for o in render(parse_epd(example_document(SHARED_STORAGE))) if o["kind"] == "HTTPRoute"]

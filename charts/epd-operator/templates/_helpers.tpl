@@ -92,6 +92,9 @@ operator holds exactly those permissions itself, so it needs neither `escalate` 
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf makes when it serves all namespaces. */}}

@@ -300,6 +300,24 @@ class RouterTrust(Strict):
                                      "bytes) are reused.")
 
 
+class GatewayParent(Strict):
+    name: str = Field(min_length=1, max_length=253, description="The Gateway's name.")
+    namespace: Optional[str] = Field(None, min_length=1, max_length=63,
+                                     description="The Gateway's namespace; default: the EPDDeployment's.")
+    sectionName: Optional[str] = Field(None, min_length=1, max_length=253,
+                                       description="A listener of that Gateway (e.g. `https`); default: every listener.")
+
+
+class RouterGateway(Strict):
+    """An HTTPRoute (Gateway API, standard channel) attaching the router Service to user-named Gateways."""
+    parentRefs: list[GatewayParent] = Field(min_length=1, max_length=32, description="Gateways the route attaches to.")
+    hostnames: list[str] = Field(default_factory=list, max_length=16,
+                                 description="Host names the route answers (e.g. `vl.example.com`); empty: any.")
+    pathPrefixes: list[str] = Field(default_factory=lambda: ["/v1"], min_length=1, max_length=16,
+                                    description="Path prefixes sent to the router; default `/v1` (the OpenAI-compatible API).",
+                                    json_schema_extra={"default": ["/v1"]})
+
+
 class Router(Placement):
     replicas: int = Field(2, ge=0, description="Router pods; ignored while `autoscaling` is set.")
     resources: Resources = Field(
@@ -315,6 +333,8 @@ class Router(Placement):
     pdPolicy: Literal["least-loaded", "prefix-aware", "round-robin"] = Field(
         "least-loaded", description="Which prefill/decode instance gets a request: `prefix-aware` hashes the prompt's "
                                     "prefix for KV prefix-cache hits (bounded load), `least-loaded` picks the fewest in-flight.")
+    gateway: Optional[RouterGateway] = Field(None, description="Also expose the router through a Gateway API "
+                                             "HTTPRoute (needs the Gateway API CRDs in the cluster).")
     trust: RouterTrust = Field(default_factory=RouterTrust, description="What the router may take from clients "
                                "(all off by default; see the README's router trust model).")
 

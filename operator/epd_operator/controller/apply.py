@@ -247,9 +247,13 @@ async def refused_by_server(kube: Kube, todo: Plan) -> list[str]:
         try:
             await kube.apply(step.desired, dry_run=True)
         except ApiError as exc:
+            kind, name = key_of(step.desired)
+            if exc.status == 404 and child_resource(step.desired).optional:
+                problems.append(f"{kind} {name}: this cluster does not serve {step.desired['apiVersion']} {kind} "
+                                f"(install its CRDs, or remove the field that asks for it)")
+                continue
             if not refusal(exc):
                 raise
-            kind, name = key_of(step.desired)
             message = exc.body.get("message") if isinstance(exc.body, dict) else str(exc)
             problems.append(f"{kind} {name}: {message}")
     return problems

@@ -33,6 +33,8 @@ class Resource:
     kind: str
     plural: str
     namespaced: bool = True
+    # Served only where its CRDs are installed (Gateway API): listing it elsewhere finds nothing.
+    optional: bool = False
 
     def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
         base = f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
@@ -65,6 +67,7 @@ CHILD_RESOURCES: dict[str, Resource] = {r.kind: r for r in (
     Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     Resource("rbac.authorization.k8s.io/v1", "Role", "roles"),
     Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    Resource("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", optional=True),
 )}
 
 
@@ -171,7 +174,12 @@ class Kube:
     async def list(self, resource: Resource, namespace: str | None, *,
                    labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
         params = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None
-        result = await self._request("GET", resource.path(namespace), kind=resource.kind, params=params)
+        try:
+            result = await self._request("GET", resource.path(namespace), kind=resource.kind, params=params)
+        except ApiError as exc:
+            if exc.status == 404 and resource.optional:
+                return []  # the API is not installed here, so nothing of that kind can exist
+            raise
         items = result.get("items") or []
         for item in items:  # list items omit their type; callers compare and apply whole objects
             item.setdefault("apiVersion", resource.api_version)

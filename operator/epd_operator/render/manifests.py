@@ -74,7 +74,22 @@ def render(epd: EPDDeployment, *, default_router_image: str = DEFAULT_ROUTER_IMA
         *(w.deployment for w in workloads),
         *(w.hpa for w in workloads if w.hpa is not None),
         *(w.pdb for w in workloads if w.pdb is not None),
+        *_gateway_route(epd),
     ]
+
+
+def _gateway_route(epd: EPDDeployment) -> list[JSON]:
+    """The HTTPRoute from the user's Gateways to the router Service, when asked for."""
+    gateway = epd.spec.router.gateway
+    if gateway is None:
+        return []
+    parents = [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": p.name,
+                **({"namespace": p.namespace} if p.namespace else {}),
+                **({"sectionName": p.sectionName} if p.sectionName else {})} for p in gateway.parentRefs]
+    matches = [{"path": {"type": "PathPrefix", "value": prefix}} for prefix in gateway.pathPrefixes]
+    return [render_one("httproute.yaml.j2", **_meta(epd, router_service_name(epd), ROUTER), parent_refs=parents,
+                       hostnames=gateway.hostnames, matches=matches, service=router_service_name(epd),
+                       port=epd.spec.router.service.port)]
 
 
 def tier_hashes(objects: list[JSON]) -> dict[str, str]:
