@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from .overhead import LOAD_CORE, ROUTER_CORE
+from .overhead import ROUTER_CORE
 from .procs import cpu_seconds, free_port, peak_rss_mib, start
 from .report import Target, table
 

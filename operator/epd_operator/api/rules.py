@@ -16,7 +16,8 @@ from typing import Any
 import cel
 from pydantic import BaseModel
 
-from .spec import (OPERATOR_MOUNT_PATHS, OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS, OPERATOR_VOLUMES, Autoscaling,
+from .labels import OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS
+from .spec import (OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES, Autoscaling,
                    ECTransfer, EPDDeployment, EPDDeploymentSpec, Placement)
 
 # Child objects are named `<name>-<suffix>`; the longest suffix is "-mooncake-master" (16), and

