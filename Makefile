@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install vllm-env k8s cluster cluster-down test test-fast demo crds bench bench-tools bench-quick bench-e2e images clean
+.PHONY: install vllm-env k8s cluster cluster-down lint test test-fast demo crds bench bench-tools bench-quick bench-e2e images clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,7 +35,10 @@ cluster: k8s
 cluster-down: install
 	$(BIN)/python -m epd_operator.local.cluster down
 
-test: vllm-env k8s
+lint: install
+	$(BIN)/ruff check operator tests bench
+
+test: vllm-env k8s lint
 	$(BIN)/pytest
 
 test-fast: vllm-env k8s
