@@ -19,6 +19,8 @@ WORK="$CACHE/k8s/build/$K8S_VERSION"
 export GOFLAGS=${GOFLAGS:--buildvcs=false} CGO_ENABLED=0
 
 log() { printf '[k8s %s] %s\n' "$K8S_VERSION" "$*" >&2; }
+# wait_for PID SECONDS: true once PID has exited, false if it still runs after SECONDS.
+wait_for() { local i; for ((i = 0; i < $2; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; ! kill -0 "$1" 2>/dev/null; }
 
 command -v go >/dev/null || { echo "hack/k8s-binaries.sh: Go >= 1.24 is needed to build the Kubernetes control plane (https://go.dev/dl)" >&2; exit 1; }
 
@@ -63,7 +65,11 @@ GO
     pkg="k8s.io/kubernetes/cmd/$c"
     log "go build $c"
     start=$(date +%s)
-    (cd "$WORK" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" -o "$OUT/$c.tmp" "$pkg")
+    (cd "$WORK" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" -o "$OUT/$c.tmp" "$pkg") &
+    builder=$!
+    # A cold build of one binary takes many minutes of silence: say it is still going.
+    while ! wait_for "$builder" 60; do log "  still building $c ($(( $(date +%s) - start )) s)"; done
+    wait "$builder"
     mv "$OUT/$c.tmp" "$OUT/$c"
     log "$c built in $(( $(date +%s) - start )) s"
   done
