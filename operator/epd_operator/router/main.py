@@ -20,7 +20,8 @@ import sys
 import tempfile
 
 from .. import __version__
-from .pickers import DEFAULT_LOAD_FACTOR, ENCODER_POLICIES, PD_POLICIES
+from .config import RouterConfig as D  # the router's defaults live there, once
+from .pickers import ENCODER_POLICIES, PD_POLICIES
 
 MULTIPROC_ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 
@@ -29,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epd-router", description="Endpoint-picker router for vLLM Encoder/Prefill/Decode serving.")
     a = p.add_argument
     a("--version", action="version", version=f"%(prog)s {__version__}")
-    a("--host", default="0.0.0.0")
-    a("--port", type=int, default=8000)
+    a("--host", default=D.host)
+    a("--port", type=int, default=D.port)
     a("--metrics-port", type=int, default=None,
       help="serve /metrics on this port only (default: on --port, beside the API)")
     g = p.add_argument_group("static endpoints (vLLM proxy compatible)")
@@ -39,36 +40,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decode-servers-urls", default="", help="comma-separated decode (or PD) URLs")
     g.add_argument("--ec-consumer-zmq-addrs", default="", help="Mooncake EC: consumer control addresses, one per consumer URL")
     k = p.add_argument_group("Kubernetes discovery")
-    k.add_argument("--discovery", choices=("static", "kubernetes"), default="static")
+    k.add_argument("--discovery", choices=("static", "kubernetes"), default=D.discovery)
     k.add_argument("--namespace", default=None, help="default: the pod's own namespace")
     k.add_argument("--encoder-selector", default=None, help="label selector of the encoder EndpointSlices")
     k.add_argument("--prefill-selector", default=None, help="label selector of the prefill EndpointSlices (absent = E+PD)")
     k.add_argument("--decode-selector", default=None, help="label selector of the decode EndpointSlices")
-    k.add_argument("--backend-port-name", default="http", help="EndpointSlice port name of vLLM's HTTP port")
-    k.add_argument("--backend-port", type=int, default=8000, help="port used when a slice names none")
+    k.add_argument("--backend-port-name", default=D.backend_port_name, help="EndpointSlice port name of vLLM's HTTP port")
+    k.add_argument("--backend-port", type=int, default=D.backend_port, help="port used when a slice names none")
     k.add_argument("--kubeconfig", default=None, help="default: in-cluster credentials, else $KUBECONFIG")
     k.add_argument("--ec-consumer-port", type=int, default=None, help="Mooncake EC: consumer ec_port; address = tcp://<pod IP>:PORT")
     r = p.add_argument_group("picking")
-    r.add_argument("--encoder-policy", choices=ENCODER_POLICIES, default="cache-aware")
-    r.add_argument("--pd-policy", choices=PD_POLICIES, default="least-loaded")
-    r.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR,
-                   help=f"hash pickers: max load relative to the mean (>= 1; default {DEFAULT_LOAD_FACTOR})")
-    r.add_argument("--prefix-chars", type=int, default=256, help="prefix-aware: characters of the prompt hashed")
+    r.add_argument("--encoder-policy", choices=ENCODER_POLICIES, default=D.encoder_policy)
+    r.add_argument("--pd-policy", choices=PD_POLICIES, default=D.pd_policy)
+    r.add_argument("--load-factor", type=float, default=D.load_factor,
+                   help=f"hash pickers: max load relative to the mean (>= 1; default {D.load_factor})")
+    r.add_argument("--prefix-chars", type=int, default=D.prefix_chars, help="prefix-aware: characters of the prompt hashed")
     r.add_argument("--encoder-max-batch", type=int, default=int(os.environ.get("ENCODER_MAX_BATCH_SIZE", "0")),
                    help="images per encoder sub-request, 0 = unlimited (env ENCODER_MAX_BATCH_SIZE)")
     t = p.add_argument_group("timeouts (seconds)")
-    t.add_argument("--connect-timeout", type=float, default=5.0)
-    t.add_argument("--encode-timeout", type=float, default=60.0)
-    t.add_argument("--prefill-timeout", type=float, default=300.0)
-    t.add_argument("--decode-timeout", type=float, default=600.0, help="longest silence from decode")
+    t.add_argument("--connect-timeout", type=float, default=D.connect_timeout)
+    t.add_argument("--encode-timeout", type=float, default=D.encode_timeout)
+    t.add_argument("--prefill-timeout", type=float, default=D.prefill_timeout)
+    t.add_argument("--decode-timeout", type=float, default=D.decode_timeout, help="longest silence from decode")
     i = p.add_argument_group("input, reuse, health")
-    i.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
+    i.add_argument("--max-body-bytes", type=int, default=D.max_body_bytes)
     i.add_argument("--allow-file-urls", action="store_true", help="pass file:// media through (the router never reads them)")
     c = p.add_argument_group("client connections (seconds)")
-    c.add_argument("--header-timeout", type=float, default=10.0, help="a request head must arrive within this")
-    c.add_argument("--body-timeout", type=float, default=30.0, help="a request body gets this plus 1 s per 64 KiB received")
-    c.add_argument("--keepalive-timeout", type=float, default=75.0, help="idle keep-alive connections close after this")
-    c.add_argument("--send-timeout", type=float, default=60.0, help="a client that stops reading replies is cut after this")
+    c.add_argument("--header-timeout", type=float, default=D.header_timeout, help="a request head must arrive within this")
+    c.add_argument("--body-timeout", type=float, default=D.body_timeout, help="a request body gets this plus 1 s per 64 KiB received")
+    c.add_argument("--keepalive-timeout", type=float, default=D.keepalive_timeout, help="idle keep-alive connections close after this")
+    c.add_argument("--send-timeout", type=float, default=D.send_timeout, help="a client that stops reading replies is cut after this")
     b = p.add_argument_group("trust boundary (clients are untrusted unless these say otherwise)")
     b.add_argument("--allow-client-embeds", action="store_true",
                    help="accept *_embeds content parts and prompt_embeds from clients (refused by default)")
@@ -78,21 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--immutable-media-urls", action="store_true",
                    help="the content behind a media URL never changes: reuse encoder results by URL "
                         "(by default only data: URLs and inline audio, which name their content, are reused)")
-    i.add_argument("--reuse-ttl", type=float, default=0.0,
+    i.add_argument("--reuse-ttl", type=float, default=D.reuse_ttl,
                    help="SharedStorage connector: reuse an encoded item for this many seconds (keep it well below the janitor TTL); 0 = off")
-    i.add_argument("--reuse-max-items", type=int, default=100_000)
-    i.add_argument("--rewrite", choices=("metadata", "pinned"), default="metadata",
+    i.add_argument("--reuse-max-items", type=int, default=D.reuse_max_items)
+    i.add_argument("--rewrite", choices=("metadata", "pinned"), default=D.rewrite,
                    help="metadata: encoded items reach the consumer as metadata-only *_embeds parts (vLLM 0.32 proxy); "
                         "pinned: raw media + uuid, the consumer loads the stored embedding or encodes locally "
                         "(SharedStorage; safe when a janitor deletes cache files)")
-    i.add_argument("--reuse-mode", choices=("pinned", "metadata"), default="pinned",
+    i.add_argument("--reuse-mode", choices=("pinned", "metadata"), default=D.reuse_mode,
                    help="pinned: send a reused item raw with its uuid (the consumer loads the stored embedding, "
                         "or encodes if it was evicted); metadata: metadata-only, faster, but a vLLM 0.32 consumer "
                         "crashes if the stored embedding is gone — only when the cache evicts by age alone")
-    i.add_argument("--health-interval", type=float, default=5.0)
-    i.add_argument("--health-timeout", type=float, default=2.0)
-    i.add_argument("--eject-after", type=int, default=3, help="consecutive failures before an endpoint is ejected")
-    a("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
+    i.add_argument("--health-interval", type=float, default=D.health_interval)
+    i.add_argument("--health-timeout", type=float, default=D.health_timeout)
+    i.add_argument("--eject-after", type=int, default=D.eject_after, help="consecutive failures before an endpoint is ejected")
+    a("--workers", type=int, default=D.workers, help="processes sharing the port (SO_REUSEPORT)")
     a("--log-level", default="info")
     a("--log-requests", action="store_true", help="one log line per request: id, route, status, latency")
     return p
