@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import kopf
 from aiohttp import web
 
+from .. import __version__
 from ..api.spec import DEFAULT_ROUTER_IMAGE
 from .handlers import build_registry, build_settings
 from .kube import Kube, login
@@ -60,7 +61,7 @@ class Options:
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(prog="epd-operator", description="Kubernetes operator for EPDDeployments "
                                      "(vLLM Encoder/Prefill/Decode disaggregated serving).")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__import__('epd_operator').__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     scope = parser.add_mutually_exclusive_group(required=True)
     scope.add_argument("-n", "--namespace", dest="namespaces", action="append", default=[], metavar="NS",
                        help="watch EPDDeployments in this namespace (repeatable)")
