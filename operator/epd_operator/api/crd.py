@@ -102,7 +102,7 @@ def openapi_schema() -> dict[str, Any]:
 
 
 def _column(name: str, path: str, description: str, type_: str = "string", priority: int = 0) -> dict[str, Any]:
-    column = {"name": name, "type": type_, "jsonPath": path, "description": description}
+    column: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path, "description": description}
     if priority:
         column["priority"] = priority
     return column

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import types
 import typing
-from typing import Any, Iterator, Literal, Union
+from collections.abc import Iterator
+from typing import Any, Literal, Union
 
 import annotated_types
 from pydantic import BaseModel
@@ -34,7 +35,7 @@ def _unwrap_optional(annotation: Any) -> Any:
 
 
 def _is_quantity(annotation: Any) -> bool:
-    return typing.get_origin(annotation) is typing.Annotated and typing.get_args(annotation)[0] == _QUANTITY_ARGS \
+    return (typing.get_origin(annotation) is typing.Annotated and typing.get_args(annotation)[0] == _QUANTITY_ARGS) \
         or annotation == _QUANTITY_ARGS
 
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 import json
 import re
 import sys
-from functools import lru_cache
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 KUBERNETES_VERSION = "1.34"
 SCHEMA_FILE = Path(__file__).with_name("kube_schemas.json")
@@ -184,7 +185,7 @@ def dump(data: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- runtime
 
 
-@lru_cache(maxsize=None)
+@cache
 def _generated() -> dict[str, Any]:
     return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
 

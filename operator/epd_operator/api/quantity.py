@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
@@ -38,7 +38,7 @@ def _check_quantity(value: object) -> object:
 
 
 Quantity = Annotated[
-    Union[int, str],
+    int | str,
     BeforeValidator(_check_quantity),
     Field(json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "minimum": 0}),
 ]

@@ -17,8 +17,15 @@ import cel
 from pydantic import BaseModel
 
 from .labels import OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS
-from .spec import (OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES, Autoscaling,
-                   ECTransfer, EPDDeployment, EPDDeploymentSpec, Placement)
+from .spec import (
+    OPERATOR_MOUNT_PATHS,
+    OPERATOR_VOLUMES,
+    Autoscaling,
+    ECTransfer,
+    EPDDeployment,
+    EPDDeploymentSpec,
+    Placement,
+)
 
 # Child objects are named `<name>-<suffix>`; the longest suffix is "-mooncake-master" (16), and
 # Service names are DNS-1035 labels of at most 63 characters.

@@ -5,7 +5,7 @@ Only the operator writes it; the CRD's status schema is generated from these mod
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,15 +25,15 @@ class Condition(_Status):
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="CamelCase reason, as in Kubernetes conditions.")
     message: str = ""
-    lastTransitionTime: Optional[str] = None
-    observedGeneration: Optional[int] = None
+    lastTransitionTime: str | None = None
+    observedGeneration: int | None = None
 
 
 class TierAutoscaling(_Status):
-    minReplicas: Optional[int] = None
-    maxReplicas: Optional[int] = None
-    desiredReplicas: Optional[int] = Field(None, description="What the HPA currently asks for.")
-    currentReplicas: Optional[int] = None
+    minReplicas: int | None = None
+    maxReplicas: int | None = None
+    desiredReplicas: int | None = Field(None, description="What the HPA currently asks for.")
+    currentReplicas: int | None = None
 
 
 class TierStatus(_Status):
@@ -42,22 +42,22 @@ class TierStatus(_Status):
     updatedReplicas: int = 0
     availableReplicas: int = 0
     ready: str = Field("0/0", description="ready/desired, for printer columns.")
-    autoscaling: Optional[TierAutoscaling] = None
-    message: Optional[str] = Field(None, description="Why pods of this tier are not ready, when known "
+    autoscaling: TierAutoscaling | None = None
+    message: str | None = Field(None, description="Why pods of this tier are not ready, when known "
                                    "(e.g. the scheduler's reason for pods it cannot place).")
 
 
 class Tiers(_Status):
-    encoder: Optional[TierStatus] = None
-    prefill: Optional[TierStatus] = None
-    decode: Optional[TierStatus] = None
-    router: Optional[TierStatus] = None
+    encoder: TierStatus | None = None
+    prefill: TierStatus | None = None
+    decode: TierStatus | None = None
+    router: TierStatus | None = None
 
 
 class EPDDeploymentStatus(_Status):
-    observedGeneration: Optional[int] = None
+    observedGeneration: int | None = None
     phase: Phase = "Pending"
-    topology: Optional[Literal["E+PD", "E/P/D"]] = None
-    endpoint: Optional[str] = Field(None, description="The router Service URL clients talk to.")
+    topology: Literal["E+PD", "E/P/D"] | None = None
+    endpoint: str | None = Field(None, description="The router Service URL clients talk to.")
     conditions: list[Condition] = Field(default_factory=list)
     tiers: Tiers = Field(default_factory=Tiers)

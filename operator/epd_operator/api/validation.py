@@ -6,8 +6,9 @@ then the cross-field CEL rules of `rules.py`. Every problem is reported with its
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
