@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 # 224 x 224 pixels = 16 x 16 patches of 14 px, merged 2 x 2: 64 image tokens, the tiny model's maximum.
 IMAGE_SIDE = 224
@@ -42,7 +42,7 @@ def image_url(seed: int, side: int = IMAGE_SIDE) -> str:
     return "data:image/png;base64," + base64.b64encode(png(side, side, seed)).decode()
 
 
-def image_part(seed: int, uuid: Optional[str] = None) -> dict:
+def image_part(seed: int, uuid: str | None = None) -> dict:
     part: dict[str, Any] = {"type": "image_url", "image_url": {"url": image_url(seed)}}
     if uuid is not None:
         part["uuid"] = uuid

@@ -17,12 +17,11 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Optional
 
+from ..api import SpecError
 from . import tiny_model, venv
 from .client import chat, chat_body, image_part, metric_sum, metrics, text_part
 from .cpu_sizing import fit_to_cpu
-from ..api import SpecError
 from .plan import LocalPlan, PlanError
 from .runner import LocalEPD, LocalRunError, load_spec, local_plan
 
@@ -84,7 +83,7 @@ class StageClock:
 
 def run_requests(epd: LocalEPD) -> list[tuple[str, dict[str, float], int]]:
     clock = StageClock(epd)
-    requests = [
+    requests: list[tuple[str, list[dict] | str]] = [
         ("image", [text_part("What is in this picture?"), image_part(7)]),
         ("same image again", [text_part("And now?"), image_part(7)]),
         ("text only", "Say hello to the encoder."),
@@ -120,7 +119,7 @@ def summary(epd: LocalEPD, results: list[tuple[str, dict[str, float], int]]) -> 
     say("  (the tiny model has random weights: its answers are noise; the pipeline is the point)")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--example", type=Path, default=DEFAULT_EXAMPLE, help="EPDDeployment YAML to run")
     parser.add_argument("--keep-logs", action="store_true", help="keep the vLLM and router logs afterwards")

@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 import re
 import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 from ..api.labels import ROLE_LABEL
 
@@ -118,7 +119,7 @@ def expand_vars(value: str, env: dict[str, str]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def flag_value(args: list[str], flag: str) -> Optional[str]:
+def flag_value(args: list[str], flag: str) -> str | None:
     """The last value given for `flag` (argparse keeps the last occurrence), or None."""
     value = None
     for i, arg in enumerate(args):
@@ -167,7 +168,7 @@ def drop_flags(args: list[str], flags: Iterable[str]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _volume_key(deployment: str, volume: JSON) -> Optional[str]:
+def _volume_key(deployment: str, volume: JSON) -> str | None:
     """What identifies the storage behind a volume: pods naming the same claim share it."""
     if "persistentVolumeClaim" in volume:
         return f"pvc/{volume['persistentVolumeClaim']['claimName']}"
@@ -288,17 +289,24 @@ def _resolve_env(
                 deviations.append(f"env {key} ({field_path}) not set locally")
         elif "configMapKeyRef" in source:
             ref = source["configMapKeyRef"]
-            value = configmaps.get(ref["name"], {}).get(ref["key"])
-            if value is None:
+            found = configmaps.get(ref["name"], {}).get(ref["key"])
+            if found is None:
                 raise PlanError(f"{name}: env {key} refers to ConfigMap {ref['name']}/{ref['key']}, not rendered")
-            env[key] = value
+            env[key] = found
         elif "secretKeyRef" in source:
             ref = source["secretKeyRef"]
             deviations.append(f"env {key} from Secret {ref['name']} not set (the hub is offline here)")
     return env
 
 
-def _pod(deployment: JSON, command: str, configmaps, workdir: Path, volumes: dict[str, Path], pick_port) -> _Pod:
+def _pod(
+    deployment: JSON,
+    command: str,
+    configmaps: dict[str, dict[str, str]],
+    workdir: Path,
+    volumes: dict[str, Path],
+    pick_port: Callable[[], int],
+) -> _Pod:
     meta = deployment["metadata"]
     name, role = meta["name"], meta["labels"][ROLE_LABEL]
     container = _main_container(deployment, command)
@@ -336,7 +344,7 @@ def _rendered_argv(pod: _Pod) -> list[str]:
     return [expand_vars(a, pod.env) for a in [*c.get("command", []), *c.get("args", [])]]
 
 
-def _transfer_config(args: list[str], flag: str) -> Optional[JSON]:
+def _transfer_config(args: list[str], flag: str) -> JSON | None:
     value = flag_value(args, flag)
     if value is None:
         return None

@@ -19,8 +19,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Any
 
 import yaml
 
@@ -69,7 +70,7 @@ class LocalEPD:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> "LocalEPD":
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> LocalEPD:
         """Start the vLLM tiers in parallel, wait until healthy, then the router; stop all on failure."""
         atexit.register(self.stop)
         try:
@@ -94,9 +95,9 @@ class LocalEPD:
     def _spawn(self, process: LocalProcess) -> None:
         env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
         env.update(process.env)
-        log = open(self.logs / f"{process.role}.log", "ab")
         self.progress(f"starting {process.role} ({process.name}) on :{process.port}")
-        try:
+        # The child keeps its own copy of the descriptor; ours closes once it is handed over.
+        with open(self.logs / f"{process.role}.log", "ab") as log:
             self._procs[process.role] = subprocess.Popen(
                 process.argv,
                 env=env,
@@ -106,8 +107,6 @@ class LocalEPD:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() reaches vLLM's children too
             )
-        finally:
-            log.close()
 
     def _wait_healthy(self, processes: list[LocalProcess], deadline: float) -> None:
         waiting = list(processes)
@@ -158,7 +157,7 @@ class LocalEPD:
             proc.wait()
         self._procs.clear()
 
-    def __enter__(self) -> "LocalEPD":
+    def __enter__(self) -> LocalEPD:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -191,13 +190,13 @@ def router_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "epd_operator.router.main"]
 
 
-def load_spec(source: Union[str, Path, dict]) -> dict:
+def load_spec(source: str | Path | dict) -> dict:
     if isinstance(source, dict):
         return source
     return yaml.safe_load(Path(source).read_text())
 
 
-def local_plan(source: Union[str, Path, dict], workdir: Path) -> LocalPlan:
+def local_plan(source: str | Path | dict, workdir: Path) -> LocalPlan:
     """Parse and render an EPDDeployment exactly as the operator does, and plan it locally.
 
     Prepares the vLLM venv and the tiny model first (cached; minutes the first time).
@@ -218,7 +217,7 @@ def local_plan(source: Union[str, Path, dict], workdir: Path) -> LocalPlan:
 
 @contextlib.contextmanager
 def run_local(
-    source: Union[str, Path, dict],
+    source: str | Path | dict,
     workdir: Path,
     progress: Callable[[str], None] = _progress,
     timeout_s: float = START_TIMEOUT_S,

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 # Bump when anything below changes what is built, so cached models are rebuilt.
 RECIPE = "2"
@@ -110,7 +111,8 @@ def ensure() -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
-def _train_tokenizer(vocab_size: int):
+# Any: transformers is installed only in the vLLM venv this runs in, not where mypy checks.
+def _train_tokenizer(vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -15,6 +15,7 @@ import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 VLLM_VERSION = "0.32.0"
@@ -136,7 +137,7 @@ def _install_vllm() -> None:
 
 
 @contextlib.contextmanager
-def _build_lock():
+def _build_lock() -> Iterator[None]:
     # `make test` and `make demo` may both ask for the venv at once: build it only once.
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".vllm-venv.lock", "w") as lock:
