@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
@@ -34,7 +35,7 @@ def dump_yaml(objects: Iterable[dict[str, Any]]) -> str:
 
 
 def _read_documents(path: str) -> list[dict[str, Any]]:
-    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below)
     with stream:
         docs = [doc for doc in yaml.safe_load_all(stream) if doc is not None]
     if not docs:

@@ -49,6 +49,7 @@ metrics. SIGTERM or SIGINT ends the loop after the current sweep; the exit statu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
@@ -57,9 +58,10 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 from .api.quantity import quantity_bytes
 
@@ -86,7 +88,7 @@ class Entry:
 @dataclass(frozen=True)
 class Policy:
     ttl_seconds: float
-    max_bytes: Optional[int] = None
+    max_bytes: int | None = None
 
     def expired(self, entry: Entry, now: float) -> bool:
         return entry.age(now) > self.ttl_seconds
@@ -134,7 +136,7 @@ def _gone(exc: OSError) -> bool:
 def _measure(directory: str) -> tuple[float, int, set[str]]:
     """Newest mtime, total size and the names directly in `directory` (which may vanish mid-walk)."""
     newest = os.lstat(directory).st_mtime
-    size, names = 0, set()
+    size, names = 0, set[str]()
     try:
         children = list(os.scandir(directory))
     except OSError as exc:
@@ -294,7 +296,7 @@ def delete_entry(entry: Entry, cutoff: float) -> tuple[bool, int]:
     return everything, freed
 
 
-def sweep(root: Path, policy: Policy, now: Optional[float] = None,
+def sweep(root: Path, policy: Policy, now: float | None = None,
           stopping: Callable[[], bool] = lambda: False) -> SweepResult:
     """One pass: scan, plan, delete. `now` is read before scanning, so anything written during the
     sweep is younger than the cutoff and survives. `stopping()` cuts a long sweep short on SIGTERM."""
@@ -359,8 +361,8 @@ class Metrics:
 # ----------------------------------------------------------------------------- the loop
 
 
-def run_once(root: Path, policy: Policy, metrics: Metrics, now: Optional[float] = None,
-             stopping: Callable[[], bool] = lambda: False) -> Optional[SweepResult]:
+def run_once(root: Path, policy: Policy, metrics: Metrics, now: float | None = None,
+             stopping: Callable[[], bool] = lambda: False) -> SweepResult | None:
     try:
         result = sweep(root, policy, now, stopping)
     except OSError as exc:  # a flaky volume must not kill the sidecar; the next sweep retries
@@ -391,10 +393,8 @@ class StopRequest:
 
     def _handle(self, *_: object) -> None:
         self._asked = True
-        try:
+        with contextlib.suppress(BlockingIOError):  # the pipe is full: already awake
             os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # already awake
 
     def requested(self) -> bool:
         return self._asked
@@ -442,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s janitor: %(message)s",
                         stream=sys.stderr)

@@ -6,7 +6,9 @@ EPDDeployment is `epd_namespace`/`epd_name`.
 """
 from __future__ import annotations
 
+import contextlib
 import typing
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -21,7 +23,7 @@ PHASES: tuple[str, ...] = typing.get_args(Phase)
 
 
 class _BuildInfo:
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily("epd_operator_build_info", "epd-operator version; always 1", labels=["version"])
         family.add_metric([__version__], 1)
         yield family
@@ -64,10 +66,8 @@ class Metrics:
     def forget(self, namespace: str, name: str) -> None:
         """Drop the phase series of a deleted EPDDeployment (or one this replica stops acting for)."""
         for candidate in PHASES:
-            try:
+            with contextlib.suppress(KeyError):  # never set for this phase
                 self.phase.remove(namespace, name, candidate)
-            except KeyError:
-                pass
 
     def count_write(self, verb: str, kind: str) -> None:
         self.writes.labels(verb=verb, kind=kind).inc()

@@ -8,16 +8,37 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
-from ..api.spec import (DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeployment, Mooncake, MooncakeMaster,
-                        Placement)
-from .naming import (CONFIG_HASH_ANNOTATION, ENCODER, MOONCAKE_MASTER, ROLE_LABEL, ROUTER, TRANSFER, labels, object_name,
-                     router_service_name, selector_labels, tier_of, transfer_configmap_name, vllm_roles)
+from ..api.spec import DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeployment, Mooncake, MooncakeMaster, Placement
+from .naming import (
+    CONFIG_HASH_ANNOTATION,
+    ENCODER,
+    MOONCAKE_MASTER,
+    ROLE_LABEL,
+    ROUTER,
+    TRANSFER,
+    labels,
+    object_name,
+    router_service_name,
+    selector_labels,
+    tier_of,
+    transfer_configmap_name,
+    vllm_roles,
+)
 from .router_args import ROUTER_HEALTH_PATH, ROUTER_LIVENESS_PATH, ROUTER_METRICS_PORT, router_args
 from .templating import render_documents, render_one
-from .transfer import (EC_CACHE_VOLUME, MOONCAKE_MASTER_METRICS_PORT, MOONCAKE_MASTER_RPC_PORT, TierTransfer,
-                       configmap_data, container_port, janitor_args, mooncake_store_config, tier_transfer)
+from .transfer import (
+    EC_CACHE_VOLUME,
+    MOONCAKE_MASTER_METRICS_PORT,
+    MOONCAKE_MASTER_RPC_PORT,
+    TierTransfer,
+    configmap_data,
+    container_port,
+    janitor_args,
+    mooncake_store_config,
+    tier_transfer,
+)
 from .vllm import MODELS_DIR, serve_args
 
 JSON = dict[str, Any]
@@ -50,8 +71,8 @@ class Workload:
 
     deployment: JSON
     service: JSON
-    hpa: Optional[JSON]
-    pdb: Optional[JSON]
+    hpa: JSON | None
+    pdb: JSON | None
 
 
 def render(epd: EPDDeployment, *, default_router_image: str = DEFAULT_ROUTER_IMAGE) -> list[JSON]:
@@ -116,12 +137,12 @@ def config_hash(pod_labels: dict[str, str], pod_spec: JSON, config: dict[str, st
 
 
 def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, config: dict[str, str],
-              service: JSON, pdb: bool = True) -> Workload:
+              service: JSON, pdb: bool = True, own_pod_labels: dict[str, str] | None = None) -> Workload:
     name = object_name(epd, role)
     meta = _meta(epd, name, role)
     autoscaling = placement.autoscaling
     # The user's pod labels and annotations beside ours (the API refuses keys that would replace ours).
-    pod_labels = {**placement.podLabels, **meta["labels"]}
+    pod_labels = {**placement.podLabels, **meta["labels"], **(own_pod_labels or {})}
     pod_annotations = dict(placement.podAnnotations)
     pod_annotations[CONFIG_HASH_ANNOTATION] = config_hash(pod_labels, {"annotations": pod_annotations, **pod}, config)
     deployment = render_one(
@@ -152,7 +173,7 @@ def _hpa(meta: JSON, autoscaling: Autoscaling) -> JSON:
 
 
 def _pod(placement: Placement | MooncakeMaster, containers: list[JSON], volumes: list[JSON],
-         image_pull_secrets: list[str], security_context: JSON, service_account: Optional[str] = None) -> JSON:
+         image_pull_secrets: list[str], security_context: JSON, service_account: str | None = None) -> JSON:
     """A pod spec: our containers and volumes, then the tier's placement and overlay fields."""
     user_security = getattr(placement, "podSecurityContext", None) or {}
     return render_one(
@@ -248,14 +269,16 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router
         ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
     )
     mounted = {key: config[key] for key in transfer.configmap_keys}
-    return _workload(epd, role, tier, pod, mounted, service)
+    # Pod labels, not the Deployment's selector (immutable): a new generation rolls the pods.
+    return _workload(epd, role, tier, pod, mounted, service,
+                     own_pod_labels={GENERATION_LABEL: compatibility_generation(epd)})
 
 
 def _vllm_volumes(epd: EPDDeployment, role: str, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:
     tier = tier_of(epd, role)
     shm = SHM_PER_TP_RANK * tier.tensorParallelSize + transfer.shm_bytes
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _bytes_quantity(shm)}}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[JSON] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _bytes_quantity(shm)}}]
+    mounts: list[JSON] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     source = epd.spec.model.source
     if source is not None:
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": source.pvc.claimName, "readOnly": True}})
