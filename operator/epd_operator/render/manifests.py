@@ -137,12 +137,12 @@ def config_hash(pod_labels: dict[str, str], pod_spec: JSON, config: dict[str, st
 
 
 def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, config: dict[str, str],
-              service: JSON, pdb: bool = True, own_pod_labels: dict[str, str] | None = None) -> Workload:
+              service: JSON, pdb: bool = True) -> Workload:
     name = object_name(epd, role)
     meta = _meta(epd, name, role)
     autoscaling = placement.autoscaling
     # The user's pod labels and annotations beside ours (the API refuses keys that would replace ours).
-    pod_labels = {**placement.podLabels, **meta["labels"], **(own_pod_labels or {})}
+    pod_labels = {**placement.podLabels, **meta["labels"]}
     pod_annotations = dict(placement.podAnnotations)
     pod_annotations[CONFIG_HASH_ANNOTATION] = config_hash(pod_labels, {"annotations": pod_annotations, **pod}, config)
     deployment = render_one(
@@ -269,9 +269,7 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router
         ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
     )
     mounted = {key: config[key] for key in transfer.configmap_keys}
-    # Pod labels, not the Deployment's selector (immutable): a new generation rolls the pods.
-    return _workload(epd, role, tier, pod, mounted, service,
-                     own_pod_labels={GENERATION_LABEL: compatibility_generation(epd)})
+    return _workload(epd, role, tier, pod, mounted, service)
 
 
 def _vllm_volumes(epd: EPDDeployment, role: str, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:
