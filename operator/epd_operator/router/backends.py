@@ -4,12 +4,14 @@ and the load each backend reports through its own Prometheus metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
+from prometheus_client import Gauge
 
 from .metrics import RouterMetrics, multiprocess_dir
 
@@ -48,7 +50,7 @@ class Endpoint:
         # other workers), measured at the last scrape.
         self.external_load = 0
         self.ec_zmq = ec_zmq
-        self._gauge = None
+        self._gauge: Gauge | None = None
 
     @property
     def load(self) -> int:
@@ -109,10 +111,8 @@ class Pool:
 
     def _forget(self, ep: Endpoint) -> None:
         for gauge in (self.metrics.inflight, self.metrics.endpoint_up):
-            try:
+            with contextlib.suppress(KeyError):  # never labelled
                 gauge.remove(self.role, ep.key, ep.pod)
-            except KeyError:
-                pass
 
     def _refresh(self) -> None:
         self.available = [ep for ep in self.endpoints.values() if ep.available]
@@ -194,7 +194,7 @@ class HealthChecker:
             async with self.session.get(ep.url + "/health", timeout=self.timeout) as r:
                 await r.read()
                 ok = r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             ok = False
         if not ok:
             pool.record_failure(ep, "health")
@@ -206,7 +206,7 @@ class HealthChecker:
         try:
             async with self.session.get(ep.url + "/metrics", timeout=self.timeout) as r:
                 depth = scraped_queue_depth(await r.read()) if r.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             depth = None
         if depth is not None:
             ep.external_load = max(0, depth - inflight_before)

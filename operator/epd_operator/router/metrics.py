@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 from collections import defaultdict
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -42,19 +43,22 @@ PIDS_FILE = "pids"
 
 
 def multiprocess_dir() -> str | None:
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+    # prometheus_client still reads the lower-case spelling too.
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112
 
 
 class _BackendGauge(Gauge):
     """A per-backend gauge whose removal also works across worker processes (see the module doc)."""
 
-    def remove(self, *labelvalues) -> None:
+    def remove(self, *labelvalues: object) -> None:
         if not multiprocess_dir():
             super().remove(*labelvalues)
             return
         key = tuple(str(v) for v in labelvalues)
+        # prometheus_client types its children with its own unbound TypeVar; they are this class.
+        children = typing.cast("dict[tuple[str, ...], _BackendGauge]", self._metrics)
         with self._lock:
-            child = self._metrics.pop(key, None)
+            child = children.pop(key, None)
         if child is None:
             raise KeyError(key)
         child.set(math.nan)
@@ -90,7 +94,7 @@ class ProcessGroupCollector:
         merged: dict[str, Metric] = {}
         values: dict[str, list[float]] = defaultdict(list)
         for pid in self.pids():
-            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+            for family in ProcessCollector(pid=_constant(pid), registry=None).collect():
                 merged.setdefault(family.name, family)
                 values[family.name] += [s.value for s in family.samples]
         for name, family in merged.items():
@@ -104,6 +108,10 @@ class ProcessGroupCollector:
             out = Metric(family.name, family.documentation, family.type)
             out.samples = [Sample(family.samples[0].name, {}, value)]
             yield out
+
+
+def _constant(pid: int) -> Callable[[], int]:
+    return lambda: pid
 
 
 def _recorded_pids(path: str) -> list[int]:
@@ -196,9 +204,9 @@ class RouterMetrics:
             reg.register(ROUTER_BUILD_INFO)
             ProcessCollector(registry=reg)
         # Label children are looked up once per combination: .labels() is not free.
-        self._stage = {}
-        self._items = {}
-        self._requests = {}
+        self._stage: dict[str, Histogram] = {}
+        self._items: dict[str, Counter] = {}
+        self._requests: dict[tuple[str, int], Counter] = {}
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         child = self._stage.get(stage)

@@ -25,7 +25,6 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
 from typing import Protocol, TypeVar
 
-
 # Below the 1.25x-of-mean balance we promise: the bound is rounded up to whole items, and a
 # repeated key returning home while its first request is still encoding adds work the bound did
 # not see, so the factor keeps that slack in hand.
@@ -40,6 +39,10 @@ class Loaded(Protocol):
 
 
 E = TypeVar("E", bound=Loaded)
+
+
+class Picker(Protocol):
+    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[E] = ()) -> E | None: ...
 
 
 def stable_hash(text: str) -> int:
@@ -70,7 +73,7 @@ class HashRing:
                     return
 
 
-def load_bound(total_load: int, n: int, load_factor: float) -> int:
+def load_bound(total_load: float, n: int, load_factor: float) -> int:
     return math.ceil(load_factor * (total_load + 1) / n)
 
 
@@ -176,7 +179,7 @@ ENCODER_POLICIES = ("cache-aware", "round-robin", "least-loaded")
 PD_POLICIES = ("least-loaded", "prefix-aware", "round-robin")
 
 
-def make_picker(policy: str, load_factor: float = DEFAULT_LOAD_FACTOR):
+def make_picker(policy: str, load_factor: float = DEFAULT_LOAD_FACTOR) -> Picker:
     if policy in ("cache-aware", "prefix-aware"):
         return BoundedHashPicker(load_factor)
     if policy == "least-loaded":

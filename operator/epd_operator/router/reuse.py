@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import orjson
 
@@ -28,7 +29,7 @@ def reuse_key(body: dict, item: MediaItem) -> str:
 
 
 class ReuseCache:
-    def __init__(self, ttl_s: float, max_items: int = 100_000, clock=time.monotonic) -> None:
+    def __init__(self, ttl_s: float, max_items: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.max_items = max_items
         self.clock = clock
