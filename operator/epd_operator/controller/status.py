@@ -15,8 +15,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..api.status import (INVALID_SPEC, REFUSED_BY_API_SERVER, Condition, EPDDeploymentStatus, TierAutoscaling, Tiers,
-                          TierStatus)
+from ..api.status import (
+    INVALID_SPEC,
+    REFUSED_BY_API_SERVER,
+    Condition,
+    EPDDeploymentStatus,
+    TierAutoscaling,
+    Tiers,
+    TierStatus,
+)
 from ..api.validation import FieldError
 
 TIERS = ("encoder", "prefill", "decode", "router")

@@ -5,9 +5,17 @@ names, so they are a contract: change them only together with both.
 """
 from __future__ import annotations
 
+from ..api.labels import (
+    APP_NAME,
+    COMPONENT_LABEL,
+    CONFIG_HASH_ANNOTATION,  # noqa: F401  (re-exported: the renderer's callers name it here)
+    INSTANCE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    ROLE_LABEL,
+)
 from ..api.spec import EPDDeployment, Tier
-from ..api.labels import CONFIG_HASH_ANNOTATION  # noqa: F401  (re-exported: the renderer's callers name it here)
-from ..api.labels import APP_NAME, COMPONENT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, ROLE_LABEL
 
 ENCODER, PREFILL, DECODE, ROUTER, MOONCAKE_MASTER = "encoder", "prefill", "decode", "router", "mooncake-master"
 # The role label of the `{name}-transfer` ConfigMap, which serves every tier and belongs to none.
