@@ -5,7 +5,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from epd_operator.router.upstream import Upstream, UpstreamError
+from epd_operator.router.upstream import Upstream, TransportError
 
 JSON_HEADERS = b"Content-Type: application/json\r\nx-request-id: r1\r\n"
 
@@ -127,7 +127,7 @@ async def test_a_backend_closing_before_replying_is_a_connect_failure():
         writer.close()
 
     async with scripted_backend([hang_up]) as (url, _):
-        with pytest.raises(UpstreamError) as err:
+        with pytest.raises(TransportError) as err:
             await Upstream().request(url, "POST", "/x", JSON_HEADERS, b"{}")
         assert err.value.kind == "connect"
 
@@ -139,7 +139,7 @@ async def test_a_backend_closing_mid_body_is_a_read_failure():
 
     async with scripted_backend([half]) as (url, _):
         r = await Upstream().request(url, "POST", "/x", JSON_HEADERS, b"{}")
-        with pytest.raises(UpstreamError) as err:
+        with pytest.raises(TransportError) as err:
             await r.read()
         assert err.value.kind == "read"
 
@@ -149,7 +149,7 @@ async def test_nobody_listening_is_a_connect_failure():
     port = server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
-    with pytest.raises(UpstreamError) as err:
+    with pytest.raises(TransportError) as err:
         await Upstream().request(f"http://127.0.0.1:{port}", "POST", "/x", JSON_HEADERS, b"{}", connect_timeout=1)
     assert err.value.kind == "connect"
 
@@ -166,13 +166,13 @@ async def test_deadline_and_idle_timeouts():
     async with scripted_backend([silent, trickle]) as (url, _):
         up = Upstream()
         loop = asyncio.get_running_loop()
-        with pytest.raises(UpstreamError) as err:
+        with pytest.raises(TransportError) as err:
             await up.request(url, "POST", "/x", JSON_HEADERS, b"{}", deadline=loop.time() + 0.1)
         assert err.value.kind == "timeout"
         r = await up.request(url, "POST", "/x", JSON_HEADERS, b"{}", idle=0.1)
         body = r.iter_body()
         assert await anext(body) == b"abc"
-        with pytest.raises(UpstreamError) as err:
+        with pytest.raises(TransportError) as err:
             await anext(body)
         assert err.value.kind == "timeout"
 

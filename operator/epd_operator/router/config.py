@@ -89,7 +89,7 @@ class RouterConfig:
         return bool(self.ec_consumer_zmq_addrs) or self.ec_consumer_port is not None
 
     def http_limits(self):
-        from .http_server import Limits
+        from .http_messages import Limits
 
         return Limits(head_timeout=self.header_timeout, body_timeout=self.body_timeout, keepalive=self.keepalive_timeout,
                       send_timeout=self.send_timeout)

@@ -21,7 +21,10 @@ Replies go out in request order (pipelining); the next request is parsed only on
 previous reply is written and the client has drained what the transport holds (backpressure
 on every reply, streamed or whole); a client that stops reading for `send_timeout` is cut.
 Each request runs as its own task, cancelled when the client disconnects, so every backend
-call it has open is aborted too.
+call it has open is aborted too. The objects handlers see are in http_messages.py.
+
+Over 400 lines on purpose: it is one connection's state machine (parse, queue, answer, time
+out), and its states are easier to check read in one place than spread over modules.
 """
 
 from __future__ import annotations
@@ -29,39 +32,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from http import HTTPStatus
 
 import httptools
 
-from .protocol import error_body
+from .http_messages import BodyTooLarge, Handler, HttpRequest, Limits, Response, StreamResponse
+from .http_messages import error_response as _error
+from .http_messages import render_head as _head
 
 log = logging.getLogger("epd_router.http")
 
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 # Fields a request may carry once only: repeated, the recipients could disagree on which counts.
 _SINGLETONS = frozenset({"host", "content-length", "transfer-encoding", "content-type", "authorization", "x-request-id", "expect"})
 _IDLE, _HEAD, _BODY = 0, 1, 2
-
-
-@dataclass
-class Limits:
-    max_head: int = 64 * 1024  # request line + header fields, bytes
-    max_headers: int = 100  # header fields in one request
-    max_line: int = 8 * 1024  # request target, and each header field (name + value)
-    max_pipeline: int = 32  # requests parsed ahead of the one being answered
-    head_timeout: float = 10.0  # seconds from a head's first byte to its end
-    body_timeout: float = 30.0  # seconds a body may take, plus 1 s per body_min_rate bytes received
-    body_min_rate: float = 64 * 1024
-    keepalive: float = 75.0  # seconds an idle connection stays open (aiohttp's default)
-    send_timeout: float = 60.0  # seconds a client may leave the router's send buffer full
-
-
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 class _Refuse(Exception):
@@ -74,95 +56,6 @@ class _Refuse(Exception):
 
 class _Stop(Exception):
     """Raised from a parser callback: the request was handed over early; parse nothing more."""
-
-
-class HttpRequest:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "http10", "_conn")
-
-    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes | None, conn: "HttpConnection",
-                 keep_alive: bool = True, http10: bool = False) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers  # lower-case names
-        self.body = body  # None: over the size limit, not read
-        self.keep_alive = keep_alive
-        self.http10 = http10
-        self._conn = conn
-
-    async def read(self) -> bytes:
-        if self.body is None:
-            raise BodyTooLarge
-        return self.body
-
-
-class Response:
-    """A whole reply, written in one go with its Content-Length."""
-
-    __slots__ = ("status", "body", "headers")
-
-    def __init__(self, body: bytes = b"", status: int = 200, headers: dict[str, str] | None = None, content_type: str | None = None) -> None:
-        self.status = status
-        self.body = body
-        self.headers = headers if headers is not None else {}
-        if content_type is not None:
-            self.headers["Content-Type"] = content_type
-
-
-class StreamResponse:
-    """A reply written as it is produced (SSE): chunked for HTTP/1.1 clients, until-close for 1.0."""
-
-    __slots__ = ("status", "headers", "_conn", "_chunked", "_ended")
-
-    def __init__(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
-        self.status = status
-        self.headers = headers if headers is not None else {}
-        self._conn: HttpConnection | None = None
-        self._chunked = True
-        self._ended = False
-
-    async def prepare(self, request: HttpRequest) -> None:
-        conn = self._conn = request._conn
-        conn.streaming = True
-        self._chunked = not request.http10
-        if not self._chunked:
-            request.keep_alive = False
-        framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b"Connection: close\r\n"
-        conn.send(_head(self.status, self.headers) + framing + b"\r\n")
-
-    async def write(self, data: bytes) -> None:
-        if not data:
-            return
-        conn = self._conn
-        if conn.closed:
-            raise ConnectionResetError("client closed the connection")
-        conn.send(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
-        if conn.drained is not None:
-            await conn.wait_drained()
-
-    async def write_eof(self) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        conn = self._conn
-        if self._chunked and not conn.closed:
-            conn.send(b"0\r\n\r\n")
-
-
-Handler = Callable[[HttpRequest], Awaitable["Response | StreamResponse"]]
-
-
-def _head(status: int, headers: dict[str, str]) -> bytes:
-    lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    # A value carrying CR or LF would split the head: never let one out (values copied from a
-    # request were checked by the parser; this is the last line of defence).
-    if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
-        raise ValueError("CR or LF in a response header")
-    return b"HTTP/1.1 %d %s\r\n%s" % (status, _REASONS.get(status, b"Unknown"), lines.encode("latin-1"))
-
-
-def _error(status: int, message: str) -> Response:
-    return Response(error_body(message, status), status, {"Content-Type": "application/json"})
 
 
 class HttpConnection(asyncio.Protocol):
@@ -548,6 +441,9 @@ class HttpConnection(asyncio.Protocol):
                 return
             self.dead = True
             self._refuse(408, "request body not received in time")
+
+
+__all__ = ["BodyTooLarge", "HttpConnection", "HttpRequest", "Limits", "Response", "StreamResponse", "start_server"]
 
 
 async def start_server(handler: Handler, max_body: int, *, host: str | None = None, port: int | None = None, sock=None,

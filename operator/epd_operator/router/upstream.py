@@ -29,9 +29,10 @@ MAX_HEADERS = 100
 PAUSE_ABOVE = 1 << 20  # stop reading a backend while this much is buffered for a slow client
 
 
-class UpstreamError(Exception):
-    """A backend call failed. `kind`: connect (no reply started: refused, reset, closed)
-    | timeout | read (the reply broke or made no sense after it started)."""
+class TransportError(Exception):
+    """The HTTP exchange with a backend broke (what a reply's status means is the caller's to
+    judge). `kind`: connect (no reply started: refused, reset, closed) | timeout | read (the
+    reply broke or made no sense after it started)."""
 
     def __init__(self, kind: str, detail: str = "") -> None:
         super().__init__(f"{kind}: {detail}" if detail else kind)
@@ -178,9 +179,9 @@ class _Connection(asyncio.Protocol):
             self.paused = False
             self.transport.resume_reading()
         if self.bad:
-            raise UpstreamError("read", self.bad)
+            raise TransportError("read", self.bad)
         if self.eof:
-            raise UpstreamError("read", f"connection closed ({self.error!r})" if self.error else "connection closed")
+            raise TransportError("read", f"connection closed ({self.error!r})" if self.error else "connection closed")
         waiter = self.waiter = self.loop.create_future()
         if deadline is None:
             await waiter
@@ -191,15 +192,15 @@ class _Connection(asyncio.Protocol):
             finally:
                 timer.cancel()
         if self.bad:
-            raise UpstreamError("read", self.bad)
+            raise TransportError("read", self.bad)
 
 
 def _expire(waiter: asyncio.Future) -> None:
     if not waiter.done():
-        waiter.set_exception(UpstreamError("timeout"))
+        waiter.set_exception(TransportError("timeout"))
 
 
-class Response:
+class BackendReply:
     """A reply whose head has arrived. Read it whole (`read`) or as it comes (`iter_body`);
     then `release` it (the connection goes back to the pool if the body was read to its
     end) or `close` it (abort: the backend sees the client go away)."""
@@ -231,11 +232,11 @@ class Response:
             while not conn.complete:
                 try:
                     await conn.more(deadline if deadline is not None else self._deadline())
-                except UpstreamError as exc:
+                except TransportError as exc:
                     if self._until_close and exc.kind == "read" and conn.eof and not conn.bad:
                         break  # read-until-close ends this way
                     raise
-        except UpstreamError:
+        except TransportError:
             self.close()
             raise
         self._done = True
@@ -252,7 +253,7 @@ class Response:
                     break
                 try:
                     await conn.more(self._deadline())
-                except UpstreamError as exc:
+                except TransportError as exc:
                     if self._until_close and exc.kind == "read" and conn.eof and not conn.bad:
                         if conn.body:
                             yield conn.take()
@@ -332,13 +333,13 @@ class Upstream:
                 _, conn = await loop.create_connection(lambda: _Connection(loop), pool.host, pool.port,
                                                        ssl=_tls_context() if pool.tls else None)
         except TimeoutError:
-            raise UpstreamError("timeout", f"connecting to {pool.host}:{pool.port}") from None
+            raise TransportError("timeout", f"connecting to {pool.host}:{pool.port}") from None
         except OSError as exc:
-            raise UpstreamError("connect", str(exc)) from None
+            raise TransportError("connect", str(exc)) from None
         return conn
 
     async def request(self, origin: str, method: str, path: str, headers: bytes, body: bytes = b"", *,
-                      connect_timeout: float | None = None, deadline: float | None = None, idle: float | None = None) -> Response:
+                      connect_timeout: float | None = None, deadline: float | None = None, idle: float | None = None) -> BackendReply:
         """Send a request and wait for the reply's head. `headers`: preformatted `Name: value\\r\\n`
         lines (no Host, no Content-Length). `deadline` (loop time) bounds the wait for the head;
         `idle` bounds each silence while reading the head and, later, the body."""
@@ -353,7 +354,7 @@ class Upstream:
             else:
                 conn.transport.writelines((head, body))
             return await _read_head(conn, pool, deadline, idle)
-        except UpstreamError:
+        except TransportError:
             conn.abort()
             raise
         except BaseException:  # cancelled: the backend should stop working for us
@@ -368,24 +369,24 @@ class Upstream:
             pool.idle.clear()
 
 
-async def _read_head(conn: _Connection, pool: _OriginPool, deadline: float | None, idle: float | None) -> Response:
+async def _read_head(conn: _Connection, pool: _OriginPool, deadline: float | None, idle: float | None) -> BackendReply:
     loop = conn.loop
     while not conn.head_done:
         if conn.bad:
-            raise UpstreamError("read", conn.bad)
+            raise TransportError("read", conn.bad)
         if conn.eof:
             # Nothing (or half a head) came back: the backend dropped the connection.
-            raise UpstreamError("read" if conn.received else "connect", "connection closed before a reply")
+            raise TransportError("read" if conn.received else "connect", "connection closed before a reply")
         wait_until = deadline
         if idle is not None:
             wait_until = loop.time() + idle if deadline is None else min(deadline, loop.time() + idle)
         try:
             await conn.more(wait_until)
-        except UpstreamError as exc:
+        except TransportError as exc:
             if exc.kind == "read":
                 continue  # loop once more: EOF and bad replies are classified above
             raise
-    return Response(conn.status, conn.headers, conn, pool, idle)
+    return BackendReply(conn.status, conn.headers, conn, pool, idle)
 
 
 @functools.cache

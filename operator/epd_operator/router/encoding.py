@@ -1,0 +1,137 @@
+"""The E stage: a request's media items to encoder instances and back as EC transfer handles.
+
+Items already encoded recently come from the reuse cache. The rest are spread over encoders
+(items bound for the same encoder go in one call, up to `encoder_max_batch`), concurrently.
+An item whose encoder failed is tried once more on another; an item that still failed, or
+that found no encoder, goes to the consumer raw (it encodes it locally): encoding never fails
+a request, except when an encoder refuses it as a client error (`BackendRejection`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import orjson
+
+from .backends import Endpoint, Pool
+from .calls import BackendCalls
+from .config import RouterConfig
+from .failures import BackendRejection, RetryableFailure
+from .metrics import RouterMetrics
+from .pickers import Picker
+from .protocol import EncodedItem, EncoderReplyError, MediaItem, encoder_request, group_for_encoders, match_encoder_reply, new_id
+from .reuse import ReuseCache, reuse_key
+
+if TYPE_CHECKING:
+    from .pipeline import RequestContext
+
+log = logging.getLogger("epd_router")
+
+CHAT = "/v1/chat/completions"  # encoders are always called on chat: media only travels there
+
+
+class EncoderStage:
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics, pool: Pool, picker: Picker, calls: BackendCalls,
+                 reuse: ReuseCache) -> None:
+        self.cfg = config
+        self.metrics = metrics
+        self.pool = pool
+        self.picker = picker
+        self.calls = calls
+        self.reuse = reuse
+        self.reuse_metadata = config.reuse_mode == "metadata"
+
+    async def encode(self, ctx: RequestContext) -> dict[int, EncodedItem]:
+        """Transfer handles by item index; items missing from the result go raw."""
+        body, items = ctx.body, ctx.items
+        encoded: dict[int, EncodedItem] = {}
+        todo = items
+        if self.reuse.enabled:
+            todo = []
+            for item in items:
+                hit = self.reuse.recall(reuse_key(body, item)) if item.content_addressed else None
+                if hit is None:
+                    todo.append(item)
+                elif self.reuse_metadata:
+                    hit.transfer_id = new_id()
+                    encoded[item.index] = hit
+                # else "pinned": the item goes raw with its uuid and the consumer loads the stored
+                # embedding, or encodes locally if the janitor removed it meanwhile.
+            self.metrics.count_items("reused", len(items) - len(todo))
+        if not todo:
+            return encoded
+        if not self.pool.available:
+            self.metrics.count_items("fallback", len(todo))
+            self.metrics.fallback_requests.labels("no_encoder").inc()
+            return encoded
+        failed = await self._round(ctx, todo, encoded, {})
+        if failed:
+            self.metrics.retries.labels("encode", "encoder_failed").inc()
+            failed = await self._round(ctx, [item for item, _ in failed], encoded, {item.index: ep for item, ep in failed})
+        if failed:
+            self.metrics.fallback_requests.labels("encoder_failed").inc()
+        self.metrics.count_items("encoded", sum(1 for i in todo if i.index in encoded and encoded[i.index].metadata))
+        self.metrics.count_items("fallback", sum(1 for i in todo if not (i.index in encoded and encoded[i.index].metadata)))
+        if self.reuse.enabled:
+            for item in todo:
+                if item.index in encoded and item.content_addressed:
+                    self.reuse.remember(reuse_key(body, item), encoded[item.index])
+        return encoded
+
+    async def _round(self, ctx: RequestContext, items: list[MediaItem], encoded: dict[int, EncodedItem],
+                     avoid: dict[int, Endpoint]) -> list[tuple[MediaItem, Endpoint | None]]:
+        """Encode items concurrently, avoiding each one's failed encoder; returns (item, encoder) pairs that failed."""
+        pool = self.pool
+        targets: list[Endpoint] = []
+        for item in items:
+            avoided = avoid.get(item.index)
+            ep = self.picker.pick(pool.available, item.uuid, (avoided,) if avoided else ())
+            if ep is None:
+                ep = self.picker.pick(pool.available, item.uuid)
+            if ep is None:  # every encoder was ejected meanwhile: send what is left raw
+                rest: list[tuple[MediaItem, Endpoint | None]] = [(i, None) for i in items[len(targets):]]
+                return rest + await self._groups(ctx, items[: len(targets)], targets, encoded)
+            pool.acquire(ep)  # count it now so the next item of this request sees the load
+            targets.append(ep)
+        return await self._groups(ctx, items, targets, encoded)
+
+    async def _groups(self, ctx: RequestContext, items: list[MediaItem], targets: list[Endpoint],
+                      encoded: dict[int, EncodedItem]) -> list[tuple[MediaItem, Endpoint | None]]:
+        groups = group_for_encoders(items, targets, self.cfg.encoder_max_batch)
+        if len(groups) == 1:  # the usual case: awaited in place, no task per call
+            ep, group = groups[0]
+            try:
+                results: list = [await self._call(ctx, ep, group)]
+            except (RetryableFailure, BackendRejection) as exc:
+                results = [exc]
+        else:
+            results = await asyncio.gather(*(self._call(ctx, ep, group) for ep, group in groups), return_exceptions=True)
+        failed: list[tuple[MediaItem, Endpoint | None]] = []
+        for (ep, group), result in zip(groups, results):
+            if isinstance(result, BackendRejection):
+                raise result
+            if isinstance(result, RetryableFailure):
+                failed.extend((item, ep) for item in group)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                encoded.update(result)
+        return failed
+
+    async def _call(self, ctx: RequestContext, ep: Endpoint, group: list[MediaItem]) -> dict[int, EncodedItem]:
+        """One encoder call for a group of items (its in-flight units were acquired by `_round`)."""
+        pool = self.pool
+        transfer_ids = [new_id() for _ in group]
+        req = encoder_request(ctx.body, group, ctx.consumer_zmq, transfer_ids)
+        headers = ctx.common_headers + f"x-request-id: {ctx.rid}:{group[0].index}:{new_id()[:6]}\r\n".encode("latin-1")
+        payload = await self.calls.exchange(pool, ep, CHAT, orjson.dumps(req), headers, self.cfg.encode_timeout, len(group))
+        try:
+            matched = match_encoder_reply(orjson.loads(payload).get("ec_transfer_params"), group)
+        except (orjson.JSONDecodeError, AttributeError, EncoderReplyError) as exc:
+            log.warning("[%s] encoder %s reply unusable: %s", ctx.rid, ep.url, exc)
+            pool.record_failure(ep, "reply")
+            raise RetryableFailure("reply", pool.role) from None
+        tid = {item.index: t for item, t in zip(group, transfer_ids)}
+        return {index: EncodedItem(mm_hash, report, tid[index]) for index, (mm_hash, report) in matched.items()}

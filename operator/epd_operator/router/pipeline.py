@@ -1,0 +1,184 @@
+"""The EPD pipeline: one generation request through E → (P) → D, carried by a `RequestContext`.
+
+    pick the EC consumer ─ encode media (encoding.py) ─ rewrite the body for the consumer
+      E+PD:  the PD instance answers                       (retry_once on the decode pool)
+      E/P/D: P computes the KV (max_tokens 1)              (retry_once on the prefill pool)
+             then D pulls it and answers                   (retry_once on the decode pool,
+                                                            prefilling again before the retry)
+
+Every prefill and decode step goes through `retry_once`, the router's one retry policy: on a
+`RetryableFailure` before the client saw a byte, count it, and try once more on another
+instance of the same tier (the same instance if it is alone); a consumer that refused a
+metadata-only body gets the media itself the second time. A second failure answers the client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import orjson
+
+from .backends import Endpoint, Pool
+from .calls import BackendCalls
+from .config import RouterConfig
+from .encoding import EncoderStage
+from .failures import BackendRejection, RetryableFailure, json_error
+from .http_messages import HttpRequest, StreamResponse
+from .metrics import RouterMetrics
+from .pickers import Picker
+from .protocol import EncodedItem, MediaItem, prefill_request, prompt_prefix, rewrite_for_decode
+from .reuse import ReuseCache, reuse_key
+
+T = TypeVar("T")
+UPSTREAM_HEADERS = b"Content-Type: application/json\r\nAccept-Encoding: identity\r\n"
+
+
+@dataclass(slots=True, eq=False)
+class RequestContext:
+    """One generation request on its way through the router: what the client sent, what the
+    router decided about it, where it went. server.py fills the first block; the pipeline the rest."""
+
+    request: HttpRequest
+    route: str  # the OpenAI path; every tier is called on it (encoders on chat)
+    rid: str  # x-request-id, the client's or ours; sent to every tier
+    t0: float  # perf_counter() at arrival: ttfb and total count from here
+    body: dict
+    raw: bytes | None  # the client's bytes, forwarded as they are while the body is unchanged; None once altered
+    items: list[MediaItem]  # media to encode, in order
+    # Filled by the pipeline:
+    common_headers: bytes = b""  # header lines every backend call carries (content type, the client's auth)
+    headers: bytes = b""  # common_headers + x-request-id: prefill and decode calls
+    key: str | None = None  # prompt prefix for the prefill/decode picker (prefix-aware policy)
+    consumer: Endpoint | None = None  # the EC consumer, chosen before encoding: P in E/P/D, PD in E+PD
+    consumer_zmq: str | None = None  # where a Mooncake encoder pushes to (the consumer's); None: SharedStorage
+    encoded: dict[int, EncodedItem] = field(default_factory=dict)  # EC handles by item index; missing items go raw
+    metadata_only: bool = False  # the consumer body references encoder output without the media itself
+    prepared: dict | None = None  # the body the consumer gets
+    kv: dict | None = None  # kv_transfer_params from the prefill that answered
+    prefill_ep: Endpoint | None = None  # the prefill instance that answered
+    _payload: bytes | None = None  # `prepared` serialized, kept for a retry
+
+
+class Pipeline:
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics, encoders: Pool, prefills: Pool | None, decodes: Pool,
+                 encoder_picker: Picker, pd_picker: Picker, calls: BackendCalls, reuse: ReuseCache) -> None:
+        self.cfg = config
+        self.metrics = metrics
+        self.prefills = prefills
+        self.decodes = decodes
+        self.pd_picker = pd_picker
+        self.calls = calls
+        self.reuse = reuse
+        self.encoding = EncoderStage(config, metrics, encoders, encoder_picker, calls, reuse)
+        self.prefix_keys = config.pd_policy == "prefix-aware"
+        self.rewrite_embeds = config.rewrite == "metadata"
+        self.mooncake = config.mooncake
+
+    async def run(self, ctx: RequestContext) -> StreamResponse:
+        auth = ctx.request.headers.get("authorization")
+        # Values were decoded as latin-1 by http_server, so they go back out byte for byte.
+        ctx.common_headers = UPSTREAM_HEADERS + b"Authorization: %s\r\n" % auth.encode("latin-1") if auth else UPSTREAM_HEADERS
+        ctx.headers = ctx.common_headers + b"x-request-id: %s\r\n" % ctx.rid.encode("latin-1")
+        consumers = self.prefills if self.prefills is not None else self.decodes
+        ctx.key = prompt_prefix(ctx.body, ctx.items, self.cfg.prefix_chars) if self.prefix_keys else None
+        # The EC consumer is chosen before encoding: a Mooncake encoder pushes straight to it.
+        consumer = ctx.consumer = self.pd_picker.pick(consumers.available, ctx.key)
+        if consumer is None:
+            return json_error(503, f"no {consumers.role} endpoint available", ctx.rid, "service_unavailable")
+        ctx.consumer_zmq = consumer.ec_zmq if self.mooncake else None
+        try:
+            if ctx.items:
+                te = time.perf_counter()
+                ctx.encoded = await self.encoding.encode(ctx)
+                self.metrics.observe_stage("encode", time.perf_counter() - te)
+            ctx.metadata_only = self.rewrite_embeds and any(enc.metadata for enc in ctx.encoded.values())
+            # Raw items carry their uuid (SharedStorage finds a stored embedding under it); not
+            # with Mooncake, whose consumer would wait for a push that nobody sends.
+            ctx.prepared = (rewrite_for_decode(ctx.body, ctx.items, ctx.encoded, pin_raw=not self.mooncake, embeds=self.rewrite_embeds)
+                            if ctx.items else ctx.body)
+            if self.prefills is not None:
+                return await self._prefill_then_decode(ctx, self.prefills)
+            return await self._pd(ctx)
+        except BackendRejection as rejection:
+            return rejection.response(ctx.rid)
+
+    async def _pd(self, ctx: RequestContext) -> StreamResponse:
+        """E+PD: the PD instance chosen as EC consumer answers."""
+        try:
+            return await self.retry_once(ctx, self.decodes, ctx.consumer, self._decode_attempt, ctx.metadata_only)
+        except RetryableFailure as failure:
+            return failure.response(ctx.rid)
+
+    async def _prefill_then_decode(self, ctx: RequestContext, prefills: Pool) -> StreamResponse:
+        """E/P/D: P (the EC consumer) computes the KV with max_tokens 1, D pulls it and answers."""
+        tp = time.perf_counter()
+        try:
+            await self.retry_once(ctx, prefills, ctx.consumer, self._prefill_attempt, ctx.metadata_only)
+        except RetryableFailure as failure:
+            return failure.response(ctx.rid)
+        self.metrics.observe_stage("prefill", time.perf_counter() - tp)
+        d_ep = self.pd_picker.pick(self.decodes.available, ctx.key)
+        if d_ep is None:
+            return json_error(503, "no decode endpoint available", ctx.rid, "service_unavailable")
+
+        async def prefill_again() -> None:
+            # D's KV handle may be spent: prefill again on the P that worked, then another D.
+            await self._prefill_attempt(ctx, ctx.prefill_ep, False)
+
+        try:
+            return await self.retry_once(ctx, self.decodes, d_ep, self._decode_attempt, False, prefill_again)
+        except RetryableFailure as failure:
+            return failure.response(ctx.rid)
+
+    async def retry_once(self, ctx: RequestContext, pool: Pool, ep: Endpoint,
+                         attempt: Callable[[RequestContext, Endpoint, bool], Awaitable[T]], metadata_only: bool,
+                         before_retry: Callable[[], Awaitable[None]] | None = None) -> T:
+        """The retry policy. `attempt(ctx, ep, metadata_only)` on `ep`; after a RetryableFailure,
+        once more on another instance of `pool` (or `ep` again when it is alone), after
+        `before_retry`. A 400 to a metadata-only body counts as retryable, and the second
+        attempt carries the media. The second failure is raised."""
+        try:
+            return await attempt(ctx, ep, metadata_only)
+        except RetryableFailure as failure:
+            metadata_rejected = metadata_only and failure.kind == "status"
+            self.metrics.retries.labels(pool.role, "metadata_rejected" if metadata_rejected else failure.kind).inc()
+            if metadata_rejected:
+                self._send_media(ctx)
+        if before_retry is not None:
+            await before_retry()
+        retry_ep = self.pd_picker.pick(pool.available, ctx.key, exclude=(ep,)) or ep
+        return await attempt(ctx, retry_ep, False)
+
+    def _send_media(self, ctx: RequestContext) -> None:
+        """After a consumer failed a metadata-only body: the media goes again, uuids pinned, and
+        the remembered encodings of these items are forgotten."""
+        for item in ctx.items:
+            self.reuse.forget(reuse_key(ctx.body, item))
+        ctx.prepared = rewrite_for_decode(ctx.body, ctx.items, {}, pin_raw=not self.mooncake)
+        ctx.metadata_only = False
+        ctx._payload = None
+
+    async def _prefill_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> None:
+        pool = self.prefills
+        pool.acquire(ep)
+        payload = await self.calls.exchange(pool, ep, ctx.route, orjson.dumps(prefill_request(ctx.prepared)), ctx.headers,
+                                            self.cfg.prefill_timeout, 1, metadata_only)
+        try:
+            ctx.kv = orjson.loads(payload).get("kv_transfer_params")
+        except (orjson.JSONDecodeError, AttributeError):
+            pool.record_failure(ep, "reply")
+            raise RetryableFailure("reply", pool.role) from None
+        ctx.prefill_ep = ep
+
+    async def _decode_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> StreamResponse:
+        if self.prefills is not None:
+            data = orjson.dumps({**ctx.prepared, "kv_transfer_params": ctx.kv} if ctx.kv else ctx.prepared)
+        else:
+            data = ctx._payload
+            if data is None:
+                data = ctx._payload = (ctx.raw if ctx.prepared is ctx.body and ctx.raw is not None
+                                       else orjson.dumps(ctx.prepared))
+        return await self.calls.stream(ctx, self.decodes, ep, data, ctx.headers, metadata_only)
