@@ -4,11 +4,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import kopf
 import pytest
 
-from epd_operator.controller.kube import CHILD_RESOURCES, LEASE, ApiError, Kube
 from epd_operator.controller.leader import LeaseElector
+from epd_operator.kube import CHILD_RESOURCES, LEASE, ApiError, Credentials, Kube
 from tests.support.cluster import KubeView
 
 CONFIGMAP = CHILD_RESOURCES["ConfigMap"]
@@ -70,18 +69,24 @@ async def test_a_refused_token_is_renewed_once(ns: KubeView):
     # Service-account tokens rotate: on a 401 the client logs in again, once.
     logins = []
 
-    def credentials(tokens=iter(["expired-token", ns.cluster.admin_token, "expired-again"])) -> kopf.ConnectionInfo:
+    ca = str(ns.cluster.pki / "ca.crt")
+
+    async def credentials(tokens=iter(["expired-token", ns.cluster.admin_token, "expired-again"])) -> Credentials:
         token = next(tokens)
         logins.append(token)
-        return kopf.ConnectionInfo(server=ns.url, ca_path=str(ns.cluster.pki / "ca.crt"), token=token)
+        return Credentials.from_token(ns.url, token, ca_path=ca)
 
     async with Kube(credentials) as client:
         assert await client.get(CONFIGMAP, ns.ns, "c") is None  # 401 with the stale token, then 404 with the new
         assert logins == ["expired-token", ns.cluster.admin_token]
-    async with Kube(lambda: kopf.ConnectionInfo(server=ns.url, ca_path=str(ns.cluster.pki / "ca.crt"),
-                                                token="wrong")) as client:
-        with pytest.raises(ApiError, match="401"):
+
+    async def wrong() -> Credentials:
+        return Credentials.from_token(ns.url, "wrong", ca_path=ca)
+
+    async with Kube(wrong) as client:
+        with pytest.raises(ApiError, match="401") as refused:
             await client.get(CONFIGMAP, ns.ns, "c")
+        assert refused.value.status == 401 and refused.value.reason == "Unauthorized", refused.value.body
 
 
 async def test_only_one_of_racing_candidates_wins_and_the_other_waits_for_expiry(client: Kube, ns: KubeView):

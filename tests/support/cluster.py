@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kopf
 import pytest
 import yaml
 
+from epd_operator.kube import Credentials, load_credentials
 from epd_operator.local.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,10 +80,10 @@ class KubeView:
         assert status < 300, f"{method} {path} -> {status}: {answer}"
         return answer
 
-    def credentials(self) -> kopf.ConnectionInfo:
-        """What the operator logs in with when run in-process: the admin identity."""
-        return kopf.ConnectionInfo(server=self.url, ca_path=str(self.cluster.pki / "ca.crt"),
-                                   token=self.cluster.admin_token, default_namespace=self.ns)
+    async def credentials(self) -> Credentials:
+        """What the operator logs in with when run in-process: the admin identity, through the
+        real kubeconfig loader."""
+        return await load_credentials(str(self.kubeconfig))
 
     def env(self, kubeconfig: Path | None = None) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}

@@ -17,11 +17,11 @@ import json
 import re
 import ssl
 import threading
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from epd_operator.kube import Credentials
 from epd_operator.local.cluster import LocalCluster
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
@@ -115,7 +115,5 @@ class FaultProxy:
             await runner.cleanup()
             await session.close()
 
-    def credentials(self, namespace: str) -> Any:
-        import kopf
-
-        return kopf.ConnectionInfo(server=self.url, token=self.cluster.admin_token, default_namespace=namespace)
+    async def credentials(self, namespace: str) -> Credentials:
+        return Credentials.from_token(self.url, self.cluster.admin_token, namespace=namespace)

@@ -18,16 +18,16 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import kopf
 from prometheus_client.parser import text_string_to_metric_families
 
 from epd_operator.controller.main import Options, run
 from epd_operator.controller.metrics import Metrics
+from epd_operator.kube import CredentialSource
 from tests.support.render_examples import SHARED_STORAGE, example_document
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ async def wait_until(condition: Any, timeout: float = 15.0, message: Any = "cond
 
 
 @contextlib.asynccontextmanager
-async def operator_in_process(kube: KubeView | Callable[[], kopf.ConnectionInfo], *args: str,
+async def operator_in_process(kube: KubeView | CredentialSource, *args: str,
                               metrics: Metrics | None = None) -> AsyncIterator[Metrics]:
     """The operator's `run()` in this process (kopf in-process), stopped on exit.
 

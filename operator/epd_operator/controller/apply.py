@@ -19,7 +19,7 @@ from typing import Any
 
 from ..api.quantity import parse_quantity
 from ..api.spec import API_VERSION, KIND
-from .kube import FIELD_MANAGER, ApiError, Kube, child_resource
+from ..kube import FIELD_MANAGER, ApiError, Kube, child_resource
 
 from ..api.labels import APPLIED_HASH_ANNOTATION as APPLIED_HASH, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL  # noqa: F401,E501
 

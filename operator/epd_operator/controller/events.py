@@ -10,7 +10,7 @@ import logging
 import uuid
 from typing import Any
 
-from .kube import EVENT, REQUEST_ERRORS, Kube
+from ..kube import EVENT, REQUEST_ERRORS, Kube
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import kopf
 
 from ..api.spec import GROUP, PLURAL, VERSION
 from .apply import MANAGED_BY, MANAGED_BY_LABEL
-from .kube import Kube
+from ..kube import Kube, connection_info
 from .reconciler import Reconciler
 
 CHILDREN_WATCHED = (("apps", "v1", "deployments"), ("autoscaling", "v2", "horizontalpodautoscalers"))
@@ -25,9 +25,10 @@ def build_registry(reconciler: Reconciler, kube: Kube) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        # kopf's watches and our requests log in the same way; kopf calls this again on a 401.
-        return kube.credentials()
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf's watches and our requests log in the same way (exec plugins included). kopf calls this
+        # at its start and again when its credentials are refused (401) or expire: log in afresh.
+        return connection_info(await kube.relogin())
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def epd_changed(event: dict[str, Any], **_: Any) -> None:

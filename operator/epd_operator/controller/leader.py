@@ -20,7 +20,7 @@ import math
 import time
 from typing import Any
 
-from .kube import LEASE, REQUEST_ERRORS, ApiError, Kube
+from ..kube import LEASE, REQUEST_ERRORS, ApiError, Kube
 
 log = logging.getLogger(__name__)
 

@@ -22,22 +22,20 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import kopf
 from aiohttp import web
 
 from .. import __version__
 from ..api.spec import DEFAULT_ROUTER_IMAGE
+from ..kube import CredentialSource, CredentialsError, Kube, load_credentials
 from .handlers import build_registry, build_settings
-from .kube import Kube, login
 from .leader import LeaseElector
 from .metrics import CONTENT_TYPE, Metrics
 from .reconciler import Reconciler
 
 log = logging.getLogger("epd_operator")
-
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 @dataclasses.dataclass
@@ -99,15 +97,13 @@ def default_identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
-def lease_namespace(options: Options, kube: Kube) -> str:
+async def lease_namespace(options: Options, kube: Kube) -> str:
     if options.leader_election_namespace:
         return options.leader_election_namespace
     if os.environ.get("POD_NAMESPACE"):
         return os.environ["POD_NAMESPACE"]
-    if os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
-        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
-            return f.read().strip()
-    return kube.connection.default_namespace or "default"
+    # In a pod: its service account's namespace; else the kubeconfig context's.
+    return (await kube.login()).default_namespace or "default"
 
 
 class Health:
@@ -146,7 +142,7 @@ async def serve_endpoints(options: Options, health: Health, metrics: Metrics) ->
 
 
 async def run(options: Options, *, stop: asyncio.Event | None = None,
-              credentials: Callable[[], kopf.ConnectionInfo] = login, metrics: Metrics | None = None) -> int:
+              credentials: CredentialSource = load_credentials, metrics: Metrics | None = None) -> int:
     """Run until `stop` is set (or kopf sees SIGTERM/SIGINT); returns the process exit status.
     In-process callers (tests) pass their own credentials and metrics."""
     stop = stop or asyncio.Event()
@@ -157,8 +153,9 @@ async def run(options: Options, *, stop: asyncio.Event | None = None,
     runner = await serve_endpoints(options, health, metrics)
     elector: LeaseElector | None = None
     try:
+        await kube.login()  # no credentials: say so now, not from inside a retry loop
         if options.leader_election:
-            elector = LeaseElector(kube, lease_namespace(options, kube), options.leader_election_id, identity,
+            elector = LeaseElector(kube, await lease_namespace(options, kube), options.leader_election_id, identity,
                                    options.lease_duration)
             health.role = "standby"
             if not await _until_stopped(elector.acquire(), stop):
@@ -262,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         try:
             return await run(options, stop=stop)
-        except kopf.LoginError as exc:
+        except (CredentialsError, kopf.LoginError) as exc:
             log.error("%s", exc)
             return 2
 

@@ -27,7 +27,7 @@ from ..api.validation import FieldError, SpecError, parse_epd
 from ..render import render
 from . import apply, status as status_rules
 from .events import post_event, utcnow
-from .kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube
+from ..kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube
 from .metrics import Metrics
 from .workqueue import FULL, STATUS, WorkQueue
 
