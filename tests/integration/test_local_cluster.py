@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from epd_operator.local import cluster as local_cluster
+from epd_operator.local import k8s_binaries
 from epd_operator.local.cluster import NEWEST, LocalCluster
 
 STARTER = """
@@ -61,14 +61,14 @@ def test_kubebuilder_assets_are_honoured_for_what_they_hold(tmp_path, monkeypatc
         (assets / name).write_text("#!/bin/sh\n")
         (assets / name).chmod(0o755)
     monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
-    monkeypatch.setattr(local_cluster, "CACHE", tmp_path / "cache")
-    assert local_cluster.binaries(NEWEST, apiserver_only=True) == assets
+    monkeypatch.setattr(k8s_binaries, "CACHE", tmp_path / "cache")
+    assert k8s_binaries.binaries(NEWEST, apiserver_only=True) == assets
     ours = tmp_path / "cache" / "k8s" / NEWEST
     ours.mkdir(parents=True)
     for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
         (ours / name).write_text("#!/bin/sh\n")
         (ours / name).chmod(0o755)
-    mixed = local_cluster.binaries(NEWEST)
+    mixed = k8s_binaries.binaries(NEWEST)
     assert {p.name: p.resolve() for p in mixed.iterdir()} == {
         "etcd": assets / "etcd", "kube-apiserver": assets / "kube-apiserver", "kubectl": assets / "kubectl",
         "kube-controller-manager": ours / "kube-controller-manager", "kube-scheduler": ours / "kube-scheduler",

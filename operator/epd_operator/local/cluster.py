@@ -15,7 +15,6 @@ a crashed run leaves nothing listening.
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import ctypes
@@ -38,18 +37,13 @@ from typing import Any
 
 import yaml
 
-CACHE = Path(os.environ.get("EPD_CACHE", Path.home() / ".cache" / "epd-operator"))
-REPO = Path(__file__).resolve().parents[3]
-BUILD_SCRIPT = REPO / "hack" / "k8s-binaries.sh"
-# The newest minor is what the tests run on; the oldest minor the CRD claims is checked by installing
-# the CRD into its apiserver (tests/integration/test_crd_install.py).
-NEWEST = "v1.37.2"
-OLDEST = "v1.34.4"
-STATE_DIR = CACHE / "cluster"
-ADMIN_TOKEN_USER = "epd-admin"
-FAKE_NODE_LABEL = "epd.dev/fake-node"
-GPU = "nvidia.com/gpu"
-CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+from .cluster_pki import ADMIN_TOKEN_USER, kubeconfig, make_pki
+from .fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, FakeNode
+from .k8s_binaries import NEWEST, OLDEST, binaries, log
+
+# What the tests and the benchmarks import from here.
+__all__ = ["NEWEST", "OLDEST", "ClusterError", "FakeNode", "LocalCluster", "binaries", "free_port"]
+
 # The controllers a test cluster needs; the rest (node lifecycle, cloud, certificates...) only slow it
 # down or act on things that do not exist here.
 CONTROLLERS = tuple(f"{name}-controller" for name in (
@@ -64,82 +58,10 @@ class ClusterError(RuntimeError):
     pass
 
 
-def _log(msg: str) -> None:
-    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-# ------------------------------------------------------------------------------------ binaries
-
-def binaries(version: str = NEWEST, *, apiserver_only: bool = False) -> Path:
-    """The folder holding the control-plane binaries, built once when absent.
-
-    ``KUBEBUILDER_ASSETS`` (the envtest convention) wins when set and it holds the binaries asked for;
-    envtest's asset folders hold etcd, kube-apiserver and kubectl only, so the rest come from our cache.
-    """
-    needed = ("etcd", "kube-apiserver") if apiserver_only else CONTROL_PLANE
-    env_assets = os.environ.get("KUBEBUILDER_ASSETS")
-    assets = Path(env_assets) if env_assets and version == NEWEST else None
-    from_assets = {b for b in needed if assets is not None and (assets / b).exists()}
-    if assets is not None and from_assets == set(needed):
-        return assets
-    folder = CACHE / "k8s" / version
-    if any(b not in from_assets and not os.access(folder / b, os.X_OK) for b in needed):
-        what = "apiserver-only" if apiserver_only else "all"
-        _log(f"building the Kubernetes {version} control plane from the official Go modules (once; cached in {folder})")
-        subprocess.run(["bash", str(BUILD_SCRIPT), version, what], check=True, stdout=subprocess.DEVNULL)
-    if not from_assets:
-        return folder
-    # A mix: envtest's etcd/apiserver/kubectl, our controllers, scheduler and kwok.
-    mixed = CACHE / "k8s" / "assets-mix"
-    mixed.mkdir(parents=True, exist_ok=True)
-    for b in needed:
-        link = mixed / b
-        link.unlink(missing_ok=True)
-        link.symlink_to((assets if b in from_assets else folder) / b)  # type: ignore[operator]
-    return mixed
-
-
-# ------------------------------------------------------------------------------------ PKI
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _make_pki(pki: Path) -> None:
-    """A CA, the apiserver's serving certificate for 127.0.0.1/localhost, and the service-account keys."""
-    pki.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
-             "-subj", "/CN=epd-local-ca", cwd=pki)
-    (pki / "san.cnf").write_text(
-        "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost,"
-        "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
-        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
-             "-subj", "/CN=kube-apiserver", cwd=pki)
-    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "apiserver.crt", "-days", "3650", "-extfile", "san.cnf", "-extensions", "ext", cwd=pki)
-    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
-    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-
-
-def kubeconfig(server: str, ca_file: Path, token: str, *, user: str = ADMIN_TOKEN_USER,
-               namespace: str | None = None) -> dict[str, Any]:
-    context: dict[str, Any] = {"cluster": "epd-local", "user": user}
-    if namespace:
-        context["namespace"] = namespace
-    return {
-        "apiVersion": "v1", "kind": "Config", "current-context": "epd-local",
-        "clusters": [{"name": "epd-local", "cluster": {
-            "server": server, "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode()}}],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "epd-local", "context": context}],
-    }
 
 
 # ------------------------------------------------------------------------------------ processes
@@ -182,33 +104,6 @@ class Component:
             self.process.wait()
 
 
-@dataclasses.dataclass(frozen=True)
-class FakeNode:
-    """A kwok node: capacity and placement a test can choose."""
-
-    name: str
-    gpus: int = 16
-    cpu: str = "64"
-    memory: str = "512Gi"
-    labels: dict[str, str] = dataclasses.field(default_factory=dict)
-    taints: tuple[dict[str, str], ...] = ()
-
-    def manifest(self) -> dict[str, Any]:
-        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": "110", GPU: str(self.gpus),
-                    "ephemeral-storage": "1Ti"}
-        return {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": self.name, "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                         "labels": {FAKE_NODE_LABEL: "true", "kubernetes.io/hostname": self.name,
-                                    "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                                    "type": "kwok", **self.labels}},
-            "spec": {"taints": [dict(t) for t in self.taints]},
-            "status": {"allocatable": capacity, "capacity": capacity},
-        }
-
-
-DEFAULT_NODES = (FakeNode("gpu-node-1"), FakeNode("gpu-node-2"))
-
 
 class LocalCluster:
     """Start, use and stop one local control plane. Use as a context manager."""
@@ -246,7 +141,7 @@ class LocalCluster:
         started = time.monotonic()
         self.bin = binaries(self.version, apiserver_only=self.apiserver_only)
         self.dir.mkdir(parents=True, exist_ok=True)
-        _make_pki(self.pki)
+        make_pki(self.pki)
         (self.pki / "tokens.csv").write_text(f'{self.admin_token},{ADMIN_TOKEN_USER},epd-admin-uid,"system:masters"\n')
         self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", self.admin_token)))
         self._start_etcd()
@@ -257,7 +152,7 @@ class LocalCluster:
             self.add_nodes(*self.nodes)
             self._wait_for_service_account("default", "default", 30)
             self._wait_for_schedulable_nodes(30)
-        _log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
+        log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
 
     def stop(self) -> None:
         for component in reversed(self.components):
@@ -436,109 +331,7 @@ class LocalCluster:
         return subprocess.run(self.kubectl_argv(*args), input=input, text=True, capture_output=True, check=check)
 
 
-# ------------------------------------------------------------------------------------ CLI
-
-def _up(args: argparse.Namespace) -> int:
-    if args.detach:
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
-        log = STATE_DIR / "supervisor.log"
-        if _running_pid() is not None:
-            print("a local cluster is already running; stop it with `make cluster-down`", file=sys.stderr)
-            return 1
-        with log.open("wb") as out:
-            child = subprocess.Popen([sys.executable, "-m", "epd_operator.local.cluster", "up", "--version", args.version],
-                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + args.timeout
-        ready = STATE_DIR / "ready"
-        while time.monotonic() < deadline and not ready.exists():
-            if child.poll() is not None:
-                print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
-                return 1
-            time.sleep(0.5)
-        if not ready.exists():
-            child.terminate()
-            print(f"the cluster did not come up in {args.timeout} s; see {log}", file=sys.stderr)
-            return 1
-        print(ready.read_text(), end="")
-        return 0
-
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    (STATE_DIR / "ready").unlink(missing_ok=True)
-    workdir = STATE_DIR / "run"
-    shutil.rmtree(workdir, ignore_errors=True)
-    stop = False
-
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    with LocalCluster(workdir, version=args.version) as cluster:
-        kc = STATE_DIR / "kubeconfig"
-        shutil.copy(cluster.kubeconfig_path, kc)
-        (STATE_DIR / "pid").write_text(str(os.getpid()))
-        message = (f"Kubernetes {cluster.version} is running at {cluster.server} "
-                   f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}.\n"
-                   f"  export KUBECONFIG={kc}\n"
-                   f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
-                   f"  stop it with: make cluster-down   (or: python -m epd_operator.local.cluster down)\n")
-        (STATE_DIR / "ready").write_text(message)
-        print(message, end="", flush=True)
-        while not stop:
-            time.sleep(0.5)
-            cluster.check_alive()
-    for f in ("pid", "ready", "kubeconfig"):
-        (STATE_DIR / f).unlink(missing_ok=True)
-    return 0
-
-
-def _running_pid() -> int | None:
-    try:
-        pid = int((STATE_DIR / "pid").read_text())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
-    return pid
-
-
-def _down(_: argparse.Namespace) -> int:
-    pid = _running_pid()
-    if pid is None:
-        print("no local cluster is running", file=sys.stderr)
-        return 0
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            print("local cluster stopped", file=sys.stderr)
-            return 0
-        time.sleep(0.2)
-    os.kill(pid, signal.SIGKILL)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m epd_operator.local.cluster", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start a local control plane with fake GPU nodes")
-    up.add_argument("--version", default=NEWEST, help=f"Kubernetes version (default {NEWEST})")
-    up.add_argument("--detach", action="store_true", help="run in the background; stop with `down`")
-    up.add_argument("--timeout", type=float, default=3600, help="seconds to wait for it (first run builds it)")
-    sub.add_parser("down", help="stop the background control plane")
-    build = sub.add_parser("build", help="build the binaries only")
-    build.add_argument("--version", default=NEWEST)
-    build.add_argument("--oldest", action="store_true", help=f"the oldest supported kube-apiserver ({OLDEST}) only")
-    args = parser.parse_args(argv)
-    if args.command == "up":
-        return _up(args)
-    if args.command == "build":
-        print(binaries(OLDEST, apiserver_only=True) if args.oldest else binaries(args.version))
-        return 0
-    return _down(args)
-
-
 if __name__ == "__main__":
+    from .cluster_cli import main
+
     sys.exit(main())

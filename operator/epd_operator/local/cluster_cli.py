@@ -1,0 +1,119 @@
+"""``python -m epd_operator.local.cluster up [--detach] | down | build``: a local control plane for a
+person (``make cluster``), kept running in the background until ``down``."""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from .cluster import LocalCluster
+from .k8s_binaries import CACHE, NEWEST, OLDEST, binaries
+
+STATE_DIR = CACHE / "cluster"
+
+
+def _up(args: argparse.Namespace) -> int:
+    if args.detach:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        log = STATE_DIR / "supervisor.log"
+        if _running_pid() is not None:
+            print("a local cluster is already running; stop it with `make cluster-down`", file=sys.stderr)
+            return 1
+        with log.open("wb") as out:
+            child = subprocess.Popen([sys.executable, "-m", "epd_operator.local.cluster", "up", "--version", args.version],
+                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + args.timeout
+        ready = STATE_DIR / "ready"
+        while time.monotonic() < deadline and not ready.exists():
+            if child.poll() is not None:
+                print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        if not ready.exists():
+            child.terminate()
+            print(f"the cluster did not come up in {args.timeout} s; see {log}", file=sys.stderr)
+            return 1
+        print(ready.read_text(), end="")
+        return 0
+
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    (STATE_DIR / "ready").unlink(missing_ok=True)
+    workdir = STATE_DIR / "run"
+    shutil.rmtree(workdir, ignore_errors=True)
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with LocalCluster(workdir, version=args.version) as cluster:
+        kc = STATE_DIR / "kubeconfig"
+        shutil.copy(cluster.kubeconfig_path, kc)
+        (STATE_DIR / "pid").write_text(str(os.getpid()))
+        message = (f"Kubernetes {cluster.version} is running at {cluster.server} "
+                   f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}.\n"
+                   f"  export KUBECONFIG={kc}\n"
+                   f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
+                   f"  stop it with: make cluster-down   (or: python -m epd_operator.local.cluster down)\n")
+        (STATE_DIR / "ready").write_text(message)
+        print(message, end="", flush=True)
+        while not stop:
+            time.sleep(0.5)
+            cluster.check_alive()
+    for f in ("pid", "ready", "kubeconfig"):
+        (STATE_DIR / f).unlink(missing_ok=True)
+    return 0
+
+
+def _running_pid() -> int | None:
+    try:
+        pid = int((STATE_DIR / "pid").read_text())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    return pid
+
+
+def _down(_: argparse.Namespace) -> int:
+    pid = _running_pid()
+    if pid is None:
+        print("no local cluster is running", file=sys.stderr)
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print("local cluster stopped", file=sys.stderr)
+            return 0
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m epd_operator.local.cluster",
+                                     description="A real Kubernetes control plane on this machine, with fake GPU nodes.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a local control plane with fake GPU nodes")
+    up.add_argument("--version", default=NEWEST, help=f"Kubernetes version (default {NEWEST})")
+    up.add_argument("--detach", action="store_true", help="run in the background; stop with `down`")
+    up.add_argument("--timeout", type=float, default=3600, help="seconds to wait for it (first run builds it)")
+    sub.add_parser("down", help="stop the background control plane")
+    build = sub.add_parser("build", help="build the binaries only")
+    build.add_argument("--version", default=NEWEST)
+    build.add_argument("--oldest", action="store_true", help=f"the oldest supported kube-apiserver ({OLDEST}) only")
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return _up(args)
+    if args.command == "build":
+        print(binaries(OLDEST, apiserver_only=True) if args.oldest else binaries(args.version))
+        return 0
+    return _down(args)
