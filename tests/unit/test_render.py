@@ -76,7 +76,11 @@ def test_every_object_and_pod_template_carries_the_labels_and_selectors_use_inst
             assert labels["app.kubernetes.io/managed-by"] == "epd-operator"
             if obj["kind"] == "Deployment":
                 role = labels["serving.epd.dev/role"]
-                assert obj["spec"]["template"]["metadata"]["labels"] == labels
+                pod_labels = dict(obj["spec"]["template"]["metadata"]["labels"])
+                # vLLM pods also carry their compatibility generation (the router pairs by it).
+                generation = pod_labels.pop("serving.epd.dev/compat-generation", None)
+                assert (generation is not None) == (role in ("encoder", "prefill", "decode")), obj["metadata"]["name"]
+                assert pod_labels == labels
                 assert obj["spec"]["selector"]["matchLabels"] == {
                     "app.kubernetes.io/instance": labels["app.kubernetes.io/instance"], "serving.epd.dev/role": role}
 
@@ -468,6 +472,10 @@ def test_pdb_per_tier(examples):
     ({"spec.ecTransfer.sharedStorage.ttlSeconds": 1200}, {"encoder", "router"}),
     ({"spec.model.maxModelLen": 16384}, {"encoder", "prefill", "decode"}),
     ({"spec.decode.replicas": 5}, set()),  # scaling is not a rollout
+    # a new compatibility generation: every vLLM tier rolls, so none keeps talking to the other build
+    ({"spec.image": "vllm/vllm-openai:v0.33.1"}, {"encoder", "prefill", "decode"}),
+    ({"spec.decode.image": "vllm/vllm-openai:v0.33.1"}, {"encoder", "prefill", "decode"}),
+    ({"spec.kvTransfer.nixl.ucxTls": "rc,cuda_copy"}, {"encoder", "prefill", "decode"}),
     ({"spec.encoder.autoscaling.maxReplicas": 12}, set()),
 ])
 def test_a_change_rolls_only_the_tiers_it_touches(changes, rolled):

@@ -10,6 +10,9 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 ROLE_LABEL = "serving.epd.dev/role"
+# On vLLM pods: the compatibility generation (render/generation.py). The router pairs encoder, prefill
+# and decode pods only when this label agrees.
+GENERATION_LABEL = "serving.epd.dev/compat-generation"
 MANAGED_BY = "epd-operator"
 APP_NAME = "epd"
 
@@ -18,5 +21,5 @@ CONFIG_HASH_ANNOTATION = "serving.epd.dev/config-hash"
 # On every child: a hash of what the operator last applied (drift and change detection).
 APPLIED_HASH_ANNOTATION = "serving.epd.dev/applied-hash"
 
-OPERATOR_POD_LABELS = (NAME_LABEL, INSTANCE_LABEL, COMPONENT_LABEL, MANAGED_BY_LABEL, ROLE_LABEL)
+OPERATOR_POD_LABELS = (NAME_LABEL, INSTANCE_LABEL, COMPONENT_LABEL, MANAGED_BY_LABEL, ROLE_LABEL, GENERATION_LABEL)
 OPERATOR_POD_ANNOTATIONS = (CONFIG_HASH_ANNOTATION,)

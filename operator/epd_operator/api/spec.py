@@ -175,6 +175,8 @@ class Placement(Strict):
 # An encode-only instance allocates no KV cache, so it needs a fraction of the GPU a consumer does
 # (vLLM's EPD examples run encoders at 0.01-0.35); vLLM's own default (0.9) would starve co-located pods.
 ENCODER_GPU_MEMORY_UTILIZATION = 0.35
+# Long enough for a typical streamed answer to finish while its pod is replaced.
+DEFAULT_DRAIN_SECONDS = 120
 
 
 class Tier(Placement):
@@ -351,6 +353,11 @@ class EPDDeploymentSpec(Strict):
     ecTransfer: ECTransfer = Field(description="How the encoder's embeddings reach the prefill/decode tiers (the EC connector).")
     kvTransfer: Optional[KVTransfer] = Field(None, description="P->D KV transfer; E/P/D only (default there: Nixl).")
     router: Router = Field(default_factory=Router, description="The EPD router (endpoint picker) in front of the tiers.")
+    drainSeconds: int = Field(
+        DEFAULT_DRAIN_SECONDS, ge=0, le=3600,
+        description="How long a vLLM pod that is being replaced or scaled down keeps finishing its in-flight requests "
+                    "(`--shutdown-timeout`; 0: abort them). The router stops sending it new work first, and the pod's "
+                    "terminationGracePeriodSeconds covers the wait.")
 
     @property
     def topology(self) -> str:

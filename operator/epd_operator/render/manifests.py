@@ -10,7 +10,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..api.spec import DEFAULT_ROUTER_IMAGE, VLLM_PORT, Autoscaling, EPDDeployment, Mooncake, MooncakeMaster, Placement
+from ..api.spec import (
+    DEFAULT_ROUTER_IMAGE,
+    VLLM_PORT,
+    Autoscaling,
+    EPDDeployment,
+    EPDDeploymentSpec,
+    Mooncake,
+    MooncakeMaster,
+    Placement,
+)
+from ..api.labels import GENERATION_LABEL
+from .generation import compatibility_generation
 from .naming import (
     CONFIG_HASH_ANNOTATION,
     ENCODER,
@@ -26,6 +37,7 @@ from .naming import (
     transfer_configmap_name,
     vllm_roles,
 )
+from .lws import multi_node_workload
 from .router_args import ROUTER_HEALTH_PATH, ROUTER_LIVENESS_PATH, ROUTER_METRICS_PORT, router_args
 from .templating import render_documents, render_one
 from .transfer import (
@@ -51,6 +63,12 @@ STARTUP_PROBE_FAILURES = 180  # x 10 s
 # vLLM tier's must outlast the startup probe's budget, plus time to pull a multi-GB image.
 IMAGE_PULL_ALLOWANCE_S = 600
 VLLM_PROGRESS_DEADLINE_S = STARTUP_PROBE_FAILURES * 10 + IMAGE_PULL_ALLOWANCE_S
+# A vLLM pod going away keeps serving this long before SIGTERM, so that every router has seen its
+# endpoint turn terminating (EndpointSlice watch) and a decode can still pull the KV of a prefill that
+# just answered; then vLLM drains for `spec.drainSeconds`.
+PRE_STOP_SECONDS = 10
+# After the drain, room for the process to exit before the kubelet's SIGKILL.
+EXIT_ALLOWANCE_S = 30
 NONROOT_UID = 65532
 # The user vLLM's upstream image runs as, and so owns the shared cache's files.
 VLLM_IMAGE_UID = 0
@@ -84,7 +102,7 @@ def render(epd: EPDDeployment, *, default_router_image: str = DEFAULT_ROUTER_IMA
     roles = vllm_roles(epd)
     config = configmap_data(epd, roles)
     image = epd.spec.router.image or default_router_image
-    workloads = [_vllm_workload(epd, role, config, image) for role in roles]
+    workloads = [multi_node_workload(epd, role, _vllm_workload(epd, role, config, image)) for role in roles]
     workloads.append(_router_workload(epd, image))
     if mooncake_store_config(epd) is not None:
         workloads.append(_mooncake_master_workload(epd))
@@ -116,10 +134,16 @@ def _gateway_route(epd: EPDDeployment) -> list[JSON]:
 def tier_hashes(objects: list[JSON]) -> dict[str, str]:
     """The config hash of every Deployment among `objects`, by role."""
     return {
-        obj["metadata"]["labels"][ROLE_LABEL]: obj["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        obj["metadata"]["labels"][ROLE_LABEL]: _template(obj)["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
         for obj in objects
-        if obj.get("kind") == "Deployment"
+        if obj.get("kind") in ("Deployment", "LeaderWorkerSet")
     }
+
+
+def _template(workload: JSON) -> JSON:
+    """The pod template of a Deployment, or of a LeaderWorkerSet's leader (its workers' carry the same hash)."""
+    spec = workload["spec"]
+    return spec["leaderWorkerTemplate"]["leaderTemplate"] if "leaderWorkerTemplate" in spec else spec["template"]
 
 
 # ----------------------------------------------------------------------------- shared shapes
@@ -137,12 +161,12 @@ def config_hash(pod_labels: dict[str, str], pod_spec: JSON, config: dict[str, st
 
 
 def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, config: dict[str, str],
-              service: JSON, pdb: bool = True) -> Workload:
+              service: JSON, pdb: bool = True, own_pod_labels: dict[str, str] | None = None) -> Workload:
     name = object_name(epd, role)
     meta = _meta(epd, name, role)
     autoscaling = placement.autoscaling
     # The user's pod labels and annotations beside ours (the API refuses keys that would replace ours).
-    pod_labels = {**placement.podLabels, **meta["labels"]}
+    pod_labels = {**placement.podLabels, **meta["labels"], **(own_pod_labels or {})}
     pod_annotations = dict(placement.podAnnotations)
     pod_annotations[CONFIG_HASH_ANNOTATION] = config_hash(pod_labels, {"annotations": pod_annotations, **pod}, config)
     deployment = render_one(
@@ -173,13 +197,15 @@ def _hpa(meta: JSON, autoscaling: Autoscaling) -> JSON:
 
 
 def _pod(placement: Placement | MooncakeMaster, containers: list[JSON], volumes: list[JSON],
-         image_pull_secrets: list[str], security_context: JSON, service_account: str | None = None) -> JSON:
+         image_pull_secrets: list[str], security_context: JSON, service_account: str | None = None,
+         termination_grace_seconds: int | None = None) -> JSON:
     """A pod spec: our containers and volumes, then the tier's placement and overlay fields."""
     user_security = getattr(placement, "podSecurityContext", None) or {}
     return render_one(
         "pod.yaml.j2",
         service_account=service_account,
         security_context={**security_context, **user_security},  # the user's fields replace ours one by one
+        termination_grace_seconds=termination_grace_seconds,
         containers=containers,
         volumes=volumes + list(getattr(placement, "volumes", [])),
         node_selector=placement.nodeSelector,
@@ -257,11 +283,13 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router
         resources=_resources(tier),
         mounts=mounts,
         startup_failures=STARTUP_PROBE_FAILURES,
+        pre_stop_seconds=PRE_STOP_SECONDS,
         capabilities=capabilities,
     ), tier)]
     if role == ENCODER and spec.ecTransfer.connector == "SharedStorage":
         containers.append(_janitor_container(epd, router_image))
-    pod = _pod(tier, containers, volumes, spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP)
+    pod = _pod(tier, containers, volumes, spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP,
+               termination_grace_seconds=vllm_termination_grace_seconds(spec))
     name = object_name(epd, role)
     service = render_one(
         "service.yaml.j2", **_meta(epd, name, role), annotations={}, headless=True,
@@ -269,7 +297,13 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router
         ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
     )
     mounted = {key: config[key] for key in transfer.configmap_keys}
-    return _workload(epd, role, tier, pod, mounted, service)
+    # Pod labels, not the Deployment's selector (immutable): a new generation rolls the pods.
+    return _workload(epd, role, tier, pod, mounted, service,
+                     own_pod_labels={GENERATION_LABEL: compatibility_generation(epd)})
+
+
+def vllm_termination_grace_seconds(spec: EPDDeploymentSpec) -> int:
+    return PRE_STOP_SECONDS + spec.drainSeconds + EXIT_ALLOWANCE_S
 
 
 def _vllm_volumes(epd: EPDDeployment, role: str, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:

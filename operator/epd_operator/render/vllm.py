@@ -45,6 +45,9 @@ def _common_args(spec: EPDDeploymentSpec, tier: Tier, gpu_memory_utilization: Op
         args += ["--gpu-memory-utilization", str(memory)]
     # The router tags every sub-request with x-request-id; vLLM echoes it only with this flag.
     args.append("--enable-request-id-headers")
+    # A pod being replaced finishes what it has (vLLM's drain mode) instead of aborting it.
+    if spec.drainSeconds:
+        args += ["--shutdown-timeout", str(spec.drainSeconds)]
     return args
 
 
