@@ -20,14 +20,15 @@ This module only plans (no processes, no I/O besides choosing free ports): see `
 from __future__ import annotations
 
 import json
-import re
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..api.labels import ROLE_LABEL
+from .argv import drop_flags, expand_vars, flag_value, map_flag_values, set_flag
+from .volumes import PathMap, volume_key
 
 ENCODER, PREFILL, DECODE, ROUTER = "encoder", "prefill", "decode", "router"
 VLLM_ROLES = (ENCODER, PREFILL, DECODE)
@@ -53,7 +54,6 @@ ROUTER_DISCOVERY_FLAGS = {
     "--decode-selector", "--backend-port-name", "--backend-port", "--ec-consumer-port",
     "--encode-servers-urls", "--prefill-servers-urls", "--decode-servers-urls",
 }
-VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 JSON = dict[str, Any]
 
@@ -100,119 +100,7 @@ class LocalPlan:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOCALHOST, 0))
-        return s.getsockname()[1]
-
-
-def expand_vars(value: str, env: dict[str, str]) -> str:
-    """The kubelet's `$(VAR)` expansion: defined names are replaced, `$$` escapes, the rest stays."""
-
-    def sub(m: re.Match) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return VAR_REF.sub(sub, value)
-
-
-# --------------------------------------------------------------------------------------------
-# Argument-vector editing: flags are matched in both `--flag value` and `--flag=value` forms.
-# --------------------------------------------------------------------------------------------
-
-
-def flag_value(args: list[str], flag: str) -> str | None:
-    """The last value given for `flag` (argparse keeps the last occurrence), or None."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
-    return value
-
-
-def map_flag_values(args: list[str], flag: str, fn: Callable[[str], str]) -> list[str]:
-    out = list(args)
-    for i, arg in enumerate(out):
-        if arg == flag and i + 1 < len(out):
-            out[i + 1] = fn(out[i + 1])
-        elif arg.startswith(flag + "="):
-            out[i] = f"{flag}={fn(arg[len(flag) + 1:])}"
-    return out
-
-
-def set_flag(args: list[str], flag: str, value: str) -> list[str]:
-    if flag_value(args, flag) is None:
-        return [*args, flag, value]
-    return map_flag_values(args, flag, lambda _: value)
-
-
-def drop_flags(args: list[str], flags: Iterable[str]) -> list[str]:
-    """Remove each of `flags` with its value."""
-    flags = set(flags)
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in flags:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Volumes and paths
-# --------------------------------------------------------------------------------------------
-
-
-def _volume_key(deployment: str, volume: JSON) -> str | None:
-    """What identifies the storage behind a volume: pods naming the same claim share it."""
-    if "persistentVolumeClaim" in volume:
-        return f"pvc/{volume['persistentVolumeClaim']['claimName']}"
-    if "hostPath" in volume:
-        return "hostpath/" + volume["hostPath"]["path"].strip("/").replace("/", "_")
-    if "emptyDir" in volume:
-        return f"emptydir/{deployment}/{volume['name']}"
-    return None  # configMap/secret/projected: nothing the vLLM command line points into
-
-
-class PathMap:
-    """Container paths under a volume mount -> the volume's local directory."""
-
-    def __init__(self, mounts: dict[str, Path]) -> None:
-        # Longest mount first, so /models/x is not taken for /models.
-        self.mounts = sorted(mounts.items(), key=lambda kv: len(kv[0]), reverse=True)
-
-    def path(self, value: str) -> str:
-        for mount, local in self.mounts:
-            if value == mount or value.startswith(mount.rstrip("/") + "/"):
-                return str(local) + value[len(mount.rstrip("/")):]
-        return value
-
-    def json(self, node: Any) -> Any:
-        if isinstance(node, str):
-            return self.path(node)
-        if isinstance(node, dict):
-            return {k: self.json(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [self.json(v) for v in node]
-        return node
-
-    def arg(self, arg: str) -> str:
-        if arg.startswith("{"):
-            try:
-                parsed = json.loads(arg)
-            except ValueError:
-                return arg
-            mapped = self.json(parsed)
-            return arg if mapped == parsed else json.dumps(mapped, separators=(",", ":"))
-        if arg.startswith("--") and "=" in arg:
-            name, value = arg.split("=", 1)
-            return f"{name}={self.arg(value)}"
-        return self.path(arg)
+        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,7 +207,7 @@ def _pod(
     mounts: dict[str, Path] = {}
     for mount in container.get("volumeMounts", []):
         volume = pod_volumes.get(mount["name"])
-        key = _volume_key(name, volume) if volume else None
+        key = volume_key(name, volume) if volume else None
         if key is None or mount["mountPath"] == "/dev/shm":
             continue
         local = volumes.setdefault(key, workdir / "volumes" / key)
