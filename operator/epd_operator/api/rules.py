@@ -23,7 +23,10 @@ from .spec import (
     Autoscaling,
     ECTransfer,
     EPDDeployment,
+    ConsumerTier,
     EPDDeploymentSpec,
+    Mooncake,
+    Nixl,
     Placement,
 )
 
@@ -77,6 +80,29 @@ def _no_shared_storage_mount(tier: str) -> Rule:
     )
 
 
+def _consumer_field(tier: str, key: str) -> str:
+    """A consumer tier's parallelism field in CEL, 1 where absent (the API server applies defaults;
+    `epdctl validate` sees them too, but a rule must not depend on that)."""
+    return f"(has(self.{tier}.{key}) ? self.{tier}.{key} : 1)"
+
+
+def _dp_ports_fit(applies: str, first_port: str, tier: str, per_rank: str, field: str, what: str) -> Rule:
+    """Ports that shift with the DP rank must stay valid: `first + dp * per_rank - 1 <= 65535`."""
+    return Rule(
+        EPDDeploymentSpec,
+        f"!({applies}) || {first_port} + {_consumer_field(tier, 'dataParallelSize')} * {per_rank} <= 65536",
+        field,
+        f"{what} shifts with the {tier} tier's data-parallel rank and would pass 65535; lower it or the tier's "
+        "dataParallelSize",
+    )
+
+
+_MOONCAKE_EC_PORT = ("(has(self.ecTransfer.mooncake) && has(self.ecTransfer.mooncake.ecPort)"
+                     f" ? self.ecTransfer.mooncake.ecPort : {Mooncake.model_fields['ecPort'].default})")
+_NIXL_PORT = ("(has(self.kvTransfer) && has(self.kvTransfer.nixl) && has(self.kvTransfer.nixl.sideChannelPort)"
+              f" ? self.kvTransfer.nixl.sideChannelPort : {Nixl.model_fields['sideChannelPort'].default})")
+
+
 def _settings_only_for(connector: str, key: str) -> Rule:
     return Rule(
         ECTransfer,
@@ -112,6 +138,47 @@ RULES: tuple[Rule, ...] = (
         " || self.encoder.tensorParallelSize == 1",
         ".encoder.tensorParallelSize",
         "the Mooncake EC connector needs an encoder tensorParallelSize of 1 (vLLM refuses to start otherwise)",
+    ),
+    Rule(
+        EPDDeploymentSpec,
+        "self.ecTransfer.connector != 'Mooncake' || !has(self.encoder.pipelineParallelSize)"
+        " || self.encoder.pipelineParallelSize == 1",
+        ".encoder.pipelineParallelSize",
+        "the Mooncake EC connector needs an encoder pipelineParallelSize of 1 (vLLM refuses to start otherwise)",
+    ),
+    # Mooncake: the EC consumer (prefill in E/P/D, else decode) of DP rank d listens on ec_port + d*TP + r.
+    *(_dp_ports_fit(f"self.ecTransfer.connector == 'Mooncake' && {'' if tier == 'prefill' else '!'}has(self.prefill)",
+                    _MOONCAKE_EC_PORT, tier, _consumer_field(tier, "tensorParallelSize"), ".ecTransfer.mooncake.ecPort",
+                    "ecPort (one control port per data-parallel and tensor-parallel rank)")
+      for tier in ("prefill", "decode")),
+    # NIXL: the side channel of DP rank d listens on VLLM_NIXL_SIDE_CHANNEL_PORT + d, on P and on D (E/P/D only).
+    *(_dp_ports_fit("has(self.prefill)", _NIXL_PORT, tier, "1", ".kvTransfer.nixl.sideChannelPort",
+                    "the NIXL side-channel port") for tier in ("prefill", "decode")),
+    *(Rule(
+        EPDDeploymentSpec,
+        f"self.ecTransfer.connector != 'Mooncake' || {'!' if tier == 'prefill' else ''}has(self.prefill)"
+        f" || {_consumer_field(tier, 'nodesPerReplica')} == 1",
+        f".{tier}.nodesPerReplica",
+        "the Mooncake EC connector's consumer binds a control port per rank on its own pod, which the router can only "
+        "address on a single-node replica; use nodesPerReplica 1 (or the SharedStorage or CPU connector)",
+        "FieldValueForbidden",
+    ) for tier in ("prefill", "decode")),
+    Rule(
+        ConsumerTier,
+        "!has(self.nodesPerReplica) || self.nodesPerReplica == 1 || (has(self.tensorParallelSize)"
+        " ? self.tensorParallelSize : 1) * (has(self.pipelineParallelSize) ? self.pipelineParallelSize : 1)"
+        " % self.nodesPerReplica == 0",
+        ".nodesPerReplica",
+        "must divide tensorParallelSize x pipelineParallelSize: every node of a replica runs an equal share of its "
+        "GPUs (vLLM refuses an --nnodes that does not divide the world size)",
+    ),
+    Rule(
+        ConsumerTier,
+        "!has(self.nodesPerReplica) || self.nodesPerReplica == 1 || !has(self.dataParallelSize)"
+        " || self.dataParallelSize == 1",
+        ".dataParallelSize",
+        "a multi-node tier (nodesPerReplica > 1) runs one data-parallel rank per replica; scale it with replicas",
+        "FieldValueForbidden",
     ),
     Rule(
         ECTransfer,

@@ -135,7 +135,8 @@ class Placement(Strict):
 
     replicas: int = Field(1, ge=0, description="Pod count; ignored while `autoscaling` is set (the HPA owns it).")
     image: Optional[str] = Field(None, min_length=1, description="Container image; default: `spec.image` (router: the operator image).")
-    resources: Resources = Field(default_factory=Resources, description="Container resources; vLLM tiers on GPUs need `limits: {nvidia.com/gpu: N}` with N = tensorParallelSize.")
+    resources: Resources = Field(default_factory=Resources, description="Container resources; vLLM tiers on GPUs need `limits: {nvidia.com/gpu: N}` with N = "
+                                                                       "tensorParallelSize x pipelineParallelSize x dataParallelSize / nodesPerReplica.")
     extraArgs: list[str] = Field(default_factory=list, description="Appended verbatim to the container's arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector, e.g. a GPU product label.")
@@ -181,10 +182,42 @@ DEFAULT_DRAIN_SECONDS = 120
 
 class Tier(Placement):
     tensorParallelSize: int = Field(1, ge=1, description="`--tensor-parallel-size`.")
+    pipelineParallelSize: int = Field(1, ge=1, description="`--pipeline-parallel-size`.")
     gpuMemoryUtilization: Optional[float] = Field(
         None, gt=0, le=1, description=f"`--gpu-memory-utilization`; default per role: encoder "
                                       f"{ENCODER_GPU_MEMORY_UTILIZATION}, prefill and decode vLLM's own (0.9).")
     maxNumBatchedTokens: Optional[int] = Field(None, ge=1, description="`--max-num-batched-tokens`; default per role (encoder: 114688).")
+
+    @property
+    def ranks_per_pod(self) -> int:
+        """GPU worker processes in one pod (and so GPUs it needs)."""
+        return self.tensorParallelSize * self.pipelineParallelSize
+
+
+# vLLM's default port for the torch.distributed rendezvous of a multi-node replica (`--master-port`).
+MULTI_NODE_MASTER_PORT = 29501
+MAX_DATA_PARALLEL_SIZE = 64
+
+
+class ConsumerTier(Tier):
+    """A prefill or decode tier: these may run data-parallel engines and span several nodes."""
+    dataParallelSize: int = Field(
+        1, ge=1, le=MAX_DATA_PARALLEL_SIZE,
+        description="`--data-parallel-size`: engines per pod, each on tensorParallelSize x pipelineParallelSize GPUs, "
+                    "behind one API server; the router pins every request to one rank (`X-data-parallel-rank`), "
+                    "balancing ranks by load. GPUs per pod: tensorParallelSize x pipelineParallelSize x dataParallelSize.")
+    expertParallel: bool = Field(False, description="`--enable-expert-parallel`: MoE experts sharded across the "
+                                                    "dataParallelSize x tensorParallelSize ranks instead of replicated.")
+    nodesPerReplica: int = Field(
+        1, ge=1, le=64,
+        description="Nodes one replica spans (`--nnodes`): above 1 the tier is a LeaderWorkerSet "
+                    "(leaderworkerset.x-k8s.io/v1, which must be installed) whose leader runs the API server and whose "
+                    "workers run headless; tensorParallelSize x pipelineParallelSize is split evenly across the nodes. "
+                    f"The replica's rendezvous uses port {MULTI_NODE_MASTER_PORT} on the leader.")
+
+    @property
+    def ranks_per_pod(self) -> int:
+        return self.tensorParallelSize * self.pipelineParallelSize * self.dataParallelSize // self.nodesPerReplica
 
 
 class EncoderCudaGraphs(Strict):
@@ -244,7 +277,8 @@ class MooncakeMaster(Strict):
 
 class Mooncake(Strict):
     protocol: Literal["tcp", "rdma"] = Field("tcp", description="`mooncake_protocol`; producer and consumers must match.")
-    ecPort: int = Field(14579, ge=1024, le=65000, description="Consumer control port (`ec_port`; TP ranks use the next ports).")
+    ecPort: int = Field(14579, ge=1024, le=65000, description="Consumer control port (`ec_port`): data-parallel rank d, "
+                        "tensor-parallel rank r of the EC consumer listens on ecPort + d x tensorParallelSize + r.")
     crossEncoderCache: bool = Field(False, description="Share embeddings across encoders through a Mooncake store (adds a master).")
     master: MooncakeMaster = Field(default_factory=MooncakeMaster,
                                    description="The Mooncake master's resources and placement (with `crossEncoderCache`).")
@@ -267,7 +301,8 @@ class ECTransfer(Strict):
 class Nixl(Strict):
     ucxTls: str = Field("all", min_length=1, description="`UCX_TLS`.")
     ucxNetDevices: str = Field("all", min_length=1, description="`UCX_NET_DEVICES`.")
-    sideChannelPort: int = Field(5600, ge=1024, le=65535, description="`VLLM_NIXL_SIDE_CHANNEL_PORT` (declared on the pod).")
+    sideChannelPort: int = Field(5600, ge=1024, le=65535, description="`VLLM_NIXL_SIDE_CHANNEL_PORT`; data-parallel "
+                                 "rank d listens on sideChannelPort + d (all declared on the pod).")
     bufferDevice: Optional[Literal["cuda", "cpu"]] = Field(None, description="`kv_buffer_device`; default: the platform's.")
 
 
@@ -348,8 +383,8 @@ class EPDDeploymentSpec(Strict):
     image: str = Field(DEFAULT_VLLM_IMAGE, min_length=1, description="Default image for every vLLM tier.")
     imagePullSecrets: list[str] = Field(default_factory=list, description="Secret names for pulling images.")
     encoder: EncoderTier = Field(description="The encoder tier (`--mm-encoder-only`, EC producer).")
-    prefill: Optional[Tier] = Field(None, description="Present: E/P/D (prefill hands KV to decode); absent: E+PD.")
-    decode: Tier = Field(description="Decode tier: the combined PD tier in E+PD, D in E/P/D.")
+    prefill: Optional[ConsumerTier] = Field(None, description="Present: E/P/D (prefill hands KV to decode); absent: E+PD.")
+    decode: ConsumerTier = Field(description="Decode tier: the combined PD tier in E+PD, D in E/P/D.")
     ecTransfer: ECTransfer = Field(description="How the encoder's embeddings reach the prefill/decode tiers (the EC connector).")
     kvTransfer: Optional[KVTransfer] = Field(None, description="P->D KV transfer; E/P/D only (default there: Nixl).")
     router: Router = Field(default_factory=Router, description="The EPD router (endpoint picker) in front of the tiers.")
