@@ -253,7 +253,7 @@ def test_a_file_truncated_by_a_writer_just_before_the_rename_is_put_back(tmp_pat
         real_rename(src, dst)
         os.utime(dst, (NOW, NOW))  # the writer's O_TRUNC landed on the inode we just moved
 
-    monkeypatch.setattr(janitor.os, "rename", rename_while_vllm_opens_it)
+    monkeypatch.setattr(os, "rename", rename_while_vllm_opens_it)
     result = sweep(tmp_path, Policy(TTL), now=NOW)
     assert sorted(p.name for p in entry.iterdir()) == [CACHE_FILE]
     assert (result.deleted_entries, result.kept_fresh) == (0, 1)
@@ -267,7 +267,7 @@ def test_a_file_added_after_listing_keeps_the_directory(tmp_path, monkeypatch):
         (Path(path) / CACHE_FILE).write_bytes(b"fresh")
         real_rmdir(path)
 
-    monkeypatch.setattr(janitor.os, "rmdir", rmdir_after_vllm_wrote)
+    monkeypatch.setattr(os, "rmdir", rmdir_after_vllm_wrote)
     result = sweep(tmp_path, Policy(TTL), now=NOW)
     assert (entry / CACHE_FILE).read_bytes() == b"fresh"
     assert result.deleted_entries == 0

@@ -1,0 +1,4 @@
+"""`python -m epd_operator.janitor`: the same as `epdctl janitor`."""
+from .sidecar import main
+
+main()
