@@ -1,9 +1,7 @@
-"""Static endpoints, kubeconfig credentials and EndpointSlice parsing (no API server needed)."""
-
-import yaml
+"""Static endpoints and EndpointSlice parsing (no API server needed; credentials: tests/unit/test_kube_credentials.py)."""
 
 from epd_operator.router.config import RouterConfig
-from epd_operator.router.discovery import KubeAccess, slice_endpoints, split_urls, static_endpoints
+from epd_operator.router.discovery import slice_endpoints, split_urls, static_endpoints
 
 
 def test_static_urls_are_normalised_and_mooncake_addresses_follow_the_consumer_tier():
@@ -13,24 +11,6 @@ def test_static_urls_are_normalised_and_mooncake_addresses_follow_the_consumer_t
     eps = static_endpoints(cfg)
     assert [e.ec_zmq for e in eps["prefill"]] == ["tcp://p1:14579", "tcp://p2:14579"]
     assert [e.ec_zmq for e in eps["decode"]] == [None]
-
-
-def test_kubeconfig_token_namespace_and_tls_settings(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text("rotating-1\n")
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump({
-        "clusters": [{"name": "c", "cluster": {"server": "https://10.0.0.1:6443/", "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"tokenFile": str(token_file)}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "serving"}}],
-        "current-context": "x",
-    }))
-    access = KubeAccess.from_kubeconfig(str(path))
-    assert (access.server, access.namespace) == ("https://10.0.0.1:6443", "serving")
-    assert access.ssl_context is not None and not access.ssl_context.check_hostname
-    assert access.headers() == {"Authorization": "Bearer rotating-1"}
-    token_file.write_text("rotating-2\n")
-    assert access.headers() == {"Authorization": "Bearer rotating-2"}
 
 
 def test_slice_endpoints_read_the_named_port_readiness_and_pod():

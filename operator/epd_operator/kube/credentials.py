@@ -4,11 +4,13 @@ path merged, exec plugins run), loaded by the client library's own loaders.
 Where the library differs from kubectl, this module fills the gap with the library's own parts:
 `load_kube_config()` reads `KUBECONFIG` once, when the library is imported, so the paths are read here
 at each load; `KubeConfigMerger` lets the *last* file's current-context win where kubectl takes the
-first; a `tokenFile` is read once where kubectl re-reads it (projected tokens rotate).
+first; a `tokenFile` is read once where kubectl re-reads it (projected tokens rotate); a token read
+from a file keeps its trailing newline (an invalid header) where kubectl trims it.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import datetime
 import logging
 import os
@@ -101,7 +103,7 @@ def _load_in_cluster() -> Credentials:
     if os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
         with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
             namespace = f.read().strip() or None
-    return Credentials(configuration, "in-cluster service account", namespace)
+    return Credentials(_trimmed(configuration), "in-cluster service account", namespace)
 
 
 async def _load_kubeconfig(paths: str, context: str | None) -> Credentials:
@@ -130,7 +132,27 @@ async def _load_kubeconfig(paths: str, context: str | None) -> Credentials:
         configuration.refresh_api_key_hook = _exec_refresher(loader)
     elif user is not None and "exec" not in user and user.safe_get("tokenFile") and not user.safe_get("token"):
         configuration.refresh_api_key_hook = _token_file_refresher(loader)
-    return Credentials(configuration, source, namespace, expiration)
+    return Credentials(_trimmed(configuration), source, namespace, expiration)
+
+
+def _trimmed(configuration: Configuration) -> Configuration:
+    """Tokens without surrounding whitespace, also after each refresh by the library's hook."""
+    def trim(config: Configuration) -> None:
+        token = config.api_key.get("BearerToken")
+        if isinstance(token, str) and token != token.strip():
+            config.api_key["BearerToken"] = token.strip()
+
+    trim(configuration)
+    hook = configuration.refresh_api_key_hook
+    if hook is not None:
+        async def refresh(config: Configuration) -> None:
+            result = hook(config)
+            if inspect.isawaitable(result):
+                await result
+            trim(config)
+
+        configuration.refresh_api_key_hook = refresh
+    return configuration
 
 
 def _exec_refresher(loader: KubeConfigLoader) -> Callable[[Configuration], Awaitable[None]]:

@@ -1,34 +1,24 @@
 """Where the backends are: static URLs (vLLM proxy flags) or Kubernetes EndpointSlices.
 
-Kubernetes discovery lists and then watches the EndpointSlices selected per tier
-(`/apis/discovery.k8s.io/v1/namespaces/NS/endpointslices?labelSelector=…&watch=1`)
-through plain aiohttp, with in-cluster service-account credentials or a kubeconfig.
-Only endpoints whose `ready` condition is not false are routed to.
+Kubernetes discovery lists and then watches the EndpointSlices selected per tier through the shared
+access layer (epd_operator.kube: in-cluster service account, else the kubeconfig with every
+`KUBECONFIG` path merged and exec plugins; re-lists on 410 Gone). Only endpoints whose `ready`
+condition is not false are routed to.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import os
-import ssl
-import tempfile
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from urllib.parse import urlencode
+from collections.abc import Callable
+from typing import Any
 
-import aiohttp
-import orjson
-import yaml
-
+from ..kube import ENDPOINT_SLICE, REQUEST_ERRORS, Kube, ListWatch, load_credentials
 from .backends import DiscoveredEndpoint, Pool
 from .config import RouterConfig
 
 log = logging.getLogger("epd_router.discovery")
 
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-SLICES_PATH = "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
 
 
 def normalize_url(url: str) -> str:
@@ -50,97 +40,6 @@ def static_endpoints(cfg: RouterConfig) -> dict[str, list[DiscoveredEndpoint]]:
         zmq = cfg.ec_consumer_zmq_addrs if role == consumer_role and cfg.ec_consumer_zmq_addrs else [None] * len(urls)
         out[role] = [DiscoveredEndpoint(normalize_url(u), True, "", z) for u, z in zip(urls, zmq)]
     return out
-
-
-# ---- credentials --------------------------------------------------------------------
-
-
-@dataclass
-class KubeAccess:
-    server: str
-    ssl_context: ssl.SSLContext | bool | None = None
-    token: str | None = None
-    token_file: str | None = None
-    namespace: str | None = None  # the kubeconfig context's namespace, used when --namespace is absent
-    _tmp: list[str] = field(default_factory=list)
-
-    def headers(self) -> dict[str, str]:
-        token = self.token
-        if self.token_file:  # re-read: projected service-account tokens rotate
-            with open(self.token_file) as fh:
-                token = fh.read().strip()
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
-    @classmethod
-    def in_cluster(cls) -> KubeAccess:
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if ":" in host:
-            host = f"[{host}]"
-        ctx = ssl.create_default_context(cafile=f"{SA_DIR}/ca.crt")
-        return cls(f"https://{host}:{port}", ctx, token_file=f"{SA_DIR}/token")
-
-    @classmethod
-    def from_kubeconfig(cls, path: str) -> KubeAccess:
-        with open(path) as fh:
-            conf = yaml.safe_load(fh) or {}
-        current = conf.get("current-context")
-        context = _named(conf.get("contexts"), current, "context") if current else (conf.get("contexts") or [{}])[0].get("context", {})
-        cluster = _named(conf.get("clusters"), context.get("cluster"), "cluster")
-        user = _named(conf.get("users"), context.get("user"), "user") if context.get("user") else {}
-        base = os.path.dirname(os.path.abspath(path))
-        access = cls(cluster["server"].rstrip("/"))
-        if access.server.startswith("https"):
-            if cluster.get("insecure-skip-tls-verify"):
-                ctx = ssl.create_default_context()
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            elif cluster.get("certificate-authority-data"):
-                ctx = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
-            elif cluster.get("certificate-authority"):
-                ctx = ssl.create_default_context(cafile=os.path.join(base, cluster["certificate-authority"]))
-            else:
-                ctx = ssl.create_default_context()
-            cert = access._file(user, "client-certificate", base)
-            key = access._file(user, "client-key", base)
-            if cert and key:
-                ctx.load_cert_chain(cert, key)
-            access.ssl_context = ctx
-        access.namespace = context.get("namespace")
-        access.token = user.get("token")
-        access.token_file = user.get("tokenFile")
-        return access
-
-    def _file(self, user: dict, name: str, base: str) -> str | None:
-        if user.get(f"{name}-data"):
-            fd, tmp = tempfile.mkstemp(prefix="epd-router-")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(base64.b64decode(user[f"{name}-data"]))
-            self._tmp.append(tmp)
-            return tmp
-        return os.path.join(base, user[name]) if user.get(name) else None
-
-    def cleanup(self) -> None:
-        for tmp in self._tmp:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-
-
-def _named(entries, name, key) -> dict:
-    for entry in entries or ():
-        if entry.get("name") == name:
-            return entry.get(key) or {}
-    raise ValueError(f"kubeconfig has no {key} named {name!r}")
-
-
-def default_access(kubeconfig: str | None) -> KubeAccess:
-    if kubeconfig:
-        return KubeAccess.from_kubeconfig(kubeconfig)
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(f"{SA_DIR}/token"):
-        return KubeAccess.in_cluster()
-    path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
-    return KubeAccess.from_kubeconfig(path)
 
 
 # ---- EndpointSlices -----------------------------------------------------------------
@@ -167,15 +66,11 @@ def slice_endpoints(eps: dict, port_name: str, default_port: int, ec_port: int |
     return out
 
 
-class WatchExpired(Exception):
-    """The watch's resourceVersion is too old (410): list again."""
-
-
 class KubernetesDiscovery:
     def __init__(
         self,
-        access: KubeAccess,
-        namespace: str,
+        kube: Kube,
+        namespace: str | None,
         selectors: dict[str, str],
         pools: dict[str, Pool],
         port_name: str = "http",
@@ -184,8 +79,8 @@ class KubernetesDiscovery:
         ec_port: int | None = None,
         retry_delay: float = 1.0,
     ) -> None:
-        self.access = access
-        self.namespace = namespace
+        self.kube = kube
+        self.namespace = namespace  # None: the kubeconfig context's, else the pod's, else "default"
         self.selectors = selectors
         self.pools = pools
         self.port_name = port_name
@@ -193,9 +88,8 @@ class KubernetesDiscovery:
         self.ec_consumer_role = ec_consumer_role
         self.ec_port = ec_port
         self.retry_delay = retry_delay
-        self.session: aiohttp.ClientSession | None = None
         self._slices: dict[str, dict[str, dict]] = {role: {} for role in selectors}
-        self._listed_at: dict[str, str] = {}
+        self.watches: dict[str, ListWatch] = {}
         self.on_change: Callable[[str], None] | None = None
 
     @classmethod
@@ -203,88 +97,34 @@ class KubernetesDiscovery:
         selectors = {"encoder": cfg.encoder_selector, "prefill": cfg.prefill_selector, "decode": cfg.decode_selector}
         selectors = {role: sel for role, sel in selectors.items() if sel and role in pools}
         consumer = "prefill" if cfg.disaggregated_prefill else "decode"
-        access = default_access(cfg.kubeconfig)
-        return cls(
-            access,
-            cfg.namespace or access.namespace or _own_namespace(),
-            selectors,
-            pools,
-            cfg.backend_port_name,
-            cfg.backend_port,
-            consumer,
-            cfg.ec_consumer_port,
-        )
+        kube = Kube(lambda: load_credentials(cfg.kubeconfig))
+        return cls(kube, cfg.namespace, selectors, pools, cfg.backend_port_name, cfg.backend_port, consumer,
+                   cfg.ec_consumer_port)
 
     async def start(self) -> None:
-        """Open the session and do a first list, so the router starts with endpoints."""
-        self.session = aiohttp.ClientSession(read_bufsize=2**22)
-        for role in self.selectors:
+        """Log in (no credentials: fail now) and list once, so the router starts with endpoints."""
+        login = await self.kube.login()
+        if self.namespace is None:
+            self.namespace = login.default_namespace or "default"
+        for role, selector in self.selectors.items():
+            self.watches[role] = ListWatch(
+                self.kube, ENDPOINT_SLICE, self.namespace, label_selector=selector,
+                on_sync=lambda items, role=role: self._sync(role, items),
+                on_event=lambda kind, obj, role=role: self._apply(role, kind, obj), retry_delay=self.retry_delay)
             try:
-                self._listed_at[role] = await self._list(role)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                await self.watches[role].list()
+            except REQUEST_ERRORS as exc:  # the watch lists again until it succeeds
                 log.warning("initial EndpointSlice list for %s failed: %s", role, exc)
 
     async def run(self) -> None:
-        await asyncio.gather(*(self._follow(role) for role in self.selectors))
+        await asyncio.gather(*(watch.run() for watch in self.watches.values()))
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-        self.access.cleanup()
+        await self.kube.close()
 
-    def _url(self, role: str, **params) -> str:
-        query = urlencode({"labelSelector": self.selectors[role], **params})
-        return f"{self.access.server}{SLICES_PATH.format(ns=self.namespace)}?{query}"
-
-    async def _list(self, role: str) -> str:
-        async with self.session.get(self._url(role), headers=self.access.headers(), ssl=self.access.ssl_context) as r:
-            if r.status != 200:
-                raise ValueError(f"listing EndpointSlices: HTTP {r.status}: {(await r.text())[:200]}")
-            doc = orjson.loads(await r.read())
-        self._slices[role] = {s["metadata"]["name"]: s for s in doc.get("items") or ()}
+    def _sync(self, role: str, items: list[dict[str, Any]]) -> None:
+        self._slices[role] = {s["metadata"]["name"]: s for s in items}
         self._publish(role)
-        return (doc.get("metadata") or {}).get("resourceVersion") or ""
-
-    async def _watch(self, role: str, resource_version: str) -> AsyncIterator[tuple[str, dict]]:
-        params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": "300"}
-        if resource_version:
-            params["resourceVersion"] = resource_version
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=330)
-        async with self.session.get(self._url(role, **params), headers=self.access.headers(), ssl=self.access.ssl_context, timeout=timeout) as r:
-            if r.status == 410:
-                raise WatchExpired()
-            if r.status != 200:
-                raise ValueError(f"watching EndpointSlices: HTTP {r.status}")
-            async for line in r.content:
-                line = line.strip()
-                if line:
-                    event = orjson.loads(line)
-                    yield event.get("type", ""), event.get("object") or {}
-
-    async def _follow(self, role: str) -> None:
-        resource_version = self._listed_at.get(role)  # None: list (again) before watching
-        while True:
-            try:
-                if resource_version is None:
-                    resource_version = await self._list(role)
-                async for kind, obj in self._watch(role, resource_version):
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            raise WatchExpired()
-                        raise ValueError(f"watch error: {obj.get('message')}")
-                    resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
-                    if kind != "BOOKMARK":
-                        self._apply(role, kind, obj)
-                # The server ended the watch (timeoutSeconds): resume from the last version seen.
-            except asyncio.CancelledError:
-                raise
-            except WatchExpired:
-                log.info("EndpointSlice watch for %s expired; listing again", role)
-                resource_version = None
-            except Exception as exc:  # network trouble or a bad event: list again after a pause
-                log.warning("EndpointSlice watch for %s failed: %s", role, exc)
-                resource_version = None
-                await asyncio.sleep(self.retry_delay)
 
     def _apply(self, role: str, kind: str, obj: dict) -> None:
         name = (obj.get("metadata") or {}).get("name")
@@ -292,10 +132,8 @@ class KubernetesDiscovery:
             return
         if kind == "DELETED":
             self._slices[role].pop(name, None)
-        elif kind in ("ADDED", "MODIFIED"):
-            self._slices[role][name] = obj
         else:
-            return
+            self._slices[role][name] = obj
         self._publish(role)
 
     def _publish(self, role: str) -> None:
@@ -309,10 +147,3 @@ class KubernetesDiscovery:
         if self.on_change is not None:
             self.on_change(role)
 
-
-def _own_namespace() -> str:
-    try:
-        with open(f"{SA_DIR}/namespace") as fh:
-            return fh.read().strip()
-    except OSError:
-        return "default"
