@@ -73,6 +73,11 @@ class FakeVLLM:
     received: list[Received] = field(default_factory=list)
     cancelled: int = 0  # requests whose client went away before the answer was complete
     url: str = ""
+    # A compatibility generation: the encoder stamps it into what it reports and the prefill into its
+    # kv_transfer_params; a consumer refuses (400) transfer parameters stamped by another generation,
+    # as a vLLM of another build or connector would fail them, and counts each refusal.
+    generation: str | None = None
+    foreign_refused: int = 0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -154,6 +159,10 @@ class FakeVLLM:
             if k.fail_always or k.fail_next > 0:
                 k.fail_next = max(0, k.fail_next - 1)
                 return _error(k.fail_status, f"{self.name}: scripted failure")
+            foreign = self._foreign_generation(body)
+            if foreign is not None:
+                self.foreign_refused += 1
+                return _error(400, f"{self.name}: transfer parameters of generation {foreign}, this is {self.generation}")
             if self.role == "encoder":
                 return self._encode(body)
             if self.role == "prefill":
@@ -177,7 +186,10 @@ class FakeVLLM:
                 mm_hash = hashlib.sha256(f"engine:{mm_hash}".encode()).hexdigest()
             entry = params.get(mm_hash)
             if entry is None:
-                entry = params[mm_hash] = {"metadata": METADATA_BY_TYPE[part["type"]], "item_indices": []}
+                metadata = METADATA_BY_TYPE[part["type"]]
+                if self.generation is not None:
+                    metadata = {**metadata, "generation": [self.generation]}
+                entry = params[mm_hash] = {"metadata": metadata, "item_indices": []}
                 if pos < len(ec_items):
                     entry["transfer_id"] = ec_items[pos].get("transfer_id")
             entry["item_indices"].append(pos)
@@ -201,7 +213,22 @@ class FakeVLLM:
                 "remote_port": 5600,
                 "tp_size": 1,
             }
+            if self.generation is not None:
+                reply["kv_transfer_params"]["generation"] = self.generation
         return _json(reply)
+
+    def _foreign_generation(self, body: dict) -> str | None:
+        """The generation stamped on the transfer parameters of `body` when it is not ours."""
+        if self.generation is None:
+            return None
+        stamps = {gen for part in _content_parts(body) if str(part.get("type", "")).endswith("_embeds")
+                  for embeds in [part.get(part["type"])] if isinstance(embeds, dict)
+                  for gen in embeds.get("generation") or ()}
+        kv = body.get("kv_transfer_params") or {}
+        if kv.get("generation"):
+            stamps.add(kv["generation"])
+        foreign = stamps - {self.generation}
+        return min(foreign) if foreign else None
 
     async def _answer(self, request: web.Request, body: dict) -> web.StreamResponse:
         chat = request.path.endswith("chat/completions")
@@ -242,6 +269,11 @@ class FakeVLLM:
             "choices": [choice],
             "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
         }
+
+
+def _content_parts(body: dict) -> list[dict]:
+    return [part for msg in body.get("messages") or () if isinstance(msg.get("content"), list)
+            for part in msg["content"] if isinstance(part, dict)]
 
 
 def _has_embeds(body: dict) -> bool:

@@ -28,12 +28,15 @@ class DiscoveredEndpoint:
     ready: bool = True
     pod: str = ""
     ec_zmq: str | None = None  # Mooncake consumer control address, when the connector needs one
+    # The pod's compatibility generation (serving.epd.dev/compat-generation); None where discovery
+    # knows none (static URLs): then every endpoint is in the one generation None.
+    generation: str | None = None
 
 
 class Endpoint:
-    __slots__ = ("url", "role", "key", "origin", "prefix", "pod", "ready", "healthy", "failures", "inflight", "external_load", "ec_zmq", "_gauge")
+    __slots__ = ("url", "role", "key", "origin", "prefix", "pod", "ready", "healthy", "failures", "inflight", "external_load", "ec_zmq", "generation", "_gauge")
 
-    def __init__(self, url: str, role: str, pod: str = "", ec_zmq: str | None = None) -> None:
+    def __init__(self, url: str, role: str, pod: str = "", ec_zmq: str | None = None, generation: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.role = role
         parts = urlsplit(self.url)
@@ -50,6 +53,7 @@ class Endpoint:
         # other workers), measured at the last scrape.
         self.external_load = 0
         self.ec_zmq = ec_zmq
+        self.generation = generation
         self._gauge: Gauge | None = None
 
     @property
@@ -73,6 +77,8 @@ class Pool:
         self.eject_after = eject_after
         self.endpoints: dict[str, Endpoint] = {}
         self.available: list[Endpoint] = []
+        # `available` by compatibility generation: a request stays within one (see available_in).
+        self.by_generation: dict[str | None, list[Endpoint]] = {}
 
     def update(self, discovered: list[DiscoveredEndpoint]) -> None:
         """Replace the endpoint set, keeping counters and health of endpoints that stay."""
@@ -81,7 +87,7 @@ class Pool:
             url = d.url.rstrip("/")
             ep = self.endpoints.get(url) or fresh.get(url)
             if ep is None:
-                ep = Endpoint(url, self.role, d.pod, d.ec_zmq)
+                ep = Endpoint(url, self.role, d.pod, d.ec_zmq, d.generation)
                 self._label(ep)
             else:
                 if ep.pod != d.pod:
@@ -89,6 +95,7 @@ class Pool:
                     ep.pod = d.pod
                     self._label(ep)
                 ep.ec_zmq = d.ec_zmq
+                ep.generation = d.generation
             # One address may appear in several slices; ready if any says so.
             ep.ready = d.ready or (url in fresh and ep.ready)
             fresh[url] = ep
@@ -116,8 +123,22 @@ class Pool:
 
     def _refresh(self) -> None:
         self.available = [ep for ep in self.endpoints.values() if ep.available]
+        by_generation: dict[str | None, list[Endpoint]] = {}
+        for ep in self.available:
+            by_generation.setdefault(ep.generation, []).append(ep)
+        for gone in self.by_generation.keys() - by_generation.keys():
+            self.metrics.forget_generation(self.role, gone)
+        for generation, eps in by_generation.items():
+            self.metrics.generation_backends.labels(self.role, generation or "").set(len(eps))
+        self.by_generation = by_generation
         for ep in self.endpoints.values():
             self.metrics.endpoint_up.labels(self.role, ep.key, ep.pod).set(1 if ep.available else 0)
+
+    def available_in(self, generation: str | None) -> list[Endpoint]:
+        """The available endpoints of one compatibility generation."""
+        if len(self.by_generation) == 1 and generation in self.by_generation:
+            return self.available  # the steady state: one generation, no new list per request
+        return self.by_generation.get(generation, [])
 
     def acquire(self, ep: Endpoint, n: int = 1) -> None:
         ep.inflight += n
@@ -153,9 +174,19 @@ class Pool:
 
     def describe(self) -> list[dict]:
         return [
-            {"url": ep.url, "pod": ep.pod, "ready": ep.ready, "healthy": ep.healthy, "inflight": ep.inflight, "load": ep.load}
+            {"url": ep.url, "pod": ep.pod, "generation": ep.generation, "ready": ep.ready, "healthy": ep.healthy, "inflight": ep.inflight, "load": ep.load}
             for ep in self.endpoints.values()
         ]
+
+
+def finishing_consumers(first: Pool, then: Pool | None) -> list[Endpoint]:
+    """The EC consumers (PD, or P when a decode tier follows) a request may start on: those whose
+    generation has an available instance in the tier that must finish it."""
+    if then is None:
+        return first.available
+    if len(first.by_generation) == 1 and first.by_generation.keys() == then.by_generation.keys():
+        return first.available  # the steady state: one generation everywhere
+    return [ep for ep in first.available if then.by_generation.get(ep.generation)]
 
 
 def scraped_queue_depth(text: bytes) -> int | None:

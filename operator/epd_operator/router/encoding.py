@@ -62,9 +62,11 @@ class EncoderStage:
             self.metrics.count_items("reused", len(items) - len(todo))
         if not todo:
             return encoded
-        if not self.pool.available:
+        if not self.pool.available_in(ctx.generation):
+            # Consumers encode raw media themselves: slower, but never across generations.
             self.metrics.count_items("fallback", len(todo))
-            self.metrics.fallback_requests.labels("no_encoder").inc()
+            reason = "no_encoder" if not self.pool.available else "no_encoder_in_generation"
+            self.metrics.fallback_requests.labels(reason).inc()
             return encoded
         failed = await self._round(ctx, todo, encoded, {})
         if failed:
@@ -87,9 +89,10 @@ class EncoderStage:
         targets: list[Endpoint] = []
         for item in items:
             avoided = avoid.get(item.index)
-            ep = self.picker.pick(pool.available, item.uuid, (avoided,) if avoided else ())
+            ready = pool.available_in(ctx.generation)
+            ep = self.picker.pick(ready, item.uuid, (avoided,) if avoided else ())
             if ep is None:
-                ep = self.picker.pick(pool.available, item.uuid)
+                ep = self.picker.pick(ready, item.uuid)
             if ep is None:  # every encoder was ejected meanwhile: send what is left raw
                 rest: list[tuple[MediaItem, Endpoint | None]] = [(i, None) for i in items[len(targets):]]
                 return rest + await self._groups(ctx, items[: len(targets)], targets, encoded)

@@ -24,6 +24,7 @@ import os
 import typing
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -177,7 +178,7 @@ class RouterMetrics:
         )
         self.fallback_requests = Counter(
             "epd_router_encoder_fallback_requests",
-            "Requests whose media went raw to the consumer, by reason (no_encoder, encoder_failed)",
+            "Requests whose media went raw to the consumer, by reason (no_encoder, no_encoder_in_generation, encoder_failed)",
             ["reason"],
             registry=reg,
         )
@@ -200,6 +201,13 @@ class RouterMetrics:
             registry=reg,
             multiprocess_mode="liveall",  # combined without `pid` by MultiProcessView
         )
+        self.generation_backends = Gauge(
+            "epd_router_generation_backends",
+            "Available backends per role and compatibility generation (the router pairs tiers within one)",
+            ["role", "generation"],
+            registry=reg,
+            multiprocess_mode="livemax",  # every worker discovers the same backends
+        )
         if registry is None:
             reg.register(ROUTER_BUILD_INFO)
             ProcessCollector(registry=reg)
@@ -207,6 +215,10 @@ class RouterMetrics:
         self._stage: dict[str, Histogram] = {}
         self._items: dict[str, Counter] = {}
         self._requests: dict[tuple[str, int], Counter] = {}
+
+    def forget_generation(self, role: str, generation: str | None) -> None:
+        with suppress(KeyError):
+            self.generation_backends.remove(role, generation or "")
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         child = self._stage.get(stage)

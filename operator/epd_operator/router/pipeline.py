@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import orjson
 
-from .backends import Endpoint, Pool
+from .backends import Endpoint, Pool, finishing_consumers
 from .calls import BackendCalls
 from .config import RouterConfig
 from .encoding import EncoderStage
@@ -53,6 +53,7 @@ class RequestContext:
     headers: bytes = b""  # common_headers + x-request-id: prefill and decode calls
     key: str | None = None  # prompt prefix for the prefill/decode picker (prefix-aware policy)
     consumer: Endpoint | None = None  # the EC consumer, chosen before encoding: P in E/P/D, PD in E+PD
+    generation: str | None = None  # the consumer's compatibility generation: every other tier is picked within it
     consumer_zmq: str | None = None  # where a Mooncake encoder pushes to (the consumer's); None: SharedStorage
     encoded: dict[int, EncodedItem] = field(default_factory=dict)  # EC handles by item index; missing items go raw
     metadata_only: bool = False  # the consumer body references encoder output without the media itself
@@ -84,10 +85,13 @@ class Pipeline:
         ctx.headers = ctx.common_headers + b"x-request-id: %s\r\n" % ctx.rid.encode("latin-1")
         consumers = self.prefills if self.prefills is not None else self.decodes
         ctx.key = prompt_prefix(ctx.body, ctx.items, self.cfg.prefix_chars) if self.prefix_keys else None
-        # The EC consumer is chosen before encoding: a Mooncake encoder pushes straight to it.
-        consumer = ctx.consumer = self.pd_picker.pick(consumers.available, ctx.key)
+        # The EC consumer is chosen before encoding: a Mooncake encoder pushes straight to it. Its
+        # generation then binds the request: encoders and decodes of another build cannot talk to it.
+        candidates = finishing_consumers(consumers, self.decodes if self.prefills is not None else None)
+        consumer = ctx.consumer = self.pd_picker.pick(candidates, ctx.key)
         if consumer is None:
             return json_error(503, f"no {consumers.role} endpoint available", ctx.rid, "service_unavailable")
+        ctx.generation = consumer.generation
         ctx.consumer_zmq = consumer.ec_zmq if self.mooncake else None
         try:
             if ctx.items:
@@ -120,7 +124,7 @@ class Pipeline:
         except RetryableFailure as failure:
             return failure.response(ctx.rid)
         self.metrics.observe_stage("prefill", time.perf_counter() - tp)
-        d_ep = self.pd_picker.pick(self.decodes.available, ctx.key)
+        d_ep = self.pd_picker.pick(self.decodes.available_in(ctx.generation), ctx.key)
         if d_ep is None:
             return json_error(503, "no decode endpoint available", ctx.rid, "service_unavailable")
 
@@ -149,7 +153,7 @@ class Pipeline:
                 self._send_media(ctx)
         if before_retry is not None:
             await before_retry()
-        retry_ep = self.pd_picker.pick(pool.available, ctx.key, exclude=(ep,)) or ep
+        retry_ep = self.pd_picker.pick(pool.available_in(ctx.generation), ctx.key, exclude=(ep,)) or ep
         return await attempt(ctx, retry_ep, False)
 
     def _send_media(self, ctx: RequestContext) -> None:
