@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from epd_operator.controller.main import Options, run
 from epd_operator.controller.metrics import Metrics
 from epd_operator.kube import CredentialSource
+from tests.support.prom import metric_value
 from tests.support.render_examples import SHARED_STORAGE, example_document
 
 if TYPE_CHECKING:
@@ -44,16 +44,6 @@ def operator_command() -> list[str]:
     """The installed console script next to this interpreter, else the module."""
     script = Path(sys.executable).parent / "epd-operator"
     return [str(script)] if script.exists() else [sys.executable, "-m", "epd_operator.controller.main"]
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of `name` whose labels include `labels` (0 when there are none)."""
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
 
 
 class OperatorProcess:

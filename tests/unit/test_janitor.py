@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from epd_operator import janitor
 from epd_operator.janitor import CACHE_FILE, TRASH_MARK, Entry, Policy, plan, sweep
+from tests.support.prom import sample_values
 
 NOW = float(int(time.time()))  # near real time: the janitor's own deletions stamp directories with it
 TTL = 600
@@ -165,7 +166,7 @@ def test_metrics_are_served_over_http():
     server = metrics.serve(port, addr="127.0.0.1")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            assert "epd_cache_janitor_sweeps_total 1.0" in response.read().decode()
+            assert sample_values(response.read(), "epd_cache_janitor_sweeps_total") == [1]
     finally:
         server.shutdown()
         server.server_close()

@@ -13,6 +13,7 @@ import pytest
 
 from epd_operator.router.main import build_parser, config_from_args
 from tests.support.fake_vllm import FakeVLLM
+from tests.support.prom import sample_values
 
 
 def parse(*argv):
@@ -82,8 +83,8 @@ async def test_workers_share_the_port_and_report_metrics_together():
                         async with one_shot.post(url + "/v1/chat/completions", data=body) as r:
                             assert r.status == 200
                 async with session.get(url + "/metrics") as r:
-                    text = (await r.read()).decode()
-            assert 'epd_router_requests_total{route="/v1/chat/completions",status="200"} 12.0' in text
+                    text = await r.read()
+            assert sample_values(text, "epd_router_requests_total", route="/v1/chat/completions", status="200") == [12]
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import signal
 import socket
@@ -28,6 +27,7 @@ from aiohttp import web
 
 from epd_operator.render import render
 from tests.support.fake_vllm import FakeVLLM
+from tests.support.prom import sample_values, samples
 from tests.support.render_examples import SHARED_STORAGE, example, find
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,14 +173,9 @@ def rendered_router(cpu: str) -> tuple[dict, list[str]]:
     return pod, container
 
 
-def samples(text: str, name: str) -> dict[str, float]:
-    """{label text: value} of every sample of `name`."""
-    out = {}
-    for line in text.splitlines():
-        m = re.fullmatch(re.escape(name) + r"(\{.*\})? (\S+)", line)
-        if m:
-            out[m.group(1) or ""] = float(m.group(2))
-    return out
+def labelled(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample of `name`."""
+    return [(s.labels, s.value) for s in samples(text) if s.name == name]
 
 
 @pytest.mark.parametrize("cpu", ["2", "500m"], ids=["two-workers", "one-worker-default-resources"])
@@ -244,7 +239,8 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
                         assert proc.poll() is None, proc.stdout.read().decode()
                         try:
                             async with session.get(url + "/health") as r:
-                                if r.status == 200 and "vl-encoder-1" in await scrape():
+                                if r.status == 200 and sample_values(await scrape(), "epd_router_endpoint_available",
+                                                                     backend_pod="vl-encoder-1"):
                                     break
                         except aiohttp.ClientError:
                             pass
@@ -259,24 +255,26 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
                     assert r.status == 404, "metrics must not be served on the API port"
 
                 text = await scrape()
-                assert samples(text, "epd_router_requests_total") == {'{route="/v1/chat/completions",status="200"}': 8.0}
-                assert samples(text, "epd_router_build_info")
-                assert samples(text, "process_cpu_seconds_total") and samples(text, "process_resident_memory_bytes")
-                assert "pid=" not in text
+                assert labelled(text, "epd_router_requests_total") == [
+                    ({"route": "/v1/chat/completions", "status": "200"}, 8.0)]
+                assert sample_values(text, "epd_router_build_info") == [1]
+                assert sample_values(text, "process_cpu_seconds_total")
+                assert sample_values(text, "process_resident_memory_bytes")
+                assert not [s for s in samples(text) if "pid" in s.labels]
                 e1_key = e1.url.split("//")[1]
-                available = samples(text, "epd_router_endpoint_available")
-                assert available[f'{{backend="{e1_key}",backend_pod="vl-encoder-1",role="encoder"}}'] == 1.0
-                assert len(available) == 3
-                assert len(samples(text, "epd_router_endpoint_inflight")) == 3
+                assert sample_values(text, "epd_router_endpoint_available", backend=e1_key, backend_pod="vl-encoder-1",
+                                     role="encoder") == [1]
+                assert len(labelled(text, "epd_router_endpoint_available")) == 3
+                assert len(labelled(text, "epd_router_endpoint_inflight")) == 3
 
                 # The encoder behind enc-b goes away: both workers forget it, and so does /metrics.
                 apiserver.delete("enc-b")
                 async with asyncio.timeout(30):
-                    while e1_key in (text := await scrape()):
+                    while sample_values(text := await scrape(), "epd_router_endpoint_available", backend=e1_key):
                         await asyncio.sleep(0.2)
-                assert len(samples(text, "epd_router_endpoint_available")) == 2
-                assert len(samples(text, "epd_router_endpoint_inflight")) == 2
-                assert "pid=" not in text
+                assert len(labelled(text, "epd_router_endpoint_available")) == 2
+                assert len(labelled(text, "epd_router_endpoint_inflight")) == 2
+                assert not [s for s in samples(text) if "pid" in s.labels]
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -5,6 +5,7 @@ import asyncio
 import orjson
 import pytest
 
+from tests.support.prom import sample_values
 from tests.support.router_stack import router_stack
 
 CHAT = "/v1/chat/completions"
@@ -205,9 +206,9 @@ async def test_reuse_skips_the_encoder_for_a_repeated_item_until_the_ttl(mode, r
         now[0] += 61  # past the TTL the item may be gone from the shared store: encode again
         await s.post(CHAT, chat(IMG_A))
         assert len(s.encoders[0].received) == 2
-        metrics = (await s.get("/metrics")).body.decode()
-        assert 'epd_router_items_total{outcome="reused"} 1.0' in metrics
-        assert 'epd_router_items_total{outcome="encoded"} 2.0' in metrics
+        metrics = (await s.get("/metrics")).body
+        assert sample_values(metrics, "epd_router_items_total", outcome="reused") == [1]
+        assert sample_values(metrics, "epd_router_items_total", outcome="encoded") == [2]
 
 
 async def test_reuse_by_url_needs_urls_declared_immutable_but_data_urls_are_reused():
@@ -229,9 +230,9 @@ async def test_health_reports_every_tier_and_metrics_expose_inflight_per_endpoin
         assert (doc["proxy"], doc["encode_cluster"], doc["prefill_cluster"], doc["decode_cluster"]) == ("healthy",) * 4
         assert [t["url"] for t in doc["tiers"]["encoder"]] == [s.encoders[0].url]
         await s.post(CHAT, chat(IMG_A))
-        text = (await s.get("/metrics")).body.decode()
+        text = (await s.get("/metrics")).body
         host = s.encoders[0].url.split("//")[1]
-        assert f'epd_router_endpoint_inflight{{backend="{host}",backend_pod="",role="encoder"}} 0.0' in text
-        assert 'epd_router_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
+        assert sample_values(text, "epd_router_endpoint_inflight", backend=host, backend_pod="", role="encoder") == [0]
+        assert sample_values(text, "epd_router_requests_total", route="/v1/chat/completions", status="200") == [1]
         for stage in ("encode", "prefill", "decode", "total", "ttfb"):
-            assert f'epd_router_stage_seconds_count{{stage="{stage}"}} 1.0' in text
+            assert sample_values(text, "epd_router_stage_seconds_count", stage=stage) == [1], stage
