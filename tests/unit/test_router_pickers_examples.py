@@ -1,0 +1,234 @@
+"""Picker arithmetic against values worked out by hand, and the picker's memory (homes, recent work).
+
+test_router_pickers.py checks properties; here the load bound, the hash and the decay of recent work
+have expected values written out (the hash from coreutils' `b2sum -l 64`), and the ring order comes
+from a separate brute-force reading of the module's description, not from HashRing.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epd_operator.router.pickers import (DEFAULT_LOAD_FACTOR, BoundedHashPicker, HashRing, LeastLoadedPicker,
+                                         RoundRobinPicker, load_bound, make_picker, stable_hash)
+
+
+@dataclass(eq=False)
+class Ep:
+    key: str
+    load: int = 0
+
+
+def eps(n: int) -> list[Ep]:
+    return [Ep(f"10.0.0.{i}:8000") for i in range(n)]
+
+
+def ring_order(endpoint_keys: list[str], key: str, vnodes: int = 64) -> list[str]:
+    """Distinct endpoints clockwise from the key's point: blake2b-64 of '<endpoint>#<v>' are the points."""
+    def h(text: str) -> int:
+        return int(hashlib.blake2b(text.encode(), digest_size=8).hexdigest(), 16)
+    points = sorted((h(f"{e}#{v}"), e) for e in endpoint_keys for v in range(vnodes))
+    target = h(key)
+    clockwise = [p for p in points if p[0] >= target] + [p for p in points if p[0] < target]
+    order: list[str] = []
+    for _, e in clockwise:
+        if e not in order:
+            order.append(e)
+    return order
+
+
+def test_stable_hash_is_blake2b_64_big_endian():
+    assert stable_hash("") == 0xE4A6A0577479B2B4  # printf '' | b2sum -l 64
+    assert stable_hash("a") == 0x40F89E395B66422F  # printf 'a' | b2sum -l 64
+
+
+@pytest.mark.parametrize("total,n,factor,bound", [
+    (0, 4, 1.25, 1), (0, 1, 1.0, 1), (10, 3, 1.15, 5), (5, 2, 1.0, 3), (7, 4, 1.0, 2), (8, 4, 1.0, 3),
+    (3, 2, 1.5, 3), (0.5, 1, 2.0, 3), (99, 10, 1.15, 12),
+])
+def test_load_bound_by_hand(total, n, factor, bound):
+    # ceil(factor * (total + 1) / n): e.g. 1.15 * 11 / 3 = 4.22 -> 5
+    assert load_bound(total, n, factor) == bound
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 6), key=st.text(max_size=12), vnodes=st.integers(1, 8))
+def test_ring_walk_is_the_clockwise_order_of_distinct_endpoints(n, key, vnodes):
+    keys = [e.key for e in eps(n)]
+    ring = HashRing(keys, vnodes)
+    assert list(ring.walk(stable_hash(key))) == ring_order(keys, key, vnodes)
+
+
+def test_an_empty_ring_walks_nowhere_and_duplicates_count_once():
+    assert list(HashRing([]).walk(5)) == []
+    assert sorted(HashRing(["a", "a", "b"], 4).walk(0)) == ["a", "b"]
+
+
+def test_a_new_key_goes_to_its_ring_owner_when_all_are_idle():
+    endpoints = eps(4)
+    for key in ("image-1", "image-2", "prefix", ""):
+        owner = ring_order([e.key for e in endpoints], key)[0]
+        assert BoundedHashPicker().pick(endpoints, key).key == owner
+    # no key is the empty key
+    owner = ring_order([e.key for e in endpoints], "")[0]
+    assert BoundedHashPicker().pick(endpoints, None).key == owner
+
+
+def test_an_overloaded_owner_spills_to_the_next_on_the_ring():
+    endpoints = eps(3)
+    order = ring_order([e.key for e in endpoints], "hot")
+    by_key = {e.key: e for e in endpoints}
+    by_key[order[0]].load = 4  # bound: ceil(1.15 * 5 / 3) = 2, and 4 + 1 > 2
+    assert BoundedHashPicker().pick(endpoints, "hot").key == order[1]
+    by_key[order[1]].load = 4  # now the bound is ceil(1.15 * 9 / 3) = 4: both full, the third takes it
+    assert BoundedHashPicker().pick(endpoints, "hot").key == order[2]
+
+
+def test_the_owner_at_exactly_the_bound_still_takes_the_key():
+    endpoints = eps(2)
+    order = ring_order([e.key for e in endpoints], "k")
+    {e.key: e for e in endpoints}[order[0]].load = 1  # bound ceil(1.0 * 2 / 2) = 1: 1 + 1 > 1, spills
+    assert BoundedHashPicker(1.0).pick(endpoints, "k").key == order[1]
+    {e.key: e for e in endpoints}[order[0]].load = 2  # bound ceil(1.5 * 3 / 2) = 3: 2 + 1 <= 3, stays
+    assert BoundedHashPicker(1.5).pick(endpoints, "k").key == order[0]
+
+
+def test_recent_work_decays_by_picks_over_the_window():
+    picker = BoundedHashPicker(work_window=2)  # each pick halves what came before
+    one = eps(1)
+    assert picker.recent_work(one[0].key) == 0.0
+    values = []
+    for i in range(3):
+        picker.pick(one, f"new-{i}")
+        values.append(picker.recent_work(one[0].key))
+    assert values == [0.5, 0.75, 0.875]  # 1/2, (1/2 + 1)/2, (3/4 + 1)/2
+    assert picker.recent_work("never-picked") == 0.0
+
+
+def test_recent_work_with_the_default_window():
+    picker = BoundedHashPicker()
+    picker.pick(eps(1), "x")
+    assert picker.recent_work(eps(1)[0].key) == pytest.approx(0.999)  # 1 - 1/1000
+
+
+def test_a_returning_key_does_not_count_as_new_work():
+    picker = BoundedHashPicker(work_window=2)
+    one = eps(1)
+    picker.pick(one, "same")
+    picker.pick(one, "same")  # its home, within the bound: not recorded
+    assert picker.recent_work(one[0].key) == 0.5
+
+
+def test_recent_work_spreads_distinct_keys_with_nothing_in_flight():
+    # 4 distinct keys, 2 idle endpoints, factor 1.0: the bound ceil((w + 1) / 2) over the work done
+    # so far forces an even split whatever the hashes say.
+    picker = BoundedHashPicker(1.0, work_window=1000)
+    endpoints = eps(2)
+    counts = {e.key: 0 for e in endpoints}
+    for i in range(4):
+        counts[picker.pick(endpoints, f"distinct-{i}").key] += 1
+    assert sorted(counts.values()) == [2, 2]
+
+
+def test_a_key_returns_home_while_remembered_and_is_placed_anew_once_forgotten():
+    endpoints = eps(2)
+    order = ring_order([e.key for e in endpoints], "k")
+    owner, other = ({e.key: e for e in endpoints}[k] for k in order)
+    picker = BoundedHashPicker(work_window=1, remembered_keys=1)  # window 1: no recent work carried
+    owner.load = 10
+    assert picker.pick(endpoints, "k") is other
+    owner.load = 0
+    assert picker.pick(endpoints, "k") is other  # home, within ceil(1.15 * 1 / 2) = 1
+    picker.pick(endpoints, "another")  # the one remembered key is now "another"
+    assert picker.pick(endpoints, "k") is owner
+
+
+def test_the_least_recently_used_home_is_forgotten_first():
+    endpoints = eps(2)
+    order = ring_order([e.key for e in endpoints], "k")
+    owner, other = ({e.key: e for e in endpoints}[k] for k in order)
+    picker = BoundedHashPicker(work_window=1, remembered_keys=2)
+    owner.load = 10
+    picker.pick(endpoints, "k")
+    owner.load = 0
+    picker.pick(endpoints, "b")
+    assert picker.pick(endpoints, "k") is other  # k used again: "b" is now the oldest
+    picker.pick(endpoints, "c")  # forgets "b", not "k"
+    assert picker.pick(endpoints, "k") is other
+
+
+def test_a_home_over_the_bound_is_left_for_a_new_placement():
+    endpoints = eps(2)
+    order = ring_order([e.key for e in endpoints], "k")
+    owner, other = ({e.key: e for e in endpoints}[k] for k in order)
+    picker = BoundedHashPicker(work_window=1)
+    owner.load = 10
+    assert picker.pick(endpoints, "k") is other
+    owner.load, other.load = 0, 3  # home: 3 + 1 > ceil(1.15 * 4 / 2) = 3
+    assert picker.pick(endpoints, "k") is owner
+    other.load = 0
+    assert picker.pick(endpoints, "k") is owner  # the new home
+
+
+def test_one_candidate_is_taken_whatever_its_load_and_becomes_home():
+    picker = BoundedHashPicker(work_window=1)
+    endpoints = eps(2)
+    endpoints[0].load = 50
+    assert picker.pick(endpoints, "k", exclude=(endpoints[1],)) is endpoints[0]
+    assert picker.pick([endpoints[0]], "k") is endpoints[0]  # home, alone: no bound applies
+    endpoints[0].load = 0
+    assert picker.pick(endpoints, "k") is endpoints[0]  # remembered from the single-candidate pick
+
+
+def test_an_excluded_home_is_not_returned():
+    endpoints = eps(2)
+    picker = BoundedHashPicker()
+    home = picker.pick(endpoints, "k")
+    other = next(e for e in endpoints if e is not home)
+    assert picker.pick(endpoints, "k", exclude=[home]) is other
+
+
+def test_rings_per_endpoint_set_survive_many_sets():
+    picker = BoundedHashPicker(100.0)
+    pools = [eps(n) for n in range(2, 40)]  # more sets than the ring cache keeps
+    for i, pool in enumerate(pools + pools[:3]):
+        assert picker.pick(pool, f"k{i}").key == ring_order([e.key for e in pool], f"k{i}")[0]
+
+
+def test_constructor_refuses_a_factor_below_one_and_an_empty_window():
+    with pytest.raises(ValueError, match="^load_factor must be >= 1$"):
+        BoundedHashPicker(0.99)
+    with pytest.raises(ValueError, match="^work_window must be >= 1$"):
+        BoundedHashPicker(work_window=0)
+    assert BoundedHashPicker(1.0, work_window=1).load_factor == 1.0
+    assert BoundedHashPicker().load_factor == DEFAULT_LOAD_FACTOR == 1.15
+    assert BoundedHashPicker().vnodes == 64
+
+
+def test_make_picker_by_policy_name():
+    for policy in ("cache-aware", "prefix-aware"):
+        picker = make_picker(policy, 2.0)
+        assert isinstance(picker, BoundedHashPicker) and picker.load_factor == 2.0
+    assert make_picker("cache-aware").load_factor == 1.15
+    assert isinstance(make_picker("least-loaded"), LeastLoadedPicker)
+    assert isinstance(make_picker("round-robin"), RoundRobinPicker)
+    with pytest.raises(ValueError, match="^unknown policy 'random'$"):
+        make_picker("random")
+
+
+def test_least_loaded_rotates_in_order_among_the_least_loaded():
+    endpoints = eps(4)
+    endpoints[1].load = endpoints[3].load = 2
+    picker = LeastLoadedPicker()
+    assert [picker.pick(endpoints) for _ in range(3)] == [endpoints[0], endpoints[2], endpoints[0]]
+
+
+def test_round_robin_skips_excluded_endpoints():
+    endpoints = eps(3)
+    picker = RoundRobinPicker()
+    assert [picker.pick(endpoints, exclude=(endpoints[1],)) for _ in range(3)] == [endpoints[0], endpoints[2],
+                                                                                   endpoints[0]]
