@@ -77,6 +77,9 @@ class RouterConfig:
     eject_after: int = 3
     workers: int = 1
     log_requests: bool = False
+    # OpenTelemetry traces over OTLP/HTTP (tracing.py), e.g. http://collector:4318/v1/traces; None: off.
+    otlp_traces_endpoint: str | None = None
+    trace_sample_ratio: float = 1.0  # share of requests traced that arrive without a client's sampling decision
 
     @property
     def disaggregated_prefill(self) -> bool:
@@ -122,5 +125,14 @@ class RouterConfig:
                 problems.append(f"--{name.replace('_', '-')} must be > 0")
         if self.load_factor < 1:
             problems.append("--load-factor must be >= 1")
+        if self.otlp_traces_endpoint is not None:
+            from .tracing import MISSING, tracing_available
+
+            if not self.otlp_traces_endpoint.startswith(("http://", "https://")):
+                problems.append("--otlp-traces-endpoint must be an http(s) URL (OTLP/HTTP), e.g. http://collector:4318/v1/traces")
+            elif not tracing_available():
+                problems.append(MISSING)
+        if not 0 <= self.trace_sample_ratio <= 1:
+            problems.append("--trace-sample-ratio must be between 0 and 1")
         if problems:
             raise ValueError("; ".join(problems))

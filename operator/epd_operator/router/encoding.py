@@ -71,6 +71,8 @@ class EncoderStage:
         failed = await self._round(ctx, todo, encoded, {})
         if failed:
             self.metrics.retries.labels("encode", "encoder_failed").inc()
+            if ctx.trace is not None:
+                ctx.trace.event("retry", {"epd.stage": "encode", "epd.reason": "encoder_failed", "epd.items": len(failed)})
             failed = await self._round(ctx, [item for item, _ in failed], encoded, {item.index: ep for item, ep in failed})
         if failed:
             self.metrics.fallback_requests.labels("encoder_failed").inc()
@@ -125,10 +127,16 @@ class EncoderStage:
 
     async def _call(self, ctx: RequestContext, ep: Endpoint, group: list[MediaItem]) -> dict[int, EncodedItem]:
         """One encoder call for a group of items (its in-flight units were acquired by `_round`)."""
+        headers = ctx.common_headers + f"x-request-id: {ctx.rid}:{group[0].index}:{new_id()[:6]}\r\n".encode("latin-1")
+        if ctx.trace is None:
+            return await self._encoder_call(ctx, ep, group, headers)
+        with ctx.trace.call("encode", ep, CHAT, {"epd.items": len(group)}) as call:
+            return await self._encoder_call(ctx, ep, group, headers + call.headers)
+
+    async def _encoder_call(self, ctx: RequestContext, ep: Endpoint, group: list[MediaItem], headers: bytes) -> dict[int, EncodedItem]:
         pool = self.pool
         transfer_ids = [new_id() for _ in group]
         req = encoder_request(ctx.body, group, ctx.consumer_zmq, transfer_ids)
-        headers = ctx.common_headers + f"x-request-id: {ctx.rid}:{group[0].index}:{new_id()[:6]}\r\n".encode("latin-1")
         payload = await self.calls.exchange(pool, ep, CHAT, orjson.dumps(req), headers, self.cfg.encode_timeout, len(group))
         try:
             matched = match_encoder_reply(orjson.loads(payload).get("ec_transfer_params"), group)

@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--health-interval", type=float, default=D.health_interval)
     i.add_argument("--health-timeout", type=float, default=D.health_timeout)
     i.add_argument("--eject-after", type=int, default=D.eject_after, help="consecutive failures before an endpoint is ejected")
+    o = p.add_argument_group("traces (OpenTelemetry; needs epd-operator[tracing])")
+    o.add_argument("--otlp-traces-endpoint", default=D.otlp_traces_endpoint,
+                   help="export a trace per request to this OTLP/HTTP URL (e.g. http://collector:4318/v1/traces) and "
+                        "send traceparent to every backend; default: off")
+    o.add_argument("--trace-sample-ratio", type=float, default=D.trace_sample_ratio,
+                   help="share of requests traced when the client sent no sampling decision (traceparent)")
     a("--workers", type=int, default=D.workers, help="processes sharing the port (SO_REUSEPORT)")
     a("--log-level", default="info")
     a("--log-requests", action="store_true", help="one log line per request: id, route, status, latency")
@@ -148,6 +154,8 @@ def config_from_args(args: argparse.Namespace):
         eject_after=args.eject_after,
         workers=args.workers,
         log_requests=args.log_requests,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
+        trace_sample_ratio=args.trace_sample_ratio,
     )
     cfg.validate()
     return cfg

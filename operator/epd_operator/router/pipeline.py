@@ -31,6 +31,7 @@ from .metrics import RouterMetrics
 from .pickers import Picker
 from .protocol import EncodedItem, MediaItem, prefill_request, prompt_prefix, rewrite_for_decode
 from .reuse import ReuseCache, reuse_key
+from .tracing import RequestTrace
 
 T = TypeVar("T")
 UPSTREAM_HEADERS = b"Content-Type: application/json\r\nAccept-Encoding: identity\r\n"
@@ -61,6 +62,7 @@ class RequestContext:
     kv: dict | None = None  # kv_transfer_params from the prefill that answered
     prefill_ep: Endpoint | None = None  # the prefill instance that answered
     _payload: bytes | None = None  # `prepared` serialized, kept for a retry
+    trace: RequestTrace | None = None  # this request's spans; None while tracing is off
 
 
 class Pipeline:
@@ -97,6 +99,8 @@ class Pipeline:
             if ctx.items:
                 te = time.perf_counter()
                 ctx.encoded = await self.encoding.encode(ctx)
+                if ctx.trace is not None:
+                    ctx.trace.encoded(len(ctx.items), sum(1 for enc in ctx.encoded.values() if enc.metadata))
                 self.metrics.observe_stage("encode", time.perf_counter() - te)
             ctx.metadata_only = self.rewrite_embeds and any(enc.metadata for enc in ctx.encoded.values())
             # Raw items carry their uuid (SharedStorage finds a stored embedding under it); not
@@ -148,7 +152,10 @@ class Pipeline:
             return await attempt(ctx, ep, metadata_only)
         except RetryableFailure as failure:
             metadata_rejected = metadata_only and failure.kind == "status"
-            self.metrics.retries.labels(pool.role, "metadata_rejected" if metadata_rejected else failure.kind).inc()
+            reason = "metadata_rejected" if metadata_rejected else failure.kind
+            self.metrics.retries.labels(pool.role, reason).inc()
+            if ctx.trace is not None:
+                ctx.trace.event("retry", {"epd.stage": pool.role, "epd.reason": reason})
             if metadata_rejected:
                 self._send_media(ctx)
         if before_retry is not None:
@@ -166,9 +173,15 @@ class Pipeline:
         ctx._payload = None
 
     async def _prefill_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> None:
+        if ctx.trace is None:
+            return await self._prefill_call(ctx, ep, metadata_only, ctx.headers)
+        with ctx.trace.call("prefill", ep, ctx.route) as call:
+            await self._prefill_call(ctx, ep, metadata_only, ctx.headers + call.headers)
+
+    async def _prefill_call(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool, headers: bytes) -> None:
         pool = self.prefills
         pool.acquire(ep)
-        payload = await self.calls.exchange(pool, ep, ctx.route, orjson.dumps(prefill_request(ctx.prepared)), ctx.headers,
+        payload = await self.calls.exchange(pool, ep, ctx.route, orjson.dumps(prefill_request(ctx.prepared)), headers,
                                             self.cfg.prefill_timeout, 1, metadata_only)
         try:
             ctx.kv = orjson.loads(payload).get("kv_transfer_params")
@@ -185,4 +198,9 @@ class Pipeline:
             if data is None:
                 data = ctx._payload = (ctx.raw if ctx.prepared is ctx.body and ctx.raw is not None
                                        else orjson.dumps(ctx.prepared))
-        return await self.calls.stream(ctx, self.decodes, ep, data, ctx.headers, metadata_only)
+        if ctx.trace is None:
+            return await self.calls.stream(ctx, self.decodes, ep, data, ctx.headers, metadata_only)
+        with ctx.trace.call("decode", ep, ctx.route) as call:
+            out = await self.calls.stream(ctx, self.decodes, ep, data, ctx.headers + call.headers, metadata_only)
+            call.answered(out.status)
+            return out

@@ -34,6 +34,7 @@ from .protocol import (
     validate_completion,
 )
 from .reuse import ReuseCache
+from .tracing import RequestTrace, Tracing
 from .upstream import Upstream
 
 log = logging.getLogger("epd_router")
@@ -66,6 +67,7 @@ class Router:
         self.pipeline = Pipeline(config, m, self.encoders, self.prefills, self.decodes, self.encoder_picker, self.pd_picker,
                                  BackendCalls(config, m, self.upstream), self.reuse)
         self.health: HealthChecker | None = None
+        self.tracing: Tracing | None = None  # built in start() when an OTLP endpoint is set
         self._tasks: list[asyncio.Task] = []
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -101,6 +103,8 @@ class Router:
         return RouterServer(self, server)
 
     async def start(self) -> None:
+        if self.cfg.otlp_traces_endpoint is not None:
+            self.tracing = Tracing(self.cfg.otlp_traces_endpoint, self.cfg.trace_sample_ratio)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.5, ttl_dns_cache=30)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         if self.cfg.discovery == "kubernetes":
@@ -131,6 +135,8 @@ class Router:
         if self.session is not None:
             await self.session.close()
         await self.upstream.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # exports the spans still queued
 
     def _pool_for_role(self) -> dict[str, Pool]:
         pools = {"encoder": self.encoders, "decode": self.decodes}
@@ -170,24 +176,36 @@ class Router:
             rid = new_id()
         elif not _REQUEST_ID(rid):
             return self._answered(route, json_error(400, "x-request-id must be 1 to 256 visible ASCII characters", new_id()))
+        trace = self.tracing.start(request, route, rid) if self.tracing is not None else None
         stripped: list = []
         try:
             raw = await self._read_body(request)
             body = parse_json_object(raw)
+            if trace is not None:
+                trace.set_model(body.get("model"))
             refuse_router_fields(body)
             items = media_of(body, stripped)
         except BadRequest as exc:
-            return self._answered(route, json_error(exc.status, str(exc), rid, param=exc.param))
+            return self._answered(route, json_error(exc.status, str(exc), rid, param=exc.param), trace=trace)
         # A client uuid the router may not trust was stripped: the raw bytes are not what goes on.
-        ctx = RequestContext(request, route, rid, t0, body, None if stripped else raw, items)
+        ctx = RequestContext(request, route, rid, t0, body, None if stripped else raw, items, trace=trace)
         try:
-            return self._answered(route, await self.pipeline.run(ctx), t0)
+            return self._answered(route, await self.pipeline.run(ctx), t0, trace)
         except asyncio.CancelledError:
             self.metrics.count_request(route, 499)  # client closed the connection (nginx's code)
+            if trace is not None:
+                trace.end(499, "client_closed")
+            raise
+        except Exception:
+            if trace is not None:  # http_server answers 500 and logs it
+                trace.end(500, "router_error")
             raise
 
-    def _answered(self, route: str, response: StreamResponse, t0: float | None = None) -> StreamResponse:
+    def _answered(self, route: str, response: StreamResponse, t0: float | None = None,
+                  trace: RequestTrace | None = None) -> StreamResponse:
         self.metrics.count_request(route, response.status)
+        if trace is not None:
+            trace.end(response.status)
         if t0 is not None:
             elapsed = time.perf_counter() - t0
             self.metrics.observe_stage("total", elapsed)
