@@ -21,8 +21,17 @@ from .config import RouterConfig
 from .failures import BackendRejection, RetryableFailure
 from .metrics import RouterMetrics
 from .pickers import Picker
-from .protocol import EncodedItem, EncoderReplyError, MediaItem, encoder_request, group_for_encoders, match_encoder_reply, new_id
-from .reuse import ReuseCache, reuse_key
+from .protocol import (
+    EncodedItem,
+    EncoderReplyError,
+    MediaItem,
+    audio_in_video,
+    encoder_request,
+    group_for_encoders,
+    match_encoder_reply,
+    new_id,
+)
+from .reuse import ReuseCache, encoder_key, reuse_key
 
 if TYPE_CHECKING:
     from .pipeline import RequestContext
@@ -47,6 +56,10 @@ class EncoderStage:
         """Transfer handles by item index; items missing from the result go raw."""
         body, items = ctx.body, ctx.items
         encoded: dict[int, EncodedItem] = {}
+        if audio_in_video(body):  # each video carries its audio track: its consumer encodes it
+            kept = [item for item in items if item.kind != "video_url"]
+            self.metrics.count_items("fallback", len(items) - len(kept))
+            items = kept
         todo = items
         if self.reuse.enabled:
             todo = []
@@ -91,10 +104,11 @@ class EncoderStage:
         targets: list[Endpoint] = []
         for item in items:
             avoided = avoid.get(item.index)
+            key = encoder_key(ctx.body, item)
             ready = pool.available_in(ctx.generation)
-            ep = self.picker.pick(ready, item.uuid, (avoided,) if avoided else ())
+            ep = self.picker.pick(ready, key, (avoided,) if avoided else ())
             if ep is None:
-                ep = self.picker.pick(ready, item.uuid)
+                ep = self.picker.pick(ready, key)
             if ep is None:  # every encoder was ejected meanwhile: send what is left raw
                 rest: list[tuple[MediaItem, Endpoint | None]] = [(i, None) for i in items[len(targets):]]
                 return rest + await self._groups(ctx, items[: len(targets)], targets, encoded)

@@ -16,6 +16,8 @@ import orjson
 
 MEDIA_TYPES = frozenset({"image_url", "audio_url", "input_audio", "video_url"})
 AUDIO_TYPES = frozenset({"audio_url", "input_audio"})
+# vLLM's modality per part type: the key of `media_io_kwargs` that applies to the item.
+MODALITIES = {"image_url": "image", "video_url": "video", "audio_url": "audio", "input_audio": "audio"}
 EMBEDS_TYPES = {
     "image_url": "image_embeds",
     "audio_url": "audio_embeds",
@@ -72,6 +74,10 @@ class MediaItem:
     def batchable(self) -> bool:
         # vLLM's proxy batches only images; audio and video go one per request.
         return self.kind == "image_url"
+
+    @property
+    def modality(self) -> str:
+        return MODALITIES[self.kind]
 
 
 @dataclass(slots=True)
@@ -276,6 +282,20 @@ def match_encoder_reply(params: Any, items: list[MediaItem]) -> dict[int, tuple[
     return matched
 
 
+def audio_in_video(body: dict) -> bool:
+    """The client asked for each video's audio track as well (Qwen2.5-Omni style,
+    `mm_processor_kwargs.use_audio_in_video`). An encoder then reports two features (video and
+    audio) for the one item; a vLLM 0.32 consumer takes one feature per `*_embeds` part (0.33
+    puts both in one part, with two transfer ids). So, like vLLM 0.32's own proxy, this router
+    leaves such a video raw and its consumer encodes it."""
+    kwargs = body.get("mm_processor_kwargs")
+    return isinstance(kwargs, dict) and bool(kwargs.get("use_audio_in_video"))
+
+
+def carries_audio(body: dict, item: MediaItem) -> bool:
+    return item.kind in AUDIO_TYPES or (item.kind == "video_url" and audio_in_video(body))
+
+
 def flatten_one_level(value: Any) -> list:
     if not isinstance(value, list):
         return [value]
@@ -290,11 +310,12 @@ def rewrite_for_decode(
     Items without metadata keep their raw media; with `pin_raw` they also carry their uuid, so
     a consumer still finds an embedding stored under that key and otherwise encodes locally.
     `embeds=False` treats every item that way (the handles still travel). If any audio item
-    lacks metadata the whole request keeps raw media, every item pinned (vLLM proxy semantics).
+    lacks metadata the whole request keeps raw media, every item pinned (vLLM proxy semantics);
+    a video carrying its audio track (`audio_in_video`) counts as audio.
     """
     if not encoded and not (pin_raw and items):
         return body
-    audio_missing = any(i.kind in AUDIO_TYPES and not (encoded.get(i.index) and encoded[i.index].metadata) for i in items)
+    audio_missing = any(carries_audio(body, i) and not (encoded.get(i.index) and encoded[i.index].metadata) for i in items)
     ec_items: list[dict] = []
     new_messages = []
     idx = 0

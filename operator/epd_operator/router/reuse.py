@@ -19,13 +19,39 @@ import orjson
 from .protocol import EncodedItem, MediaItem
 
 
-def reuse_key(body: dict, item: MediaItem) -> str:
-    # The engine may derive the cache key from the uuid and the processing options, so an
-    # item encoded with other options is a different entry.
+def _sorted_json(value) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def encoding_options(body: dict, item: MediaItem) -> str:
+    """The request's options that change how this item is encoded ('' when none), as vLLM
+    hashes them into the item's cache key: `mm_processor_kwargs` (e.g. a video's fps) and the
+    item's own modality's `media_io_kwargs` (e.g. `{"video": {"num_frames": 8}}`; the other
+    modalities' entries do not change it)."""
+    options = []
     kwargs = body.get("mm_processor_kwargs")
     if kwargs:
-        return f"{body.get('model')}|{item.uuid}|{orjson.dumps(kwargs, option=orjson.OPT_SORT_KEYS).decode()}"
-    return f"{body.get('model')}|{item.uuid}"
+        options.append(_sorted_json(kwargs))
+    io = body.get("media_io_kwargs")
+    if isinstance(io, dict):
+        io = io.get(item.modality)
+    if io:  # a malformed (non-dict) value is keyed whole: never reused for another one
+        options.append("io=" + _sorted_json(io))
+    return "|".join(options)
+
+
+def reuse_key(body: dict, item: MediaItem) -> str:
+    # The engine derives the cache key from the uuid and the encoding options, so an item
+    # encoded with other options is a different entry.
+    options = encoding_options(body, item)
+    return f"{body.get('model')}|{item.uuid}|{options}" if options else f"{body.get('model')}|{item.uuid}"
+
+
+def encoder_key(body: dict, item: MediaItem) -> str:
+    """What cache-aware encoder picking hashes: the item and its encoding options, so a repeat
+    goes back to the encoder that encoded it with those options."""
+    options = encoding_options(body, item)
+    return f"{item.uuid}|{options}" if options else item.uuid
 
 
 class ReuseCache:
