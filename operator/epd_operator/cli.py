@@ -6,6 +6,7 @@ what the operator would apply.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -45,6 +46,11 @@ def _read_documents(path: str) -> list[dict[str, Any]]:
 
 def _parse_all(path: str) -> list:
     """Every EPDDeployment in the file, or exit 1 naming each bad field (and printing nothing else)."""
+    return [epd for _doc, epd in _parse_documents(path)]
+
+
+def _parse_documents(path: str) -> list[tuple[dict[str, Any], Any]]:
+    """(document, parsed EPDDeployment) for each document, or exit 1 as `_parse_all` does."""
     try:
         docs = _read_documents(path)
     except (OSError, yaml.YAMLError) as exc:
@@ -57,7 +63,7 @@ def _parse_all(path: str) -> list:
     for index, doc in enumerate(docs):
         name = doc.get("metadata", {}).get("name", f"document {index}") if isinstance(doc, dict) else f"document {index}"
         try:
-            parsed.append(parse_epd(doc))
+            parsed.append((doc, parse_epd(doc)))
         except SpecError as exc:
             failed = True
             for error in exc.errors:
@@ -79,8 +85,46 @@ def cmd_render(args: argparse.Namespace) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
-    for epd in _parse_all(args.file):
+    documents = _parse_documents(args.file)
+    for _doc, epd in documents:
         print(f"EPDDeployment {epd.name}: valid ({epd.spec.topology}, EC connector {epd.spec.ecTransfer.connector})")
+    if args.server:
+        if not asyncio.run(_validate_on_server(args, [doc for doc, _epd in documents])):
+            sys.exit(1)
+
+
+async def _validate_on_server(args: argparse.Namespace, docs: list[dict[str, Any]]) -> bool:
+    """A server-side dry-run apply of each document: what the cluster itself says — the CRD version
+    installed there, admission policies, quotas, permissions — with nothing persisted."""
+    from .kube import ApiError, CredentialsError, Kube, load_credentials
+
+    async with Kube(lambda: load_credentials(args.kubeconfig, args.context)) as kube:
+        try:
+            login = await kube.login()
+        except CredentialsError as exc:
+            print(f"epdctl: {exc}", file=sys.stderr)
+            return False
+        accepted = True
+        for doc in docs:
+            meta = doc.setdefault("metadata", {})
+            meta["namespace"] = meta.get("namespace") or args.namespace or login.default_namespace or "default"
+            what = f"EPDDeployment {meta['namespace']}/{meta.get('name')}"
+            try:
+                await kube.apply(doc, field_manager="epdctl", dry_run=True)
+            except ApiError as exc:
+                accepted = False
+                message = exc.body.get("message") if isinstance(exc.body, dict) else str(exc)
+                print(f"epdctl: {args.file}: {what}: refused by {login.server} ({exc.status} {exc.reason}): {message}",
+                      file=sys.stderr)
+                for cause in exc.causes:  # one per refused field; a cause naming none repeats the message
+                    if cause.get("field"):
+                        print(f"  {cause['field']}: {cause.get('message')}", file=sys.stderr)
+            except (OSError, asyncio.TimeoutError) as exc:  # aiohttp's connection errors are OSErrors
+                print(f"epdctl: {login.server}: {exc}", file=sys.stderr)
+                return False
+            else:
+                print(f"{what}: accepted by {login.server} (dry run, nothing changed)")
+        return accepted
 
 
 def cmd_crd(_: argparse.Namespace) -> None:
@@ -105,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(func=cmd_render)
     validate = sub.add_parser("validate", help="check EPDDeployment specs; exit 1 naming each bad field")
     validate.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")
+    validate.add_argument("--server", action="store_true",
+                          help="also ask the cluster: a server-side dry-run apply (its installed CRD, admission "
+                               "policies, quotas, permissions); nothing is changed")
+    validate.add_argument("-n", "--namespace", help="with --server: namespace of specs that name none "
+                          "(default: the kubeconfig context's)")
+    validate.add_argument("--kubeconfig", help="with --server: kubeconfig path(s) (default: in-cluster, else $KUBECONFIG)")
+    validate.add_argument("--context", help="with --server: kubeconfig context (default: the current one)")
     validate.set_defaults(func=cmd_validate)
     crd = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
     crd.set_defaults(func=cmd_crd)
