@@ -4,16 +4,22 @@ Kubernetes discovery lists and then watches the EndpointSlices selected per tier
 access layer (epd_operator.kube: in-cluster service account, else the kubeconfig with every
 `KUBECONFIG` path merged and exec plugins; re-lists on 410 Gone). Only endpoints whose `ready`
 condition is not false are routed to.
+
+EndpointSlices do not carry pod labels, so the tier's pods are watched too (same selector) for one
+label: the compatibility generation, which the router pairs tiers by. An endpoint whose pod the pod
+watch has not shown yet gets no work until it has: its generation is unknown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..kube import ENDPOINT_SLICE, REQUEST_ERRORS, Kube, ListWatch, load_credentials
+from ..api.labels import GENERATION_LABEL
+from ..kube import ENDPOINT_SLICE, POD, REQUEST_ERRORS, Kube, ListWatch, load_credentials
 from .backends import DiscoveredEndpoint, Pool
 from .config import RouterConfig
 
@@ -66,6 +72,18 @@ def slice_endpoints(eps: dict, port_name: str, default_port: int, ec_port: int |
     return out
 
 
+def _generation(pod: dict) -> str:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(GENERATION_LABEL, "")
+
+
+def with_generation(ep: DiscoveredEndpoint, generations: dict[str, str]) -> DiscoveredEndpoint:
+    """`ep` with its pod's generation; not ready while its pod (and so its generation) is unknown."""
+    generation = generations.get(ep.pod)
+    if generation is None:
+        return dataclasses.replace(ep, ready=False) if ep.pod else ep
+    return dataclasses.replace(ep, generation=generation or None)
+
+
 class KubernetesDiscovery:
     def __init__(
         self,
@@ -89,7 +107,10 @@ class KubernetesDiscovery:
         self.ec_port = ec_port
         self.retry_delay = retry_delay
         self._slices: dict[str, dict[str, dict]] = {role: {} for role in selectors}
+        # Pod name -> its generation label ("" when it has none), per role: all the pod watch keeps.
+        self._generations: dict[str, dict[str, str]] = {role: {} for role in selectors}
         self.watches: dict[str, ListWatch] = {}
+        self.pod_watches: dict[str, ListWatch] = {}
         self.on_change: Callable[[str], None] | None = None
 
     @classmethod
@@ -111,13 +132,18 @@ class KubernetesDiscovery:
                 self.kube, ENDPOINT_SLICE, self.namespace, label_selector=selector,
                 on_sync=lambda items, role=role: self._sync(role, items),
                 on_event=lambda kind, obj, role=role: self._apply(role, kind, obj), retry_delay=self.retry_delay)
-            try:
-                await self.watches[role].list()
-            except REQUEST_ERRORS as exc:  # the watch lists again until it succeeds
-                log.warning("initial EndpointSlice list for %s failed: %s", role, exc)
+            self.pod_watches[role] = ListWatch(
+                self.kube, POD, self.namespace, label_selector=selector,
+                on_sync=lambda items, role=role: self._sync_pods(role, items),
+                on_event=lambda kind, obj, role=role: self._apply_pod(role, kind, obj), retry_delay=self.retry_delay)
+            for what, watch in (("Pod", self.pod_watches[role]), ("EndpointSlice", self.watches[role])):
+                try:
+                    await watch.list()
+                except REQUEST_ERRORS as exc:  # the watch lists again until it succeeds
+                    log.warning("initial %s list for %s failed: %s", what, role, exc)
 
     async def run(self) -> None:
-        await asyncio.gather(*(watch.run() for watch in self.watches.values()))
+        await asyncio.gather(*(watch.run() for watch in (*self.watches.values(), *self.pod_watches.values())))
 
     async def close(self) -> None:
         await self.kube.close()
@@ -136,10 +162,28 @@ class KubernetesDiscovery:
             self._slices[role][name] = obj
         self._publish(role)
 
+    def _sync_pods(self, role: str, items: list[dict[str, Any]]) -> None:
+        self._generations[role] = {p["metadata"]["name"]: _generation(p) for p in items}
+        self._publish(role)
+
+    def _apply_pod(self, role: str, kind: str, obj: dict) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        known = self._generations[role]
+        if kind == "DELETED":
+            known.pop(name, None)
+        elif known.get(name) != _generation(obj):
+            known[name] = _generation(obj)
+        else:
+            return  # a status change: the EndpointSlice reports readiness
+        self._publish(role)
+
     def _publish(self, role: str) -> None:
         ec_port = self.ec_port if role == self.ec_consumer_role else None
+        generations = self._generations[role]
         endpoints = [
-            ep
+            with_generation(ep, generations)
             for s in self._slices[role].values()
             for ep in slice_endpoints(s, self.port_name, self.default_port, ec_port)
         ]
