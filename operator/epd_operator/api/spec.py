@@ -9,19 +9,24 @@ them is refused too, by `epdctl validate` and by the API server alike.
 """
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Final, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from . import kube_schemas
 from .quantity import Quantity
 
-GROUP = "serving.epd.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "EPDDeployment"
+GROUP: Final = "serving.epd.dev"
+VERSION: Final = "v1alpha1"
+# Spelled out, not an f-string, so that type checkers see the literal the model's apiVersion field takes.
+API_VERSION: Final = "serving.epd.dev/v1alpha1"
+assert API_VERSION == f"{GROUP}/{VERSION}"
+KIND: Final = "EPDDeployment"
 PLURAL = "epddeployments"
 SHORT_NAME = "epd"
 
@@ -44,14 +49,7 @@ MAX_LIST_ITEMS = 64
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
-@dataclass(frozen=True)
-class KubeType:
-    """Marks a field as an upstream Kubernetes type (for the API reference)."""
-
-    name: str
-
-
-def _kube_check(name: str):
+def _kube_check(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def check(value: dict[str, Any]) -> dict[str, Any]:
         problems = kube_schemas.validate(name, value)
         if problems:
@@ -62,11 +60,33 @@ def _kube_check(name: str):
     return check
 
 
-def Kube(name: str) -> Any:
-    """An upstream Kubernetes type (`"Affinity"`, `"MetricSpec"`, ...): its generated schema in the CRD,
-    and the same schema checked in Python with a path for every problem."""
-    return Annotated[dict[str, Any], KubeType(name), WithJsonSchema(kube_schemas.schema(name)),
-                     AfterValidator(_kube_check(name))]
+@dataclass(frozen=True)
+class KubeType:
+    """An upstream Kubernetes type (`"Affinity"`, `"MetricSpec"`, ...) on a `dict[str, Any]` field: its
+    generated schema in the CRD, the same schema checked in Python with a path for every problem, and
+    its name in the API reference."""
+
+    name: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(_kube_check(self.name), handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return copy.deepcopy(kube_schemas.schema(self.name))  # a cached document: the caller may add to it
+
+
+# The upstream types fields embed (type aliases a type checker reads as plain dicts).
+Affinity = Annotated[KubeObject, KubeType("Affinity")]
+EnvFromSource = Annotated[KubeObject, KubeType("EnvFromSource")]
+EnvVarSource = Annotated[KubeObject, KubeType("EnvVarSource")]
+HorizontalPodAutoscalerBehavior = Annotated[KubeObject, KubeType("HorizontalPodAutoscalerBehavior")]
+MetricSpec = Annotated[KubeObject, KubeType("MetricSpec")]
+PodSecurityContext = Annotated[KubeObject, KubeType("PodSecurityContext")]
+SecurityContext = Annotated[KubeObject, KubeType("SecurityContext")]
+Toleration = Annotated[KubeObject, KubeType("Toleration")]
+TopologySpreadConstraint = Annotated[KubeObject, KubeType("TopologySpreadConstraint")]
+Volume = Annotated[KubeObject, KubeType("Volume")]
+VolumeMount = Annotated[KubeObject, KubeType("VolumeMount")]
 
 
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
@@ -109,7 +129,7 @@ class ModelSpec(Strict):
 class EnvVar(Strict):
     name: str = Field(min_length=1, description="Variable name.")
     value: Optional[str] = Field(None, description="Literal value.")
-    valueFrom: Optional[Kube("EnvVarSource")] = Field(
+    valueFrom: Optional[EnvVarSource] = Field(
         None, description="core/v1 EnvVarSource (`secretKeyRef`, `configMapKeyRef`, `fieldRef`, ...).")
 
 
@@ -121,12 +141,12 @@ class Resources(Strict):
 class Autoscaling(Strict):
     minReplicas: int = Field(1, ge=1, description="Lower bound for the HPA.")
     maxReplicas: int = Field(ge=1, description="Upper bound for the HPA.")
-    metrics: list[Kube("MetricSpec")] = Field(
+    metrics: list[MetricSpec] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="autoscaling/v2 MetricSpecs. Empty: 70% average CPU utilisation, which needs the tier to "
                     "request CPU (`resources.requests.cpu`); without one, `metrics` is required.",
     )
-    behavior: Optional[Kube("HorizontalPodAutoscalerBehavior")] = Field(
+    behavior: Optional[HorizontalPodAutoscalerBehavior] = Field(
         None, description="autoscaling/v2 HorizontalPodAutoscalerBehavior.")
 
 
@@ -140,10 +160,10 @@ class Placement(Strict):
     extraArgs: list[str] = Field(default_factory=list, description="Appended verbatim to the container's arguments.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector, e.g. a GPU product label.")
-    tolerations: list[Kube("Toleration")] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
                                                   description="Pod tolerations, e.g. for tainted GPU nodes.")
-    affinity: Optional[Kube("Affinity")] = Field(None, description="Pod affinity (node, pod, anti-affinity).")
-    topologySpreadConstraints: list[Kube("TopologySpreadConstraint")] = Field(
+    affinity: Optional[Affinity] = Field(None, description="Pod affinity (node, pod, anti-affinity).")
+    topologySpreadConstraints: list[TopologySpreadConstraint] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS, description="Pod topologySpreadConstraints.")
     podLabels: dict[str, LabelValue] = Field(
         default_factory=dict, description="Extra pod labels (Kueue queues, service meshes); the operator's own "
@@ -152,22 +172,22 @@ class Placement(Strict):
     priorityClassName: Optional[str] = Field(None, min_length=1, description="Pod priorityClassName.")
     runtimeClassName: Optional[str] = Field(None, min_length=1, description="Pod runtimeClassName, e.g. `nvidia`.")
     schedulerName: Optional[str] = Field(None, min_length=1, description="Pod schedulerName; default: the cluster's.")
-    volumes: list[Kube("Volume")] = Field(
+    volumes: list[Volume] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="Extra pod volumes; names the operator uses (" + ", ".join(f"`{v}`" for v in OPERATOR_VOLUMES)
                     + ") are refused.")
-    volumeMounts: list[Kube("VolumeMount")] = Field(
+    volumeMounts: list[VolumeMount] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="Extra mounts in the main container (vLLM or router) of a volume of `volumes` (or of one the "
                     "operator renders); paths the operator mounts (" + ", ".join(f"`{p}`" for p in OPERATOR_MOUNT_PATHS)
                     + ", the shared-storage path) are refused.")
-    envFrom: list[Kube("EnvFromSource")] = Field(
+    envFrom: list[EnvFromSource] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="Environment from ConfigMaps/Secrets for the main container.")
-    podSecurityContext: Optional[Kube("PodSecurityContext")] = Field(
+    podSecurityContext: Optional[PodSecurityContext] = Field(
         None, description="Pod securityContext; its fields replace the operator's (`seccompProfile: RuntimeDefault`, "
                           "the router's non-root user) one by one.")
-    securityContext: Optional[Kube("SecurityContext")] = Field(
+    securityContext: Optional[SecurityContext] = Field(
         None, description="Main container securityContext; its fields replace the operator's one by one "
                           "(`capabilities` as a whole).")
     autoscaling: Optional[Autoscaling] = Field(None, description="Present: an HPA scales this tier and the operator never writes its replicas.")
@@ -269,9 +289,9 @@ class MooncakeMaster(Strict):
         description="Master container resources; default: requests `cpu: 500m`, `memory: 1Gi`, limit `memory: 2Gi`.",
         json_schema_extra={"default": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}})
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
-    tolerations: list[Kube("Toleration")] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
                                                   description="Pod tolerations.")
-    affinity: Optional[Kube("Affinity")] = Field(None, description="Pod affinity.")
+    affinity: Optional[Affinity] = Field(None, description="Pod affinity.")
     priorityClassName: Optional[str] = Field(None, min_length=1, description="Pod priorityClassName.")
 
 
@@ -375,6 +395,20 @@ class Router(Placement):
                                "(all off by default; see the README's router trust model).")
 
 
+# ----------------------------------------------------------------------------- traces
+
+
+class Tracing(Strict):
+    """OpenTelemetry traces: the router and every vLLM tier export their spans to one OTLP/HTTP endpoint,
+    and the router passes each request's trace context to the tiers, so one trace shows every stage."""
+    otlpEndpoint: str = Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$",
+                              description="OTLP/HTTP (protobuf) traces URL, e.g. `http://otel-collector.observability:4318/v1/traces`: "
+                                          "`--otlp-traces-endpoint` of the router and of every vLLM tier (which are told to "
+                                          "speak OTLP/HTTP, not their default gRPC).")
+    sampleRatio: float = Field(1.0, ge=0, le=1, description="Share of requests traced when the client sent no sampling "
+                               "decision (`traceparent`); the vLLM tiers follow the router's decision.")
+
+
 # ----------------------------------------------------------------------------- top level
 
 
@@ -388,6 +422,7 @@ class EPDDeploymentSpec(Strict):
     ecTransfer: ECTransfer = Field(description="How the encoder's embeddings reach the prefill/decode tiers (the EC connector).")
     kvTransfer: Optional[KVTransfer] = Field(None, description="P->D KV transfer; E/P/D only (default there: Nixl).")
     router: Router = Field(default_factory=Router, description="The EPD router (endpoint picker) in front of the tiers.")
+    tracing: Optional[Tracing] = Field(None, description="OpenTelemetry traces from the router and every vLLM tier; absent: off.")
     drainSeconds: int = Field(
         DEFAULT_DRAIN_SECONDS, ge=0, le=3600,
         description="How long a vLLM pod that is being replaced or scaled down keeps finishing its in-flight requests "
