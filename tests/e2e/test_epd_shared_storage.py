@@ -3,7 +3,9 @@
 One encoder (EC producer, `--mm-encoder-only`), one combined prefill+decode instance (EC
 consumer) and `epd-router`, started once for the module. The tests read the pipeline's own
 signals: the router's item counters, vLLM's request counters, and the files in the shared
-store. They run in file order; the last one kills the encoder.
+store. They run in file order; the last one kills the encoder. Images and videos (a few
+frames, see `client.video_url`); both tiers take per-request media options
+(`--trust-request-mm-kwargs`), so a video's frame count can be chosen per request.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from epd_operator.local.client import chat, chat_body, image_part, image_url, text_part
+from epd_operator.local.client import chat, chat_body, image_part, image_url, text_part, video_part, video_url
 from epd_operator.local.cpu_sizing import fit_to_cpu
 from epd_operator.local.runner import load_spec, run_local
 from tests.support.vllm_pipeline import MAX_TOKENS, ask, requests_served, router_items
@@ -28,7 +30,9 @@ _seeds = itertools.count(1)
 
 @pytest.fixture(scope="module")
 def epd(vllm_ready, tmp_path_factory):
-    spec, _ = fit_to_cpu(load_spec(EXAMPLE))
+    spec, _ = fit_to_cpu(load_spec(EXAMPLE), videos=1)
+    for tier in ("encoder", "decode"):
+        spec["spec"][tier]["extraArgs"].append("--trust-request-mm-kwargs")
     with run_local(spec, tmp_path_factory.mktemp("e-pd")) as running:
         yield running
 
@@ -46,9 +50,14 @@ def new_image() -> int:
     return next(_seeds)
 
 
+def url_key(url: str) -> str:
+    """The router tags a media item with the SHA-256 of its URL; vLLM then stores it under that key
+    (unless the request carries encoding options: then under a hash of both)."""
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
 def router_uuid(seed: int) -> str:
-    """The router tags a media item with the SHA-256 of its URL; vLLM then stores it under that key."""
-    return hashlib.sha256(image_url(seed).encode()).hexdigest()
+    return url_key(image_url(seed))
 
 
 def test_image_request_is_encoded_by_the_encoder_and_answered_by_pd(epd):
@@ -81,9 +90,10 @@ def test_pd_answers_from_the_encoders_stored_output(epd):
     assert answer_a.token_ids == answer_b.token_ids
 
 
-def _encode_directly(epd, seed: int) -> str:
+def _encode_directly(epd, seed: int, part=None) -> str:
     # Tagged as the router tags it, so the stored key is the one the router's requests use.
-    reply = chat(epd.url("encoder"), chat_body(epd.plan.served_model, [image_part(seed, uuid=router_uuid(seed))]))
+    part = image_part(seed, uuid=router_uuid(seed)) if part is None else part
+    reply = chat(epd.url("encoder"), chat_body(epd.plan.served_model, [part]))
     assert reply.ok, f"encoder: {reply}"
     [key] = reply.body["ec_transfer_params"]
     return key
@@ -100,6 +110,70 @@ def test_repeated_image_is_not_encoded_again(epd):
     assert router_items(epd, "reused") == reused + 1
     assert router_items(epd, "encoded") == encoded
     assert encoder_requests(epd) == requests, "the encoder did not see the repeated image"
+
+
+def test_video_request_is_encoded_by_the_encoder_and_answered_by_pd(epd):
+    encoded, requests, stored = router_items(epd, "encoded"), encoder_requests(epd), stored_items(epd)
+    seed = new_image()
+
+    reply = ask(epd, [text_part("Describe the video."), video_part(seed)])
+
+    assert reply.completion_tokens == MAX_TOKENS
+    assert router_items(epd, "encoded") == encoded + 1
+    assert encoder_requests(epd) == requests + 1
+    assert stored_items(epd) - stored == {url_key(video_url(seed))}, "the encoder stored the video's embedding"
+
+
+def test_pd_answers_a_video_from_the_encoders_stored_output(epd):
+    """The image swap proof with videos: PD's answer follows the embedding stored under the video's key."""
+    a, b, c = new_image(), new_image(), new_image()
+    question = [text_part("What happens in this video?")]
+    answer_b = ask(epd, question + [video_part(b)])
+    answer_c = ask(epd, question + [video_part(c)])
+    assert answer_b.token_ids != answer_c.token_ids, "the tiny model's answer must depend on the video"
+
+    key_a, key_b = (_encode_directly(epd, seed, {**video_part(seed), "uuid": url_key(video_url(seed))}) for seed in (a, b))
+    store = epd.plan.volume(STORE)
+    shutil.copyfile(store / key_b / "encoder_cache.safetensors", store / key_a / "encoder_cache.safetensors")
+
+    answer_a = ask(epd, question + [video_part(a)])
+
+    assert answer_a.token_ids == answer_b.token_ids
+
+
+def test_repeated_video_is_not_encoded_again(epd):
+    seed = new_image()
+    ask(epd, [text_part("First look."), video_part(seed)])
+    encoded, reused, requests = router_items(epd, "encoded"), router_items(epd, "reused"), encoder_requests(epd)
+
+    reply = ask(epd, [text_part("Second look."), video_part(seed)])
+
+    assert reply.completion_tokens == MAX_TOKENS
+    assert router_items(epd, "reused") == reused + 1
+    assert router_items(epd, "encoded") == encoded
+    assert encoder_requests(epd) == requests, "the encoder did not see the repeated video"
+
+
+def test_a_video_read_with_another_frame_count_is_another_item(epd):
+    """`media_io_kwargs.video.num_frames` changes what is encoded: the router neither reuses the
+    4-frame encoding for a 2-frame request nor encodes the 2-frame one twice."""
+    seed = new_image()
+    question = [text_part("How many frames?"), video_part(seed)]
+    ask(epd, question)
+    encoded, reused, requests, stored = (router_items(epd, "encoded"), router_items(epd, "reused"),
+                                         encoder_requests(epd), stored_items(epd))
+    two_frames = {**chat_body(epd.plan.served_model, question, MAX_TOKENS), "media_io_kwargs": {"video": {"num_frames": 2}}}
+
+    first = chat(epd.router_url, two_frames)
+    assert first.ok, f"router: {first}"
+    assert (router_items(epd, "encoded"), encoder_requests(epd)) == (encoded + 1, requests + 1)
+    [key] = stored_items(epd) - stored
+    assert key != url_key(video_url(seed)), "vLLM keys the 2-frame encoding by the video and its options"
+
+    again = chat(epd.router_url, two_frames)
+    assert again.ok, f"router: {again}"
+    assert again.completion_tokens == MAX_TOKENS
+    assert (router_items(epd, "reused"), encoder_requests(epd)) == (reused + 1, requests + 1)
 
 
 def test_text_only_request_skips_the_encoder(epd):

@@ -17,13 +17,20 @@ MAX_NUM_BATCHED_TOKENS = 2048
 TIER_ARGS = [
     "--enforce-eager",  # no torch.compile warm-up (a minute on two cores)
     "--max-num-seqs", "4",
-    "--limit-mm-per-prompt", '{"image":4,"video":0}',  # no video profiling at start
 ]
+MAX_IMAGES = 4
+
+
+def media_limit(videos: int) -> list[str]:
+    # Every video allowed is profiled at start with a dummy video as long as the token budget
+    # permits: none unless asked for.
+    return ["--limit-mm-per-prompt", f'{{"image":{MAX_IMAGES},"video":{videos}}}']
 TIERS = ("encoder", "prefill", "decode")
 
 
-def fit_to_cpu(spec_obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """A copy of an EPDDeployment (as a mapping) sized for this machine, and what was changed."""
+def fit_to_cpu(spec_obj: dict[str, Any], videos: int = 0) -> tuple[dict[str, Any], list[str]]:
+    """A copy of an EPDDeployment (as a mapping) sized for this machine, and what was changed.
+    `videos`: how many videos one request may carry (0: images only, the quickest start)."""
     obj = copy.deepcopy(spec_obj)
     spec = obj.setdefault("spec", {})
     changes: list[str] = []
@@ -38,6 +45,7 @@ def fit_to_cpu(spec_obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if tier.get("maxNumBatchedTokens", MAX_NUM_BATCHED_TOKENS + 1) > MAX_NUM_BATCHED_TOKENS:
             changes.append(f"{name}.maxNumBatchedTokens -> {MAX_NUM_BATCHED_TOKENS}")
             tier["maxNumBatchedTokens"] = MAX_NUM_BATCHED_TOKENS
-        tier["extraArgs"] = [*tier.get("extraArgs", []), *TIER_ARGS]
-        changes.append(f"{name}.extraArgs += {' '.join(TIER_ARGS)}")
+        added = [*TIER_ARGS, *media_limit(videos)]
+        tier["extraArgs"] = [*tier.get("extraArgs", []), *added]
+        changes.append(f"{name}.extraArgs += {' '.join(added)}")
     return obj, changes
