@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from epd_operator.api.validation import parse_epd
+from epd_operator.controller.metrics import Metrics
 from epd_operator.render import render
 from epd_operator.render.generation import compatibility_generation
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
@@ -25,7 +26,7 @@ from epd_operator.router.config import RouterConfig
 from epd_operator.router.server import Router
 from tests.support.cluster import KubeView, volumes
 from tests.support.fake_vllm import FakeVLLM
-from tests.support.operator_run import create, epd_doc, operator_in_process, patch_spec, phase, wait_until
+from tests.support.operator_run import create, epd, epd_doc, operator_in_process, patch_spec, phase, wait_until
 from tests.support.router_stack import serve_router
 
 GENERATION = "serving.epd.dev/compat-generation"
@@ -108,12 +109,18 @@ def pod_generations(kube: KubeView) -> Counter:
                    and not p["metadata"].get("deletionTimestamp"))
 
 
-async def record_overlap(router: Router, old: str, new: str, seen: list[Counter]) -> None:
-    """Append to `seen` each 10 ms sample at which the router had both generations available."""
+async def record_overlap(router: Router, operator: Metrics, old: str, new: str, seen: list[Counter],
+                         reported: list[set[str]]) -> None:
+    """Every 10 ms: append to `seen` what the router had available when it had both generations, and to
+    `reported` the generations the operator's capacity metric named when it named both."""
     while True:
         now = available(router)
         if {old, new} <= {generation for _, generation in now}:
             seen.append(now)
+        generations = {s.labels["generation"] for family in operator.registry.collect() for s in family.samples
+                       if s.name == "epd_operator_generation_ready_pods"}
+        if {old, new} <= generations:
+            reported.append(generations)
         await asyncio.sleep(0.01)
 
 
@@ -134,7 +141,7 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
     pods = LoopbackPods()
     await pods.start({"encoder": "encoder", "decode": "pd"}, [old, new])
     try:
-        async with operator_in_process(kube, "--namespace", kube.ns, "--no-leader-election", "--resync-seconds", "1"):
+        async with operator_in_process(kube, "--namespace", kube.ns, "--no-leader-election", "--resync-seconds", "1") as metrics:
             await create(kube, doc)
             await phase(kube, "Ready", timeout=60)
             cfg = RouterConfig(discovery="kubernetes", kubeconfig=str(kube.kubeconfig), namespace=kube.ns,
@@ -148,7 +155,8 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
                 await wait_until(lambda: available(router) == Counter({("encoder", old): 1, ("decode", old): 2}), 30,
                                  lambda: available(router))
                 overlap: list[Counter] = []
-                mixed = asyncio.create_task(record_overlap(router, old, new, overlap))
+                reported: list[set[str]] = []
+                mixed = asyncio.create_task(record_overlap(router, metrics, old, new, overlap, reported))
                 async with steady_client(url) as statuses:
                     await wait_until(lambda: statuses[200] >= 20, 30, lambda: statuses)
                     await patch_spec(kube, {"image": NEW_IMAGE})
@@ -162,6 +170,10 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
                     await wait_until(lambda: served_by_new() >= settled + 20, 30, lambda: statuses)
                 mixed.cancel()
                 await phase(kube, "Ready", timeout=60)
+                # The status reports capacity per generation: only the new one is left.
+                await wait_until(lambda: epd(kube)["status"].get("generations") == [
+                    {"name": new, "current": True, "pods": {"encoder": 1, "decode": 2},
+                     "readyPods": {"encoder": 1, "decode": 2}}], 30, lambda: epd(kube)["status"].get("generations"))
             finally:
                 await server.cleanup()
     finally:
@@ -169,6 +181,7 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
 
     # The router did route while old and new pods were both up (the rollout surges: new before old goes).
     assert overlap, "the router never saw both generations at once"
+    assert reported, "the operator never reported capacity in both generations"
     assert set(statuses) == {200}, statuses
     assert sum(f.foreign_refused for f in pods.fakes) == 0
     # Both generations served the client, each with its own encoders: no request went across.

@@ -54,6 +54,15 @@ class Tiers(_Status):
     router: TierStatus | None = None
 
 
+class GenerationStatus(_Status):
+    name: str = Field(description="The compatibility generation: a digest of the images, model and connectors "
+                                  "(the `serving.epd.dev/compat-generation` label of its pods).")
+    current: bool = Field(description="The generation the spec asks for; others are draining.")
+    pods: dict[str, int] = Field(default_factory=dict, description="Pods of this generation by tier.")
+    readyPods: dict[str, int] = Field(default_factory=dict, description="Ready pods of this generation by tier: "
+                                      "the router pairs tiers within one generation, so this is its capacity.")
+
+
 class EPDDeploymentStatus(_Status):
     observedGeneration: int | None = None
     phase: Phase = "Pending"
@@ -61,3 +70,6 @@ class EPDDeploymentStatus(_Status):
     endpoint: str | None = Field(None, description="The router Service URL clients talk to.")
     conditions: list[Condition] = Field(default_factory=list)
     tiers: Tiers = Field(default_factory=Tiers)
+    generations: list[GenerationStatus] = Field(
+        default_factory=list, description="vLLM pods by compatibility generation, the current one first: two "
+                                          "while a change of image, model or connector rolls the tiers.")

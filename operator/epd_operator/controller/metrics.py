@@ -55,6 +55,12 @@ class Metrics:
             "epd_operator_deployment_phase",
             "Phase of each EPDDeployment: one series per phase, 1 for the current one (set by the leader).",
             ["epd_namespace", "epd_name", "phase"], registry=self.registry)
+        self.generation_ready_pods = Gauge(
+            "epd_operator_generation_ready_pods",
+            "Ready vLLM pods per compatibility generation and tier: a generation's capacity, since the router pairs "
+            "tiers only within one (two generations while a change of image, model or connector rolls out).",
+            ["epd_namespace", "epd_name", "generation", "tier"], registry=self.registry)
+        self._generation_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self.registry.register(_BuildInfo())
         ProcessCollector(registry=self.registry)
 
@@ -63,11 +69,23 @@ class Metrics:
         for candidate in PHASES:
             self.phase.labels(namespace, name, candidate).set(1 if candidate == phase else 0)
 
+    def set_generations(self, namespace: str, name: str, ready: dict[str, dict[str, int]]) -> None:
+        """Ready pods by generation and tier; the series of a generation that is gone are removed."""
+        series = {(generation, tier) for generation, tiers in ready.items() for tier in tiers}
+        for generation, tier in self._generation_series.get((namespace, name), set()) - series:
+            with contextlib.suppress(KeyError):
+                self.generation_ready_pods.remove(namespace, name, generation, tier)
+        for generation, tiers in ready.items():
+            for tier, count in tiers.items():
+                self.generation_ready_pods.labels(namespace, name, generation, tier).set(count)
+        self._generation_series[(namespace, name)] = series
+
     def forget(self, namespace: str, name: str) -> None:
-        """Drop the phase series of a deleted EPDDeployment (or one this replica stops acting for)."""
+        """Drop the series of a deleted EPDDeployment (or one this replica stops acting for)."""
         for candidate in PHASES:
             with contextlib.suppress(KeyError):  # never set for this phase
                 self.phase.remove(namespace, name, candidate)
+        self.set_generations(namespace, name, {})
 
     def count_write(self, verb: str, kind: str) -> None:
         self.writes.labels(verb=verb, kind=kind).inc()

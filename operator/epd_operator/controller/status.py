@@ -20,13 +20,16 @@ from ..api.status import (
     REFUSED_BY_API_SERVER,
     Condition,
     EPDDeploymentStatus,
+    GenerationStatus,
     TierAutoscaling,
     Tiers,
     TierStatus,
 )
+from ..api.labels import GENERATION_LABEL, ROLE_LABEL
 from ..api.validation import FieldError
 
 TIERS = ("encoder", "prefill", "decode", "router")
+VLLM_TIERS = ("encoder", "prefill", "decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +61,9 @@ def tier_state(tier: TierInput) -> TierState:
     st = dep.get("status") or {}
     desired = dep.get("spec", {}).get("replicas", 1)
     replicas, ready = st.get("replicas", 0), st.get("readyReplicas", 0)
-    updated, available = st.get("updatedReplicas", 0), st.get("availableReplicas", 0)
+    updated = st.get("updatedReplicas", 0)
+    # A LeaderWorkerSet counts ready groups (every pod of the group ready) and reports no availability.
+    available = st.get("availableReplicas", ready if dep.get("kind") == "LeaderWorkerSet" else 0)
     generation = dep.get("metadata", {}).get("generation")
     seen = generation is None or st.get("observedGeneration", 0) >= generation
     settled = seen and updated >= desired and replicas <= updated
@@ -109,7 +114,8 @@ def _lost_pods(name: str, state: TierState, previous: EPDDeploymentStatus | None
 
 def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint: str | None,
                   observed_generation: int | None, spec_errors: list[FieldError] | None,
-                  previous: EPDDeploymentStatus | None, now: str, refused: list[str] | None = None) -> EPDDeploymentStatus:
+                  previous: EPDDeploymentStatus | None, now: str, refused: list[str] | None = None,
+                  generations: list[GenerationStatus] | None = None) -> EPDDeploymentStatus:
     """`spec_errors`: our rules refused the spec; `refused`: the API server refused objects rendered
     from it (its messages). Either way nothing was applied, and the spec is reported invalid."""
     states = {name: tier_state(tiers[name]) for name in TIERS if name in tiers}
@@ -164,7 +170,30 @@ def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint
     ]
     return EPDDeploymentStatus(
         observedGeneration=observed_generation, phase=phase, topology=topology, endpoint=endpoint,
-        conditions=conditions, tiers=Tiers(**{n: s.status for n, s in states.items()}))
+        conditions=conditions, tiers=Tiers(**{n: s.status for n, s in states.items()}), generations=generations or [])
+
+
+def generations(pods: list[dict[str, Any]], current: str | None) -> list[GenerationStatus]:
+    """vLLM pods counted per compatibility generation (the current one first, then by name);
+    pods on their way out (deletionTimestamp set) no longer count: they take no new work."""
+    counts: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        generation, role = labels.get(GENERATION_LABEL), labels.get(ROLE_LABEL)
+        if not generation or role not in VLLM_TIERS or meta.get("deletionTimestamp"):
+            continue
+        total, ready = counts.setdefault(generation, ({}, {}))
+        total[role] = total.get(role, 0) + 1
+        if pod_ready(pod):
+            ready[role] = ready.get(role, 0) + 1
+    order = sorted(counts, key=lambda g: (g != current, g))
+    return [GenerationStatus(name=g, current=g == current, pods=counts[g][0], readyPods=counts[g][1]) for g in order]
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def standing_refusal(previous: EPDDeploymentStatus | None, generation: int | None) -> list[str]:
