@@ -395,6 +395,20 @@ class Router(Placement):
                                "(all off by default; see the README's router trust model).")
 
 
+# ----------------------------------------------------------------------------- traces
+
+
+class Tracing(Strict):
+    """OpenTelemetry traces: the router and every vLLM tier export their spans to one OTLP/HTTP endpoint,
+    and the router passes each request's trace context to the tiers, so one trace shows every stage."""
+    otlpEndpoint: str = Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$",
+                              description="OTLP/HTTP (protobuf) traces URL, e.g. `http://otel-collector.observability:4318/v1/traces`: "
+                                          "`--otlp-traces-endpoint` of the router and of every vLLM tier (which are told to "
+                                          "speak OTLP/HTTP, not their default gRPC).")
+    sampleRatio: float = Field(1.0, ge=0, le=1, description="Share of requests traced when the client sent no sampling "
+                               "decision (`traceparent`); the vLLM tiers follow the router's decision.")
+
+
 # ----------------------------------------------------------------------------- top level
 
 
@@ -408,6 +422,7 @@ class EPDDeploymentSpec(Strict):
     ecTransfer: ECTransfer = Field(description="How the encoder's embeddings reach the prefill/decode tiers (the EC connector).")
     kvTransfer: Optional[KVTransfer] = Field(None, description="P->D KV transfer; E/P/D only (default there: Nixl).")
     router: Router = Field(default_factory=Router, description="The EPD router (endpoint picker) in front of the tiers.")
+    tracing: Optional[Tracing] = Field(None, description="OpenTelemetry traces from the router and every vLLM tier; absent: off.")
     drainSeconds: int = Field(
         DEFAULT_DRAIN_SECONDS, ge=0, le=3600,
         description="How long a vLLM pod that is being replaced or scaled down keeps finishing its in-flight requests "

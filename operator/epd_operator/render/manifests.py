@@ -40,6 +40,7 @@ from .naming import (
 from .lws import multi_node_workload
 from .router_args import ROUTER_HEALTH_PATH, ROUTER_LIVENESS_PATH, ROUTER_METRICS_PORT, router_args
 from .templating import render_documents, render_one
+from .tracing import vllm_tracing_env
 from .transfer import (
     EC_CACHE_VOLUME,
     MOONCAKE_MASTER_METRICS_PORT,
@@ -278,7 +279,7 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router
         "vllm-container.yaml.j2",
         image=tier.image or spec.image,
         args=serve_args(epd, role, transfer),
-        env=env + transfer.env,
+        env=env + transfer.env + vllm_tracing_env(epd, role),
         ports=[container_port("http", VLLM_PORT), *transfer.ports],
         resources=_resources(tier),
         mounts=mounts,

@@ -10,6 +10,7 @@ import math
 from ..api.quantity import parse_quantity
 from ..api.spec import EPDDeployment, Mooncake
 from .naming import DECODE, ENCODER, PREFILL, label_selector
+from .tracing import router_tracing_args
 from .transfer import cache_ttl_seconds
 
 ROUTER_PORT = 8000
@@ -52,6 +53,7 @@ def router_args(epd: EPDDeployment) -> list[str]:
     trust = spec.router.trust
     args += [flag for on, flag in ((trust.clientEmbeds, "--allow-client-embeds"), (trust.clientUUIDs, "--trust-client-uuids"),
                                    (trust.immutableMediaURLs, "--immutable-media-urls")) if on]
+    args += router_tracing_args(spec)
     workers = router_workers(epd)
     if workers > 1:
         args += ["--workers", str(workers)]

@@ -11,6 +11,7 @@ from typing import Optional
 
 from ..api.spec import ENCODER_GPU_MEMORY_UTILIZATION, VLLM_PORT, EPDDeployment, EPDDeploymentSpec, EncoderTier, Tier
 from .naming import DECODE, ENCODER, PREFILL, tier_of
+from .tracing import vllm_tracing_args
 from .transfer import TierTransfer, tier_transfer
 
 SERVE_COMMAND = ["vllm", "serve"]
@@ -48,7 +49,7 @@ def _common_args(spec: EPDDeploymentSpec, tier: Tier, gpu_memory_utilization: Op
     # A pod being replaced finishes what it has (vLLM's drain mode) instead of aborting it.
     if spec.drainSeconds:
         args += ["--shutdown-timeout", str(spec.drainSeconds)]
-    return args
+    return args + vllm_tracing_args(spec)
 
 
 def _max_num_batched_tokens(tier: Tier, default: Optional[int]) -> list[str]:
