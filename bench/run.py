@@ -15,7 +15,7 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import contenders, operator_scale, overhead, routing
+from . import contenders, operator_scale, overhead, routing, tracing
 from .loadgen import LoadgenMissing, wrk_binary
 from .procs import BENCH_NICE, commit, cpu_model, cpus, isolate
 from .report import Target, targets_table
@@ -106,6 +106,11 @@ def _operator_section(quick: bool, log_dir: Path) -> tuple[list[Target], str]:
     return operator_scale.targets(result), operator_scale.markdown(result)
 
 
+def _tracing_section(quick: bool, log_dir: Path) -> tuple[list[Target], str]:
+    wrk_binary()
+    return tracing.run(quick, log_dir, progress=_log)
+
+
 def _overhead_intro(plan: overhead.Plan) -> str:
     return (
         "Fake vLLM backends (bench/backends.py: raw asyncio on uvloop, canned replies: `ec_transfer_params` from the "
@@ -125,6 +130,7 @@ SECTIONS = {
     "overhead": ("Router overhead", _overhead_section),
     "routing": ("Routing quality", _routing_section),
     "operator": ("Operator scale", _operator_section),
+    "tracing": ("Router overhead, tracing off and on", _tracing_section),
 }
 
 

@@ -207,3 +207,18 @@ def test_the_endpoint_must_be_an_otlp_http_url():
     proc = subprocess.run([sys.executable, "-m", "epd_operator.router.main", "--decode-servers-urls", "http://127.0.0.1:1",
                            "--otlp-traces-endpoint", "collector:4317"], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "--otlp-traces-endpoint must be an http(s) URL" in proc.stderr, proc.stderr
+
+
+def test_with_tracing_off_nothing_of_opentelemetry_is_even_imported():
+    code = (
+        "import asyncio, sys\n"
+        "from epd_operator.router.config import RouterConfig\n"
+        "from epd_operator.router.server import Router\n"
+        "async def main():\n"
+        "    server = await Router(RouterConfig(decode_urls=['http://127.0.0.1:1'], health_interval=0)).serve('127.0.0.1', 0)\n"
+        "    await server.cleanup()\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"imported with tracing off: {proc.stdout}"
