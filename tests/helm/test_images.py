@@ -63,6 +63,23 @@ def test_operator_image_pins_the_whole_runtime_closure():
     assert not missing, f"{OPERATOR_REQUIREMENTS.name} lacks {sorted(missing)}: regenerate it (see its header)"
 
 
+def test_operator_image_pins_the_tracing_extra_and_what_it_needs():
+    """The router's traces ship in the image: the `tracing` extra and its whole closure are pinned."""
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tracing"]
+    pins = pinned()
+    needed: set[str] = set()
+    for spec in extra:
+        req = Requirement(spec)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"{OPERATOR_REQUIREMENTS.name} lacks {name} (the tracing extra)"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"{OPERATOR_REQUIREMENTS.name} pins {name}=={pins[name]}, outside pyproject's {req.specifier}")
+        needed |= {name} | runtime_closure(name)
+    missing = needed - set(pins)
+    assert not missing, f"{OPERATOR_REQUIREMENTS.name} lacks {sorted(missing)} (needed by the tracing extra)"
+    assert "tracing_available" in OPERATOR_DOCKERFILE.read_text(), "the image build no longer checks the extra is there"
+
+
 def test_operator_image_runs_as_the_charts_non_root_user():
     dockerfile = OPERATOR_DOCKERFILE.read_text()
     values = yaml.safe_load((OPERATOR_CHART / "values.yaml").read_text())
