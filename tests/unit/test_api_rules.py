@@ -4,7 +4,6 @@ reported. Expected messages are written out, so a rule that refuses the right fi
 (or for the wrong reason) fails here; test_api_validation.py checks the same table against the CRD."""
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from epd_operator.api.rules import RULES, SUPPORTED_REASONS, Rule, _cel_list, rules_for
 from epd_operator.api.spec import ConsumerTier, EncoderTier, EPDDeployment, Placement, Tier
 from epd_operator.api.validation import FieldError, SpecError, _path, parse_epd
+from tests.support.epd_specs import spec
 
 SHARED_PATH_MOUNTED = "the shared-storage path (ecTransfer.sharedStorage.path) is mounted by the operator; mount elsewhere"
 PORT_SHIFT = ("{what} shifts with the {tier} tier's data-parallel rank and would pass 65535; lower it or the tier's "
@@ -21,27 +21,6 @@ NIXL_PORT = "the NIXL side-channel port"
 MOONCAKE_MULTI_NODE = ("the Mooncake EC connector's consumer binds a control port per rank on its own pod, which the "
                        "router can only address on a single-node replica; use nodesPerReplica 1 (or the SharedStorage "
                        "or CPU connector)")
-
-
-def minimal() -> dict[str, Any]:
-    return {"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment", "metadata": {"name": "qwen-vl"},
-            "spec": {"model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"}, "encoder": {}, "decode": {},
-                     "ecTransfer": {"connector": "SharedStorage", "sharedStorage": {"claimName": "ec-cache"}}}}
-
-
-def spec(**changes: Any) -> dict[str, Any]:
-    """`minimal()` with changes given as `path__to__field=value` (None deletes the field)."""
-    doc = copy.deepcopy(minimal())
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = doc
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is None:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    return doc
 
 
 MOONCAKE = {"connector": "Mooncake"}
