@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config import ConfigException
@@ -143,7 +143,8 @@ def _trimmed(configuration: Configuration) -> Configuration:
             config.api_key["BearerToken"] = token.strip()
 
     trim(configuration)
-    hook = configuration.refresh_api_key_hook
+    # Typed by the library as a coroutine or a callable; in practice always called with the configuration.
+    hook = cast("Callable[[Configuration], Any] | None", configuration.refresh_api_key_hook)
     if hook is not None:
         async def refresh(config: Configuration) -> None:
             result = hook(config)
