@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from . import contenders as C
@@ -151,7 +151,7 @@ class Deployment:
         self.plan = None
         self.changes: list[str] = []
 
-    def start(self) -> "Deployment":
+    def start(self) -> Deployment:
         from epd_operator.local.plan import DECODE, ROUTER
         from epd_operator.local.runner import LocalEPD
 
@@ -327,7 +327,7 @@ async def _one(session, url: str, body: bytes, timeout_s: float) -> Outcome:
             if not done:
                 return Outcome(False, ttft, e2e, tokens, "stream ended without [DONE]")
             return Outcome(True, ttft if ttft is not None else e2e, e2e, tokens)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
         return Outcome(False, None, time.perf_counter() - started, 0, f"{type(e).__name__}: {str(e)[:160]}")
 
 
@@ -676,7 +676,7 @@ def markdown(cells: list[Cell], dep: Deployment, plan: Plan, quick: bool, elapse
     return f"""# End-to-end serving on real vLLM ({kind} run)
 
 Written by `python -m bench.e2e{' --quick' if quick else ''}` (`make bench-e2e{' QUICK=1' if quick else ''}`) on
-{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {elapsed_s / 60:.1f} min. Machine: {_machine()}.
+{datetime.now(UTC):%Y-%m-%d %H:%M} UTC in {elapsed_s / 60:.1f} min. Machine: {_machine()}.
 Load average (1 min) before/after: {loads[0]:.2f} / {loads[1]:.2f}; at the end of each cell: median
 {statistics.median([c.load1 for c in cells]) if cells else 0:.1f}, range {min([c.load1 for c in cells], default=0):.1f}–{max([c.load1 for c in cells], default=0):.1f}
 (the run itself keeps several processes runnable, so some 3–5 of it is expected from the run; beyond that is other work on the machine).

@@ -12,7 +12,7 @@ import platform
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from . import contenders, operator_scale, overhead, routing, tracing
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"# Benchmark results ({'quick' if args.quick else 'full'})\n\n"
         f"Written by `python -m bench.run{' --quick' if args.quick else ''}` on "
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {elapsed / 60:.1f} min. Machine: {_machine(cores, prioritised)}. "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC in {elapsed / 60:.1f} min. Machine: {_machine(cores, prioritised)}. "
         f"Load average (1 min) before/after: {load_before[0]:.2f} / {load_after[0]:.2f} "
         "(other work on the machine shows up as noise, mostly in p99).\n\n"
         "End-to-end serving on real vLLM tiers behind each router (TTFT, req/s, encoder calls on a Zipf image "

@@ -37,7 +37,7 @@ class _Sink(BaseHTTPRequestHandler):
     exports = 0
     received = 0
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         self.rfile.read(length)
         type(self).exports += 1

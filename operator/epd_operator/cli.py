@@ -119,7 +119,7 @@ async def _validate_on_server(args: argparse.Namespace, docs: list[dict[str, Any
                 for cause in exc.causes:  # one per refused field; a cause naming none repeats the message
                     if cause.get("field"):
                         print(f"  {cause['field']}: {cause.get('message')}", file=sys.stderr)
-            except (OSError, asyncio.TimeoutError) as exc:  # aiohttp's connection errors are OSErrors
+            except (TimeoutError, OSError) as exc:  # aiohttp's connection errors are OSErrors
                 print(f"epdctl: {login.server}: {exc}", file=sys.stderr)
                 return False
             else:

@@ -93,7 +93,7 @@ def test_chart_and_api_agree_on_the_operator_image():
     api = api_spec
     chart = yaml.safe_load((OPERATOR_CHART / "Chart.yaml").read_text())
     values = yaml.safe_load((OPERATOR_CHART / "values.yaml").read_text())
-    assert api.DEFAULT_ROUTER_IMAGE == f"{values['image']['repository']}:{chart['appVersion']}"
+    assert f"{values['image']['repository']}:{chart['appVersion']}" == api.DEFAULT_ROUTER_IMAGE
 
 
 def test_vllm_image_extends_the_default_vllm_image_with_pinned_transfer_engines():

@@ -11,9 +11,27 @@ import pytest
 from epd_operator.controller.apply import HANDOVER_MANAGER
 from epd_operator.controller.metrics import Metrics
 from tests.support.cluster import KubeView, volumes
-from tests.support.operator_run import (EPD_API, children, condition, create, deployed, deployment, epd, epd_doc, epd_path,
-                                        events, metric_value, observed, operator_in_process, patch_spec, phase, posted,
-                                        resyncs, wait_until, writes)
+from tests.support.operator_run import (
+    EPD_API,
+    children,
+    condition,
+    create,
+    deployed,
+    deployment,
+    epd,
+    epd_doc,
+    epd_path,
+    events,
+    metric_value,
+    observed,
+    operator_in_process,
+    patch_spec,
+    phase,
+    posted,
+    resyncs,
+    wait_until,
+    writes,
+)
 from tests.support.render_examples import NIXL_AUTOSCALED
 
 RESYNC = "0.3"

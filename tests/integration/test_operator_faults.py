@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.support.cluster import KubeView, volumes
 from tests.support.faults import FaultProxy
-from tests.support.operator_run import deployed, metric_value, observed, operator_in_process, posted, create, epd_doc
+from tests.support.operator_run import create, deployed, epd_doc, metric_value, observed, operator_in_process, posted
 
 
 async def test_failed_writes_are_retried_and_reported(kube: KubeView):

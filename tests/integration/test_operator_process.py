@@ -11,8 +11,17 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.support.cluster import KubeView
-from tests.support.operator_run import (EPD_API, OperatorProcess, create, deployed, epd, epd_doc, observed,
-                                        operator_command, wait_until)
+from tests.support.operator_run import (
+    EPD_API,
+    OperatorProcess,
+    create,
+    deployed,
+    epd,
+    epd_doc,
+    observed,
+    operator_command,
+    wait_until,
+)
 from tests.support.prom import sample_values
 
 LEASE = ("coordination.k8s.io/v1", "Lease", "epd-operator")

@@ -89,3 +89,23 @@ async def test_a_gateway_on_a_cluster_without_the_gateway_api_is_refused_clearly
 
         await patch_spec(ns, {"router": {**doc["spec"]["router"], "gateway": None}})
         await deployed(ns, "vl-encoder", "vl-decode", "vl-router")
+
+
+async def test_a_multi_node_tier_on_a_cluster_without_leader_worker_set_is_refused_clearly(ns):
+    """No LeaderWorkerSet CRD here: a multi-node spec is reported refused with what is missing, nothing is
+    applied, and the same spec on one node deploys."""
+    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC) as metrics:
+        doc = epd_doc()
+        doc["spec"]["decode"].update({"nodesPerReplica": 2, "tensorParallelSize": 2})
+        await create(ns, doc)
+        await phase(ns, "Failed")
+        spec_valid = condition(epd(ns), "SpecValid")
+        assert (spec_valid["status"], spec_valid["reason"]) == ("False", "RefusedByAPIServer")
+        assert spec_valid["message"] == ("LeaderWorkerSet vl-decode: this cluster does not serve leaderworkerset.x-k8s.io/v1 "
+                                         "LeaderWorkerSet (install its CRDs, or remove the field that asks for it)")
+        await posted(ns, "Warning", "RefusedByAPIServer", "does not serve leaderworkerset.x-k8s.io/v1 LeaderWorkerSet")
+        assert children(ns) == {}
+        assert metric_value(metrics.exposition().decode(), "epd_operator_reconcile_errors_total") == 0
+
+        await patch_spec(ns, {"decode": {**doc["spec"]["decode"], "nodesPerReplica": 1}})
+        await deployed(ns, "vl-encoder", "vl-decode", "vl-router")

@@ -95,7 +95,7 @@ class OperatorProcess:
                 self.process.send_signal(sig)
             try:
                 await asyncio.wait_for(self.process.wait(), self.stop_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
         if self._reader is not None:
@@ -112,7 +112,7 @@ class OperatorProcess:
         """The /healthz answer, or None while the process does not serve yet."""
         try:
             status, text = await self._get(self.liveness_port, "/healthz")
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return None
         return {"http_status": status, **json.loads(text)}
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -82,3 +86,31 @@ class OTLPReceiver:
 
     def trace(self, trace_id: str) -> list[ReceivedSpan]:
         return [s for s in self.spans if s.trace_id == trace_id]
+
+
+@contextmanager
+def receiver_in_thread() -> Iterator[OTLPReceiver]:
+    """A receiver on its own event loop thread, for synchronous tests (real vLLM e2e)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    rx = OTLPReceiver()
+    asyncio.run_coroutine_threadsafe(rx.start(), loop).result(10)
+    try:
+        yield rx
+    finally:
+        asyncio.run_coroutine_threadsafe(rx.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def wait_for_spans(rx: OTLPReceiver, predicate, what: str, timeout: float = 60.0) -> list[ReceivedSpan]:
+    """`OTLPReceiver.wait_for` for synchronous tests."""
+    deadline = time.monotonic() + timeout
+    while not predicate(list(rx.spans)):
+        if time.monotonic() > deadline:
+            got = [(s.service, s.name, s.trace_id[:8]) for s in rx.spans]
+            raise AssertionError(f"no {what} within {timeout} s; received spans: {got}")
+        time.sleep(0.1)
+    return list(rx.spans)

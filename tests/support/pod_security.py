@@ -12,7 +12,8 @@ restricted controls, which we never claim).
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 BASELINE, RESTRICTED, PRIVILEGED = "baseline", "restricted", "privileged"
 

@@ -12,6 +12,7 @@ from typing import Any, Optional
 import yaml
 
 from epd_operator.api import EPDDeployment, parse_epd
+from epd_operator.local.argv import expand_vars
 from epd_operator.render import render
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
@@ -87,11 +88,29 @@ def flag(args: list[str], name: str) -> Optional[str]:
     return value
 
 
+# What LeaderWorkerSet's pod webhook puts in a group's containers (a worker's index, the leader's
+# address), so that the kubelet's `$(VAR)` expansion can be played on a rendered command line.
+LWS_WORKER_ENV = {"LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": "qwen-vl-decode-0.qwen-vl-decode-0.ns"}
+LWS_LEADER_ENV = {**LWS_WORKER_ENV, "LWS_WORKER_INDEX": "0"}
+
+
+def pod_templates(obj: dict) -> list[tuple[dict, dict[str, str]]]:
+    """The pod templates of a Deployment or a LeaderWorkerSet (leader, then worker), each with the
+    environment its controller adds."""
+    if obj["kind"] == "Deployment":
+        return [(obj["spec"]["template"], {})]
+    if obj["kind"] == "LeaderWorkerSet":
+        lws = obj["spec"]["leaderWorkerTemplate"]
+        return [(lws["leaderTemplate"], LWS_LEADER_ENV), (lws["workerTemplate"], LWS_WORKER_ENV)]
+    return []
+
+
 def serve_argvs(objects: list[dict]) -> list[list[str]]:
-    """Every `vllm serve` command line among the rendered Deployments."""
-    return [c["command"] + c["args"]
-            for obj in objects if obj["kind"] == "Deployment"
-            for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"]
+    """Every `vllm serve` command line among the rendered Deployments and LeaderWorkerSets, with the
+    LeaderWorkerSet's `$(VAR)` references expanded as the kubelet would."""
+    return [c["command"] + [expand_vars(arg, env) for arg in c["args"]]
+            for obj in objects for template, env in pod_templates(obj)
+            for c in template["spec"]["containers"] if c["name"] == "vllm"]
 
 
 def rendered_examples() -> dict[str, list[dict]]:
@@ -146,6 +165,16 @@ def variants() -> dict[str, EPDDeployment]:
         "mooncake-rdma-tp2-no-store": example(MOONCAKE, **{
             "spec.ecTransfer.mooncake": {"protocol": "rdma"}, "spec.decode.tensorParallelSize": 2}),
         "mooncake-e-p-d": example(MOONCAKE, **{"spec.prefill": gpu_prefill}),
+        "mooncake-dp4-ep-tp2-decode": example(MOONCAKE, **{
+            "spec.decode.dataParallelSize": 4, "spec.decode.expertParallel": True,
+            "spec.decode.tensorParallelSize": 2}),
+        "nixl-dp-prefill-and-decode": example(NIXL_AUTOSCALED, **{
+            "spec.prefill.dataParallelSize": 2, "spec.decode.dataParallelSize": 4, "spec.decode.expertParallel": True}),
+        "nixl-multi-node-decode-tp4-pp2": example(NIXL_AUTOSCALED, **{
+            "spec.decode.nodesPerReplica": 2, "spec.decode.tensorParallelSize": 4,
+            "spec.decode.pipelineParallelSize": 2, "spec.decode.autoscaling": {"maxReplicas": 3}}),
+        "shared-storage-multi-node-pd": example(SHARED_STORAGE, **{
+            "spec.decode.nodesPerReplica": 4, "spec.decode.tensorParallelSize": 16}),
         "cpu-e-p-d-tp2-encoder": example(CPU_CONNECTOR, **{
             "spec.prefill": gpu_prefill, "spec.encoder.tensorParallelSize": 2}),
         "nixl-default-kv-all-autoscaled": example(NIXL_AUTOSCALED, **{

@@ -7,9 +7,26 @@ import copy
 
 import pytest
 
-from epd_operator.controller.apply import (APPLIED_HASH, HANDOVER_MANAGER, Apply, Plan, _same_scalar, adopt, applied_hash,
-                                           drift, execute, is_owned_by, key_of, manages_replicas, needs_replicas_handover,
-                                           owner_reference, plan, refusal, refused_by_server, replicas_handover)
+from epd_operator.controller.apply import (
+    APPLIED_HASH,
+    HANDOVER_MANAGER,
+    Apply,
+    Plan,
+    _same_scalar,
+    adopt,
+    applied_hash,
+    drift,
+    execute,
+    is_owned_by,
+    key_of,
+    manages_replicas,
+    needs_replicas_handover,
+    owner_reference,
+    plan,
+    refusal,
+    refused_by_server,
+    replicas_handover,
+)
 from epd_operator.kube import ApiError
 from tests.support.recording_kube import RecordingKube
 

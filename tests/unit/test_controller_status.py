@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from epd_operator.api.status import Condition, EPDDeploymentStatus
 from epd_operator.api.validation import FieldError
-from epd_operator.controller.status import (TierInput, derive_status, parse_status, standing_refusal, status_document,
-                                            tier_state, transitions, unschedulable_reason)
+from epd_operator.controller.status import (
+    TierInput,
+    derive_status,
+    parse_status,
+    standing_refusal,
+    status_document,
+    tier_state,
+    transitions,
+    unschedulable_reason,
+)
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 

@@ -2,14 +2,14 @@
 printer columns point at fields that exist."""
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import cel
 import pytest
 import yaml
-
-import json
 
 from epd_operator.api import kube_schemas
 from epd_operator.api.crd import build_crd

@@ -6,8 +6,16 @@ from typing import Any
 
 import pytest
 
-from epd_operator.controller.apply import (APPLIED_HASH, HANDOVER_MANAGER, adopt, drift, needs_replicas_handover, owner_reference,
-                                           plan, replicas_handover)
+from epd_operator.controller.apply import (
+    APPLIED_HASH,
+    HANDOVER_MANAGER,
+    adopt,
+    drift,
+    needs_replicas_handover,
+    owner_reference,
+    plan,
+    replicas_handover,
+)
 from epd_operator.kube import CHILD_RESOURCES, child_resource
 from epd_operator.render import render
 from tests.support.render_examples import example, example_files

@@ -10,9 +10,25 @@ from epd_operator.api import parse_epd
 from epd_operator.api.spec import OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES
 from epd_operator.render import render, tier_hashes
 from epd_operator.render.naming import CONFIG_HASH_ANNOTATION
-from tests.support.render_examples import (CPU_CONNECTOR, MOONCAKE, NIXL_AUTOSCALED, SHARED_STORAGE, container,
-                                           env_of, example, example_document, example_files, find, flag,
-                                           maybe_find, overlay, pod_spec, rendered_examples, serve_argvs, variants)
+from tests.support.render_examples import (
+    CPU_CONNECTOR,
+    MOONCAKE,
+    NIXL_AUTOSCALED,
+    SHARED_STORAGE,
+    container,
+    env_of,
+    example,
+    example_document,
+    example_files,
+    find,
+    flag,
+    maybe_find,
+    overlay,
+    pod_spec,
+    rendered_examples,
+    serve_argvs,
+    variants,
+)
 
 KIND_ORDER = ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment",
               "HorizontalPodAutoscaler", "PodDisruptionBudget", "HTTPRoute"]

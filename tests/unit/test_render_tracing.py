@@ -7,8 +7,16 @@ import pytest
 from epd_operator.api import parse_epd
 from epd_operator.render import render
 from epd_operator.router.main import build_parser, config_from_args
-from tests.support.render_examples import (MOONCAKE, NIXL_AUTOSCALED, container, env_of, example, example_document, flag,
-                                           serve_argvs)
+from tests.support.render_examples import (
+    MOONCAKE,
+    NIXL_AUTOSCALED,
+    container,
+    env_of,
+    example,
+    example_document,
+    flag,
+    serve_argvs,
+)
 from tests.support.vllm_args import check_serve_commands
 
 ENDPOINT = "http://otel-collector.observability:4318/v1/traces"

@@ -6,9 +6,20 @@ from __future__ import annotations
 import json
 
 from epd_operator.api.spec import SharedStorage
-from epd_operator.render.transfer import (cache_ttl_seconds, configmap_data, ec_consumer_role, ec_role, ec_transfer_config,
-                                          janitor_args, kv_role, kv_transfer_config, mooncake_consumer_ports,
-                                          mooncake_store_config, tier_transfer, transfer_json)
+from epd_operator.render.transfer import (
+    cache_ttl_seconds,
+    configmap_data,
+    ec_consumer_role,
+    ec_role,
+    ec_transfer_config,
+    janitor_args,
+    kv_role,
+    kv_transfer_config,
+    mooncake_consumer_ports,
+    mooncake_store_config,
+    tier_transfer,
+    transfer_json,
+)
 from tests.support.epd_specs import epd
 
 POD_IP = "$(POD_IP)"

@@ -119,7 +119,7 @@ def read_all(s: socket.socket, wait: float) -> bytes:
     try:
         while chunk := s.recv(65536):
             out += chunk
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         pass
     except ConnectionResetError:
         pass

@@ -181,12 +181,11 @@ async def test_a_decode_closing_mid_reply_is_retried_then_answered():
 
 
 async def test_a_decode_closing_mid_reply_twice_is_a_502():
-    async with scripted_backend([half_reply]) as (decode, seen):
-        async with router_over(decode) as (router, reader, writer):
-            writer.write(post(CHAT, BODY))
-            head, body = await read_response(reader)
-            assert head.startswith(b"HTTP/1.1 502") and "decode failed (read)" in orjson.loads(body)["error"]["message"]
-            assert len(seen) == 2
+    async with scripted_backend([half_reply]) as (decode, seen), router_over(decode) as (router, reader, writer):
+        writer.write(post(CHAT, BODY))
+        head, body = await read_response(reader)
+        assert head.startswith(b"HTTP/1.1 502") and "decode failed (read)" in orjson.loads(body)["error"]["message"]
+        assert len(seen) == 2
 
 
 async def test_a_client_leaving_cancels_its_request():

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 import aiohttp
-import pytest
 import orjson
+import pytest
 import yaml
 from aiohttp import web
 
@@ -119,7 +119,7 @@ class SliceAPI:
         finally:
             self.watchers.remove((selector, queue))
 
-    async def __aenter__(self) -> "SliceAPI":
+    async def __aenter__(self) -> SliceAPI:
         app = web.Application()
         app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self.handle)
         self.runner = web.AppRunner(app, shutdown_timeout=0.5)

@@ -13,8 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epd_operator.router.pickers import (DEFAULT_LOAD_FACTOR, BoundedHashPicker, HashRing, LeastLoadedPicker,
-                                         RoundRobinPicker, load_bound, make_picker, stable_hash)
+from epd_operator.router.pickers import (
+    DEFAULT_LOAD_FACTOR,
+    BoundedHashPicker,
+    HashRing,
+    LeastLoadedPicker,
+    RoundRobinPicker,
+    load_bound,
+    make_picker,
+    stable_hash,
+)
 
 
 @dataclass(eq=False)

@@ -9,11 +9,29 @@ import re
 import orjson
 import pytest
 
-from epd_operator.router.protocol import (PREFILL_KV_REQUEST, BadRequest, EncodedItem, EncoderReplyError, MediaItem,
-                                          encoder_request, error_body, extract_media, flatten_one_level,
-                                          group_for_encoders, item_uuid, match_encoder_reply, media_url, new_id,
-                                          parse_json_object, prefill_request, prompt_prefix, refuse_router_fields,
-                                          rewrite_for_decode, validate_chat, validate_completion)
+from epd_operator.router.protocol import (
+    PREFILL_KV_REQUEST,
+    BadRequest,
+    EncodedItem,
+    EncoderReplyError,
+    MediaItem,
+    encoder_request,
+    error_body,
+    extract_media,
+    flatten_one_level,
+    group_for_encoders,
+    item_uuid,
+    match_encoder_reply,
+    media_url,
+    new_id,
+    parse_json_object,
+    prefill_request,
+    prompt_prefix,
+    refuse_router_fields,
+    rewrite_for_decode,
+    validate_chat,
+    validate_completion,
+)
 
 IMG_A = {"type": "image_url", "image_url": {"url": "https://img/a.png"}}
 SHA_A = "14844c5adfa9c3a0a1b84a5e776808694c8b665672cd089748bfed7ccdc339b0"  # printf '%s' https://img/a.png | sha256sum

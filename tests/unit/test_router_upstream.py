@@ -5,7 +5,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from epd_operator.router.upstream import Upstream, TransportError
+from epd_operator.router.upstream import TransportError, Upstream
 
 JSON_HEADERS = b"Content-Type: application/json\r\nx-request-id: r1\r\n"
 

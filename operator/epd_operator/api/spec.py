@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal, Optional
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
@@ -25,7 +25,7 @@ GROUP: Final = "serving.epd.dev"
 VERSION: Final = "v1alpha1"
 # Spelled out, not an f-string, so that type checkers see the literal the model's apiVersion field takes.
 API_VERSION: Final = "serving.epd.dev/v1alpha1"
-assert API_VERSION == f"{GROUP}/{VERSION}"
+assert f"{GROUP}/{VERSION}" == API_VERSION
 KIND: Final = "EPDDeployment"
 PLURAL = "epddeployments"
 SHORT_NAME = "epd"
@@ -103,7 +103,7 @@ class Strict(BaseModel):
 
 class PVCSource(Strict):
     claimName: str = Field(min_length=1, description="PersistentVolumeClaim holding the model weights.")
-    subPath: Optional[str] = Field(None, description="Directory inside the claim where the model lives.")
+    subPath: str | None = Field(None, description="Directory inside the claim where the model lives.")
 
 
 class ModelSource(Strict):
@@ -117,10 +117,10 @@ class SecretKeyRef(Strict):
 
 class ModelSpec(Strict):
     name: str = Field(min_length=1, description="What `vllm serve` loads: a hub id, or a path when `source` is set.")
-    servedModelName: Optional[str] = Field(None, min_length=1, description="Name clients use in `model` (`--served-model-name`).")
-    source: Optional[ModelSource] = Field(None, description="Where the weights come from; default: hub download.")
-    hfTokenSecret: Optional[SecretKeyRef] = Field(None, description="Secret with a Hugging Face token, exposed as HF_TOKEN.")
-    maxModelLen: Optional[int] = Field(None, ge=1, description="`--max-model-len` for every tier.")
+    servedModelName: str | None = Field(None, min_length=1, description="Name clients use in `model` (`--served-model-name`).")
+    source: ModelSource | None = Field(None, description="Where the weights come from; default: hub download.")
+    hfTokenSecret: SecretKeyRef | None = Field(None, description="Secret with a Hugging Face token, exposed as HF_TOKEN.")
+    maxModelLen: int | None = Field(None, ge=1, description="`--max-model-len` for every tier.")
 
 
 # ----------------------------------------------------------------------------- tiers
@@ -128,8 +128,8 @@ class ModelSpec(Strict):
 
 class EnvVar(Strict):
     name: str = Field(min_length=1, description="Variable name.")
-    value: Optional[str] = Field(None, description="Literal value.")
-    valueFrom: Optional[EnvVarSource] = Field(
+    value: str | None = Field(None, description="Literal value.")
+    valueFrom: EnvVarSource | None = Field(
         None, description="core/v1 EnvVarSource (`secretKeyRef`, `configMapKeyRef`, `fieldRef`, ...).")
 
 
@@ -146,7 +146,7 @@ class Autoscaling(Strict):
         description="autoscaling/v2 MetricSpecs. Empty: 70% average CPU utilisation, which needs the tier to "
                     "request CPU (`resources.requests.cpu`); without one, `metrics` is required.",
     )
-    behavior: Optional[HorizontalPodAutoscalerBehavior] = Field(
+    behavior: HorizontalPodAutoscalerBehavior | None = Field(
         None, description="autoscaling/v2 HorizontalPodAutoscalerBehavior.")
 
 
@@ -154,7 +154,7 @@ class Placement(Strict):
     """Where and how a tier's pods run: fields shared by the vLLM tiers and the router."""
 
     replicas: int = Field(1, ge=0, description="Pod count; ignored while `autoscaling` is set (the HPA owns it).")
-    image: Optional[str] = Field(None, min_length=1, description="Container image; default: `spec.image` (router: the operator image).")
+    image: str | None = Field(None, min_length=1, description="Container image; default: `spec.image` (router: the operator image).")
     resources: Resources = Field(default_factory=Resources, description="Container resources; vLLM tiers on GPUs need `limits: {nvidia.com/gpu: N}` with N = "
                                                                        "tensorParallelSize x pipelineParallelSize x dataParallelSize / nodesPerReplica.")
     extraArgs: list[str] = Field(default_factory=list, description="Appended verbatim to the container's arguments.")
@@ -162,16 +162,16 @@ class Placement(Strict):
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector, e.g. a GPU product label.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
                                                   description="Pod tolerations, e.g. for tainted GPU nodes.")
-    affinity: Optional[Affinity] = Field(None, description="Pod affinity (node, pod, anti-affinity).")
+    affinity: Affinity | None = Field(None, description="Pod affinity (node, pod, anti-affinity).")
     topologySpreadConstraints: list[TopologySpreadConstraint] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS, description="Pod topologySpreadConstraints.")
     podLabels: dict[str, LabelValue] = Field(
         default_factory=dict, description="Extra pod labels (Kueue queues, service meshes); the operator's own "
                                           "labels (`app.kubernetes.io/*`, `serving.epd.dev/role`) are refused.")
     podAnnotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
-    priorityClassName: Optional[str] = Field(None, min_length=1, description="Pod priorityClassName.")
-    runtimeClassName: Optional[str] = Field(None, min_length=1, description="Pod runtimeClassName, e.g. `nvidia`.")
-    schedulerName: Optional[str] = Field(None, min_length=1, description="Pod schedulerName; default: the cluster's.")
+    priorityClassName: str | None = Field(None, min_length=1, description="Pod priorityClassName.")
+    runtimeClassName: str | None = Field(None, min_length=1, description="Pod runtimeClassName, e.g. `nvidia`.")
+    schedulerName: str | None = Field(None, min_length=1, description="Pod schedulerName; default: the cluster's.")
     volumes: list[Volume] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="Extra pod volumes; names the operator uses (" + ", ".join(f"`{v}`" for v in OPERATOR_VOLUMES)
@@ -184,13 +184,13 @@ class Placement(Strict):
     envFrom: list[EnvFromSource] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="Environment from ConfigMaps/Secrets for the main container.")
-    podSecurityContext: Optional[PodSecurityContext] = Field(
+    podSecurityContext: PodSecurityContext | None = Field(
         None, description="Pod securityContext; its fields replace the operator's (`seccompProfile: RuntimeDefault`, "
                           "the router's non-root user) one by one.")
-    securityContext: Optional[SecurityContext] = Field(
+    securityContext: SecurityContext | None = Field(
         None, description="Main container securityContext; its fields replace the operator's one by one "
                           "(`capabilities` as a whole).")
-    autoscaling: Optional[Autoscaling] = Field(None, description="Present: an HPA scales this tier and the operator never writes its replicas.")
+    autoscaling: Autoscaling | None = Field(None, description="Present: an HPA scales this tier and the operator never writes its replicas.")
 
 
 # An encode-only instance allocates no KV cache, so it needs a fraction of the GPU a consumer does
@@ -203,10 +203,10 @@ DEFAULT_DRAIN_SECONDS = 120
 class Tier(Placement):
     tensorParallelSize: int = Field(1, ge=1, description="`--tensor-parallel-size`.")
     pipelineParallelSize: int = Field(1, ge=1, description="`--pipeline-parallel-size`.")
-    gpuMemoryUtilization: Optional[float] = Field(
+    gpuMemoryUtilization: float | None = Field(
         None, gt=0, le=1, description=f"`--gpu-memory-utilization`; default per role: encoder "
                                       f"{ENCODER_GPU_MEMORY_UTILIZATION}, prefill and decode vLLM's own (0.9).")
-    maxNumBatchedTokens: Optional[int] = Field(None, ge=1, description="`--max-num-batched-tokens`; default per role (encoder: 114688).")
+    maxNumBatchedTokens: int | None = Field(None, ge=1, description="`--max-num-batched-tokens`; default per role (encoder: 114688).")
 
     @property
     def ranks_per_pod(self) -> int:
@@ -245,20 +245,20 @@ class EncoderCudaGraphs(Strict):
     tokenBudgets: list[int] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
                                     description="`encoder_cudagraph_token_budgets`: the encoder-token counts graphs are "
                                                 "captured for; empty: vLLM's own choice.")
-    maxVisionItemsPerBatch: Optional[int] = Field(None, ge=0, description="`encoder_cudagraph_max_vision_items_per_batch` "
+    maxVisionItemsPerBatch: int | None = Field(None, ge=0, description="`encoder_cudagraph_max_vision_items_per_batch` "
                                                                           "(0: automatic).")
-    maxFramesPerBatch: Optional[int] = Field(None, ge=1, description="`encoder_cudagraph_max_frames_per_batch` (video).")
+    maxFramesPerBatch: int | None = Field(None, ge=1, description="`encoder_cudagraph_max_frames_per_batch` (video).")
 
 
 class EncoderTier(Tier):
-    cudaGraphs: Optional[EncoderCudaGraphs] = Field(
+    cudaGraphs: EncoderCudaGraphs | None = Field(
         None, description="Capture encoder CUDA graphs (`--compilation-config` with `cudagraph_mm_encoder`); absent: vLLM's "
                           "default for encoders (no encoder graphs).")
     preprocessing: Literal["cpu", "gpu"] = Field(
         "cpu", description="Where HF media preprocessing runs: `gpu` passes tensors through shared memory "
                            "(`--mm-tensor-ipc torch_shm`) so vLLM preprocesses on the encoder's GPU (`--mm-processor-device "
                            "auto`, only allowed on an encode-only instance).")
-    mmEncoderTPMode: Optional[Literal["weights", "data"]] = Field(
+    mmEncoderTPMode: Literal["weights", "data"] | None = Field(
         None, description="`--mm-encoder-tp-mode`: shard the vision encoder's weights across TP ranks (`weights`, vLLM's "
                           "default) or run a full copy per rank on a share of the items (`data`).")
 
@@ -269,15 +269,15 @@ class EncoderTier(Tier):
 class SharedStorage(Strict):
     claimName: str = Field(min_length=1, description="ReadWriteMany PVC mounted by the encoder and every consumer.")
     path: str = Field("/ec-cache", pattern=r"^/.*", max_length=4096, description="Mount path; the connector's `shared_storage_path`.")
-    maxSize: Optional[Quantity] = Field(
+    maxSize: Quantity | None = Field(
         None, description="Size bound for the cache janitor: while the cache is larger, it deletes the oldest entries "
                           "older than `ttlSeconds` (never younger ones). Absent: entries go when older than `ttlSeconds`.")
-    ttlSeconds: Optional[int] = Field(
+    ttlSeconds: int | None = Field(
         600, ge=1, description="Guaranteed minimum lifetime of a cached embedding (age counts from its last write): "
                                "no entry younger is deleted. Without `maxSize`, older entries are deleted.")
 
 
-def _master_resources() -> "Resources":
+def _master_resources() -> Resources:
     return Resources(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "2Gi"})
 
 
@@ -291,8 +291,8 @@ class MooncakeMaster(Strict):
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
                                                   description="Pod tolerations.")
-    affinity: Optional[Affinity] = Field(None, description="Pod affinity.")
-    priorityClassName: Optional[str] = Field(None, min_length=1, description="Pod priorityClassName.")
+    affinity: Affinity | None = Field(None, description="Pod affinity.")
+    priorityClassName: str | None = Field(None, min_length=1, description="Pod priorityClassName.")
 
 
 class Mooncake(Strict):
@@ -313,9 +313,9 @@ class CPUConnector(Strict):
 class ECTransfer(Strict):
     connector: Literal["SharedStorage", "Mooncake", "CPU"] = Field(
         description="SharedStorage = ECExampleConnector, Mooncake = ECMooncakeConnector, CPU = ECCPUConnector.")
-    sharedStorage: Optional[SharedStorage] = Field(None, description="SharedStorage settings; required with that connector.")
-    mooncake: Optional[Mooncake] = Field(None, description="Mooncake settings; optional with that connector (defaults apply).")
-    cpu: Optional[CPUConnector] = Field(None, description="CPU connector settings; required with that connector.")
+    sharedStorage: SharedStorage | None = Field(None, description="SharedStorage settings; required with that connector.")
+    mooncake: Mooncake | None = Field(None, description="Mooncake settings; optional with that connector (defaults apply).")
+    cpu: CPUConnector | None = Field(None, description="CPU connector settings; required with that connector.")
 
 
 class Nixl(Strict):
@@ -323,7 +323,7 @@ class Nixl(Strict):
     ucxNetDevices: str = Field("all", min_length=1, description="`UCX_NET_DEVICES`.")
     sideChannelPort: int = Field(5600, ge=1024, le=65535, description="`VLLM_NIXL_SIDE_CHANNEL_PORT`; data-parallel "
                                  "rank d listens on sideChannelPort + d (all declared on the pod).")
-    bufferDevice: Optional[Literal["cuda", "cpu"]] = Field(None, description="`kv_buffer_device`; default: the platform's.")
+    bufferDevice: Literal["cuda", "cpu"] | None = Field(None, description="`kv_buffer_device`; default: the platform's.")
 
 
 class KVTransfer(Strict):
@@ -340,7 +340,7 @@ class RouterService(Strict):
     annotations: dict[str, str] = Field(default_factory=dict, description="Service annotations, e.g. for a cloud load balancer.")
 
 
-def _router_resources() -> "Resources":
+def _router_resources() -> Resources:
     return Resources(requests={"cpu": "500m", "memory": "256Mi"}, limits={"memory": "1Gi"})
 
 
@@ -358,9 +358,9 @@ class RouterTrust(Strict):
 
 class GatewayParent(Strict):
     name: str = Field(min_length=1, max_length=253, description="The Gateway's name.")
-    namespace: Optional[str] = Field(None, min_length=1, max_length=63,
+    namespace: str | None = Field(None, min_length=1, max_length=63,
                                      description="The Gateway's namespace; default: the EPDDeployment's.")
-    sectionName: Optional[str] = Field(None, min_length=1, max_length=253,
+    sectionName: str | None = Field(None, min_length=1, max_length=253,
                                        description="A listener of that Gateway (e.g. `https`); default: every listener.")
 
 
@@ -389,7 +389,7 @@ class Router(Placement):
     pdPolicy: Literal["least-loaded", "prefix-aware", "round-robin"] = Field(
         "least-loaded", description="Which prefill/decode instance gets a request: `prefix-aware` hashes the prompt's "
                                     "prefix for KV prefix-cache hits (bounded load), `least-loaded` picks the fewest in-flight.")
-    gateway: Optional[RouterGateway] = Field(None, description="Also expose the router through a Gateway API "
+    gateway: RouterGateway | None = Field(None, description="Also expose the router through a Gateway API "
                                              "HTTPRoute (needs the Gateway API CRDs in the cluster).")
     trust: RouterTrust = Field(default_factory=RouterTrust, description="What the router may take from clients "
                                "(all off by default; see the README's router trust model).")
@@ -417,12 +417,12 @@ class EPDDeploymentSpec(Strict):
     image: str = Field(DEFAULT_VLLM_IMAGE, min_length=1, description="Default image for every vLLM tier.")
     imagePullSecrets: list[str] = Field(default_factory=list, description="Secret names for pulling images.")
     encoder: EncoderTier = Field(description="The encoder tier (`--mm-encoder-only`, EC producer).")
-    prefill: Optional[ConsumerTier] = Field(None, description="Present: E/P/D (prefill hands KV to decode); absent: E+PD.")
+    prefill: ConsumerTier | None = Field(None, description="Present: E/P/D (prefill hands KV to decode); absent: E+PD.")
     decode: ConsumerTier = Field(description="Decode tier: the combined PD tier in E+PD, D in E/P/D.")
     ecTransfer: ECTransfer = Field(description="How the encoder's embeddings reach the prefill/decode tiers (the EC connector).")
-    kvTransfer: Optional[KVTransfer] = Field(None, description="P->D KV transfer; E/P/D only (default there: Nixl).")
+    kvTransfer: KVTransfer | None = Field(None, description="P->D KV transfer; E/P/D only (default there: Nixl).")
     router: Router = Field(default_factory=Router, description="The EPD router (endpoint picker) in front of the tiers.")
-    tracing: Optional[Tracing] = Field(None, description="OpenTelemetry traces from the router and every vLLM tier; absent: off.")
+    tracing: Tracing | None = Field(None, description="OpenTelemetry traces from the router and every vLLM tier; absent: off.")
     drainSeconds: int = Field(
         DEFAULT_DRAIN_SECONDS, ge=0, le=3600,
         description="How long a vLLM pod that is being replaced or scaled down keeps finishing its in-flight requests "
@@ -438,11 +438,11 @@ class ObjectMeta(BaseModel):
     # Server-populated metadata passes through; only what the operator reads is typed.
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1)
-    namespace: Optional[str] = None
+    namespace: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-    uid: Optional[str] = None
-    generation: Optional[int] = None
+    uid: str | None = None
+    generation: int | None = None
 
 
 class EPDDeployment(Strict):
@@ -450,7 +450,7 @@ class EPDDeployment(Strict):
     kind: Literal["EPDDeployment"] = KIND
     metadata: ObjectMeta
     spec: EPDDeploymentSpec
-    status: Optional[KubeObject] = None
+    status: KubeObject | None = None
 
     @property
     def name(self) -> str:

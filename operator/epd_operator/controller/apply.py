@@ -163,7 +163,7 @@ def needs_replicas_handover(desired: dict[str, Any], live: dict[str, Any] | None
     removes the field if we were its only manager, and the Deployment falls back to 1 replica
     until the HPA reacts. So before that apply, a second manager applies the live value (the
     documented "transfer ownership to the HPA" recipe); the HPA's own writes take it from there."""
-    return (live is not None and desired["kind"] == "Deployment"
+    return (live is not None and desired["kind"] in ("Deployment", "LeaderWorkerSet")
             and "replicas" not in desired.get("spec", {})
             and "replicas" in live.get("spec", {})
             and manages_replicas(live))

@@ -19,7 +19,7 @@ MAX_MESSAGE = 1024  # the API server refuses longer event messages
 
 
 def utcnow() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def event_for(obj: dict[str, Any], type_: str, reason: str, message: str, *, instance: str, now: str) -> dict[str, Any]:

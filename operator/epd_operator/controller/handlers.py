@@ -5,20 +5,36 @@ persist their progress and a diff-base in annotations of the EPDDeployment, i.e.
 on every change and again on every operator restart; its timers and daemons add a finalizer. The
 reconciler is level-triggered and keeps its bookkeeping in memory, so a restart causes no writes
 and deletion needs no finalizer (owner references collect the children).
+
+The events also fill the reconciler's cache (controller/cache.py), which is all a pass reads. For
+that, every kind a pass reads is watched: each child kind, and the tiers' pods. Each also has a
+`@kopf.index` handler, for kopf's guarantee that no other handler runs before every indexed kind's
+initial listing is in: the first pass after a start, queued by an EPDDeployment's first event,
+already sees all its children, instead of planning to create what exists.
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 
 from ..api.spec import GROUP, PLURAL, VERSION
 from .apply import MANAGED_BY, MANAGED_BY_LABEL
-from ..kube import Kube, connection_info
+from ..kube import CHILD_RESOURCES, POD, Kube, Resource, connection_info
 from .reconciler import Reconciler
 
-CHILDREN_WATCHED = (("apps", "v1", "deployments"), ("autoscaling", "v2", "horizontalpodautoscalers"))
+
+def _selector(resource: Resource) -> tuple[str, str, str]:
+    group, _, version = resource.api_version.rpartition("/")
+    return group, version, resource.plural
+
+
+# Every child kind (HTTPRoute included: kopf serves it where its CRD exists when the operator starts,
+# and skips it with a warning elsewhere; routes created later are known from our own writes).
+CHILDREN_WATCHED = tuple(_selector(r) for r in CHILD_RESOURCES.values())
+PODS_WATCHED = _selector(POD)
 
 
 def build_registry(reconciler: Reconciler, kube: Kube) -> kopf.OperatorRegistry:
@@ -34,13 +50,26 @@ def build_registry(reconciler: Reconciler, kube: Kube) -> kopf.OperatorRegistry:
     async def epd_changed(event: dict[str, Any], **_: Any) -> None:
         reconciler.epd_event(event.get("type"), event["object"])
 
-    for group, version, plural in CHILDREN_WATCHED:
-        @kopf.on.event(group, version, plural, labels={MANAGED_BY_LABEL: MANAGED_BY}, id=f"{plural}-changed",
-                       registry=registry)
-        async def child_changed(event: dict[str, Any], **_: Any) -> None:
-            reconciler.child_event(event.get("type"), event["object"])
-
+    for selector in CHILDREN_WATCHED:
+        _watch(registry, reconciler, selector, reconciler.child_event)
+    _watch(registry, reconciler, PODS_WATCHED, reconciler.pod_event)
     return registry
+
+
+def _watch(registry: kopf.OperatorRegistry, reconciler: Reconciler, selector: tuple[str, str, str],
+           on_event: Callable[[str | None, dict[str, Any]], None]) -> None:
+    labels = {MANAGED_BY_LABEL: MANAGED_BY}
+    plural = selector[2]
+
+    @kopf.index(*selector, labels=labels, id=f"{plural}-cached", registry=registry)
+    def cached(body: kopf.Body, **_: Any) -> None:
+        # Returns nothing, so kopf keeps no index of its own: the cache holds the objects. Deletions
+        # reach it through the event handler.
+        reconciler.cache.record(dict(body))
+
+    @kopf.on.event(*selector, labels=labels, id=f"{plural}-changed", registry=registry)
+    async def changed(event: dict[str, Any], **_: Any) -> None:
+        on_event(event.get("type"), event["object"])
 
 
 def build_settings() -> kopf.OperatorSettings:
@@ -62,8 +91,8 @@ def build_settings() -> kopf.OperatorSettings:
     settings.watching.client_timeout = 330
     # Children are filtered by the API server, not in kopf: the operator then never receives (nor
     # caches) the cluster's other Deployments and HPAs.
-    for group, _version, plural in CHILDREN_WATCHED:
-        settings.watching.label_selectors[group, plural] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+    for selector in (*CHILDREN_WATCHED, PODS_WATCHED):
+        settings.watching.label_selectors[selector] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     settings.networking.request_timeout = 60
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # per-event chatter
     return settings

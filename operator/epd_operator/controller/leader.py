@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def _micro_time() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclasses.dataclass
@@ -118,7 +118,7 @@ class LeaseElector:
                               self._observed[0] if self._observed else "?")
                     self.is_leader = False
                     return
-                except (*REQUEST_ERRORS, asyncio.TimeoutError) as exc:
+                except (TimeoutError, *REQUEST_ERRORS) as exc:
                     log.warning("could not renew the Lease: %s", str(exc) or type(exc).__name__)
                 if time.monotonic() >= deadline:
                     log.error("leadership lost: the Lease was not renewed within %.1fs", self.renew_deadline)

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from .. import __version__
 from ..api.spec import DEFAULT_ROUTER_IMAGE
-from ..kube import CredentialSource, CredentialsError, Kube, load_credentials
+from ..kube import CredentialsError, CredentialSource, Kube, load_credentials
 from .handlers import build_registry, build_settings
 from .leader import LeaseElector
 from .metrics import CONTENT_TYPE, Metrics

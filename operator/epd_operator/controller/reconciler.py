@@ -1,8 +1,8 @@
 """One reconcile pass over one EPDDeployment, and the workers that run passes from the queue.
 
-Level-triggered: a pass reads the EPDDeployment and its children fresh, decides from what it sees
-(never from the event that woke it), and writes only differences. Watch events, the resync timer
-and a restart all just queue keys:
+Level-triggered: a pass reads the EPDDeployment and its children as last seen by the watches (the
+cache, controller/cache.py: no API reads), decides from what it sees (never from the event that woke
+it), and writes only differences. Watch events, the resync timer and a restart all just queue keys:
 
 - an EPDDeployment whose generation we have not reconciled yet (create, spec update, first sight
   after a start) -> a FULL pass: validate, render, apply what drifted, prune, refresh status;
@@ -25,20 +25,20 @@ from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND
 from ..api.status import EPDDeploymentStatus
 from ..api.validation import FieldError, SpecError, parse_epd
 from ..render import render
+from ..render.generation import compatibility_generation
 from . import apply, status as status_rules
+from .cache import Cache
 from .events import post_event, utcnow
-from ..kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube
+from ..kube import CHILD_RESOURCES, EPD, REQUEST_ERRORS, Kube
 from .metrics import Metrics
 from .workqueue import FULL, STATUS, WorkQueue
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
-DEPLOYMENT, HPA = CHILD_RESOURCES["Deployment"], CHILD_RESOURCES["HorizontalPodAutoscaler"]
-
-
-def child_selector(name: str) -> dict[str, str]:
-    return {apply.INSTANCE_LABEL: name, apply.MANAGED_BY_LABEL: apply.MANAGED_BY}
+# A tier's workload: a Deployment, or a LeaderWorkerSet for a multi-node tier.
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+STATUS_KINDS = (*WORKLOAD_KINDS, "HorizontalPodAutoscaler")  # what a status pass reports on
 
 
 def router_endpoint(objects: list[dict[str, Any]], epd_name: str) -> str | None:
@@ -59,7 +59,7 @@ def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> di
     tiers = {}
     for obj in source:
         role = obj["metadata"].get("labels", {}).get(apply.ROLE_LABEL)
-        if obj["kind"] != "Deployment" or role not in status_rules.TIERS:
+        if obj["kind"] not in WORKLOAD_KINDS or role not in status_rules.TIERS:
             continue
         name = obj["metadata"]["name"]
         hpa = live_by_key.get(("HorizontalPodAutoscaler", name))
@@ -67,7 +67,7 @@ def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> di
         if planned is None:
             planned = next((o["spec"].get("minReplicas", 1) for o in objects
                             if apply.key_of(o) == ("HorizontalPodAutoscaler", name)), 1)
-        tiers[role] = status_rules.TierInput(live_by_key.get(("Deployment", name)), hpa, planned)
+        tiers[role] = status_rules.TierInput(live_by_key.get((obj["kind"], name)), hpa, planned)
     return tiers
 
 
@@ -81,6 +81,7 @@ class Reconciler:
         self.resync_seconds = resync_seconds
         self.workers = workers
         self.queue = WorkQueue()
+        self.cache = Cache()
         self.known: dict[Key, str] = {}  # key -> uid of every EPDDeployment seen and not deleted
         self._reconciled: dict[Key, tuple[str, int | None]] = {}  # key -> (uid, generation) last fully reconciled
         self._last_error: dict[Key, str] = {}
@@ -90,6 +91,7 @@ class Reconciler:
     def epd_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
+        self.cache.observe(event_type, body)
         if event_type == "DELETED":
             # Children go with the owner references; nothing to clean up here.
             self.metrics.forget(*key)
@@ -105,11 +107,22 @@ class Reconciler:
     def child_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A watched child changed: refresh the status. A deleted child is restored at once (a full
         pass), since nothing else would bring a tier back before the next resync."""
+        self.cache.observe(event_type, body)
         meta = body["metadata"]
         instance = meta.get("labels", {}).get(apply.INSTANCE_LABEL)
         owned = any(ref.get("kind") == KIND and ref.get("name") == instance for ref in meta.get("ownerReferences") or [])
         if owned and (meta["namespace"], instance) in self.known:
             self.queue.add((meta["namespace"], instance), FULL if event_type == "DELETED" else STATUS)
+
+    def pod_event(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A tier's pod changed: cached for the unready tiers' explanation (e.g. the scheduler's
+        reason), and the status refreshed, since the Deployment may not change when a pod turns
+        unschedulable."""
+        self.cache.observe(event_type, body)
+        meta = body["metadata"]
+        key = (meta["namespace"], meta.get("labels", {}).get(apply.INSTANCE_LABEL, ""))
+        if key in self._reconciled:  # before its first full pass there is no status to refresh
+            self.queue.add(key, STATUS)
 
     # ---------------------------------------------------------------- running
 
@@ -161,10 +174,7 @@ class Reconciler:
         if self._last_error.get(key) == message:
             return  # one Event per distinct failure, not one per retry
         self._last_error[key] = message
-        try:
-            body = await self.kube.get(EPD, *key)
-        except REQUEST_ERRORS:
-            return  # the API is unreachable; the log has it, an Event could not be posted either
+        body = self.cache.get(KIND, *key)
         if body is not None:
             await post_event(self.kube, body, "Warning", "ReconcileFailed", message, instance=self.identity)
 
@@ -172,7 +182,7 @@ class Reconciler:
 
     async def reconcile(self, key: Key, *, full: bool) -> str:
         """One pass; returns the result label for metrics (success | invalid | gone)."""
-        body = await self.kube.get(EPD, *key)
+        body = self.cache.get(KIND, *key)
         if body is None:
             self.known.pop(key, None)
             self.metrics.forget(*key)
@@ -192,14 +202,14 @@ class Reconciler:
         if full and errors is None:
             owner = apply.owner_reference(body)
             desired = [apply.adopt(obj, owner) for obj in objects]
-            live = await self._children(namespace, name, list(CHILD_RESOURCES.values()))
+            live = self.cache.owned(namespace, name, CHILD_RESOURCES)
             todo = apply.plan(desired, live, meta["uid"])
             if todo:
                 refused = await apply.refused_by_server(self.kube, todo)
                 if not refused:
                     live = await self._converge(body, todo, live)
         else:
-            live = await self._children(namespace, name, [DEPLOYMENT, HPA])
+            live = self.cache.owned(namespace, name, STATUS_KINDS)
 
         previous = status_rules.parse_status(body.get("status"))
         # A status pass reports on the children but has not acted on a newer generation.
@@ -212,32 +222,32 @@ class Reconciler:
             # A status pass does not dry-run: a refusal of this generation still stands.
             refused = status_rules.standing_refusal(previous, meta.get("generation"))
         tiers = tier_inputs(objects, live)
-        await self._explain_unready(namespace, tiers)
+        self._explain_unready(namespace, name, tiers)
+        generations = status_rules.generations(self.cache.pods(namespace, name, {}),
+                                               compatibility_generation(epd) if errors is None else None)
         new = status_rules.derive_status(
             tiers=tiers, topology=topology, endpoint=endpoint, observed_generation=observed,
-            spec_errors=errors, previous=previous, now=utcnow(), refused=refused)
+            spec_errors=errors, previous=previous, now=utcnow(), refused=refused, generations=generations)
         await self._publish(body, previous, new)
         self.metrics.set_phase(namespace, name, new.phase)
+        self.metrics.set_generations(namespace, name, {g.name: {tier: g.readyPods.get(tier, 0) for tier in g.pods}
+                                                       for g in generations})
         if full:
             self._reconciled[key] = (meta["uid"], meta.get("generation"))
         return "invalid" if errors else "success"
 
-    async def _explain_unready(self, namespace: str, tiers: dict[str, status_rules.TierInput]) -> None:
-        """For tiers short of ready pods, the scheduler's reason for any pod it cannot place (one
-        pod LIST per such tier; none at all when every tier is ready)."""
+    def _explain_unready(self, namespace: str, name: str, tiers: dict[str, status_rules.TierInput]) -> None:
+        """For tiers short of ready pods, the scheduler's reason for any pod it cannot place."""
         for role, tier in list(tiers.items()):
             dep = tier.deployment
             if dep is None or (dep.get("status") or {}).get("readyReplicas", 0) >= dep["spec"].get("replicas", 1):
                 continue
-            selector = dep["spec"].get("selector", {}).get("matchLabels") or {}
-            pods = await self.kube.list(POD, namespace, labels=selector)
+            # A LeaderWorkerSet has no selector of its own: its pods (leaders and workers) carry the tier's role.
+            selector = dep["spec"].get("selector", {}).get("matchLabels") or {apply.ROLE_LABEL: role}
+            pods = self.cache.pods(namespace, name, selector)
             reason = status_rules.unschedulable_reason(pods)
             if reason:
                 tiers[role] = dataclasses.replace(tier, unschedulable=reason)
-
-    async def _children(self, namespace: str, name: str, resources: list[Any]) -> list[dict[str, Any]]:
-        lists = await asyncio.gather(*(self.kube.list(r, namespace, labels=child_selector(name)) for r in resources))
-        return [obj for items in lists for obj in items]
 
     async def _converge(self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
         meta = body["metadata"]
@@ -248,6 +258,11 @@ class Reconciler:
         for obj in todo.prunes:
             log.info("%s/%s: pruning %s %s", meta["namespace"], meta["name"], obj["kind"], obj["metadata"]["name"])
         touched = await apply.execute(self.kube, todo)
+        for obj in todo.prunes:
+            self.cache.forget(obj)
+        for obj in touched.values():
+            if obj is not None:
+                self.cache.record(obj)  # the next pass may run before the watch event arrives
         applied = [s.describe() for s in todo.applies]
         if applied:
             await post_event(self.kube, body, "Normal", "Applied", "; ".join(applied), instance=self.identity)
@@ -269,6 +284,7 @@ class Reconciler:
         if previous is not None and status_rules.status_document(previous) == document:
             return  # steady state: nothing changed, nothing written
         meta = body["metadata"]
-        await self.kube.patch_status(EPD, meta["namespace"], meta["name"], document)
+        # Recorded, so a pass before the watch event compares with what it just wrote.
+        self.cache.record(await self.kube.patch_status(EPD, meta["namespace"], meta["name"], document))
         for t in status_rules.transitions(previous, new):
             await post_event(self.kube, body, t.type, t.reason, t.message, instance=self.identity)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..api.labels import GENERATION_LABEL, ROLE_LABEL
 from ..api.status import (
     INVALID_SPEC,
     REFUSED_BY_API_SERVER,
@@ -25,7 +26,6 @@ from ..api.status import (
     Tiers,
     TierStatus,
 )
-from ..api.labels import GENERATION_LABEL, ROLE_LABEL
 from ..api.validation import FieldError
 
 TIERS = ("encoder", "prefill", "decode", "router")

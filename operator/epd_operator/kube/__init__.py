@@ -11,9 +11,9 @@ from .credentials import (
     SERVICE_ACCOUNT_DIR,
     SERVICE_ACCOUNT_NAMESPACE,
     SERVICE_ACCOUNT_TOKEN,
-    CredentialSource,
     Credentials,
     CredentialsError,
+    CredentialSource,
     connection_info,
     load_credentials,
 )

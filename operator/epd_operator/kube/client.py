@@ -17,7 +17,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.dynamic import DynamicClient
 
-from .credentials import CredentialSource, Credentials, CredentialsError, load_credentials
+from .credentials import Credentials, CredentialsError, CredentialSource, load_credentials
 from .resources import Resource, resource_of
 
 log = logging.getLogger(__name__)

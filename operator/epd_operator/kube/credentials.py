@@ -10,8 +10,8 @@ from a file keeps its trailing newline (an invalid header) where kubectl trims i
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import datetime
+import inspect
 import logging
 import os
 import time

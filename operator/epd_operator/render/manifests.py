@@ -309,7 +309,7 @@ def vllm_termination_grace_seconds(spec: EPDDeploymentSpec) -> int:
 
 def _vllm_volumes(epd: EPDDeployment, role: str, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:
     tier = tier_of(epd, role)
-    shm = SHM_PER_TP_RANK * tier.tensorParallelSize + transfer.shm_bytes
+    shm = SHM_PER_TP_RANK * tier.ranks_per_pod + transfer.shm_bytes
     volumes: list[JSON] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _bytes_quantity(shm)}}]
     mounts: list[JSON] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     source = epd.spec.model.source

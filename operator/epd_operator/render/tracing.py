@@ -11,8 +11,6 @@ from __future__ import annotations
 from ..api.spec import EPDDeployment, EPDDeploymentSpec
 
 
-
-
 def vllm_tracing_args(spec: EPDDeploymentSpec) -> list[str]:
     return ["--otlp-traces-endpoint", spec.tracing.otlpEndpoint] if spec.tracing is not None else []
 

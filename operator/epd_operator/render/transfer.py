@@ -195,7 +195,7 @@ def tier_transfer(epd: EPDDeployment, role: str) -> TierTransfer:
     kv = kv_transfer_config(spec, role)
     if kv is not None:
         out.args += ["--kv-transfer-config", transfer_json(kv)]
-        _add_nixl(spec, out)
+        _add_nixl(spec, out, data_parallel_size(epd, role))
     return out
 
 
@@ -237,12 +237,22 @@ def _add_mooncake(epd: EPDDeployment, role: str, producer: bool, out: TierTransf
             out.mounts.append({"name": "mooncake-store", "mountPath": MOONCAKE_STORE_DIR, "readOnly": True})
             out.configmap_keys.append(MOONCAKE_STORE_KEY)
     else:
-        # One control port per TP rank: ec_port + rank (DP is not used, so no DP offset).
-        tp = tier_of(epd, role).tensorParallelSize
-        out.ports += [container_port(f"mooncake-{rank}", mooncake.ecPort + rank) for rank in range(tp)]
+        out.ports += [container_port(f"mooncake-{i}", port) for i, port in enumerate(mooncake_consumer_ports(epd, role))]
 
 
-def _add_nixl(spec: EPDDeploymentSpec, out: TierTransfer) -> None:
+def data_parallel_size(epd: EPDDeployment, role: str) -> int:
+    return getattr(tier_of(epd, role), "dataParallelSize", 1)
+
+
+def mooncake_consumer_ports(epd: EPDDeployment, role: str) -> list[int]:
+    """The control ports of a Mooncake EC consumer pod: DP rank d, TP rank r listens on ec_port + d*TP + r
+    (vLLM 0.32 mooncake/config.py), so rank d's first port is the address the router hands the encoder."""
+    mooncake = epd.spec.ecTransfer.mooncake or Mooncake()
+    tp = tier_of(epd, role).tensorParallelSize
+    return [mooncake.ecPort + rank for rank in range(data_parallel_size(epd, role) * tp)]
+
+
+def _add_nixl(spec: EPDDeploymentSpec, out: TierTransfer, dp: int) -> None:
     kv = kv_transfer(spec)
     assert kv is not None
     nixl = kv.nixl
@@ -252,5 +262,6 @@ def _add_nixl(spec: EPDDeploymentSpec, out: TierTransfer) -> None:
         env_value("UCX_TLS", nixl.ucxTls),
         env_value("UCX_NET_DEVICES", nixl.ucxNetDevices),
     ]
-    out.ports.append(container_port("nixl", nixl.sideChannelPort))
+    # Each DP engine's side channel listens on the base port plus its DP index.
+    out.ports += [container_port("nixl" if d == 0 else f"nixl-{d}", nixl.sideChannelPort + d) for d in range(dp)]
 

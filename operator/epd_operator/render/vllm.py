@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from ..api.spec import ENCODER_GPU_MEMORY_UTILIZATION, VLLM_PORT, EPDDeployment, EPDDeploymentSpec, EncoderTier, Tier
+from ..api.spec import (ENCODER_GPU_MEMORY_UTILIZATION, MULTI_NODE_MASTER_PORT, VLLM_PORT, ConsumerTier, EPDDeployment,
+                        EPDDeploymentSpec, EncoderTier, Tier)
 from .naming import DECODE, ENCODER, PREFILL, tier_of
 from .tracing import vllm_tracing_args
 from .transfer import TierTransfer, tier_transfer
@@ -19,6 +20,11 @@ MODELS_DIR = "/models"
 # The encoder's budget really comes from its encoder-cache manager; the batched-token cap must only
 # be large enough never to bind (vLLM's EPD examples use this value).
 ENCODER_MAX_NUM_BATCHED_TOKENS = 114688
+# The two kinds of pod of a multi-node replica, and what LeaderWorkerSet's pod webhook puts in the
+# environment of every container of a group (sigs.k8s.io/lws api/leaderworkerset/v1).
+LEADER, WORKER = "leader", "worker"
+LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
 
 
 def model_path(spec: EPDDeploymentSpec) -> str:
@@ -39,6 +45,8 @@ def _common_args(spec: EPDDeploymentSpec, tier: Tier, gpu_memory_utilization: Op
     if spec.model.servedModelName:
         args += ["--served-model-name", spec.model.servedModelName]
     args += ["--tensor-parallel-size", str(tier.tensorParallelSize)]
+    if tier.pipelineParallelSize > 1:
+        args += ["--pipeline-parallel-size", str(tier.pipelineParallelSize)]
     if spec.model.maxModelLen:
         args += ["--max-model-len", str(spec.model.maxModelLen)]
     memory = tier.gpuMemoryUtilization if tier.gpuMemoryUtilization is not None else gpu_memory_utilization
@@ -88,29 +96,58 @@ def encoder_performance_args(tier: EncoderTier) -> list[str]:
     return args
 
 
-def consumer_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None) -> list[str]:
+def parallel_args(tier: ConsumerTier, node: Optional[str] = LEADER) -> list[str]:
+    """Data/expert parallelism and, for a multi-node replica, this pod's place in it.
+
+    DP ranks run as engines inside one pod behind its API server (vLLM's internal load balancing;
+    the router pins each request to a rank with `X-data-parallel-rank`). A multi-node replica is a
+    LeaderWorkerSet group: `node` is `leader` (rank 0, the API server) or `worker` (headless, its
+    rank the LWS worker index); both meet at the leader's address, which LWS gives every pod.
+    """
+    args: list[str] = []
+    if tier.dataParallelSize > 1:
+        args += ["--data-parallel-size", str(tier.dataParallelSize)]
+    if tier.expertParallel:
+        args.append("--enable-expert-parallel")
+    if tier.nodesPerReplica > 1:
+        if node not in (LEADER, WORKER):
+            raise ValueError(f"a node of a multi-node replica is {LEADER!r} or {WORKER!r}, not {node!r}")
+        # The multiprocessing executor is the one vLLM spans nodes with given --nnodes (Ray needs a cluster).
+        args += ["--distributed-executor-backend", "mp", "--nnodes", str(tier.nodesPerReplica),
+                 "--node-rank", "0" if node == LEADER else f"$({LWS_WORKER_INDEX_ENV})",
+                 "--master-addr", f"$({LWS_LEADER_ADDRESS_ENV})", "--master-port", str(MULTI_NODE_MASTER_PORT)]
+        if node == WORKER:
+            args.append("--headless")
+    return args
+
+
+def consumer_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None,
+                  node: Optional[str] = None) -> list[str]:
     """PD (E+PD), P and D (E/P/D): they take metadata-only `*_embeds` parts from the router.
 
     The EC and KV roles (and so the transfer flags) come from the topology: see `transfer`.
     """
     spec = epd.spec
     tier = tier_of(epd, role)
+    assert isinstance(tier, ConsumerTier)
     transfer = transfer or tier_transfer(epd, role)
     return (_common_args(spec, tier)
+            + parallel_args(tier, node or LEADER)
             + ["--enable-mm-embeds"]
             + _max_num_batched_tokens(tier, None)
             + transfer.args + tier.extraArgs)
 
 
-def serve_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None) -> list[str]:
-    """The container `args` of a vLLM tier (what follows `vllm serve`)."""
+def serve_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None,
+               node: Optional[str] = None) -> list[str]:
+    """The container `args` of a vLLM tier (what follows `vllm serve`); `node` only for a multi-node tier."""
     if role == ENCODER:
         return encoder_args(epd, transfer)
     if role in (PREFILL, DECODE):
-        return consumer_args(epd, role, transfer)
+        return consumer_args(epd, role, transfer, node)
     raise ValueError(f"{role!r} is not a vLLM tier")
 
 
-def serve_command(epd: EPDDeployment, role: str) -> list[str]:
+def serve_command(epd: EPDDeployment, role: str, node: Optional[str] = None) -> list[str]:
     """The full argv, `vllm serve <model> ...`, as the container runs it."""
-    return SERVE_COMMAND + serve_args(epd, role)
+    return SERVE_COMMAND + serve_args(epd, role, node=node)

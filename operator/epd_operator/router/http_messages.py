@@ -37,7 +37,7 @@ class BodyTooLarge(Exception):
 class HttpRequest:
     __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "http10", "_conn")
 
-    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes | None, conn: "HttpConnection",
+    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes | None, conn: HttpConnection,
                  keep_alive: bool = True, http10: bool = False) -> None:
         self.method = method
         self.path = path

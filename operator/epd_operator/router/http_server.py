@@ -303,7 +303,7 @@ class HttpConnection(asyncio.Protocol):
         if not self.closed:
             self.transport.write(data)
 
-    def _start(self, item: "HttpRequest | Response") -> None:
+    def _start(self, item: HttpRequest | Response) -> None:
         if isinstance(item, Response):  # a refusal queued behind earlier replies
             self._write_response(item, False, False)
             self._close()

@@ -52,8 +52,10 @@ class Router:
         self.metrics = metrics or RouterMetrics()
         m = self.metrics
         self.encoders = Pool("encoder", m, config.eject_after)
-        self.prefills = Pool("prefill", m, config.eject_after) if config.disaggregated_prefill else None
-        self.decodes = Pool("decode", m, config.eject_after)
+        stride = config.ec_consumer_tp_size
+        self.prefills = (Pool("prefill", m, config.eject_after, config.prefill_dp_size, stride)
+                         if config.disaggregated_prefill else None)
+        self.decodes = Pool("decode", m, config.eject_after, config.decode_dp_size, stride)
         self.pools = [p for p in (self.encoders, self.prefills, self.decodes) if p is not None]
         self.encoder_picker = make_picker(config.encoder_policy, config.load_factor)
         self.pd_picker = make_picker(config.pd_policy, config.load_factor)

@@ -35,7 +35,7 @@ MISSING = ("--otlp-traces-endpoint needs the OpenTelemetry SDK and its OTLP/HTTP
 
 def tracing_available() -> bool:
     try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
         import opentelemetry.sdk.trace  # noqa: F401
     except ImportError:
         return False

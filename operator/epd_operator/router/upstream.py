@@ -207,7 +207,7 @@ class BackendReply:
 
     __slots__ = ("status", "headers", "_conn", "_pool", "_until_close", "_done", "_idle")
 
-    def __init__(self, status: int, headers: dict[str, str], conn: _Connection, pool: "_OriginPool", idle: float | None) -> None:
+    def __init__(self, status: int, headers: dict[str, str], conn: _Connection, pool: _OriginPool, idle: float | None) -> None:
         self.status = status
         self.headers = headers  # lower-case names
         self._conn = conn
