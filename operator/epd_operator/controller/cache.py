@@ -1,0 +1,170 @@
+"""What the reconciler reads: the EPDDeployments, their children and their pods, fed by kopf's watches.
+
+A reconcile used to GET its EPDDeployment and LIST every child kind; at rest that was nine reads per
+EPDDeployment per resync. The watches kopf already runs (label-selected on the server, so only the
+operator's own objects arrive) now feed this store instead, and a pass reads memory only.
+
+- Keyed by (kind, namespace, name); children and pods are indexed by the EPDDeployment they belong
+  to, through the operator's instance label (api/labels.py), which the watches' selector guarantees.
+- Writes go through it too (`record`, `forget`): a pass that just created a child must see it on the
+  next pass even if the watch event is still on its way, and a child it pruned must not come back.
+- An event older than what is held is ignored. resourceVersions are opaque to clients by contract;
+  every API server in the tested range uses etcd revisions (integers), so they are compared when
+  both are integers, and otherwise the latest arrival wins (the watch's own order).
+- Bounded: objects are held as compact JSON without managedFields (except who applies a
+  Deployment's replicas, which the HPA handover reads) and without kubectl's last-applied copy;
+  pods keep only their metadata and conditions. A read decodes a private copy, so a pass can
+  change what it reads without corrupting the store.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from ..api.labels import INSTANCE_LABEL
+
+ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
+Owner = tuple[str, str]  # (namespace, EPDDeployment name)
+
+POD_KIND = "Pod"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+MAX_TOMBSTONES = 4096
+
+
+def _revision(obj: dict[str, Any]) -> int | None:
+    try:
+        return int(obj["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _replicas_owners(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The managedFields entries that own spec.replicas, reduced to that (apply.manages_replicas)."""
+    kept = []
+    for entry in entries:
+        if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+            kept.append({"manager": entry.get("manager"), "operation": entry.get("operation"),
+                         "fieldsV1": {"f:spec": {"f:replicas": {}}}})
+    return kept
+
+
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """The parts of an object a reconcile reads (a shallow rebuild: the input is not changed)."""
+    meta = dict(obj.get("metadata") or {})
+    managed = meta.pop("managedFields", None)
+    if managed and obj.get("kind") == "Deployment":
+        meta["managedFields"] = _replicas_owners(managed)
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    if obj.get("kind") == POD_KIND:
+        keep = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
+        status = obj.get("status") or {}
+        return {"apiVersion": obj.get("apiVersion", "v1"), "kind": POD_KIND,
+                "metadata": {k: meta[k] for k in keep if k in meta},
+                "status": {"conditions": status.get("conditions") or []}}
+    return {**obj, "metadata": meta}
+
+
+class Cache:
+    def __init__(self) -> None:
+        self._data: dict[ObjectKey, bytes] = {}
+        self._revisions: dict[ObjectKey, int | None] = {}
+        self._owners: dict[ObjectKey, Owner] = {}
+        self._owned: dict[Owner, set[ObjectKey]] = {}
+        # uid -> key of objects this process deleted whose DELETED event has not come yet: a late
+        # event from before the delete must not bring them back.
+        self._deleted: dict[str, ObjectKey] = {}
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    # ---------------------------------------------------------------- feeding
+
+    def observe(self, event_type: str | None, obj: dict[str, Any]) -> None:
+        """A watch event (type None: an object from kopf's initial listing)."""
+        if event_type == "DELETED":
+            uid = obj.get("metadata", {}).get("uid")
+            self._deleted.pop(uid, None)
+            key = self._key(obj)
+            if self._newer_or_same(key, obj):
+                self._drop(key)
+        else:
+            self.record(obj)
+
+    def record(self, obj: dict[str, Any]) -> None:
+        """An object as the server returned it (a watch event or the answer to our write)."""
+        meta = obj["metadata"]
+        if meta.get("uid") in self._deleted:
+            return
+        key = self._key(obj)
+        revision = _revision(obj)
+        if key in self._revisions:
+            held = self._revisions[key]
+            if held is not None and revision is not None and revision <= held:
+                return  # older, or what we hold already (our write, then its own watch event)
+        self._data[key] = json.dumps(slim(obj), separators=(",", ":")).encode()
+        self._revisions[key] = revision
+        instance = (meta.get("labels") or {}).get(INSTANCE_LABEL)
+        owner = (meta["namespace"], instance) if instance else None
+        previous = self._owners.get(key)
+        if previous != owner:
+            if previous is not None:
+                self._unindex(key, previous)
+            if owner is not None:
+                self._owners[key] = owner
+                self._owned.setdefault(owner, set()).add(key)
+
+    def forget(self, obj: dict[str, Any]) -> None:
+        """An object this process deleted (its DELETED event may come after the next pass)."""
+        uid = obj.get("metadata", {}).get("uid")
+        if uid:
+            self._deleted[uid] = self._key(obj)
+            if len(self._deleted) > MAX_TOMBSTONES:  # DELETED events a watch gap swallowed
+                del self._deleted[next(iter(self._deleted))]
+        self._drop(self._key(obj))
+
+    # ---------------------------------------------------------------- reading
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        data = self._data.get((kind, namespace, name))
+        return None if data is None else json.loads(data)
+
+    def owned(self, namespace: str, instance: str, kinds: Iterable[str]) -> list[dict[str, Any]]:
+        """The objects of these kinds labelled as belonging to the EPDDeployment `instance`."""
+        wanted = set(kinds)
+        keys = sorted(k for k in self._owned.get((namespace, instance), ()) if k[0] in wanted)
+        return [json.loads(self._data[k]) for k in keys]
+
+    def pods(self, namespace: str, instance: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        """The EPDDeployment's pods whose labels include `selector` (a Deployment's matchLabels)."""
+        return [pod for pod in self.owned(namespace, instance, [POD_KIND])
+                if all(pod["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())]
+
+    # ---------------------------------------------------------------- internals
+
+    @staticmethod
+    def _key(obj: dict[str, Any]) -> ObjectKey:
+        meta = obj["metadata"]
+        return obj["kind"], meta.get("namespace", ""), meta["name"]
+
+    def _newer_or_same(self, key: ObjectKey, obj: dict[str, Any]) -> bool:
+        held, revision = self._revisions.get(key), _revision(obj)
+        return held is None or revision is None or revision >= held
+
+    def _drop(self, key: ObjectKey) -> None:
+        self._data.pop(key, None)
+        self._revisions.pop(key, None)
+        owner = self._owners.pop(key, None)
+        if owner is not None:
+            self._unindex(key, owner)
+
+    def _unindex(self, key: ObjectKey, owner: Owner) -> None:
+        owned = self._owned.get(owner)
+        if owned is not None:
+            owned.discard(key)
+            if not owned:
+                del self._owned[owner]
+        if self._owners.get(key) == owner:
+            del self._owners[key]

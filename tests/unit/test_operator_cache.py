@@ -1,0 +1,119 @@
+"""The reconciler's watch-fed cache (controller/cache.py): ordering, deletions, bounds.
+
+Its use by the operator (no reads at rest, drift repaired, pruning) is proven on the real control plane
+in tests/integration/test_operator_cache.py."""
+from __future__ import annotations
+
+from typing import Any
+
+from epd_operator.api.labels import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL
+from epd_operator.controller.apply import manages_replicas
+from epd_operator.controller.cache import LAST_APPLIED, Cache
+
+
+def obj(kind: str, name: str, rv: int, *, instance: str = "vl", uid: str = "u1", **extra: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": kind,
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": str(rv),
+                         "labels": {INSTANCE_LABEL: instance, MANAGED_BY_LABEL: MANAGED_BY}},
+            **extra}
+
+
+def test_children_are_found_by_their_instance_label_and_kind():
+    cache = Cache()
+    cache.observe(None, obj("Service", "vl", 1))
+    cache.observe("ADDED", obj("ConfigMap", "vl-transfer", 2))
+    cache.observe("ADDED", obj("Service", "other", 3, instance="other"))
+    assert [o["metadata"]["name"] for o in cache.owned("ns", "vl", ["Service", "ConfigMap"])] == ["vl-transfer", "vl"]
+    assert [o["metadata"]["name"] for o in cache.owned("ns", "vl", ["Service"])] == ["vl"]
+    assert cache.owned("elsewhere", "vl", ["Service"]) == []
+
+
+def test_an_event_older_than_what_is_held_is_ignored():
+    cache = Cache()
+    cache.record(obj("Service", "vl", 10, spec={"v": "ours"}))  # our write's answer
+    cache.observe("MODIFIED", obj("Service", "vl", 9, spec={"v": "before"}))  # its predecessor, late
+    assert cache.get("Service", "ns", "vl")["spec"] == {"v": "ours"}, "a late event undid a write"
+    cache.observe("MODIFIED", obj("Service", "vl", 11, spec={"v": "theirs"}))
+    assert cache.get("Service", "ns", "vl")["spec"] == {"v": "theirs"}
+
+
+def test_a_deletion_removes_and_a_late_event_does_not_bring_back_what_we_deleted():
+    cache = Cache()
+    cache.observe("ADDED", obj("Deployment", "vl-decode", 5, uid="old"))
+    cache.forget(obj("Deployment", "vl-decode", 5, uid="old"))  # pruned by this process
+    assert cache.get("Deployment", "ns", "vl-decode") is None
+    cache.observe("MODIFIED", obj("Deployment", "vl-decode", 6, uid="old"))  # sent before the delete
+    assert cache.get("Deployment", "ns", "vl-decode") is None
+    cache.observe("DELETED", obj("Deployment", "vl-decode", 7, uid="old"))
+    cache.record(obj("Deployment", "vl-decode", 8, uid="new"))  # created again, same name
+    assert cache.get("Deployment", "ns", "vl-decode")["metadata"]["uid"] == "new"
+    assert [o["metadata"]["uid"] for o in cache.owned("ns", "vl", ["Deployment"])] == ["new"]
+
+
+def test_a_late_deletion_of_a_predecessor_keeps_its_successor():
+    cache = Cache()
+    cache.record(obj("Deployment", "vl-decode", 20, uid="new"))
+    cache.observe("DELETED", obj("Deployment", "vl-decode", 15, uid="old"))
+    assert cache.get("Deployment", "ns", "vl-decode")["metadata"]["uid"] == "new"
+    cache.observe("DELETED", obj("Deployment", "vl-decode", 21, uid="new"))
+    assert cache.get("Deployment", "ns", "vl-decode") is None
+    assert cache.owned("ns", "vl", ["Deployment"]) == [] and len(cache) == 0
+
+
+def test_relabelled_objects_move_between_owners():
+    cache = Cache()
+    cache.observe("ADDED", obj("Service", "x", 1, instance="a"))
+    cache.observe("MODIFIED", obj("Service", "x", 2, instance="b"))
+    assert cache.owned("ns", "a", ["Service"]) == []
+    assert [o["metadata"]["name"] for o in cache.owned("ns", "b", ["Service"])] == ["x"]
+
+
+def test_reads_are_private_copies():
+    cache = Cache()
+    cache.record(obj("Service", "vl", 1, spec={"ports": [{"port": 80}]}))
+    cache.get("Service", "ns", "vl")["spec"]["ports"].clear()
+    cache.owned("ns", "vl", ["Service"])[0]["spec"]["ports"].append({"port": 1})
+    assert cache.get("Service", "ns", "vl")["spec"] == {"ports": [{"port": 80}]}
+
+
+def test_stored_objects_lose_what_no_pass_reads_but_keep_who_applies_replicas():
+    managed = [
+        {"manager": "epd-operator", "operation": "Apply",
+         "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {"f:spec": {"f:containers": {}}}}}},
+        {"manager": "kube-controller-manager", "operation": "Update", "fieldsV1": {"f:status": {"f:replicas": {}}}},
+    ]
+    dep = obj("Deployment", "vl-decode", 1, spec={"replicas": 2})
+    dep["metadata"]["managedFields"] = managed
+    dep["metadata"]["annotations"] = {LAST_APPLIED: "x" * 10_000, "serving.epd.dev/applied-hash": "abc"}
+    cache = Cache()
+    cache.record(dep)
+    held = cache.get("Deployment", "ns", "vl-decode")
+    assert held["metadata"]["annotations"] == {"serving.epd.dev/applied-hash": "abc"}
+    assert held["metadata"]["managedFields"] == [
+        {"manager": "epd-operator", "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+    assert manages_replicas(held) and manages_replicas(dep)  # the handover decision is unchanged
+    assert dep["metadata"]["managedFields"] is managed  # the caller's object is not altered
+
+    svc = obj("Service", "vl", 1)
+    svc["metadata"]["managedFields"] = managed
+    cache.record(svc)
+    assert "managedFields" not in cache.get("Service", "ns", "vl")["metadata"]
+
+
+def test_pods_keep_labels_and_conditions_and_are_matched_by_selector():
+    def pod(name: str, role: str, rv: int) -> dict[str, Any]:
+        p = obj("Pod", name, rv, spec={"containers": [{"name": "vllm", "args": ["x"] * 100}]},
+                status={"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]})
+        p["metadata"]["labels"][ROLE_LABEL] = role
+        return p
+
+    cache = Cache()
+    cache.observe("ADDED", pod("vl-decode-1", "decode", 1))
+    cache.observe("ADDED", pod("vl-encoder-1", "encoder", 2))
+    [decode] = cache.pods("ns", "vl", {INSTANCE_LABEL: "vl", ROLE_LABEL: "decode"})
+    assert decode["metadata"]["name"] == "vl-decode-1"
+    assert "spec" not in decode
+    assert decode["status"] == {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}
+    assert len(cache.pods("ns", "vl", {INSTANCE_LABEL: "vl"})) == 2
