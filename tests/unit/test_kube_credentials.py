@@ -67,3 +67,20 @@ async def test_a_failing_exec_plugin_names_the_kubeconfig(tmp_path):
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"})
     with pytest.raises(CredentialsError, match=r"kubeconfig .*config: exec: process returned 1"):
         await load_credentials(path)
+
+
+async def test_a_relative_exec_command_runs_from_the_kubeconfigs_folder(tmp_path, monkeypatch):
+    # As kubectl does: `./plugin` next to the kubeconfig that names it, whatever the working directory.
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    plugin = folder / "plugin"
+    plugin.write_text('#!/bin/sh\necho \'{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",'
+                      ' "status": {"token": "from-the-plugin"}}\'\n')
+    plugin.chmod(0o755)
+    path = write(folder / "config", {
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                                                 "command": "./plugin"}}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"})
+    monkeypatch.chdir(tmp_path)
+    assert (await load_credentials(path)).authorization() == ("Bearer", "from-the-plugin")

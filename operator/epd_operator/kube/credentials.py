@@ -5,7 +5,9 @@ Where the library differs from kubectl, this module fills the gap with the libra
 `load_kube_config()` reads `KUBECONFIG` once, when the library is imported, so the paths are read here
 at each load; `KubeConfigMerger` lets the *last* file's current-context win where kubectl takes the
 first; a `tokenFile` is read once where kubectl re-reads it (projected tokens rotate); a token read
-from a file keeps its trailing newline (an invalid header) where kubectl trims it.
+from a file keeps its trailing newline (an invalid header) where kubectl trims it; an exec plugin's
+relative command path (`./bin/plugin`) is run from the working directory where kubectl resolves it
+against the kubeconfig's folder.
 """
 from __future__ import annotations
 
@@ -116,6 +118,7 @@ async def _load_kubeconfig(paths: str, context: str | None) -> Credentials:
                     if (merged.config_files[p] or {}).get("current-context")), None)
     if current:  # kubectl: the first file that sets it wins
         merged.config.value["current-context"] = current
+    _anchor_exec_commands(merged)
     configuration = Configuration()
     try:
         # config_base_path=None: relative file paths resolve against the file that names them.
@@ -154,6 +157,18 @@ def _trimmed(configuration: Configuration) -> Configuration:
 
         configuration.refresh_api_key_hook = refresh
     return configuration
+
+
+def _anchor_exec_commands(merged: KubeConfigMerger) -> None:
+    """kubectl runs a relative exec command that names a folder (`./bin/plugin`) from the folder of
+    the kubeconfig that defines the user; a bare name (`aws`) is looked up on PATH."""
+    assert merged.config is not None
+    for user in merged.config.value.get("users") or []:
+        entry = user.value if hasattr(user, "value") else user  # the merger wraps each entry in a ConfigNode
+        command = ((entry or {}).get("user") or {}).get("exec", {}).get("command")
+        folder = os.path.dirname(os.path.abspath(getattr(user, "path", None) or merged.paths[0]))
+        if isinstance(command, str) and os.sep in command and not os.path.isabs(command):
+            entry["user"]["exec"]["command"] = os.path.normpath(os.path.join(folder, command))
 
 
 def _exec_refresher(loader: KubeConfigLoader) -> Callable[[Configuration], Awaitable[None]]:
