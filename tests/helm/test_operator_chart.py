@@ -30,7 +30,9 @@ NAMESPACED_NEEDS = [
     *[(g, r, v) for g, r in [("apps", "deployments"), ("", "services"), ("", "configmaps"),
                              ("", "serviceaccounts"), ("autoscaling", "horizontalpodautoscalers"),
                              ("policy", "poddisruptionbudgets"), ("rbac.authorization.k8s.io", "roles"),
-                             ("rbac.authorization.k8s.io", "rolebindings")]
+                             ("rbac.authorization.k8s.io", "rolebindings"),
+                             ("gateway.networking.k8s.io", "httproutes"),
+                             ("leaderworkerset.x-k8s.io", "leaderworkersets")]
       for v in ("get", "list", "watch", "create", "update", "patch", "delete")],
     ("", "events", "create"), ("", "events", "patch"),
     *[(g, r, v) for g, r in [("", "pods"), ("discovery.k8s.io", "endpointslices")]
@@ -197,6 +199,8 @@ KIND_RESOURCES = {
     "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
     "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
+    "HTTPRoute": ("gateway.networking.k8s.io", "httproutes"),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "leaderworkersets"),
 }
 
 

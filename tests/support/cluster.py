@@ -201,6 +201,18 @@ def gateway_api_crd(kind_plural: str = "httproutes") -> dict[str, Any]:
     return dict(yaml.safe_load((folder / f"gateway.networking.k8s.io_{kind_plural}.yaml").read_text()))
 
 
+# LeaderWorkerSet (multi-node tiers): the newest release the Go module proxy serves.
+LWS = "sigs.k8s.io/lws@v0.9.0"
+
+
+def lws_crd() -> dict[str, Any]:
+    """The LeaderWorkerSet CRD as that project ships it in its Go module."""
+    out = subprocess.run(["go", "mod", "download", "-json", LWS], capture_output=True, text=True, check=True,
+                         env={**os.environ, "GOFLAGS": "-mod=mod"}, cwd=tempfile.gettempdir(), timeout=300)
+    path = Path(json.loads(out.stdout)["Dir"]) / "config" / "crd" / "bases" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+    return dict(yaml.safe_load(path.read_text()))
+
+
 def epd_crd() -> dict[str, Any]:
     return dict(yaml.safe_load(CRD_FILE.read_text(encoding="utf-8")))
 

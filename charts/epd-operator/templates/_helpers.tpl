@@ -95,6 +95,10 @@ operator holds exactly those permissions itself, so it needs neither `escalate` 
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# Multi-node tiers (nodesPerReplica > 1) are LeaderWorkerSets.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf makes when it serves all namespaces. */}}

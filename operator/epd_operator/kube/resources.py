@@ -20,7 +20,7 @@ class Resource:
     kind: str
     plural: str
     namespaced: bool = True
-    # Served only where its CRDs are installed (Gateway API): listing it elsewhere finds nothing.
+    # Served only where its CRDs are installed (Gateway API, LeaderWorkerSet): listing it elsewhere finds nothing.
     optional: bool = False
 
     @property
@@ -59,6 +59,8 @@ CHILD_RESOURCES: dict[str, Resource] = {r.kind: r for r in (
     Resource("rbac.authorization.k8s.io/v1", "Role", "roles"),
     Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     Resource("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", optional=True),
+    # Multi-node tiers only (sigs.k8s.io/lws): served where the LeaderWorkerSet CRD is installed.
+    Resource("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", optional=True),
 )}
 
 

@@ -1,0 +1,95 @@
+"""Multi-node tiers: a tier with `nodesPerReplica > 1` becomes a LeaderWorkerSet (sigs.k8s.io/lws, v1).
+
+One replica is one LWS group of `nodesPerReplica` pods: the leader runs `vllm serve` with its API
+server (node rank 0), the workers run the same command headless with their LWS worker index as node
+rank; all meet at the leader's address, which LWS's pod webhook puts in every container's
+environment. The single-node rendering of the tier (its Deployment) is the starting point: its pod
+template becomes the leader's, and the worker's is derived from it, so placement, volumes, env and
+transfer settings stay identical on every node of a replica.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ..api.spec import MULTI_NODE_MASTER_PORT, ConsumerTier, EPDDeployment
+from .naming import PREFILL, DECODE, tier_of
+from .templating import render_one
+from .transfer import container_port, tier_transfer
+from .vllm import WORKER, serve_args
+
+JSON = dict[str, Any]
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_PLURAL = "leaderworkersets"
+# Set by LWS on every pod of a group; "0" is the leader (api/leaderworkerset/v1 WorkerIndexLabelKey).
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+# Only a leader serves HTTP: a worker is headless, so it has no API port and nothing for probes to ask.
+_API_ONLY = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+def multi_node(epd: EPDDeployment, role: str) -> bool:
+    tier = tier_of(epd, role) if role in (PREFILL, DECODE) else None
+    return isinstance(tier, ConsumerTier) and tier.nodesPerReplica > 1
+
+
+def needs_leader_worker_set(epd: EPDDeployment) -> bool:
+    """Whether any tier of `epd` renders as a LeaderWorkerSet (so the cluster must serve that API)."""
+    return any(multi_node(epd, role) for role in (PREFILL, DECODE) if role != PREFILL or epd.spec.prefill is not None)
+
+
+def worker_pod(epd: EPDDeployment, role: str, leader_pod: JSON) -> JSON:
+    """The worker's pod spec: the leader's, with the headless command line and without the API port."""
+    pod = copy.deepcopy(leader_pod)
+    vllm = pod["containers"][0]
+    assert vllm["name"] == "vllm"
+    vllm["args"] = serve_args(epd, role, tier_transfer(epd, role), node=WORKER)
+    vllm["ports"] = [port for port in vllm.get("ports", []) if port["name"] != "http"]
+    for probe in _API_ONLY:
+        vllm.pop(probe, None)
+    return pod
+
+
+def leader_worker_set(epd: EPDDeployment, role: str, deployment: JSON) -> JSON:
+    """The LeaderWorkerSet that replaces the tier's single-node `deployment` (same name, labels, pods)."""
+    tier = tier_of(epd, role)
+    assert isinstance(tier, ConsumerTier)
+    template = deployment["spec"]["template"]
+    meta = deployment["metadata"]
+    leader_pod = copy.deepcopy(template["spec"])
+    leader_pod["containers"][0]["ports"].append(container_port("rendezvous", MULTI_NODE_MASTER_PORT))
+    return render_one(
+        "leaderworkerset.yaml.j2",
+        name=meta["name"], namespace=meta["namespace"], labels=meta["labels"],
+        replicas=deployment["spec"].get("replicas"),
+        size=tier.nodesPerReplica,
+        template_metadata=template["metadata"],
+        leader_pod=leader_pod,
+        worker_pod=worker_pod(epd, role, template["spec"]),
+    )
+
+
+def leaders_only(service: JSON) -> JSON:
+    """The tier's Service selects only leaders: the router must never send a request to a worker."""
+    service = copy.deepcopy(service)
+    service["spec"]["selector"] = {**service["spec"]["selector"], WORKER_INDEX_LABEL: "0"}
+    return service
+
+
+def multi_node_workload(epd: EPDDeployment, role: str, workload: Any) -> Any:
+    """A tier's `Workload` as rendered for one node, or its multi-node form (LeaderWorkerSet) when asked for."""
+    if multi_node(epd, role):
+        workload.deployment = leader_worker_set(epd, role, workload.deployment)
+        workload.service = leaders_only(workload.service)
+        if workload.hpa is not None:
+            workload.hpa = scale_lws(workload.hpa)
+    return workload
+
+
+def scale_lws(hpa: JSON) -> JSON:
+    """An HPA scales the LeaderWorkerSet by whole groups (LWS serves the scale subresource)."""
+    hpa = copy.deepcopy(hpa)
+    hpa["spec"]["scaleTargetRef"] = {**hpa["spec"]["scaleTargetRef"], "apiVersion": LWS_API_VERSION, "kind": LWS_KIND}
+    return hpa
