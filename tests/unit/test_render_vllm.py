@@ -86,10 +86,11 @@ def test_a_multi_node_replica_per_pod():
     assert parallel_args(tier, "worker") == [
         "--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "$(LWS_WORKER_INDEX)",
         "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", "29501", "--headless"]
+    assert parallel_args(tier) == parallel_args(tier, "leader")
     for node in (None, "follower"):
         with pytest.raises(ValueError) as caught:
             parallel_args(tier, node)
-        assert str(caught.value) == f"a tier on 2 nodes renders per node (leader or worker), not {node!r}"
+        assert str(caught.value) == f"a node of a multi-node replica is 'leader' or 'worker', not {node!r}"
 
 
 def test_e_p_d_prefill_and_decode_lines():
