@@ -79,6 +79,7 @@ async def test_a_refused_token_is_renewed_once(ns: KubeView):
     async with Kube(credentials) as client:
         assert await client.get(CONFIGMAP, ns.ns, "c") is None  # 401 with the stale token, then 404 with the new
         assert logins == ["expired-token", ns.cluster.admin_token]
+        assert client._retired == []  # only the token changed: the connection pool was kept
 
     async def wrong() -> Credentials:
         return Credentials.from_token(ns.url, "wrong", ca_path=ca)

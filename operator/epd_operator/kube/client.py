@@ -8,13 +8,14 @@ Every failure is one `ApiError` with the server's status, reason and message.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.dynamic import DynamicClient
 
 from .credentials import Credentials, CredentialsError, CredentialSource, load_credentials
@@ -23,6 +24,12 @@ from .resources import Resource, resource_of
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "epd-operator"
+
+
+def _same_connection(a: Configuration, b: Configuration) -> bool:
+    """Same server, TLS and client certificate: a connection pool made for one serves the other."""
+    keys = ("host", "ssl_ca_cert", "cert_file", "key_file", "verify_ssl", "tls_server_name", "proxy")
+    return all(getattr(a, key) == getattr(b, key) for key in keys)
 
 
 class ApiError(Exception):
@@ -87,9 +94,19 @@ class Kube:
         self._logging_in = self._logging_in or asyncio.Lock()
         async with self._logging_in:
             login = await self.credentials()
-            if self._client is not None:
-                self._retired.append(self._client.client)
-            self._login, self._client = login, DynamicClient(ApiClient(login.configuration))
+            if self._client is not None and _same_connection(self._client.configuration, login.configuration):
+                # Only the token changed (the usual re-login): keep the connection pool.
+                current = self._client.configuration
+                current.api_key = dict(login.configuration.api_key)
+                current.refresh_api_key_hook = login.configuration.refresh_api_key_hook
+                login = dataclasses.replace(login, configuration=current)
+            else:
+                if self._client is not None:
+                    self._retired.append(self._client.client)
+                self._client = DynamicClient(ApiClient(login.configuration))
+                while len(self._retired) > 1:  # the one before last has had a whole login's time to finish
+                    await self._retired.pop(0).close()
+            self._login = login
         return login
 
     async def _dynamic(self) -> DynamicClient:
