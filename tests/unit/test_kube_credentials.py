@@ -84,3 +84,24 @@ async def test_a_relative_exec_command_runs_from_the_kubeconfigs_folder(tmp_path
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"})
     monkeypatch.chdir(tmp_path)
     assert (await load_credentials(path)).authorization() == ("Bearer", "from-the-plugin")
+
+
+async def test_an_exec_tokens_expiry_is_kept_and_handed_to_kopf(tmp_path):
+    # The library runs the plugin again once the token is within 5 minutes of its expiry; kopf gets the
+    # expiry too and logs in again (through the operator's login handler) when it passes.
+    runs = tmp_path / "runs"
+    plugin = tmp_path / "plugin"
+    plugin.write_text(f'#!/bin/sh\necho run >> {runs}\necho \'{{"apiVersion": "client.authentication.k8s.io/v1",'
+                      ' "kind": "ExecCredential", "status": {"token": "t", "expirationTimestamp": "2099-01-01T00:00:00Z"}}\'\n')
+    plugin.chmod(0o755)
+    path = write(tmp_path / "config", {
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                                                 "command": str(plugin)}}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"})
+    login = await load_credentials(path)
+    assert login.expiration is not None and login.expiration.year == 2099
+    assert connection_info(login).expiration == login.expiration
+    for _ in range(3):  # each request asks the hook; a valid token does not run the plugin again
+        assert await login.configuration.get_api_key_with_prefix("BearerToken") == "Bearer t"
+    assert runs.read_text().splitlines() == ["run"]
