@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .backends import Endpoint, Pool
 from .config import RouterConfig
 from .failures import BackendRejection, RetryableFailure, is_client_error
-from .http_messages import Response, StreamResponse
+from .http_messages import Reply, Response, StreamResponse
 from .metrics import RouterMetrics
 from .upstream import BackendReply, TransportError, Upstream
 
@@ -59,7 +59,7 @@ class BackendCalls:
         return payload
 
     async def stream(self, ctx: RequestContext, pool: Pool, ep: Endpoint, data: bytes, headers: bytes,
-                     tolerate_400: bool) -> StreamResponse:
+                     tolerate_400: bool) -> Reply:
         """One attempt at a generating backend, relayed to the client as it comes. Raises
         RetryableFailure only before the first byte reached the client."""
         td = time.perf_counter()
@@ -91,7 +91,7 @@ class BackendCalls:
             if resp is not None:
                 resp.release()
 
-    async def _relay(self, ctx: RequestContext, resp: BackendReply, pool: Pool, ep: Endpoint) -> StreamResponse:
+    async def _relay(self, ctx: RequestContext, resp: BackendReply, pool: Pool, ep: Endpoint) -> Reply:
         ct = resp.content_type
         if not ct.startswith("text/event-stream"):
             try:

@@ -98,7 +98,7 @@ class EncoderStage:
         return encoded
 
     async def _round(self, ctx: RequestContext, items: list[MediaItem], encoded: dict[int, EncodedItem],
-                     avoid: dict[int, Endpoint]) -> list[tuple[MediaItem, Endpoint | None]]:
+                     avoid: dict[int, Endpoint | None]) -> list[tuple[MediaItem, Endpoint | None]]:
         """Encode items concurrently, avoiding each one's failed encoder; returns (item, encoder) pairs that failed."""
         pool = self.pool
         targets: list[Endpoint] = []

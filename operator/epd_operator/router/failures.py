@@ -48,7 +48,8 @@ class BackendRejection(Exception):
         return Response(body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid})
 
 
-def json_error(status: int, message: str, rid: str | None = None, err_type: str = "invalid_request_error", param=None) -> Response:
+def json_error(status: int, message: str, rid: str | None = None, err_type: str = "invalid_request_error",
+               param: str | None = None) -> Response:
     headers = {"Content-Type": JSON}
     if rid:
         headers["x-request-id"] = rid

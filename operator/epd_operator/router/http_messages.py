@@ -92,6 +92,8 @@ class StreamResponse:
         if not data:
             return
         conn = self._conn
+        if conn is None:
+            raise RuntimeError("StreamResponse.write before prepare")
         if conn.closed:
             raise ConnectionResetError("client closed the connection")
         conn.send(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
@@ -103,11 +105,13 @@ class StreamResponse:
             return
         self._ended = True
         conn = self._conn
-        if self._chunked and not conn.closed:
+        if conn is not None and self._chunked and not conn.closed:
             conn.send(b"0\r\n\r\n")
 
 
-Handler = Callable[[HttpRequest], Awaitable["Response | StreamResponse"]]
+# What a handler answers: a whole reply, or a streamed one (already written when returned).
+Reply = Response | StreamResponse
+Handler = Callable[[HttpRequest], Awaitable[Reply]]
 
 
 def render_head(status: int, headers: dict[str, str]) -> bytes:

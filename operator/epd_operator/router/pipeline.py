@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -26,7 +26,7 @@ from .calls import BackendCalls
 from .config import RouterConfig
 from .encoding import EncoderStage
 from .failures import BackendRejection, RetryableFailure, json_error
-from .http_messages import HttpRequest, StreamResponse
+from .http_messages import HttpRequest, Reply
 from .metrics import RouterMetrics
 from .pickers import Picker
 from .protocol import EncodedItem, MediaItem, prefill_request, prompt_prefix, rewrite_for_decode
@@ -49,6 +49,7 @@ class RequestContext:
     body: dict
     raw: bytes | None  # the client's bytes, forwarded as they are while the body is unchanged; None once altered
     items: list[MediaItem]  # media to encode, in order
+    prepared: dict[str, Any]  # the body the consumer gets: the client's until media are rewritten for it
     # Filled by the pipeline:
     common_headers: bytes = b""  # header lines every backend call carries (content type, the client's auth)
     headers: bytes = b""  # common_headers + x-request-id: prefill and decode calls
@@ -58,7 +59,6 @@ class RequestContext:
     consumer_zmq: str | None = None  # where a Mooncake encoder pushes to (the consumer's); None: SharedStorage
     encoded: dict[int, EncodedItem] = field(default_factory=dict)  # EC handles by item index; missing items go raw
     metadata_only: bool = False  # the consumer body references encoder output without the media itself
-    prepared: dict | None = None  # the body the consumer gets
     kv: dict | None = None  # kv_transfer_params from the prefill that answered
     prefill_ep: Endpoint | None = None  # the prefill instance that answered
     _payload: bytes | None = None  # `prepared` serialized, kept for a retry
@@ -80,7 +80,7 @@ class Pipeline:
         self.rewrite_embeds = config.rewrite == "metadata"
         self.mooncake = config.mooncake
 
-    async def run(self, ctx: RequestContext) -> StreamResponse:
+    async def run(self, ctx: RequestContext) -> Reply:
         auth = ctx.request.headers.get("authorization")
         # Values were decoded as latin-1 by http_server, so they go back out byte for byte.
         ctx.common_headers = UPSTREAM_HEADERS + b"Authorization: %s\r\n" % auth.encode("latin-1") if auth else UPSTREAM_HEADERS
@@ -105,26 +105,27 @@ class Pipeline:
             ctx.metadata_only = self.rewrite_embeds and any(enc.metadata for enc in ctx.encoded.values())
             # Raw items carry their uuid (SharedStorage finds a stored embedding under it); not
             # with Mooncake, whose consumer would wait for a push that nobody sends.
-            ctx.prepared = (rewrite_for_decode(ctx.body, ctx.items, ctx.encoded, pin_raw=not self.mooncake, embeds=self.rewrite_embeds)
-                            if ctx.items else ctx.body)
+            if ctx.items:
+                ctx.prepared = rewrite_for_decode(ctx.body, ctx.items, ctx.encoded, pin_raw=not self.mooncake,
+                                                  embeds=self.rewrite_embeds)
             if self.prefills is not None:
-                return await self._prefill_then_decode(ctx, self.prefills)
-            return await self._pd(ctx)
+                return await self._prefill_then_decode(ctx, self.prefills, consumer)
+            return await self._pd(ctx, consumer)
         except BackendRejection as rejection:
             return rejection.response(ctx.rid)
 
-    async def _pd(self, ctx: RequestContext) -> StreamResponse:
+    async def _pd(self, ctx: RequestContext, consumer: Endpoint) -> Reply:
         """E+PD: the PD instance chosen as EC consumer answers."""
         try:
-            return await self.retry_once(ctx, self.decodes, ctx.consumer, self._decode_attempt, ctx.metadata_only)
+            return await self.retry_once(ctx, self.decodes, consumer, self._decode_attempt, ctx.metadata_only)
         except RetryableFailure as failure:
             return failure.response(ctx.rid)
 
-    async def _prefill_then_decode(self, ctx: RequestContext, prefills: Pool) -> StreamResponse:
+    async def _prefill_then_decode(self, ctx: RequestContext, prefills: Pool, consumer: Endpoint) -> Reply:
         """E/P/D: P (the EC consumer) computes the KV with max_tokens 1, D pulls it and answers."""
         tp = time.perf_counter()
         try:
-            await self.retry_once(ctx, prefills, ctx.consumer, self._prefill_attempt, ctx.metadata_only)
+            p_ep = await self.retry_once(ctx, prefills, consumer, self._prefill_attempt, ctx.metadata_only)
         except RetryableFailure as failure:
             return failure.response(ctx.rid)
         self.metrics.observe_stage("prefill", time.perf_counter() - tp)
@@ -134,7 +135,7 @@ class Pipeline:
 
         async def prefill_again() -> None:
             # D's KV handle may be spent: prefill again on the P that worked, then another D.
-            await self._prefill_attempt(ctx, ctx.prefill_ep, False)
+            await self._prefill_attempt(ctx, p_ep, False)
 
         try:
             return await self.retry_once(ctx, self.decodes, d_ep, self._decode_attempt, False, prefill_again)
@@ -172,14 +173,18 @@ class Pipeline:
         ctx.metadata_only = False
         ctx._payload = None
 
-    async def _prefill_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> None:
+    async def _prefill_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> Endpoint:
+        """Prefill on `ep`, keeping its KV handle in the context; returns `ep`, the P that answered."""
         if ctx.trace is None:
-            return await self._prefill_call(ctx, ep, metadata_only, ctx.headers)
-        with ctx.trace.call("prefill", ep, ctx.route) as call:
-            await self._prefill_call(ctx, ep, metadata_only, ctx.headers + call.headers)
+            await self._prefill_call(ctx, ep, metadata_only, ctx.headers)
+        else:
+            with ctx.trace.call("prefill", ep, ctx.route) as call:
+                await self._prefill_call(ctx, ep, metadata_only, ctx.headers + call.headers)
+        return ep
 
     async def _prefill_call(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool, headers: bytes) -> None:
         pool = self.prefills
+        assert pool is not None, "prefill in E+PD"
         pool.acquire(ep)
         payload = await self.calls.exchange(pool, ep, ctx.route, orjson.dumps(prefill_request(ctx.prepared)), headers,
                                             self.cfg.prefill_timeout, 1, metadata_only)
@@ -190,14 +195,14 @@ class Pipeline:
             raise RetryableFailure("reply", pool.role) from None
         ctx.prefill_ep = ep
 
-    async def _decode_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> StreamResponse:
+    async def _decode_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> Reply:
         if self.prefills is not None:
             data = orjson.dumps({**ctx.prepared, "kv_transfer_params": ctx.kv} if ctx.kv else ctx.prepared)
-        else:
+        elif ctx._payload is not None:
             data = ctx._payload
-            if data is None:
-                data = ctx._payload = (ctx.raw if ctx.prepared is ctx.body and ctx.raw is not None
-                                       else orjson.dumps(ctx.prepared))
+        else:
+            data = ctx._payload = (ctx.raw if ctx.prepared is ctx.body and ctx.raw is not None
+                                   else orjson.dumps(ctx.prepared))
         if ctx.trace is None:
             return await self.calls.stream(ctx, self.decodes, ep, data, ctx.headers, metadata_only)
         with ctx.trace.call("decode", ep, ctx.route) as call:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -19,7 +20,8 @@ from .backends import HealthChecker, Pool
 from .calls import BackendCalls
 from .config import RouterConfig
 from .failures import JSON, json_error
-from .http_server import BodyTooLarge, HttpRequest, Response, StreamResponse, start_server
+from .http_messages import BodyTooLarge, HttpRequest, Reply, Response
+from .http_server import start_server
 from .metrics import RouterMetrics
 from .pickers import make_picker
 from .pipeline import Pipeline, RequestContext
@@ -74,7 +76,7 @@ class Router:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    async def serve(self, host: str = "127.0.0.1", port: int = 0, sock=None) -> "RouterServer":
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None) -> RouterServer:
         """Start the router's background work and listen (on `sock` when given: --workers share one)."""
         await self.start()
         routes = {
@@ -88,7 +90,7 @@ class Router:
             routes[("GET", "/metrics")] = self.metrics_report
         paths = {path for _, path in routes}
 
-        async def dispatch(request: HttpRequest):
+        async def dispatch(request: HttpRequest) -> Reply:
             handler = routes.get((request.method, request.path))
             if handler is not None:
                 return await handler(request)
@@ -154,10 +156,10 @@ class Router:
         except BodyTooLarge:
             raise BadRequest(f"request body exceeds {self.cfg.max_body_bytes} bytes", status=413) from None
 
-    async def chat_completions(self, request: HttpRequest) -> StreamResponse:
+    async def chat_completions(self, request: HttpRequest) -> Reply:
         return await self._serve(request, CHAT, self._chat_media)
 
-    async def completions(self, request: HttpRequest) -> StreamResponse:
+    async def completions(self, request: HttpRequest) -> Reply:
         return await self._serve(request, COMPLETIONS, self._completion_media)
 
     def _chat_media(self, body: dict, stripped: list) -> list[MediaItem]:
@@ -171,7 +173,7 @@ class Router:
             raise BadRequest("prompt_embeds are not accepted from clients by this router", param="prompt_embeds")
         return []  # /v1/completions carries text only: no encoder work
 
-    async def _serve(self, request: HttpRequest, route: str, media_of: Callable[[dict, list], list[MediaItem]]) -> StreamResponse:
+    async def _serve(self, request: HttpRequest, route: str, media_of: Callable[[dict, list], list[MediaItem]]) -> Reply:
         t0 = time.perf_counter()
         rid = request.headers.get("x-request-id")
         if rid is None:
@@ -190,7 +192,7 @@ class Router:
         except BadRequest as exc:
             return self._answered(route, json_error(exc.status, str(exc), rid, param=exc.param), trace=trace)
         # A client uuid the router may not trust was stripped: the raw bytes are not what goes on.
-        ctx = RequestContext(request, route, rid, t0, body, None if stripped else raw, items, trace=trace)
+        ctx = RequestContext(request, route, rid, t0, body, None if stripped else raw, items, body, trace=trace)
         try:
             return self._answered(route, await self.pipeline.run(ctx), t0, trace)
         except asyncio.CancelledError:
@@ -203,8 +205,8 @@ class Router:
                 trace.end(500, "router_error")
             raise
 
-    def _answered(self, route: str, response: StreamResponse, t0: float | None = None,
-                  trace: RequestTrace | None = None) -> StreamResponse:
+    def _answered(self, route: str, response: Reply, t0: float | None = None,
+                  trace: RequestTrace | None = None) -> Reply:
         self.metrics.count_request(route, response.status)
         if trace is not None:
             trace.end(response.status)
@@ -215,7 +217,7 @@ class Router:
                 log.info("%s %s %d %.1f ms", response.headers.get("x-request-id"), route, response.status, elapsed * 1e3)
         return response
 
-    async def models(self, request: HttpRequest) -> StreamResponse:
+    async def models(self, request: HttpRequest) -> Reply:
         rid = request.headers.get("x-request-id")
         if rid is None or not _REQUEST_ID(rid):
             rid = new_id()
@@ -226,8 +228,10 @@ class Router:
         headers = {"x-request-id": rid, "Accept-Encoding": "identity"}
         if "authorization" in request.headers:
             headers["Authorization"] = request.headers["authorization"]
+        session = self.session
+        assert session is not None, "serving before start()"
         try:
-            async with self.session.get(ep.url + "/v1/models", headers=headers, timeout=self.models_timeout) as r:
+            async with session.get(ep.url + "/v1/models", headers=headers, timeout=self.models_timeout) as r:
                 data = await r.read()
                 ct = r.headers.get("Content-Type", JSON)
                 status = r.status
@@ -262,7 +266,7 @@ class Router:
 class RouterServer:
     """A listening router: `url` to reach it, `cleanup()` to stop listening and stop its work."""
 
-    def __init__(self, router: Router, server: asyncio.AbstractServer) -> None:
+    def __init__(self, router: Router, server: asyncio.Server) -> None:
         self.router = router
         self.server = server
         host, port = server.sockets[0].getsockname()[:2]
