@@ -75,53 +75,63 @@ def user_namespaces_work() -> bool:
 
 
 class SliceAPI:
-    """Just enough of the Kubernetes API for the router's discovery: list and watch EndpointSlices
-    in one namespace by label selector. (A unit test: no control plane needed.)"""
+    """Just enough of the Kubernetes API for the router's discovery: list and watch EndpointSlices,
+    and the Pods they point at (for their generation label), in one namespace by label selector.
+    (A unit test: no control plane needed; tests/integration/test_router_discovery.py has the real one.)"""
 
     def __init__(self) -> None:
-        self.slices: dict[str, dict] = {}
+        self.objects: dict[str, dict[str, dict]] = {"endpointslices": {}, "pods": {}}
         self.version = 1
-        self.watchers: list[tuple[dict, asyncio.Queue]] = []
+        self.watchers: list[tuple[str, dict, asyncio.Queue]] = []
         self.url = ""
 
     @staticmethod
     def _selected(obj: dict, selector: dict) -> bool:
         return selector.items() <= obj["metadata"]["labels"].items()
 
-    def _notify(self, kind: str, obj: dict) -> None:
+    def _notify(self, resource: str, kind: str, obj: dict) -> None:
         self.version += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
-        for selector, queue in self.watchers:
-            if self._selected(obj, selector):
+        for watched, selector, queue in self.watchers:
+            if watched == resource and self._selected(obj, selector):
                 queue.put_nowait({"type": kind, "object": obj})
 
     def create(self, obj: dict) -> None:
-        self.slices[obj["metadata"]["name"]] = obj
-        self._notify("ADDED", obj)
+        """An EndpointSlice, and a Pod (without a generation) for each endpoint it names."""
+        self.objects["endpointslices"][obj["metadata"]["name"]] = obj
+        self._notify("endpointslices", "ADDED", obj)
+        for endpoint in obj["endpoints"]:
+            name = endpoint["targetRef"]["name"]
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": NS, "labels": dict(obj["metadata"]["labels"])}}
+            self.objects["pods"][name] = pod
+            self._notify("pods", "ADDED", pod)
 
     def delete(self, name: str) -> None:
-        self._notify("DELETED", self.slices.pop(name))
+        self._notify("endpointslices", "DELETED", self.objects["endpointslices"].pop(name))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         assert request.match_info["ns"] == NS
+        resource = request.path.rsplit("/", 1)[1]
         selector = dict(p.split("=", 1) for p in request.query.get("labelSelector", "").split(",") if p)
         if request.query.get("watch") not in ("1", "true"):
-            items = [o for o in self.slices.values() if self._selected(o, selector)]
-            return web.json_response({"kind": "EndpointSliceList", "items": items,
-                                      "metadata": {"resourceVersion": str(self.version)}})
+            items = [o for o in self.objects[resource].values() if self._selected(o, selector)]
+            return web.json_response({"kind": "List", "items": items, "metadata": {"resourceVersion": str(self.version)}})
         response = web.StreamResponse()
         await response.prepare(request)
         queue: asyncio.Queue = asyncio.Queue()
-        self.watchers.append((selector, queue))
+        watcher = (resource, selector, queue)
+        self.watchers.append(watcher)
         try:
             while True:
                 await response.write(orjson.dumps(await queue.get()) + b"\n")
         finally:
-            self.watchers.remove((selector, queue))
+            self.watchers.remove(watcher)
 
     async def __aenter__(self) -> SliceAPI:
         app = web.Application()
         app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self.handle)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods", self.handle)
         self.runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -248,9 +258,9 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
 
                 body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
                 for _ in range(8):  # fresh connections: the kernel spreads them over both workers
-                    async with aiohttp.ClientSession() as one_shot:
-                        async with one_shot.post(url + "/v1/chat/completions", data=body) as r:
-                            assert r.status == 200
+                    async with (aiohttp.ClientSession() as one_shot,
+                                one_shot.post(url + "/v1/chat/completions", data=body) as r):
+                        assert r.status == 200
                 async with session.get(url + "/metrics") as r:
                     assert r.status == 404, "metrics must not be served on the API port"
 

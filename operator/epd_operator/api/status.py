@@ -70,6 +70,6 @@ class EPDDeploymentStatus(_Status):
     endpoint: str | None = Field(None, description="The router Service URL clients talk to.")
     conditions: list[Condition] = Field(default_factory=list)
     tiers: Tiers = Field(default_factory=Tiers)
-    generations: list[GenerationStatus] = Field(
-        default_factory=list, description="vLLM pods by compatibility generation, the current one first: two "
+    generations: list[GenerationStatus] | None = Field(
+        None, description="vLLM pods by compatibility generation, the current one first: two "
                                           "while a change of image, model or connector rolls the tiers.")

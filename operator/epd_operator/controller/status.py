@@ -170,7 +170,7 @@ def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint
     ]
     return EPDDeploymentStatus(
         observedGeneration=observed_generation, phase=phase, topology=topology, endpoint=endpoint,
-        conditions=conditions, tiers=Tiers(**{n: s.status for n, s in states.items()}), generations=generations or [])
+        conditions=conditions, tiers=Tiers(**{n: s.status for n, s in states.items()}), generations=generations or None)
 
 
 def generations(pods: list[dict[str, Any]], current: str | None) -> list[GenerationStatus]:
