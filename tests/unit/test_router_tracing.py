@@ -222,3 +222,18 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_even_imported():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", f"imported with tracing off: {proc.stdout}"
+
+
+async def test_an_encoder_that_keeps_failing_shows_its_retry_and_the_fallback_to_raw_media():
+    async with receiver() as rx:
+        async with router_stack(encoders=1, otlp_traces_endpoint=rx.url) as s:
+            s.encoders[0].knobs.fail_always = True  # the PD instance then encodes the image itself
+            r = await s.post(CHAT, REQUEST)
+            assert r.status == 200
+        # The router has stopped: its exporter flushed everything.
+        server, children = tree(rx, {"encode", "decode"})
+        assert len(children["encode"]) == 2, "the first encoder call and its retry"
+        assert all(span.status_code == 2 and span.attributes["error.type"] == "status" for span in children["encode"])
+        assert ("retry", {"epd.stage": "encode", "epd.reason": "encoder_failed", "epd.items": 1}) in server.events
+        assert ("encoder_fallback", {"epd.items": 1}) in server.events
+        assert server.attributes["epd.media_items"] == 1 and server.status_code != 2
