@@ -54,6 +54,7 @@ class Knobs:
     health_status: int = 200
     running: int = 0
     waiting: int = 0
+    running_by_rank: dict[int, int] | None = None  # with dp_size > 1: each engine's running requests
 
 
 @dataclass
@@ -78,6 +79,19 @@ class FakeVLLM:
     # as a vLLM of another build or connector would fail them, and counts each refusal.
     generation: str | None = None
     foreign_refused: int = 0
+    # Data parallelism (prefill, decode, pd): `dp_size` engines behind one API server, as vLLM runs
+    # them. With dp_size > 1 a request must name its engine in X-data-parallel-rank (0..dp_size-1);
+    # one that does not is refused (400) and counted. `by_rank` counts the requests each engine took.
+    dp_size: int = 1
+    rank_errors: int = 0
+    by_rank: dict[int, int] = field(default_factory=dict)
+    # Mooncake push, checked end to end: encoders record in `pushes` (a dict shared with the consumers)
+    # the control address each transfer id was pushed to; a consumer with `ec_zmq_by_rank` (its control
+    # address per DP rank) refuses (400) and counts a request whose items went to any address but its
+    # pinned rank's, since that engine would wait for a push that never comes.
+    pushes: dict[str, str] | None = None
+    ec_zmq_by_rank: list[str] = field(default_factory=list)
+    misrouted: int = 0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -130,14 +144,17 @@ class FakeVLLM:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         k = self.knobs
-        labels = f'engine="0",model_name="{self.model}"'
-        text = (
-            "# TYPE vllm:num_requests_running gauge\n"
-            f"vllm:num_requests_running{{{labels}}} {float(k.running)}\n"
-            "# TYPE vllm:num_requests_waiting gauge\n"
-            f"vllm:num_requests_waiting{{{labels}}} {float(k.waiting)}\n"
-            f'vllm:num_requests_waiting_by_reason{{{labels},reason="capacity"}} 99.0\n'
-        )
+        text = ""
+        for rank in range(self.dp_size):  # vLLM labels each DP engine's gauges with its rank
+            labels = f'engine="{rank}",model_name="{self.model}"'
+            running = k.running_by_rank.get(rank, 0) if k.running_by_rank else (k.running if rank == 0 else 0)
+            text += (
+                "# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{{{labels}}} {float(running)}\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{{{labels}}} {float(k.waiting if rank == 0 else 0)}\n"
+                f'vllm:num_requests_waiting_by_reason{{{labels},reason="capacity"}} 99.0\n'
+            )
         return web.Response(text=text, content_type="text/plain")
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -159,6 +176,12 @@ class FakeVLLM:
             if k.fail_always or k.fail_next > 0:
                 k.fail_next = max(0, k.fail_next - 1)
                 return _error(k.fail_status, f"{self.name}: scripted failure")
+            if self.role == "encoder":
+                self._record_pushes(body)
+            else:
+                refusal = self._rank_refusal(request, body)
+                if refusal is not None:
+                    return refusal
             foreign = self._foreign_generation(body)
             if foreign is not None:
                 self.foreign_refused += 1
@@ -173,6 +196,32 @@ class FakeVLLM:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+
+    def _record_pushes(self, body: dict) -> None:
+        params = body.get("ec_transfer_params") or {}
+        if self.pushes is not None and params.get("consumer_zmq"):
+            for item in params.get("ec_items") or ():
+                self.pushes[item["transfer_id"]] = params["consumer_zmq"]
+
+    def _rank_refusal(self, request: web.Request, body: dict) -> web.Response | None:
+        """A 400 for a request not pinned to one of our engines, or whose pushes went elsewhere."""
+        header = request.headers.get("X-data-parallel-rank")
+        if self.dp_size == 1 and header is None:
+            rank = 0
+        elif header is not None and header.isdigit() and int(header) < self.dp_size:
+            rank = int(header)
+        else:
+            self.rank_errors += 1
+            return _error(400, f"{self.name}: X-data-parallel-rank {header!r} names none of {self.dp_size} engines")
+        self.by_rank[rank] = self.by_rank.get(rank, 0) + 1
+        if self.ec_zmq_by_rank and self.pushes is not None:
+            items = (body.get("ec_transfer_params") or {}).get("ec_items") or ()
+            wrong = [self.pushes.get(item.get("transfer_id")) for item in items
+                     if self.pushes.get(item.get("transfer_id")) != self.ec_zmq_by_rank[rank]]
+            if wrong:
+                self.misrouted += 1
+                return _error(400, f"{self.name}: rank {rank} listens on {self.ec_zmq_by_rank[rank]}, items went to {wrong}")
+        return None
 
     def _encode(self, body: dict) -> web.Response:
         content = body["messages"][0]["content"]

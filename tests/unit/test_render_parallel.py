@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 from epd_operator.render import render, tier_hashes
+from epd_operator.render.router_args import router_args
 from epd_operator.render.vllm import parallel_args
+from epd_operator.router.main import build_parser, config_from_args
 from tests.support.render_examples import (MOONCAKE, NIXL_AUTOSCALED, SHARED_STORAGE, container, example, find,
                                            maybe_find, serve_argvs)
 
@@ -138,3 +140,29 @@ def test_a_node_is_a_leader_or_a_worker():
     with pytest.raises(ValueError, match="leader"):
         parallel_args(tier, "master")
     assert parallel_args(tier)[-5:] == ["0", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", "29501"]
+
+
+# ----------------------------------------------------------------------------- the router's view
+
+
+def test_the_router_is_told_each_tiers_dp_size_and_the_mooncake_rank_stride():
+    args = router_args(example(MOONCAKE, **{"spec.decode.dataParallelSize": 4, "spec.decode.tensorParallelSize": 2}))
+    assert args[args.index("--decode-dp-size"):args.index("--decode-dp-size") + 4] == [
+        "--decode-dp-size", "4", "--ec-consumer-tp-size", "2"]
+    assert "--prefill-dp-size" not in args
+    args = router_args(example(NIXL_AUTOSCALED, **{"spec.prefill.dataParallelSize": 2, "spec.decode.dataParallelSize": 3}))
+    assert args[args.index("--prefill-dp-size"):args.index("--prefill-dp-size") + 4] == [
+        "--prefill-dp-size", "2", "--decode-dp-size", "3"]
+    assert "--ec-consumer-tp-size" not in args  # NIXL: D's KV handle names P's port itself
+
+
+def test_single_rank_tiers_add_nothing_to_the_routers_command_line():
+    for spec in (example(MOONCAKE), example(NIXL_AUTOSCALED), example(MOONCAKE, **{"spec.decode.tensorParallelSize": 2})):
+        args = router_args(spec)
+        assert not {"--prefill-dp-size", "--decode-dp-size", "--ec-consumer-tp-size"} & set(args)
+
+
+def test_rendered_dp_flags_parse_into_the_routers_config():
+    args = router_args(example(MOONCAKE, **{"spec.decode.dataParallelSize": 4, "spec.decode.tensorParallelSize": 2}))
+    cfg = config_from_args(build_parser().parse_args(args))
+    assert (cfg.decode_dp_size, cfg.prefill_dp_size, cfg.ec_consumer_tp_size, cfg.ec_consumer_port) == (4, 1, 2, 14579)

@@ -9,6 +9,7 @@ import math
 
 from ..api.quantity import parse_quantity
 from ..api.spec import EPDDeployment, Mooncake
+from ..router.config import RouterConfig
 from .naming import DECODE, ENCODER, PREFILL, label_selector
 from .tracing import router_tracing_args
 from .transfer import cache_ttl_seconds
@@ -49,6 +50,7 @@ def router_args(epd: EPDDeployment) -> list[str]:
         "--encoder-policy", spec.router.encoderPolicy,
         "--pd-policy", spec.router.pdPolicy,
     ]
+    args += data_parallel_hints(epd)
     args += connector_hints(epd)
     trust = spec.router.trust
     args += [flag for on, flag in ((trust.clientEmbeds, "--allow-client-embeds"), (trust.clientUUIDs, "--trust-client-uuids"),
@@ -65,6 +67,21 @@ def router_workers(epd: EPDDeployment) -> int:
     resources = epd.spec.router.resources
     cpu = resources.limits.get("cpu", resources.requests.get("cpu"))
     return max(1, math.ceil(parse_quantity(cpu))) if cpu is not None else 1
+
+
+def data_parallel_hints(epd: EPDDeployment) -> list[str]:
+    """The engines behind each prefill/decode pod, so the router pins every request to one rank and
+    balances ranks by load; for Mooncake, the stride between ranks' control ports (the consumer's TP)."""
+    spec = epd.spec
+    args: list[str] = []
+    for role, tier in ((PREFILL, spec.prefill), (DECODE, spec.decode)):
+        if tier is not None and tier.dataParallelSize != getattr(RouterConfig, f"{role}_dp_size"):
+            args += [f"--{role}-dp-size", str(tier.dataParallelSize)]
+    consumer = spec.prefill or spec.decode
+    stride = consumer.tensorParallelSize
+    if spec.ecTransfer.connector == "Mooncake" and consumer.dataParallelSize > 1 and stride != RouterConfig.ec_consumer_tp_size:
+        args += ["--ec-consumer-tp-size", str(stride)]
+    return args
 
 
 def connector_hints(epd: EPDDeployment) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -31,16 +32,31 @@ class DiscoveredEndpoint:
     # The pod's compatibility generation (serving.epd.dev/compat-generation); None where discovery
     # knows none (static URLs): then every endpoint is in the one generation None.
     generation: str | None = None
+    # Mooncake control addresses per DP rank when given one by one (static URLs, as vLLM's proxy
+    # takes them); empty: derived from `ec_zmq` by the pool.
+    ec_zmq_ranks: tuple[str, ...] = ()
+
+
+# vLLM's data-parallel pinning: an API server in front of DP engines hands a request carrying this
+# header to that engine (vLLM 0.32 entrypoints/generate/base/serving.py).
+DP_RANK_HEADER = "X-data-parallel-rank"
 
 
 class Endpoint:
-    __slots__ = ("url", "role", "key", "origin", "prefix", "pod", "ready", "healthy", "failures", "inflight", "external_load", "ec_zmq", "generation", "_gauge")
+    """One instance work is sent to: a backend, or one data-parallel rank (engine) of a backend."""
 
-    def __init__(self, url: str, role: str, pod: str = "", ec_zmq: str | None = None, generation: str | None = None) -> None:
+    __slots__ = ("url", "role", "key", "origin", "prefix", "pod", "ready", "healthy", "failures", "inflight", "external_load",
+                 "ec_zmq", "generation", "rank", "rank_header", "_gauge")
+
+    def __init__(self, url: str, role: str, pod: str = "", ec_zmq: str | None = None, generation: str | None = None,
+                 rank: int | None = None) -> None:
         self.url = url.rstrip("/")
         self.role = role
         parts = urlsplit(self.url)
-        self.key = parts.netloc or self.url
+        self.key = (parts.netloc or self.url) + ("" if rank is None else f"#dp{rank}")
+        # None: a backend without data parallelism (no header; vLLM balances nothing).
+        self.rank = rank
+        self.rank_header = b"" if rank is None else f"{DP_RANK_HEADER}: {rank}\r\n".encode()
         # What the raw HTTP client dials (scheme://host:port) and puts before each path.
         self.origin = f"{parts.scheme or 'http'}://{parts.netloc}"
         self.prefix = parts.path
@@ -71,10 +87,18 @@ class Endpoint:
 class Pool:
     """The endpoints of one tier. `available` is a cached list: the hot path only reads it."""
 
-    def __init__(self, role: str, metrics: RouterMetrics, eject_after: int = 3) -> None:
+    def __init__(self, role: str, metrics: RouterMetrics, eject_after: int = 3, dp_size: int = 1,
+                 zmq_rank_stride: int = 1) -> None:
         self.role = role
         self.metrics = metrics
         self.eject_after = eject_after
+        # Each backend runs `dp_size` engines: the pool holds one endpoint per (backend, rank), so
+        # pickers balance ranks by their own in-flight load. A Mooncake consumer's control port for
+        # rank d is its first port + d * zmq_rank_stride (its TP size: ec_port + d*TP + r).
+        if dp_size < 1 or zmq_rank_stride < 1:
+            raise ValueError("dp_size and zmq_rank_stride must be >= 1")
+        self.dp_size = dp_size
+        self.zmq_rank_stride = zmq_rank_stride
         self.endpoints: dict[str, Endpoint] = {}
         self.available: list[Endpoint] = []
         # `available` by compatibility generation: a request stays within one (see available_in).
@@ -85,20 +109,26 @@ class Pool:
         fresh: dict[str, Endpoint] = {}
         for d in discovered:
             url = d.url.rstrip("/")
-            ep = self.endpoints.get(url) or fresh.get(url)
-            if ep is None:
-                ep = Endpoint(url, self.role, d.pod, d.ec_zmq, d.generation)
-                self._label(ep)
-            else:
-                if ep.pod != d.pod:
-                    self._forget(ep)
-                    ep.pod = d.pod
+            for rank in (None,) if self.dp_size == 1 else range(self.dp_size):
+                if rank is None:
+                    ec_zmq = d.ec_zmq
+                else:
+                    ec_zmq = d.ec_zmq_ranks[rank] if d.ec_zmq_ranks else rank_zmq(d.ec_zmq, rank, self.zmq_rank_stride)
+                key = url if rank is None else f"{url}#dp{rank}"
+                ep = self.endpoints.get(key) or fresh.get(key)
+                if ep is None:
+                    ep = Endpoint(url, self.role, d.pod, ec_zmq, d.generation, rank)
                     self._label(ep)
-                ep.ec_zmq = d.ec_zmq
-                ep.generation = d.generation
-            # One address may appear in several slices; ready if any says so.
-            ep.ready = d.ready or (url in fresh and ep.ready)
-            fresh[url] = ep
+                else:
+                    if ep.pod != d.pod:
+                        self._forget(ep)
+                        ep.pod = d.pod
+                        self._label(ep)
+                    ep.ec_zmq = ec_zmq
+                    ep.generation = d.generation
+                # One address may appear in several slices; ready if any says so.
+                ep.ready = d.ready or (key in fresh and ep.ready)
+                fresh[key] = ep
         for url, ep in self.endpoints.items():
             if url not in fresh:
                 self._forget(ep)
@@ -174,9 +204,18 @@ class Pool:
 
     def describe(self) -> list[dict]:
         return [
-            {"url": ep.url, "pod": ep.pod, "generation": ep.generation, "ready": ep.ready, "healthy": ep.healthy, "inflight": ep.inflight, "load": ep.load}
+            {"url": ep.url, "pod": ep.pod, "generation": ep.generation, "ready": ep.ready, "healthy": ep.healthy, "inflight": ep.inflight, "load": ep.load,
+             **({} if ep.rank is None else {"rank": ep.rank})}
             for ep in self.endpoints.values()
         ]
+
+
+def rank_zmq(base: str | None, rank: int, stride: int) -> str | None:
+    """The Mooncake control address of DP rank `rank` of a consumer whose rank 0 listens at `base`."""
+    if base is None:
+        return None
+    host, _, port = base.rpartition(":")
+    return f"{host}:{int(port) + rank * stride}"
 
 
 def finishing_consumers(first: Pool, then: Pool | None) -> list[Endpoint]:
@@ -191,8 +230,14 @@ def finishing_consumers(first: Pool, then: Pool | None) -> list[Endpoint]:
 
 def scraped_queue_depth(text: bytes) -> int | None:
     """vllm:num_requests_running + vllm:num_requests_waiting summed over label sets."""
-    total = 0.0
-    found = False
+    depths = scraped_queue_depths(text)
+    return sum(depths.values()) if depths else None
+
+
+def scraped_queue_depths(text: bytes) -> dict[str | None, int]:
+    """vllm:num_requests_running + vllm:num_requests_waiting per engine (vLLM labels each DP engine's
+    gauges `engine="<rank>"`; None for series without that label). Empty when neither is exported."""
+    totals: dict[str | None, float] = {}
     for line in text.splitlines():
         if not line.startswith(b"vllm:num_requests_"):
             continue
@@ -200,11 +245,16 @@ def scraped_queue_depth(text: bytes) -> int | None:
         if line[:name_end] not in (b"vllm:num_requests_running", b"vllm:num_requests_waiting"):
             continue
         try:
-            total += float(line.rsplit(b" ", 1)[1])
-            found = True
+            value = float(line.rsplit(b" ", 1)[1])
         except (IndexError, ValueError):
             continue
-    return int(total) if found else None
+        engine = _ENGINE_LABEL.search(line[name_end:line.rfind(b"}") + 1]) if line[name_end:name_end + 1] == b"{" else None
+        key = engine.group(1).decode() if engine else None
+        totals[key] = totals.get(key, 0.0) + value
+    return {key: int(value) for key, value in totals.items()}
+
+
+_ENGINE_LABEL = re.compile(rb'[{,]\s*engine="([^"]*)"')
 
 
 class HealthChecker:
@@ -220,31 +270,50 @@ class HealthChecker:
         self.scrape_load = scrape_load
         self.last_round = 0.0
 
-    async def check(self, pool: Pool, ep: Endpoint) -> None:
+    async def check(self, pool: Pool, ep: Endpoint, ranks: list[Endpoint] | None = None) -> None:
+        """Probe one backend; `ranks` are all its endpoints (one per DP rank), `ep` alone by default.
+        One API server answers for every rank, so they are ejected and re-admitted together."""
+        ranks = ranks or [ep]
         try:
             async with self.session.get(ep.url + "/health", timeout=self.timeout) as r:
                 await r.read()
                 ok = r.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
             ok = False
-        if not ok:
-            pool.record_failure(ep, "health")
+        for each in ranks:
+            if ok:
+                pool.record_success(each)
+            else:
+                pool.record_failure(each, "health")
+        if not ok or not self.scrape_load:
             return
-        pool.record_success(ep)
-        if not self.scrape_load:
-            return
-        inflight_before = ep.inflight
+        inflight_before = {each: each.inflight for each in ranks}
         try:
             async with self.session.get(ep.url + "/metrics", timeout=self.timeout) as r:
-                depth = scraped_queue_depth(await r.read()) if r.status == 200 else None
+                depths = scraped_queue_depths(await r.read()) if r.status == 200 else {}
         except (TimeoutError, aiohttp.ClientError, OSError):
-            depth = None
-        if depth is not None:
-            ep.external_load = max(0, depth - inflight_before)
+            depths = {}
+        if not depths:
+            return
+        for each in ranks:
+            if each.rank is None:
+                depth = sum(depths.values())
+            elif str(each.rank) in depths:
+                depth = depths[str(each.rank)]
+            else:  # no per-engine series: the backend's total belongs to no one rank
+                continue
+            each.external_load = max(0, depth - inflight_before[each])
 
     async def check_all(self) -> None:
         # Endpoints Kubernetes calls unready get no traffic, so they need no probe either.
-        await asyncio.gather(*(self.check(pool, ep) for pool in self.pools for ep in list(pool.endpoints.values()) if ep.ready))
+        probes = []
+        for pool in self.pools:
+            by_url: dict[str, list[Endpoint]] = {}
+            for ep in list(pool.endpoints.values()):
+                if ep.ready:
+                    by_url.setdefault(ep.url, []).append(ep)
+            probes += [self.check(pool, ranks[0], ranks) for ranks in by_url.values()]
+        await asyncio.gather(*probes)
         self.last_round = time.monotonic()
 
     async def run(self) -> None:

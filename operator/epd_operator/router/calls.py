@@ -35,7 +35,7 @@ class BackendCalls:
         (a metadata-only body) a 400 is retryable, not final."""
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            r = await self.upstream.request(ep.origin, "POST", ep.prefix + path, headers, data,
+            r = await self.upstream.request(ep.origin, "POST", ep.prefix + path, headers + ep.rank_header, data,
                                             connect_timeout=min(self.cfg.connect_timeout, timeout), deadline=deadline)
             try:
                 payload = await r.read(deadline)
@@ -67,7 +67,7 @@ class BackendCalls:
         resp = None
         try:
             try:
-                resp = await self.upstream.request(ep.origin, "POST", ep.prefix + ctx.route, headers, data,
+                resp = await self.upstream.request(ep.origin, "POST", ep.prefix + ctx.route, headers + ep.rank_header, data,
                                                    connect_timeout=self.cfg.connect_timeout, idle=self.cfg.decode_timeout)
             except TransportError as exc:
                 kind = "timeout" if exc.kind == "timeout" else "connect"

@@ -71,6 +71,12 @@ class RouterConfig:
     # tier's URLs) or derived from each discovered consumer's IP and this port.
     ec_consumer_zmq_addrs: list[str] = field(default_factory=list)
     ec_consumer_port: int | None = None
+    # Data-parallel backends: each prefill/decode instance runs this many engines; every request is
+    # pinned to one (X-data-parallel-rank), ranks balanced by their own in-flight load. A Mooncake
+    # consumer's rank d listens on its ec_port + d * ec_consumer_tp_size (vLLM: ec_port + d*TP + r).
+    prefill_dp_size: int = 1
+    decode_dp_size: int = 1
+    ec_consumer_tp_size: int = 1
     # Health.
     health_interval: float = 5.0
     health_timeout: float = 2.0
@@ -88,6 +94,11 @@ class RouterConfig:
         return bool(self.prefill_urls)
 
     @property
+    def ec_consumer_dp_size(self) -> int:
+        """The DP size of the EC consumer tier: prefill in E/P/D, the PD tier in E+PD."""
+        return self.prefill_dp_size if self.disaggregated_prefill else self.decode_dp_size
+
+    @property
     def mooncake(self) -> bool:
         return bool(self.ec_consumer_zmq_addrs) or self.ec_consumer_port is not None
 
@@ -103,8 +114,9 @@ class RouterConfig:
             if not self.decode_urls:
                 problems.append("--decode-servers-urls is required")
             consumers = self.prefill_urls if self.disaggregated_prefill else self.decode_urls
-            if self.ec_consumer_zmq_addrs and len(self.ec_consumer_zmq_addrs) != len(consumers or []):
-                problems.append("--ec-consumer-zmq-addrs needs one address per EC consumer (prefill in E/P/D, decode in E+PD)")
+            if self.ec_consumer_zmq_addrs and len(self.ec_consumer_zmq_addrs) != len(consumers or []) * self.ec_consumer_dp_size:
+                problems.append("--ec-consumer-zmq-addrs needs one address per EC consumer (prefill in E/P/D, decode in E+PD) "
+                                "and data-parallel rank, rank-major within each consumer")
         elif self.discovery == "kubernetes":
             if not self.decode_selector:
                 problems.append("--decode-selector is required with --discovery kubernetes")
@@ -123,6 +135,9 @@ class RouterConfig:
         for name in ("header_timeout", "body_timeout", "keepalive_timeout", "send_timeout"):
             if not getattr(self, name) > 0:
                 problems.append(f"--{name.replace('_', '-')} must be > 0")
+        for name in ("prefill_dp_size", "decode_dp_size", "ec_consumer_tp_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1")
         if self.load_factor < 1:
             problems.append("--load-factor must be >= 1")
         if self.otlp_traces_endpoint is not None:

@@ -43,8 +43,11 @@ def static_endpoints(cfg: RouterConfig) -> dict[str, list[DiscoveredEndpoint]]:
         roles["prefill"] = cfg.prefill_urls or []
     out: dict[str, list[DiscoveredEndpoint]] = {}
     for role, urls in roles.items():
-        zmq = cfg.ec_consumer_zmq_addrs if role == consumer_role and cfg.ec_consumer_zmq_addrs else [None] * len(urls)
-        out[role] = [DiscoveredEndpoint(normalize_url(u), True, "", z) for u, z in zip(urls, zmq)]
+        addrs = cfg.ec_consumer_zmq_addrs if role == consumer_role else []
+        dp = cfg.ec_consumer_dp_size
+        out[role] = [DiscoveredEndpoint(normalize_url(u), True, "", addrs[i * dp] if addrs else None,
+                                        ec_zmq_ranks=tuple(addrs[i * dp:(i + 1) * dp]) if addrs and dp > 1 else ())
+                     for i, u in enumerate(urls)]
     return out
 
 

@@ -38,7 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--encode-servers-urls", default="", help="comma-separated encoder URLs")
     g.add_argument("--prefill-servers-urls", default="none", help="comma-separated prefill URLs; 'disable'/'none' = E+PD")
     g.add_argument("--decode-servers-urls", default="", help="comma-separated decode (or PD) URLs")
-    g.add_argument("--ec-consumer-zmq-addrs", default="", help="Mooncake EC: consumer control addresses, one per consumer URL")
+    g.add_argument("--ec-consumer-zmq-addrs", default="",
+                   help="Mooncake EC: consumer control addresses, one per consumer URL and data-parallel rank")
+    g.add_argument("--ec-consumer-dp-size", type=int, default=None,
+                   help="data-parallel size of the EC consumer tier (prefill in E/P/D, decode in E+PD)")
     k = p.add_argument_group("Kubernetes discovery")
     k.add_argument("--discovery", choices=("static", "kubernetes"), default=D.discovery)
     k.add_argument("--namespace", default=None, help="default: the pod's own namespace")
@@ -49,7 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--backend-port", type=int, default=D.backend_port, help="port used when a slice names none")
     k.add_argument("--kubeconfig", default=None, help="default: in-cluster credentials, else $KUBECONFIG")
     k.add_argument("--ec-consumer-port", type=int, default=None, help="Mooncake EC: consumer ec_port; address = tcp://<pod IP>:PORT")
+    k.add_argument("--ec-consumer-tp-size", type=int, default=D.ec_consumer_tp_size,
+                   help="Mooncake EC: the consumer's tensor-parallel size; DP rank d listens on PORT + d * this")
     r = p.add_argument_group("picking")
+    r.add_argument("--prefill-dp-size", type=int, default=D.prefill_dp_size,
+                   help="engines per prefill instance: requests are pinned to one (X-data-parallel-rank), balanced by load")
+    r.add_argument("--decode-dp-size", type=int, default=D.decode_dp_size,
+                   help="engines per decode (or PD) instance: requests are pinned to one, balanced by load")
     r.add_argument("--encoder-policy", choices=ENCODER_POLICIES, default=D.encoder_policy)
     r.add_argument("--pd-policy", choices=PD_POLICIES, default=D.pd_policy)
     r.add_argument("--load-factor", type=float, default=D.load_factor,
@@ -149,6 +158,8 @@ def config_from_args(args: argparse.Namespace):
         rewrite=args.rewrite,
         ec_consumer_zmq_addrs=[a.strip() for a in args.ec_consumer_zmq_addrs.split(",") if a.strip()],
         ec_consumer_port=args.ec_consumer_port,
+        ec_consumer_tp_size=args.ec_consumer_tp_size,
+        **_dp_sizes(args),
         health_interval=args.health_interval,
         health_timeout=args.health_timeout,
         eject_after=args.eject_after,
@@ -159,6 +170,15 @@ def config_from_args(args: argparse.Namespace):
     )
     cfg.validate()
     return cfg
+
+
+def _dp_sizes(args: argparse.Namespace) -> dict[str, int]:
+    """The DP size of each consumer tier; vLLM's --ec-consumer-dp-size names the EC consumer's."""
+    sizes = {"prefill_dp_size": args.prefill_dp_size, "decode_dp_size": args.decode_dp_size}
+    if args.ec_consumer_dp_size is not None:
+        e_pd = args.prefill_servers_urls.strip().lower() in ("", "none", "disable") and not args.prefill_selector
+        sizes["decode_dp_size" if e_pd else "prefill_dp_size"] = args.ec_consumer_dp_size
+    return sizes
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
