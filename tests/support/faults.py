@@ -5,6 +5,7 @@
         ... point a client at proxy.url ...
         proxy.requests                          # [(method, path)] as they went through
         proxy.queries                           # [(method, path?query)] likewise
+        api_verb(*proxy.queries[0])             # ("list", "deployments"): as RBAC names requests
 
 Everything else is the real server's own answer, streamed through unchanged (watches included).
 It runs its own event loop in a thread, so blocking test code cannot stall the clients behind it.
@@ -17,6 +18,7 @@ import json
 import re
 import ssl
 import threading
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -25,6 +27,30 @@ from epd_operator.kube import Credentials
 from epd_operator.local.cluster import LocalCluster
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
+WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def api_verb(method: str, path_qs: str) -> tuple[str, str]:
+    """(verb, resource) of a request as RBAC names them: get | list | watch | create | update | patch |
+    delete, and the plural with any subresource (`epddeployments/status`); other paths are ("other", path)."""
+    split = urlsplit(path_qs)
+    parts = split.path.strip("/").split("/")
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"]:
+        rest = parts[3:]
+    else:
+        return "other", split.path
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]  # a namespaced resource (a Namespace itself is ["namespaces", name])
+    if not rest or rest == [""]:
+        return "other", split.path
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    if method == "GET":
+        if "watch=true" in split.query or "watch=1" in split.query:
+            return "watch", resource
+        return ("get" if len(rest) > 1 else "list"), resource
+    return WRITE_VERBS.get(method, method.lower()), resource
 
 
 @dataclasses.dataclass
