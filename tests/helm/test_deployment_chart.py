@@ -55,6 +55,14 @@ def test_prefill_makes_it_e_p_d_with_kv_transfer(helm):
     assert spec["kvTransfer"] == {"connector": "Nixl"}
 
 
+def test_tracing_reaches_the_spec(helm, tmp_path):
+    endpoint = "http://otel-collector.observability:4318/v1/traces"
+    assert "tracing" not in render_spec(helm)
+    values = tmp_path / "values.yaml"  # a file: `--set` would pass 0.5 as a string, which the schema refuses
+    values.write_text(yaml.safe_dump({"tracing": {"otlpEndpoint": endpoint, "sampleRatio": 0.5}}))
+    assert render_spec(helm, values)["tracing"] == {"otlpEndpoint": endpoint, "sampleRatio": 0.5}
+
+
 def test_metadata_from_values(helm):
     (cr,) = helm.template(DEPLOYMENT_CHART, None, "fullnameOverride=qwen", "labels.team=ml",
                           "annotations.owner=alice")
