@@ -345,7 +345,7 @@ async def drive(url: str, bodies: list[bytes], gaps: list[float], loop: str, con
         if loop == "open":
             tasks = []
             due = started
-            for body, gap in zip(bodies, gaps):
+            for body, gap in zip(bodies, gaps, strict=True):
                 due += gap
                 if due > deadline:
                     break
@@ -629,7 +629,7 @@ def plot(cells: list[Cell], plan: Plan, path: Path, title: str) -> bool:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4), sharey=True, squeeze=False)
     qs = (50, 90, 99)
     colours = ("#4C72B0", "#DD8452", "#C44E52")
-    for ax, (workload, loop) in zip(axes[0], panels):
+    for ax, (workload, loop) in zip(axes[0], panels, strict=True):
         names = [c.name for c in CONTENDERS if (workload, loop, c.name) in groups]
         for j, q in enumerate(qs):
             mids, lo, hi = [], [], []

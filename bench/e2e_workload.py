@@ -61,7 +61,7 @@ def requests(mix: Mix, n: int, rate: float, seed: int, repeat_images: bool = Tru
     ranks = list(range(mix.catalogue))
     rng.shuffle(ranks)  # popularity rank -> catalogue index
     weights = [1.0 / (k + 1) ** mix.zipf_s for k in range(mix.catalogue)]
-    counts, shares = zip(*mix.images_per_request)
+    counts, shares = zip(*mix.images_per_request, strict=True)
     fresh = mix.catalogue
     out = []
     for i in range(n):

@@ -86,6 +86,7 @@ class ClientConnection(asyncio.Protocol):
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.busy = False
+        self.routing: asyncio.Future[None] | None = None  # held: the loop keeps only a weak reference to a task
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -99,7 +100,7 @@ class ClientConnection(asyncio.Protocol):
         while (request := take_request(self.buf)) is not None:
             if request.method == "POST":
                 self.busy = True
-                asyncio.ensure_future(self._route(request.body))
+                self.routing = asyncio.ensure_future(self._route(request.body))
                 return
             self.transport.write(HEALTH)
 

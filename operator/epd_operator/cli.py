@@ -88,9 +88,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
     documents = _parse_documents(args.file)
     for _doc, epd in documents:
         print(f"EPDDeployment {epd.name}: valid ({epd.spec.topology}, EC connector {epd.spec.ecTransfer.connector})")
-    if args.server:
-        if not asyncio.run(_validate_on_server(args, [doc for doc, _epd in documents])):
-            sys.exit(1)
+    if args.server and not asyncio.run(_validate_on_server(args, [doc for doc, _epd in documents])):
+        sys.exit(1)
 
 
 async def _validate_on_server(args: argparse.Namespace, docs: list[dict[str, Any]]) -> bool:

@@ -70,7 +70,9 @@ class Helm:
     def lint(self, chart: Path, values: Path | None = None, *sets: str) -> HelmResult:
         return self.run("lint", "--strict", "--kube-version", KUBE_VERSION, str(chart), *_value_args(values, sets))
 
-    @functools.lru_cache(maxsize=256)  # rendering is deterministic; many tests read the same render
+    # Rendering is deterministic; many tests read the same render. One Helm per binary lives for the
+    # session, so the cache holding it alive costs nothing (B019).
+    @functools.lru_cache(maxsize=256)  # noqa: B019
     def template_text(self, chart: Path, values: Path | None = None, *sets: str,
                       release: str = "epd", namespace: str = "epd-system") -> HelmResult:
         return self.run("template", release, str(chart), "--namespace", namespace, "--include-crds",

@@ -47,7 +47,7 @@ def _dropped_paths(original: Any, pruned: Any, path: str = "") -> list[str]:
         return [p for key, value in original.items()
                 for p in ([f"{path}.{key}"] if key not in pruned else _dropped_paths(value, pruned[key], f"{path}.{key}"))]
     if isinstance(original, list) and isinstance(pruned, list):
-        return [p for i, (a, b) in enumerate(zip(original, pruned)) for p in _dropped_paths(a, b, f"{path}[{i}]")]
+        return [p for i, (a, b) in enumerate(zip(original, pruned, strict=False)) for p in _dropped_paths(a, b, f"{path}[{i}]")]
     return []
 
 

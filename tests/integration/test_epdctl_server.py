@@ -63,7 +63,7 @@ def test_an_admission_policys_refusal_is_printed(kube: KubeView, tmp_path: Path,
     path.write_text(yaml.safe_dump(epd_doc()))  # two decode replicas: valid locally
     decode_cap_policy(kube)
     # The API server enforces a new policy once it has compiled it (its informer): poll until it does.
-    code, out, err = wait_for(lambda: (r := validate(capsys, kube, path))[0] == 1 and r, 30, "the policy never applied")
+    _code, out, err = wait_for(lambda: (r := validate(capsys, kube, path))[0] == 1 and r, 30, "the policy never applied")
     assert "EPDDeployment vl: valid" in out  # the local verdict first
     assert f"EPDDeployment {kube.ns}/vl: refused by {kube.cluster.server} (422 Invalid): " in err, err
     assert "denied request: at most 1 decode replica in this namespace" in err, err

@@ -165,7 +165,9 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
                                      120, lambda: pod_generations(kube))
                     await wait_until(lambda: available(router) == Counter({("encoder", new): 1, ("decode", new): 2}), 60,
                                      lambda: available(router))
-                    served_by_new = lambda: sum(len(f.received) for f in pods.fakes if f.generation == new and f.role == "pd")
+                    def served_by_new() -> int:
+                        return sum(len(f.received) for f in pods.fakes if f.generation == new and f.role == "pd")
+
                     settled = served_by_new()
                     await wait_until(lambda: served_by_new() >= settled + 20, 30, lambda: statuses)
                 mixed.cancel()

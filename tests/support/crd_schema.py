@@ -17,6 +17,7 @@ Approximations (documented, not hidden):
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Iterator
@@ -103,7 +104,7 @@ def unknown_fields(sent: Any, kept: Any, path: str = '') -> list[str]:
             where = f'{path}.{key}' if path else key
             found += unknown_fields(value, kept[key], where) if key in kept else [where]
     elif isinstance(sent, list) and isinstance(kept, list):
-        for index, (a, b) in enumerate(zip(sent, kept)):
+        for index, (a, b) in enumerate(zip(sent, kept, strict=False)):
             found += unknown_fields(a, b, f'{path}[{index}]')
     return found
 
@@ -223,10 +224,8 @@ def _cel_errors(schema: dict[str, Any], value: Any, old: Any, path: list[Any]) -
         if ok is not True:
             message = rule.get('message') or f'failed rule: {expression}'
             if rule.get('messageExpression'):
-                try:
+                with contextlib.suppress(Exception):  # a failing messageExpression falls back to message
                     message = str(_compiled(rule['messageExpression']).execute(variables))
-                except Exception:
-                    pass
             yield f'{where}: Invalid value: {_render_value(value)}: {message}'
 
     if isinstance(value, dict):

@@ -104,9 +104,9 @@ class OperatorProcess:
         return self.process.returncode
 
     async def _get(self, port: int, path: str) -> tuple[int, str]:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                return resp.status, await resp.text()
+        async with (aiohttp.ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as resp):
+            return resp.status, await resp.text()
 
     async def healthz(self) -> dict[str, Any] | None:
         """The /healthz answer, or None while the process does not serve yet."""

@@ -233,5 +233,5 @@ def test_a_rule_with_an_unsupported_reason_cannot_be_declared():
     from epd_operator.api.rules import Rule
     from epd_operator.api.spec import EPDDeployment
 
-    with pytest.raises(ValueError, match="FieldValueTooLong.*is not one kube-apiserver accepts"):
+    with pytest.raises(ValueError, match=r"FieldValueTooLong.*is not one kube-apiserver accepts"):
         Rule(EPDDeployment, "true", ".x", "m", "FieldValueTooLong")

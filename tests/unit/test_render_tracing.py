@@ -56,7 +56,7 @@ def test_vllm_accepts_the_traced_command_lines():
              for argv in serve_argvs(render(example(name, **{"spec.tracing": {"otlpEndpoint": ENDPOINT}})))]
     assert all("--otlp-traces-endpoint" in argv for argv in argvs)
     errors = check_serve_commands(argvs)
-    refused = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors) if error]
+    refused = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors, strict=True) if error]
     assert not refused, "\n".join(refused)
 
 

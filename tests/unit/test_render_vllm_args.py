@@ -11,7 +11,7 @@ def test_every_rendered_serve_command_parses_under_vllm():
     argvs = [argv for objects in rendered_examples().values() for argv in serve_argvs(objects)]
     argvs += [argv for epd in variants().values() for argv in serve_argvs(render(epd))]
     errors = check_serve_commands(argvs)
-    refused = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors) if error]
+    refused = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors, strict=True) if error]
     assert not refused, "\n".join(refused)
 
 

@@ -79,9 +79,9 @@ async def test_workers_share_the_port_and_report_metrics_together():
                 body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
                 for _ in range(12):
                     # A fresh connection each time so the kernel may hand it to either worker.
-                    async with aiohttp.ClientSession() as one_shot:
-                        async with one_shot.post(url + "/v1/chat/completions", data=body) as r:
-                            assert r.status == 200
+                    async with (aiohttp.ClientSession() as one_shot,
+                                one_shot.post(url + "/v1/chat/completions", data=body) as r):
+                        assert r.status == 200
                 async with session.get(url + "/metrics") as r:
                     text = await r.read()
             assert sample_values(text, "epd_router_requests_total", route="/v1/chat/completions", status="200") == [12]

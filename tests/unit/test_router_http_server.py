@@ -172,16 +172,16 @@ BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"
 
 
 async def test_a_decode_closing_mid_reply_is_retried_then_answered():
-    async with scripted_backend([half_reply, ok(b'{"ok":true}')]) as (decode, seen):
-        async with router_over(decode) as (router, reader, writer):
-            writer.write(post(CHAT, BODY, b"x-request-id: mid-1\r\n"))
-            head, body = await read_response(reader)
-            assert head.startswith(b"HTTP/1.1 200") and body == b'{"ok":true}' and b"x-request-id: mid-1" in head
-            assert len(seen) == 2 and router.decodes.available[0].inflight == 0
+    async with (scripted_backend([half_reply, ok(b'{"ok":true}')]) as (decode, seen),
+                router_over(decode) as (router, reader, writer)):
+        writer.write(post(CHAT, BODY, b"x-request-id: mid-1\r\n"))
+        head, body = await read_response(reader)
+        assert head.startswith(b"HTTP/1.1 200") and body == b'{"ok":true}' and b"x-request-id: mid-1" in head
+        assert len(seen) == 2 and router.decodes.available[0].inflight == 0
 
 
 async def test_a_decode_closing_mid_reply_twice_is_a_502():
-    async with scripted_backend([half_reply]) as (decode, seen), router_over(decode) as (router, reader, writer):
+    async with scripted_backend([half_reply]) as (decode, seen), router_over(decode) as (_router, reader, writer):
         writer.write(post(CHAT, BODY))
         head, body = await read_response(reader)
         assert head.startswith(b"HTTP/1.1 502") and "decode failed (read)" in orjson.loads(body)["error"]["message"]
@@ -191,7 +191,7 @@ async def test_a_decode_closing_mid_reply_twice_is_a_502():
 async def test_a_client_leaving_cancels_its_request():
     async with FakeVLLM("pd") as pd:
         pd.knobs.delay = 30
-        async with router_over(pd.url) as (router, reader, writer):
+        async with router_over(pd.url) as (router, _reader, writer):
             writer.write(post(CHAT, BODY))
             async with asyncio.timeout(5):
                 while not pd.received:

@@ -208,9 +208,9 @@ def test_rings_per_endpoint_set_survive_many_sets():
 
 
 def test_constructor_refuses_a_factor_below_one_and_an_empty_window():
-    with pytest.raises(ValueError, match="^load_factor must be >= 1$"):
+    with pytest.raises(ValueError, match=r"^load_factor must be >= 1$"):
         BoundedHashPicker(0.99)
-    with pytest.raises(ValueError, match="^work_window must be >= 1$"):
+    with pytest.raises(ValueError, match=r"^work_window must be >= 1$"):
         BoundedHashPicker(work_window=0)
     assert BoundedHashPicker(1.0, work_window=1).load_factor == 1.0
     assert BoundedHashPicker().load_factor == DEFAULT_LOAD_FACTOR == 1.15
@@ -224,7 +224,7 @@ def test_make_picker_by_policy_name():
     assert make_picker("cache-aware").load_factor == 1.15
     assert isinstance(make_picker("least-loaded"), LeastLoadedPicker)
     assert isinstance(make_picker("round-robin"), RoundRobinPicker)
-    with pytest.raises(ValueError, match="^unknown policy 'random'$"):
+    with pytest.raises(ValueError, match=r"^unknown policy 'random'$"):
         make_picker("random")
 
 

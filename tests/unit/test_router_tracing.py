@@ -84,9 +84,9 @@ async def router_process(*args: str):
 
 
 async def post(url: str, doc: dict, headers: dict | None = None) -> tuple[int, bytes]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(url + CHAT, data=orjson.dumps(doc), headers={"Content-Type": "application/json", **(headers or {})}) as r:
-            return r.status, await r.read()
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    async with aiohttp.ClientSession() as session, session.post(url + CHAT, data=orjson.dumps(doc), headers=headers) as r:
+        return r.status, await r.read()
 
 
 def traceparent(fake: FakeVLLM, index: int = 0) -> tuple[str, str, str]:

@@ -211,7 +211,7 @@ async def test_chunked_framing_split_at_every_byte_still_yields_the_exact_body()
 
 
 async def test_idle_connections_left_from_a_burst_are_retired_by_later_traffic():
-    async with scripted_backend([ok(b"{}")]) as (url, seen):
+    async with scripted_backend([ok(b"{}")]) as (url, _seen):
         up = Upstream(keepalive=0.1)
 
         async def call():
