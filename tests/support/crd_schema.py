@@ -254,5 +254,8 @@ def validate_custom_object(crd: dict[str, Any], obj: dict[str, Any],
     errors += list(_list_map_errors(schema, body, []))
     if errors:  # CEL rules assume a schema-valid object, as upstream
         return errors
-    # Root-level rules see the whole object (``self.metadata.name`` works, as upstream).
-    return list(_cel_errors(root_schema, obj, _MISSING if old is None else old, []))
+    # Root-level rules see the whole object (``self.metadata.name`` works, as upstream), and rules on
+    # ``metadata.name`` (the metadata field a CRD may constrain) run there, reported at that field.
+    cel_schema = {**schema, 'properties': {k: v for k, v in (schema.get('properties') or {}).items()
+                                           if k not in ('apiVersion', 'kind')}}
+    return list(_cel_errors(cel_schema, obj, _MISSING if old is None else old, []))

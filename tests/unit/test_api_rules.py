@@ -253,3 +253,36 @@ def test_rules_for_a_model_include_those_of_the_models_it_extends():
     assert [r.field for r in rules_for(ConsumerTier)] == [".nodesPerReplica", ".dataParallelSize", *placement]
     assert all(r in RULES for r in rules_for(ConsumerTier))
     assert [r.field for r in rules_for(EPDDeployment)] == [".metadata.name", ".metadata.name"]
+
+
+def test_the_crd_carries_the_whole_object_rules_on_metadata_name():
+    """On the name node the API server reports `metadata.name: Invalid value: "<name>": <message>`; at the
+    root it would report `<nil>` (tests/helm/test_deployment_chart_refusals.py shows the server's words)."""
+    from epd_operator.api.crd import name_rules, openapi_schema
+
+    assert name_rules() == [
+        {"rule": "self.size() <= 47", "reason": "FieldValueInvalid",
+         "message": "must be at most 47 characters (child objects append suffixes such as '-mooncake-master')"},
+        {"rule": "self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", "reason": "FieldValueInvalid",
+         "message": "must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): "
+                    "it names Services"}]
+    schema = openapi_schema()
+    assert "x-kubernetes-validations" not in schema
+    assert schema["properties"]["metadata"]["properties"]["name"]["x-kubernetes-validations"] == name_rules()
+    for rule, crd_rule in zip(rules_for(EPDDeployment), name_rules(), strict=True):
+        for name in ("a" * 47, "a" * 48, "1abc", "abc-", "a-1-b", "Qwen"):
+            assert Rule(EPDDeployment, crd_rule["rule"], "", "").holds(name) == rule.holds({"metadata": {"name": name}})
+
+
+@pytest.mark.parametrize("expression, field", [
+    ("self.spec.model.name != ''", ".spec.model.name"),  # not a name rule
+    ("self.metadata.namespace != 'default'", ".metadata.name"),  # reads another metadata field
+    ("self.metadata.name != self.spec.model.name", ".metadata.name"),  # reads more than the name
+])
+def test_a_whole_object_rule_the_crd_cannot_carry_on_the_name_is_refused(monkeypatch, expression, field):
+    from epd_operator.api import rules as rules_mod
+    from epd_operator.api.crd import name_rules
+
+    monkeypatch.setattr(rules_mod, "RULES", (*RULES, Rule(EPDDeployment, expression, field, "m")))
+    with pytest.raises(ValueError, match="only a rule on .metadata.name that reads nothing but self.metadata.name"):
+        name_rules()

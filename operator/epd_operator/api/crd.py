@@ -7,6 +7,7 @@ places each cross-field CEL rule (`rules.py`) on the node of the model it belong
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -80,12 +81,33 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return _structural(raw, raw.get("$defs", {}), _rules_by_title())
 
 
+_NAME = re.compile(r"\bself\.metadata\.name\b")
+
+
+def name_rules() -> list[dict[str, Any]]:
+    """The rules of the whole object, placed on `metadata.name` with `self` the name.
+
+    A rule at the root is reported without a field (`<nil>: Invalid value: ...`): its fieldPath may
+    only name schema properties, and the only ones a CRD may declare under metadata are name and
+    generateName. On the name node the API server reports `metadata.name: Invalid value: "<name>": ...`.
+    So a root rule must concern `.metadata.name` and read nothing else; rules.py keeps the whole-object
+    form, which `epdctl validate` and the operator evaluate."""
+    out = []
+    for rule in rules_mod.rules_for(EPDDeployment):
+        on_name, reads = _NAME.subn("self", rule.expression)
+        if rule.field != ".metadata.name" or not reads or re.search(r"\bself\b", _NAME.sub("", rule.expression)):
+            raise ValueError(f"rule {rule.expression!r} of the whole EPDDeployment: only a rule on .metadata.name that "
+                             "reads nothing but self.metadata.name can be placed in the CRD")
+        validation = rule.as_validation()
+        del validation["fieldPath"]
+        validation["rule"] = on_name
+        out.append(validation)
+    return out
+
+
 def openapi_schema() -> dict[str, Any]:
     spec = model_schema(EPDDeploymentSpec)
     status = model_schema(EPDDeploymentStatus)
-    root_rules = [r.as_validation() for r in rules_mod.rules_for(EPDDeployment)]
-    for rule in root_rules:
-        rule.pop("fieldPath")  # Kubernetes allows fieldPath to name only schema properties, not metadata
     return {
         "type": "object",
         "description": "EPDDeployment runs a vLLM Encoder/Prefill/Decode disaggregated multimodal model.",
@@ -93,11 +115,11 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": {"type": "object", "properties": {
+                "name": {"type": "string", "x-kubernetes-validations": name_rules()}}},
             "spec": spec,
             "status": status,
         },
-        "x-kubernetes-validations": root_rules,
     }
 
 
