@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 import kopf
 from aiohttp import web
@@ -171,9 +171,9 @@ async def run(options: Options, *, stop: asyncio.Event | None = None,
         await runner.cleanup()
 
 
-async def _until_stopped(work: asyncio.Future | object, stop: asyncio.Event) -> bool:
+async def _until_stopped(work: Awaitable[object], stop: asyncio.Event) -> bool:
     """Run `work` unless `stop` comes first; True when the work finished."""
-    task = asyncio.ensure_future(work)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(work)
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     for pending in (task, stopper):
