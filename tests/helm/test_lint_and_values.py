@@ -68,14 +68,3 @@ def test_bad_values_are_refused_with_a_clear_message(helm, tmp_path: Path, name:
         for word in words:
             assert word in message, f"{word!r} missing from helm's message:\n{message}"
 
-
-def test_kv_transfer_without_prefill_is_refused_before_apply(helm):
-    result = helm.template_text(DEPLOYMENT_CHART, None, "kvTransfer.connector=Nixl")
-    assert result.returncode != 0
-    assert "kvTransfer moves KV from prefill to decode" in result.stderr
-
-
-def test_overlong_name_is_refused_before_apply(helm):
-    result = helm.template_text(DEPLOYMENT_CHART, None, release="x" * 48)
-    assert result.returncode != 0
-    assert "the limit is 47" in result.stderr
