@@ -6,6 +6,7 @@ Real vLLM serving a video through the router: tests/e2e/test_epd_shared_storage.
 
 from epd_operator.router.protocol import EncodedItem, MediaItem, audio_in_video, carries_audio, rewrite_for_decode
 from epd_operator.router.reuse import encoder_key, encoding_options, reuse_key
+from tests.support.prom import sample_values
 from tests.support.router_stack import router_stack
 
 CHAT = "/v1/chat/completions"
@@ -122,9 +123,9 @@ async def test_each_video_frame_count_is_encoded_once_then_reused():
         # Encoded: 4 frames, 2 frames, the default; reused: the repeats of 4 and 2.
         sent = s.encoders[0].bodies()
         assert [b.get("media_io_kwargs") for b in sent] == [four["media_io_kwargs"], two["media_io_kwargs"], None]
-        metrics = (await s.get("/metrics")).body.decode()
-        assert 'epd_router_items_total{outcome="encoded"} 3.0' in metrics
-        assert 'epd_router_items_total{outcome="reused"} 2.0' in metrics
+        metrics = (await s.get("/metrics")).body
+        assert sample_values(metrics, "epd_router_items_total", outcome="encoded") == [3]
+        assert sample_values(metrics, "epd_router_items_total", outcome="reused") == [2]
         # Each consumer request carries its own options next to the embedding it names.
         assert [b.get("media_io_kwargs") for b in s.decodes[0].bodies()] == [
             four["media_io_kwargs"], two["media_io_kwargs"], four["media_io_kwargs"], two["media_io_kwargs"], None]
@@ -157,9 +158,9 @@ async def test_a_video_with_its_audio_track_skips_the_encoders():
         assert _parts(pd_req)[1]["type"] == "video_url" and _parts(pd_req)[1]["video_url"] == VIDEO["video_url"]
         assert _parts(pd_req)[2] == {**IMAGE, "uuid": image_uuid}
         assert pd_req["ec_transfer_params"][image_uuid]["metadata"] == {"image_grid_thw": [1, 16, 16]}
-        metrics = (await s.get("/metrics")).body.decode()
-        assert 'epd_router_items_total{outcome="encoded"} 1.0' in metrics
-        assert 'epd_router_items_total{outcome="fallback"} 1.0' in metrics
+        metrics = (await s.get("/metrics")).body
+        assert sample_values(metrics, "epd_router_items_total", outcome="encoded") == [1]
+        assert sample_values(metrics, "epd_router_items_total", outcome="fallback") == [1]
 
 
 async def test_a_video_without_its_audio_track_is_encoded_like_an_image():
