@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import struct
 import time
 import urllib.error
@@ -16,6 +15,8 @@ import urllib.request
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 # 224 x 224 pixels = 16 x 16 patches of 14 px, merged 2 x 2: 64 image tokens, the tiny model's maximum.
 IMAGE_SIDE = 224
@@ -129,20 +130,11 @@ def chat(base_url: str, body: dict, timeout: float = 120) -> Reply:
     return post(f"{base_url}/v1/chat/completions", body, timeout)
 
 
-METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 def metrics(base_url: str) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample of a Prometheus /metrics page as (name, labels, value)."""
+    """Every sample of a Prometheus /metrics page as (name, labels, value), read by prometheus_client's parser."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    samples = []
-    for line in text.splitlines():
-        m = METRIC_LINE.match(line)
-        if m and not line.startswith("#"):
-            samples.append((m.group(1), dict(LABEL.findall(m.group(2) or "")), float(m.group(3))))
-    return samples
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def metric_sum(base_url: str, name: str, **labels: str) -> float:
