@@ -3,11 +3,14 @@ real API server, which refuses a bad EPDDeployment with the rule's own message (
 `epd_operator.api.rules` into the CRD) and the field it concerns.
 
 `helm install --dry-run=server` does not send the objects (helm 3 and 4 accept a bad name there),
-so the refusals are shown by real installs and by `helm template | kubectl apply --dry-run=server`.
+so the refusals are shown by real installs and by `helm template | kubectl apply --dry-run=server`
+(and `| epdctl validate -f -`, offline, from the same rules).
 """
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -88,3 +91,16 @@ def test_a_rendered_chart_is_checked_before_install_with_a_server_side_dry_run(h
     assert result.returncode != 0
     assert f"spec.kvTransfer: Forbidden: {KV_WITHOUT_PREFILL}" in result.stderr, result.stderr
     assert epd_names(kube) == []
+
+
+def test_a_rendered_chart_is_checked_offline_by_epdctl_with_the_same_rules(helm: Helm):
+    release = "n" * (MAX_NAME_LENGTH + 1)
+    rendered = helm.run("template", release, str(DEPLOYMENT_CHART), "-n", "ml", "--kube-version", KUBE_VERSION,
+                        "--set", "kvTransfer.connector=Nixl")
+    assert rendered.returncode == 0, rendered.stderr
+    epdctl = Path(sys.executable).with_name("epdctl")
+    result = subprocess.run([str(epdctl), "validate", "-f", "-"], input=rendered.stdout, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"epdctl: -: EPDDeployment {release}: metadata.name: {NAME_TOO_LONG}",
+                                          f"epdctl: -: EPDDeployment {release}: spec.kvTransfer: {KV_WITHOUT_PREFILL}"]
