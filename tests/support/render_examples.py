@@ -21,6 +21,8 @@ SHARED_STORAGE = "epd-shared-storage.yaml"
 NIXL_AUTOSCALED = "epd-nixl-autoscaled.yaml"
 MOONCAKE = "epd-mooncake.yaml"
 CPU_CONNECTOR = "epd-cpu-connector.yaml"
+DP_EP_MOE = "epd-dp-ep-moe.yaml"
+MULTI_NODE = "epd-multi-node.yaml"
 
 
 def example_files() -> list[Path]:

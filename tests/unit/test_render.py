@@ -12,7 +12,9 @@ from epd_operator.render import render, tier_hashes
 from epd_operator.render.naming import CONFIG_HASH_ANNOTATION
 from tests.support.render_examples import (
     CPU_CONNECTOR,
+    DP_EP_MOE,
     MOONCAKE,
+    MULTI_NODE,
     NIXL_AUTOSCALED,
     SHARED_STORAGE,
     container,
@@ -59,14 +61,15 @@ def kv_config(c: dict) -> dict | None:
 
 
 def test_every_example_is_rendered(examples):
-    assert set(examples) == {SHARED_STORAGE, NIXL_AUTOSCALED, MOONCAKE, CPU_CONNECTOR}
+    assert set(examples) == {SHARED_STORAGE, NIXL_AUTOSCALED, MOONCAKE, CPU_CONNECTOR, DP_EP_MOE, MULTI_NODE}
     assert all(example_document(path.name)["kind"] == "EPDDeployment" for path in example_files())
 
 
 def test_objects_come_in_contract_order_in_the_spec_namespace(examples):
     for name, objects in examples.items():
         namespace = example_document(name)["metadata"]["namespace"]
-        kinds = [obj["kind"] for obj in objects]
+        # A tier's workload is a Deployment or (multi-node) a LeaderWorkerSet: both take the workloads' place.
+        kinds = ["Deployment" if obj["kind"] == "LeaderWorkerSet" else obj["kind"] for obj in objects]
         assert kinds == sorted(kinds, key=KIND_ORDER.index), name
         assert {obj["metadata"]["namespace"] for obj in objects} == {namespace}
         assert not any("ownerReferences" in obj["metadata"] for obj in objects)

@@ -9,7 +9,8 @@ import pytest
 from epd_operator.render import render
 from tests.support import pod_security
 from tests.support.pod_security import BASELINE, PRIVILEGED, RESTRICTED, level, strictest_common, violations
-from tests.support.render_examples import CPU_CONNECTOR, MOONCAKE, SHARED_STORAGE, example, rendered_examples
+from tests.support.render_examples import (CPU_CONNECTOR, MOONCAKE, SHARED_STORAGE, example, pod_templates,
+                                           rendered_examples)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- pod-security:start -->", "<!-- pod-security:end -->"
@@ -23,12 +24,23 @@ EXPECTED = {
     "epd-mooncake.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED, "mooncake-master": BASELINE},
     "epd-nixl-autoscaled.yaml": {"encoder": BASELINE, "prefill": BASELINE, "decode": BASELINE, "router": RESTRICTED},
     "epd-shared-storage.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
+    "epd-dp-ep-moe.yaml": {"encoder": BASELINE, "prefill": BASELINE, "decode": BASELINE, "router": RESTRICTED},
+    # decode: a LeaderWorkerSet; its leader and worker pods are both checked.
+    "epd-multi-node.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
 }
 
 
+def pods(objects: list[dict]) -> list[tuple[str, dict]]:
+    """(role, pod spec) of every pod template: a Deployment's, a LeaderWorkerSet's leader and worker."""
+    return [(obj["metadata"]["labels"]["serving.epd.dev/role"], template["spec"])
+            for obj in objects for template, _ in pod_templates(obj)]
+
+
 def pod_levels(objects: list[dict]) -> dict[str, str]:
-    return {obj["metadata"]["labels"]["serving.epd.dev/role"]: level(obj["spec"]["template"]["spec"])
-            for obj in objects if obj["kind"] == "Deployment"}
+    levels: dict[str, str] = {}
+    for role, spec in pods(objects):
+        levels[role] = strictest_common([level(spec), *([levels[role]] if role in levels else [])])
+    return levels
 
 
 @pytest.fixture(scope="module")
@@ -43,20 +55,16 @@ def test_every_example_is_covered(examples):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_rendered_pod_meets_its_level(examples, name):
     levels = pod_levels(examples[name])
-    assert levels == EXPECTED[name], {
-        role: violations(obj["spec"]["template"]["spec"])
-        for role, obj in ((o["metadata"]["labels"]["serving.epd.dev/role"], o) for o in examples[name]
-                          if o["kind"] == "Deployment")}
+    assert levels == EXPECTED[name], {role: violations(spec) for role, spec in pods(examples[name])}
 
 
 def test_vllm_pods_miss_restricted_only_by_running_as_root(examples):
     """Everything restricted asks of a vLLM container that the upstream image allows is rendered:
     no privilege escalation, every capability dropped, RuntimeDefault seccomp."""
     for objects in examples.values():
-        for obj in objects:
-            if obj["kind"] != "Deployment" or obj["metadata"]["labels"]["serving.epd.dev/role"] not in ROLES[:3]:
+        for role, spec in pods(objects):
+            if role not in ROLES[:3]:
                 continue
-            spec = obj["spec"]["template"]["spec"]
             vllm = [v for v in violations({**spec, "containers": spec["containers"][:1]})[RESTRICTED]]
             assert vllm == ["containers[vllm].securityContext.runAsNonRoot: must be true (here or on the pod)"]
 
