@@ -57,7 +57,7 @@ def test_a_late_deletion_of_a_predecessor_keeps_its_successor():
     assert cache.get("Deployment", "ns", "vl-decode")["metadata"]["uid"] == "new"
     cache.observe("DELETED", obj("Deployment", "vl-decode", 21, uid="new"))
     assert cache.get("Deployment", "ns", "vl-decode") is None
-    assert cache.owned("ns", "vl", ["Deployment"]) == [] and len(cache) == 0
+    assert cache.owned("ns", "vl", ["Deployment"]) == [] and len(cache) == 0 and cache.bytes == 0
 
 
 def test_relabelled_objects_move_between_owners():
@@ -87,6 +87,7 @@ def test_stored_objects_lose_what_no_pass_reads_but_keep_who_applies_replicas():
     dep["metadata"]["annotations"] = {LAST_APPLIED: "x" * 10_000, "serving.epd.dev/applied-hash": "abc"}
     cache = Cache()
     cache.record(dep)
+    assert 0 < cache.bytes < 1000
     held = cache.get("Deployment", "ns", "vl-decode")
     assert held["metadata"]["annotations"] == {"serving.epd.dev/applied-hash": "abc"}
     assert held["metadata"]["managedFields"] == [

@@ -70,6 +70,7 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
 class Cache:
     def __init__(self) -> None:
         self._data: dict[ObjectKey, bytes] = {}
+        self.bytes = 0  # of the JSON held: what a metric reports, to show the store stays bounded
         self._revisions: dict[ObjectKey, int | None] = {}
         self._owners: dict[ObjectKey, Owner] = {}
         self._owned: dict[Owner, set[ObjectKey]] = {}
@@ -104,7 +105,9 @@ class Cache:
             held = self._revisions[key]
             if held is not None and revision is not None and revision <= held:
                 return  # older, or what we hold already (our write, then its own watch event)
-        self._data[key] = json.dumps(slim(obj), separators=(",", ":")).encode()
+        data = json.dumps(slim(obj), separators=(",", ":")).encode()
+        self.bytes += len(data) - len(self._data.get(key, b""))
+        self._data[key] = data
         self._revisions[key] = revision
         instance = (meta.get("labels") or {}).get(INSTANCE_LABEL)
         owner = (meta["namespace"], instance) if instance else None
@@ -154,7 +157,7 @@ class Cache:
         return held is None or revision is None or revision >= held
 
     def _drop(self, key: ObjectKey) -> None:
-        self._data.pop(key, None)
+        self.bytes -= len(self._data.pop(key, b""))
         self._revisions.pop(key, None)
         owner = self._owners.pop(key, None)
         if owner is not None:

@@ -51,6 +51,13 @@ class Metrics:
                             registry=self.registry)
         self.managed = Gauge("epd_operator_epddeployments", "EPDDeployments this operator currently watches.",
                              registry=self.registry)
+        # Read from the reconciler's cache at each scrape (set_function): what its memory holds.
+        self.cache_objects = Gauge("epd_operator_cache_objects",
+                                   "Objects in the reconciler's watch-fed cache (EPDDeployments, children, pods).",
+                                   registry=self.registry)
+        self.cache_bytes = Gauge("epd_operator_cache_bytes",
+                                 "Size of the objects in the reconciler's cache, as the compact JSON it keeps.",
+                                 registry=self.registry)
         self.phase = Gauge(
             "epd_operator_deployment_phase",
             "Phase of each EPDDeployment: one series per phase, 1 for the current one (set by the leader).",

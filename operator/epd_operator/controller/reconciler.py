@@ -82,6 +82,8 @@ class Reconciler:
         self.workers = workers
         self.queue = WorkQueue()
         self.cache = Cache()
+        metrics.cache_objects.set_function(lambda: len(self.cache))
+        metrics.cache_bytes.set_function(lambda: self.cache.bytes)
         self.known: dict[Key, str] = {}  # key -> uid of every EPDDeployment seen and not deleted
         self._reconciled: dict[Key, tuple[str, int | None]] = {}  # key -> (uid, generation) last fully reconciled
         self._last_error: dict[Key, str] = {}
