@@ -123,12 +123,21 @@ class Proc:
             self.popen.wait(5)
 
 
-def start(name: str, argv: list[str], core: int | None, log_dir: Path, env: dict | None = None) -> Proc:
+def start(name: str, argv: list[str], core: int | None, log_dir: Path, env: dict | None = None, *,
+          prioritise: bool = True) -> Proc:
+    """`prioritise=False`: pinned to `core` only, at normal priority (a run on a machine others share)."""
     log = log_dir / f"{name}.log"
     out = open(log, "wb")  # noqa: SIM115 - the child owns it for its lifetime
+
+    def setup() -> None:
+        if prioritise:
+            isolate(core)
+        elif core is not None:
+            os.sched_setaffinity(0, {core})
+
     popen = subprocess.Popen(
         argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: isolate(core), start_new_session=True, env={**os.environ, **(env or {})}, cwd=REPO_ROOT,
+        preexec_fn=setup, start_new_session=True, env={**os.environ, **(env or {})}, cwd=REPO_ROOT,
     )
     out.close()
     return Proc(name, popen, log)
