@@ -130,6 +130,11 @@ def test_connectors_that_cannot_run_here_are_refused():
         local_plan("epd-mooncake.yaml")
 
 
+def test_a_multi_node_tier_is_refused_with_what_to_change():
+    with pytest.raises(PlanError, match="qwen-vl-72b-decode spans several nodes .* nodesPerReplica: 1"):
+        local_plan("epd-multi-node.yaml")
+
+
 def test_kubelet_variable_expansion():
     env = {"POD_IP": "127.0.0.1"}
     assert expand_vars("$(POD_IP):5600", env) == "127.0.0.1:5600"

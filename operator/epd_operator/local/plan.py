@@ -125,6 +125,9 @@ class _Pod:
 def _deployments(objects: list[JSON]) -> dict[str, JSON]:
     found: dict[str, JSON] = {}
     for obj in objects:
+        if obj.get("kind") == "LeaderWorkerSet":
+            raise PlanError(f"{obj['metadata']['name']} spans several nodes (a LeaderWorkerSet): this machine "
+                            "runs single-node tiers only; set nodesPerReplica: 1 to run it here")
         if obj.get("kind") != "Deployment":
             continue
         role = obj["metadata"].get("labels", {}).get(ROLE_LABEL)
