@@ -158,3 +158,38 @@ def test_objects_the_api_server_refuses_fail_the_spec_with_its_words():
     [event] = transitions(None, st)
     assert (event.type, event.reason) == ("Warning", "RefusedByAPIServer")
     assert event.message == f"spec refused, nothing was changed: {refused[0]}"
+
+
+def lws(desired: int, ready: int, updated: int | None = None) -> dict[str, Any]:
+    """A LeaderWorkerSet as its controller reports it: ready groups, no availableReplicas."""
+    return {"kind": "LeaderWorkerSet", "metadata": {"generation": 3}, "spec": {"replicas": desired},
+            "status": {"observedGeneration": 3, "replicas": desired, "readyReplicas": ready,
+                       "updatedReplicas": desired if updated is None else updated}}
+
+
+def test_a_leader_worker_set_tier_is_ready_when_its_groups_are():
+    state = tier_state(TierInput(lws(2, 2)))
+    assert (state.ready, state.settled, state.status.ready, state.status.availableReplicas) == (True, True, "2/2", 2)
+    state = tier_state(TierInput(lws(2, 1)))
+    assert (state.ready, state.status.ready, state.status.availableReplicas) == (False, "1/2", 1)
+    assert not tier_state(TierInput(lws(2, 2, updated=1))).settled  # a rolling update under way
+
+
+def test_a_deployment_without_availability_is_not_available():
+    deployment = dep(2)
+    del deployment["status"]["availableReplicas"]
+    assert tier_state(TierInput(deployment)).status.availableReplicas == 0
+
+
+def test_a_multi_node_tiers_status_comes_from_its_leader_worker_set():
+    from epd_operator.controller.reconciler import tier_inputs
+    from epd_operator.render import render
+    from tests.support.render_examples import MULTI_NODE, example
+
+    objects = render(example(MULTI_NODE))
+    live = {**lws(2, 2), "apiVersion": "leaderworkerset.x-k8s.io/v1",
+            "metadata": {"name": "qwen-vl-72b-decode", "namespace": "default", "generation": 3}}
+    tiers = tier_inputs(objects, [live])
+    assert set(tiers) == {"encoder", "decode", "router"}
+    assert tiers["decode"].deployment is live and tiers["decode"].planned_replicas == 2
+    assert tiers["encoder"].deployment is None  # not created yet
