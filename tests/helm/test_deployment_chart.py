@@ -1,6 +1,8 @@
 """The epd-deployment chart turns values into exactly one EPDDeployment, field for field."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import yaml
 
@@ -78,3 +80,27 @@ def test_notes_give_the_endpoint_and_a_curl_example(helm):
     assert "port-forward svc/my-vl 9000:9000" in notes
     assert "curl -s http://127.0.0.1:9000/v1/chat/completions" in notes
     assert '"model": "qwen-vl"' in notes
+
+
+def _crd_defaults(schema: dict, values: dict, path: str = "") -> Iterator[tuple[str, object, object]]:
+    """(path, chart value, CRD default) for each chart value whose field the CRD defaults."""
+    for key, value in values.items():
+        node = (schema.get("properties") or {}).get(key)
+        if node is None:
+            continue
+        if "default" in node:
+            yield f"{path}{key}", value, node["default"]
+        if isinstance(value, dict):
+            yield from _crd_defaults(node, value, f"{path}{key}.")
+
+
+def test_chart_defaults_that_the_api_also_defaults_agree_with_it():
+    """values.yaml spells out some of the API's own defaults (the vLLM image, replicas, router policies,
+    ports) so a user sees the knobs; each must stay the API's value, or bumping the API's default
+    (spec.py) would leave chart users on the old one."""
+    crd = yaml.safe_load((REPO / "crds" / "serving.epd.dev_epddeployments.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    values = yaml.safe_load((DEPLOYMENT_CHART / "values.yaml").read_text())
+    shared = list(_crd_defaults(spec, values))
+    assert {path for path, _, _ in shared} >= {"image", "encoder.replicas", "router.replicas", "router.service.port"}
+    assert [(p, v, d) for p, v, d in shared if v != d] == [], "values.yaml disagrees with the CRD's defaults"
