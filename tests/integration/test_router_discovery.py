@@ -17,6 +17,7 @@ from epd_operator.router.config import RouterConfig
 from epd_operator.router.server import Router
 from tests.support.cluster import KubeView, volumes
 from tests.support.operator_run import epd_doc, wait_until
+from tests.support.render_examples import MOONCAKE
 from tests.support.router_stack import serve_router
 
 
@@ -96,3 +97,22 @@ async def test_mooncake_consumer_address_comes_from_the_pod_ip(kube):
         ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in kube.pods(**{"serving.epd.dev/role": "decode"})}
         assert {(ep.pod, ep.url, ep.ec_zmq) for ep in router.decodes.endpoints.values()} == {
             (pod, f"http://{ip}:8000", f"tcp://{ip}:14579") for pod, ip in ips.items()}
+
+
+async def test_each_dp_ranks_mooncake_address_comes_from_the_endpointslice(kube):
+    """A Mooncake PD tier at DP 2, TP 2: its Service declares rank d's control port (ec-dp<d>: ec_port + d*TP),
+    the endpointslice controller copies it into the slice, and the router pins rank d to that address. The
+    router is deliberately given no TP (stride 1): the addresses can only have come from the slice."""
+    volumes(kube, "ec-cache")
+    doc = epd_doc(MOONCAKE, namespace=kube.ns)
+    doc["spec"]["decode"].update({"replicas": 1, "dataParallelSize": 2, "tensorParallelSize": 2, "nodeSelector": {},
+                                  "resources": {"limits": {"nvidia.com/gpu": 4}}})
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in render(parse_epd(doc))}
+    kube.apply(objects[("Service", "vl-decode")])
+    kube.apply(objects[("Deployment", "vl-decode")])
+    await wait_until(lambda: len(pod_urls(kube, "decode")) == 1, 60, lambda: [p.get("status") for p in kube.pods()])
+    async with discovering_router(kube, objects, ec_consumer_port=14579, decode_dp_size=2) as router:
+        await wait_until(lambda: len(router.decodes.available) == 2, 30, lambda: router.decodes.describe())
+        (ip,) = [p["status"]["podIP"] for p in kube.pods(**{"serving.epd.dev/role": "decode"})]
+        assert sorted((ep.key, ep.rank, ep.ec_zmq) for ep in router.decodes.endpoints.values()) == [
+            (f"{ip}:8000#dp0", 0, f"tcp://{ip}:14579"), (f"{ip}:8000#dp1", 1, f"tcp://{ip}:14581")]

@@ -449,7 +449,9 @@ def test_vllm_tier_services_are_headless(examples):
         for obj in objects:
             if obj["kind"] == "Service" and obj["metadata"]["labels"]["serving.epd.dev/role"] in ("encoder", "prefill", "decode"):
                 assert obj["spec"]["clusterIP"] == "None" and obj["spec"]["publishNotReadyAddresses"] is False
-                assert obj["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+                # vLLM's API first; a Mooncake EC consumer adds one control port per DP rank (ec-dp<d>)
+                assert obj["spec"]["ports"][0] == {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+                assert all(p["name"].startswith("ec-dp") for p in obj["spec"]["ports"][1:])
 
 
 # ----------------------------------------------------------------------------- scaling, hashes

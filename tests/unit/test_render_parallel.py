@@ -166,3 +166,15 @@ def test_rendered_dp_flags_parse_into_the_routers_config():
     args = router_args(example(MOONCAKE, **{"spec.decode.dataParallelSize": 4, "spec.decode.tensorParallelSize": 2}))
     cfg = config_from_args(build_parser().parse_args(args))
     assert (cfg.decode_dp_size, cfg.prefill_dp_size, cfg.ec_consumer_tp_size, cfg.ec_consumer_port) == (4, 1, 2, 14579)
+
+
+def test_the_ec_consumers_service_declares_each_ranks_control_port_for_the_router():
+    objects = render(example(MOONCAKE, **{"spec.decode.dataParallelSize": 3, "spec.decode.tensorParallelSize": 2}))
+    service = find(objects, "Service", "qwen-vl-mooncake-decode")
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"},
+        {"name": "ec-dp0", "port": 14579, "targetPort": "mooncake-0", "protocol": "TCP"},
+        {"name": "ec-dp1", "port": 14581, "targetPort": "mooncake-2", "protocol": "TCP"},
+        {"name": "ec-dp2", "port": 14583, "targetPort": "mooncake-4", "protocol": "TCP"}]
+    # the encoder is no EC consumer: nothing to declare
+    assert [p["name"] for p in find(objects, "Service", "qwen-vl-mooncake-encoder")["spec"]["ports"]] == ["http"]

@@ -13,6 +13,7 @@ import pytest
 
 from epd_operator.router.backends import DiscoveredEndpoint, HealthChecker, Pool, rank_zmq, scraped_queue_depths
 from epd_operator.router.config import RouterConfig
+from epd_operator.router.discovery import slice_endpoints
 from epd_operator.router.main import build_parser, config_from_args
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.router_stack import router_stack
@@ -169,3 +170,25 @@ def test_command_line_dp_sizes_and_vllms_consumer_flag():
 def test_bad_dp_settings_are_refused(changes, problem):
     with pytest.raises(ValueError, match=problem):
         RouterConfig(decode_urls=["http://a:8000"], **changes).validate()
+
+
+def test_kubernetes_discovery_reads_each_ranks_control_port_from_the_slice():
+    slice_ = {"ports": [{"name": "http", "port": 8000}, {"name": "ec-dp1", "port": 20007}, {"name": "ec-dp0", "port": 20003}],
+              "endpoints": [{"addresses": ["10.0.0.9"], "targetRef": {"kind": "Pod", "name": "pd-1"}}]}
+    (found,) = slice_endpoints(slice_, "http", 8000, ec_port=14579)
+    assert (found.url, found.ec_zmq, found.ec_zmq_ranks) == (
+        "http://10.0.0.9:8000", "tcp://10.0.0.9:20003", ("tcp://10.0.0.9:20003", "tcp://10.0.0.9:20007"))
+    pool = Pool("decode", RouterMetrics(), dp_size=3, zmq_rank_stride=2)
+    pool.update([found])
+    # ranks the Service names come from it; a rank it does not name falls back to ec_port + d * TP
+    assert [ep.ec_zmq for ep in pool.endpoints.values()] == [
+        "tcp://10.0.0.9:20003", "tcp://10.0.0.9:20007", "tcp://10.0.0.9:20007"]
+
+
+def test_a_slice_with_a_gap_in_its_rank_ports_is_not_trusted():
+    slice_ = {"ports": [{"name": "http", "port": 8000}, {"name": "ec-dp1", "port": 20007}],
+              "endpoints": [{"addresses": ["10.0.0.9"]}]}
+    (found,) = slice_endpoints(slice_, "http", 8000, ec_port=14579)
+    assert (found.ec_zmq, found.ec_zmq_ranks) == ("tcp://10.0.0.9:14579", ())
+    (plain,) = slice_endpoints(slice_, "http", 8000, ec_port=None)  # not Mooncake: no addresses at all
+    assert (plain.ec_zmq, plain.ec_zmq_ranks) == (None, ())

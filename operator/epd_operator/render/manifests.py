@@ -295,7 +295,7 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router
     service = render_one(
         "service.yaml.j2", **_meta(epd, name, role), annotations={}, headless=True,
         selector=selector_labels(epd, role),
-        ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
+        ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}, *transfer.service_ports],
     )
     mounted = {key: config[key] for key in transfer.configmap_keys}
     # Pod labels, not the Deployment's selector (immutable): a new generation rolls the pods.

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from ..api.quantity import quantity_bytes
 from ..api.spec import EPDDeployment, EPDDeploymentSpec, KVTransfer, Mooncake, SharedStorage
+from ..router.config import EC_RANK_PORT_PREFIX
 from .naming import DECODE, ENCODER, MOONCAKE_MASTER, PREFILL, object_name, tier_of, transfer_configmap_name
 
 POD_IP = "$(POD_IP)"
@@ -182,6 +183,7 @@ class TierTransfer:
     mounts: list[dict[str, Any]] = field(default_factory=list)
     configmap_keys: list[str] = field(default_factory=list)  # keys of `{name}-transfer` its pods read
     shm_bytes: int = 0  # the least /dev/shm the connector needs
+    service_ports: list[dict[str, Any]] = field(default_factory=list)  # on the tier's Service, for the router
     add_capabilities: list[str] = field(default_factory=list)
 
 
@@ -238,6 +240,11 @@ def _add_mooncake(epd: EPDDeployment, role: str, producer: bool, out: TierTransf
             out.configmap_keys.append(MOONCAKE_STORE_KEY)
     else:
         out.ports += [container_port(f"mooncake-{i}", port) for i, port in enumerate(mooncake_consumer_ports(epd, role))]
+        # The router reads each DP rank's control address (its TP rank 0 port) from the EndpointSlices.
+        tp = tier_of(epd, role).tensorParallelSize
+        out.service_ports += [{"name": f"{EC_RANK_PORT_PREFIX}{d}", "port": mooncake.ecPort + d * tp,
+                               "targetPort": f"mooncake-{d * tp}", "protocol": "TCP"}
+                              for d in range(data_parallel_size(epd, role))]
 
 
 def data_parallel_size(epd: EPDDeployment, role: str) -> int:

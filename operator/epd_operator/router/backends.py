@@ -32,8 +32,8 @@ class DiscoveredEndpoint:
     # The pod's compatibility generation (serving.epd.dev/compat-generation); None where discovery
     # knows none (static URLs): then every endpoint is in the one generation None.
     generation: str | None = None
-    # Mooncake control addresses per DP rank when given one by one (static URLs, as vLLM's proxy
-    # takes them); empty: derived from `ec_zmq` by the pool.
+    # Mooncake control addresses per DP rank when known one by one (static URLs, as vLLM's proxy
+    # takes them, or the Service's `ec-dp<d>` ports); ranks beyond: derived from `ec_zmq` by the pool.
     ec_zmq_ranks: tuple[str, ...] = ()
 
 
@@ -113,7 +113,8 @@ class Pool:
                 if rank is None:
                     ec_zmq = d.ec_zmq
                 else:
-                    ec_zmq = d.ec_zmq_ranks[rank] if d.ec_zmq_ranks else rank_zmq(d.ec_zmq, rank, self.zmq_rank_stride)
+                    ec_zmq = (d.ec_zmq_ranks[rank] if rank < len(d.ec_zmq_ranks)
+                              else rank_zmq(d.ec_zmq, rank, self.zmq_rank_stride))
                 key = url if rank is None else f"{url}#dp{rank}"
                 ep = self.endpoints.get(key) or fresh.get(key)
                 if ep is None:

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from .pickers import DEFAULT_LOAD_FACTOR
 
 
+# The Service (and so EndpointSlice) port the router reads a Mooncake EC consumer's DP rank d's control
+# address from: `<prefix><d>`. The renderer declares them; the router falls back to ec_port + d * TP.
+EC_RANK_PORT_PREFIX = "ec-dp"
+
+
 @dataclass
 class RouterConfig:
     host: str = "0.0.0.0"

@@ -21,7 +21,7 @@ from typing import Any
 from ..api.labels import GENERATION_LABEL
 from ..kube import ENDPOINT_SLICE, POD, REQUEST_ERRORS, Kube, ListWatch, load_credentials
 from .backends import DiscoveredEndpoint, Pool
-from .config import RouterConfig
+from .config import EC_RANK_PORT_PREFIX, RouterConfig
 
 log = logging.getLogger("epd_router.discovery")
 
@@ -59,6 +59,7 @@ def slice_endpoints(eps: dict, port_name: str, default_port: int, ec_port: int |
     port = next((p.get("port") for p in ports if p.get("name") == port_name and p.get("port")), None)
     if port is None:
         port = ports[0].get("port") if len(ports) == 1 and ports[0].get("port") else default_port
+    rank_ports = _rank_ports(ports)
     out = []
     for ep in eps.get("endpoints") or ():
         addresses = ep.get("addresses") or ()
@@ -71,8 +72,20 @@ def slice_endpoints(eps: dict, port_name: str, default_port: int, ec_port: int |
         ref = ep.get("targetRef") or {}
         pod = ref.get("name", "") if ref.get("kind", "Pod") == "Pod" else ""
         zmq = f"tcp://{host}:{ec_port}" if ec_port is not None else None
-        out.append(DiscoveredEndpoint(f"http://{host}:{port}", ready, pod, zmq))
+        ranks = tuple(f"tcp://{host}:{p}" for p in rank_ports) if ec_port is not None else ()
+        out.append(DiscoveredEndpoint(f"http://{host}:{port}", ready, pod, ranks[0] if ranks else zmq, ec_zmq_ranks=ranks))
     return out
+
+
+def _rank_ports(ports: list[dict]) -> list[int]:
+    """A Mooncake consumer's control port per DP rank, as its Service declares them (`ec-dp<d>`), in rank
+    order; empty unless ranks 0..n-1 are all there."""
+    by_rank = {}
+    for p in ports:
+        name = p.get("name") or ""
+        if name.startswith(EC_RANK_PORT_PREFIX) and name[len(EC_RANK_PORT_PREFIX):].isdigit() and p.get("port"):
+            by_rank[int(name[len(EC_RANK_PORT_PREFIX):])] = p["port"]
+    return [by_rank[d] for d in range(len(by_rank))] if set(by_rank) == set(range(len(by_rank))) else []
 
 
 def _generation(pod: dict) -> str:
