@@ -4,6 +4,7 @@ value is written out by hand."""
 from __future__ import annotations
 
 import copy
+from decimal import Decimal
 
 import pytest
 
@@ -11,6 +12,7 @@ from epd_operator.controller.apply import (
     APPLIED_HASH,
     HANDOVER_MANAGER,
     Apply,
+    _drift,
     Plan,
     _same_scalar,
     adopt,
@@ -42,7 +44,8 @@ def dep(name: str = "vl-encoder", replicas: int | None = 2) -> dict:
 
 
 def test_owner_reference_is_the_controlling_owner():
-    assert OWNER == {"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment", "name": "vl", "uid": "uid-1",
+    # called here, not only at import: a mutant is switched on only while a test runs
+    assert owner_reference({"metadata": {"name": "vl", "uid": "uid-1"}}) == {"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment", "name": "vl", "uid": "uid-1",
                      "controller": True, "blockOwnerDeletion": True}
 
 
@@ -74,6 +77,7 @@ def test_is_owned_by_reads_every_reference():
     (1, 1, True), ("a", "a", True), (1, "1", True), ("1", 1, True), ("0.5", "500m", True), ("1Gi", "1024Mi", True),
     (1, 1.0, True), (True, True, True), (True, 1, False), (1, True, False), (False, 0, False), ("a", "b", False),
     ("x1", "y1", False), (2, "3", False), (None, None, True), ([1], [1], True), ({"a": 1}, "x", False),
+    (True, "True", False), ("True", True, False), (None, "None", False), ("x", "None", False), ("None", "y", False),
 ])
 def test_same_scalar(want, have, same):
     assert _same_scalar(want, have) is same
@@ -237,3 +241,50 @@ async def test_dry_run_raises_what_is_not_a_refusal():
         with pytest.raises(ApiError) as caught:
             await refused_by_server(kube, Plan([Apply(obj(), "create")], []))
         assert caught.value.status == status
+
+
+def test_drift_from_the_root_and_of_an_empty_list_against_a_scalar():
+    out: list[str] = []
+    _drift({"a": 1}, "scalar", "", out)
+    _drift({"a": {"b": 1}}, {"a": {"b": 2}}, "", out)
+    assert out == ["<root>", "a.b"]
+    base = {"apiVersion": "v1", "kind": "X", "metadata": {}}
+    assert drift({**base, "spec": {"l": []}}, {**base, "spec": {"l": "x"}}) == ["spec.l"]
+
+
+def test_objects_without_metadata_spec_or_annotations():
+    assert drift({"kind": "X", "spec": {"a": 1}}, {"kind": "X", "spec": {"a": 1}}) == []
+    assert drift({"kind": "X", "spec": {"a": 1}}, {"kind": "X"}) == ["spec"]
+    assert manages_replicas({}) is True
+    assert needs_replicas_handover({"kind": "Deployment"}, {"spec": {"replicas": 2}, "metadata": {}}) is True
+    assert needs_replicas_handover({"kind": "Deployment"}, {"metadata": {}}) is False
+    adopted = adopt({"kind": "X"}, OWNER)
+    assert adopted["metadata"]["ownerReferences"] == [OWNER]
+    live = {"apiVersion": "v1", "kind": "X", "metadata": {"name": "x"}}  # never annotated by us
+    (step,) = plan([adopt(live, OWNER)], [live], "uid-1").applies
+    assert step.why == "update"
+
+
+def test_api_version_kind_and_status_are_not_compared():
+    desired = {"apiVersion": "v1", "kind": "X", "metadata": {}, "status": {"a": 1}, "spec": {}}
+    live = {"apiVersion": "apps/v1", "kind": "Y", "metadata": {}, "status": {"a": 2}, "spec": {}}
+    assert drift(desired, live) == []
+
+
+def test_a_leader_worker_set_hands_its_replicas_over_too():
+    live = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": "vl-decode", "namespace": "ns"}, "spec": {"replicas": 3}}
+    assert needs_replicas_handover({**live, "spec": {}}, live) is True
+
+
+def test_applied_hash_of_values_json_cannot_spell_uses_their_text():
+    # `printf '%s' '{"a":"1.5"}' | sha256sum | cut -c1-20`
+    assert applied_hash({"a": Decimal("1.5")}) == "87d1686a3b72d474dd6a"
+
+
+async def test_dry_run_goes_on_after_an_api_the_cluster_does_not_serve():
+    route = obj("HTTPRoute", "vl", "gateway.networking.k8s.io/v1")
+    kube = RecordingKube({("HTTPRoute", "vl"): ApiError(404, {"message": "not found"}, "apply"),
+                          ("Service", "vl-router"): ApiError(422, {"message": "bad port"}, "apply")})
+    problems = await refused_by_server(kube, Plan([Apply(route, "create"), Apply(obj(), "create")], []))
+    assert [p.split(":")[0] for p in problems] == ["HTTPRoute vl", "Service vl-router"]

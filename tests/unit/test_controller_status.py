@@ -2,7 +2,9 @@
 a status pass writes, read from hand-written Deployments, HPAs, pods and previous statuses."""
 from __future__ import annotations
 
-from epd_operator.api.status import Condition, EPDDeploymentStatus
+import json
+
+from epd_operator.api.status import Condition, EPDDeploymentStatus, GenerationStatus
 from epd_operator.api.validation import FieldError
 from epd_operator.controller.status import (
     TierInput,
@@ -261,3 +263,52 @@ def test_unschedulable_event_again_only_when_the_reason_changes():
     # a ready tier's stale reason is not reported
     fine = derive({"decode": TierInput(settled(2), unschedulable="no GPU")})
     assert cond(fine, "Ready").reason == "AllTiersReady"
+
+
+def test_a_leader_worker_set_counts_ready_groups_as_available():
+    lws = {"kind": "LeaderWorkerSet", "metadata": {"generation": 1}, "spec": {"replicas": 2},
+           "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}}
+    state = tier_state(TierInput(lws))
+    assert (state.status.availableReplicas, state.ready) == (2, True)
+    # a Deployment without availableReplicas has none available, whatever is ready
+    dep_ = {**lws, "kind": "Deployment"}
+    assert (tier_state(TierInput(dep_)).status.availableReplicas, tier_state(TierInput(dep_)).ready) == (0, False)
+
+
+def test_an_object_without_metadata_or_spec_and_a_status_not_yet_observed():
+    bare = tier_state(TierInput({"status": {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
+                                            "availableReplicas": 1}}))
+    assert (bare.status.ready, bare.settled, bare.ready) == ("1/1", True, True)
+    unobserved = {"metadata": {"generation": 1}, "spec": {"replicas": 1},
+                  "status": {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}}
+    assert tier_state(TierInput(unobserved)).settled is False
+
+
+def test_reasons_of_a_rollout_in_progress():
+    st = derive({"decode": TierInput(deployment(2, observedGeneration=2, replicas=2, updatedReplicas=2))})
+    progressing = cond(st, "Progressing")
+    assert (progressing.status, progressing.reason, progressing.message) == ("True", "RollingOut", "rolling out: decode 0/2")
+
+
+def test_several_unplaced_tiers_are_each_named():
+    st = derive({"prefill": TierInput(settled(1, ready=0), unschedulable="no GPU"),
+                 "decode": TierInput(settled(1, ready=0), unschedulable="no memory")})
+    assert cond(st, "Ready").message == ("not ready: prefill 0/1, decode 0/1; prefill pods cannot be scheduled: no GPU; "
+                                         "decode pods cannot be scheduled: no memory")
+
+
+def test_generations_are_reported_only_when_there_are_some():
+    gens = [GenerationStatus(name="g2", current=True, pods={"decode": 2}, readyPods={"decode": 1})]
+    st = derive_status(tiers={"decode": TierInput(settled(2))}, topology="E+PD", endpoint=None, observed_generation=1,
+                       spec_errors=None, previous=None, now=T0, generations=gens)
+    assert status_document(st)["generations"] == [{"name": "g2", "current": True, "pods": {"decode": 2},
+                                                   "readyPods": {"decode": 1}}]
+    empty = derive_status(tiers={"decode": TierInput(settled(2))}, topology="E+PD", endpoint=None, observed_generation=1,
+                          spec_errors=None, previous=None, now=T0, generations=[])
+    assert "generations" not in status_document(empty)
+
+
+def test_the_status_document_is_json():
+    doc = status_document(derive({"decode": TierInput(settled(2))}))
+    assert json.loads(json.dumps(doc)) == doc
+    assert isinstance(doc["conditions"][0], dict) and isinstance(doc["tiers"]["decode"], dict)
