@@ -104,3 +104,14 @@ def test_chart_defaults_that_the_api_also_defaults_agree_with_it():
     shared = list(_crd_defaults(spec, values))
     assert {path for path, _, _ in shared} >= {"image", "encoder.replicas", "router.replicas", "router.service.port"}
     assert [(p, v, d) for p, v, d in shared if v != d] == [], "values.yaml disagrees with the CRD's defaults"
+
+
+def test_notes_fall_back_to_the_apis_router_port(helm):
+    """With `router: null` nothing is sent and the API defaults the port; NOTES.txt's own fallback must be it."""
+    crd = yaml.safe_load((REPO / "crds" / "serving.epd.dev_epddeployments.yaml").read_text())
+    router = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["router"]
+    port = router["properties"]["service"]["properties"]["port"]["default"]
+    (cr,) = helm.template(DEPLOYMENT_CHART, None, "router=null", release="my-vl", namespace="ml")
+    assert "router" not in cr["spec"]
+    notes = helm.notes(DEPLOYMENT_CHART, "router=null", release="my-vl", namespace="ml")
+    assert f"http://my-vl.ml.svc:{port}" in notes and f"port-forward svc/my-vl {port}:{port}" in notes
