@@ -7,10 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from epd_operator.api.rules import RULES, SUPPORTED_REASONS, Rule, _cel_list, rules_for
-from epd_operator.api.spec import ConsumerTier, EncoderTier, EPDDeployment, Placement, Tier
-from epd_operator.api.validation import FieldError, SpecError, _path, parse_epd
+from epd_operator.api.rules import (RULES, SUPPORTED_REASONS, Rule, _cel_list, _dp_ports_fit, _no_shared_storage_mount,
+                                    _settings_only_for, rules_for)
+from epd_operator.api.spec import (ConsumerTier, ECTransfer, EncoderTier, EPDDeployment, EPDDeploymentSpec, Placement,
+                                   Tier)
+from epd_operator.api.validation import FieldError, SpecError, _path, _walk, parse_epd
 from tests.support.epd_specs import spec
 
 SHARED_PATH_MOUNTED = "the shared-storage path (ecTransfer.sharedStorage.path) is mounted by the operator; mount elsewhere"
@@ -286,3 +289,60 @@ def test_a_whole_object_rule_the_crd_cannot_carry_on_the_name_is_refused(monkeyp
     monkeypatch.setattr(rules_mod, "RULES", (*RULES, Rule(EPDDeployment, expression, field, "m")))
     with pytest.raises(ValueError, match="only a rule on .metadata.name that reads nothing but self.metadata.name"):
         name_rules()
+
+
+def test_a_validator_message_loses_pydantics_prefix():
+    assert errors_of(spec(spec__ecTransfer={"connector": "CPU", "cpu": {"bytes": "lots"}})) == [
+        "spec.ecTransfer.cpu.bytes: 'lots' is not a Kubernetes quantity (examples: 8Gi, 500m, 1e9, 2)"]
+
+
+def test_errors_after_a_bad_kubernetes_type_are_still_reported():
+    doc = spec(spec__encoder={"volumes": [{"name": "a", "bogus": 1}]}, spec__decode={"replicas": -1})
+    assert errors_of(doc) == ["spec.encoder.volumes[0].bogus: unknown field (typo?)",
+                              "spec.decode.replicas: Input should be greater than or equal to 0"]
+
+
+class _Leaf(BaseModel):
+    n: int = 0
+
+
+class _Root(BaseModel):
+    leaf: _Leaf = _Leaf()
+    items: list[_Leaf] = []
+    by_name: dict[str, _Leaf] = {}
+
+
+def test_walk_visits_every_model_with_its_field_path():
+    root = _Root(items=[_Leaf(n=1), _Leaf(n=2)], by_name={"x": _Leaf(n=3)})
+    assert [(path, getattr(node, "n", None)) for node, path in _walk(root, "")] == [
+        ("", None), ("leaf", 0), ("items[0]", 1), ("items[1]", 2), ("by_name.x", 3)]
+    assert [path for _, path in _walk(root, "spec")][:2] == ["spec", "spec.leaf"]
+
+
+# The rule factories run once, when api/rules.py is imported; called here, their output is checked whole.
+def test_settings_only_for_rule():
+    assert _settings_only_for("CPU", "cpu") == Rule(
+        ECTransfer, "!has(self.cpu) || self.connector == 'CPU'", ".cpu",
+        "cpu settings are only used with connector CPU; remove them or change the connector", "FieldValueInvalid")
+
+
+def test_no_shared_storage_mount_rule():
+    assert _no_shared_storage_mount("prefill") == Rule(
+        EPDDeploymentSpec,
+        "!has(self.prefill) || !has(self.prefill.volumeMounts) || self.ecTransfer.connector != 'SharedStorage'"
+        " || !has(self.ecTransfer.sharedStorage) || !has(self.ecTransfer.sharedStorage.path)"
+        " || self.prefill.volumeMounts.all(m, m.mountPath != self.ecTransfer.sharedStorage.path)",
+        ".prefill.volumeMounts",
+        "the shared-storage path (ecTransfer.sharedStorage.path) is mounted by the operator; mount elsewhere",
+        "FieldValueDuplicate")
+
+
+def test_dp_ports_fit_rule():
+    assert _dp_ports_fit("has(self.prefill)", "5600", "decode", "2", ".kvTransfer.port", "the port") == Rule(
+        EPDDeploymentSpec,
+        "!(has(self.prefill)) || 5600 + (has(self.decode.dataParallelSize) ? self.decode.dataParallelSize : 1) * 2"
+        " <= 65536",
+        ".kvTransfer.port",
+        "the port shifts with the decode tier's data-parallel rank and would pass 65535; lower it or the tier's "
+        "dataParallelSize",
+        "FieldValueInvalid")
