@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
+import typing
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -46,15 +47,17 @@ class _Connection(asyncio.Protocol):
     __slots__ = ("loop", "transport", "eof", "error", "waiter", "paused", "idle_since", "parser", "status", "headers",
                  "head_done", "head_bytes", "body", "complete", "keep_alive", "interim", "bad", "stray", "received")
 
+    # Set by connection_made, which create_connection runs before it hands the connection out.
+    transport: asyncio.Transport
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.transport: asyncio.Transport | None = None
         self.eof = False
         self.error: BaseException | None = None
-        self.waiter: asyncio.Future | None = None
+        self.waiter: asyncio.Future[None] | None = None
         self.paused = False
         self.idle_since = 0.0
-        self.parser = None
+        self.parser: httptools.HttpResponseParser | None = None
         self.stray = False  # bytes arrived that belong to no request of ours
         self.bad: str | None = None  # why the reply could not be parsed
         self.received = False
@@ -72,8 +75,8 @@ class _Connection(asyncio.Protocol):
         self.interim = False
         self.received = False
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)  # a stream connection's
 
     def data_received(self, data: bytes) -> None:
         self.received = True
@@ -115,11 +118,13 @@ class _Connection(asyncio.Protocol):
         if len(headers) >= MAX_HEADERS:
             raise ValueError("too many reply header fields")
         key = name.decode("latin-1").lower()
-        value = value.decode("latin-1")
-        headers[key] = headers[key] + ", " + value if key in headers else value
+        text = value.decode("latin-1")
+        headers[key] = headers[key] + ", " + text if key in headers else text
 
     def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
+        parser = self.parser
+        assert parser is not None  # llhttp calls back from inside parser.feed_data
+        status = parser.get_status_code()
         if 100 <= status < 200:  # an interim reply: the real one follows
             self.interim = True
             self.headers = {}
@@ -134,7 +139,9 @@ class _Connection(asyncio.Protocol):
         if self.interim:
             self.interim = False
             return
-        self.keep_alive = self.parser.should_keep_alive()
+        parser = self.parser
+        assert parser is not None  # llhttp calls back from inside parser.feed_data
+        self.keep_alive = parser.should_keep_alive()
         self.complete = True
 
     def eof_received(self) -> bool:
@@ -142,7 +149,7 @@ class _Connection(asyncio.Protocol):
         self._wake()
         return False  # close our side too
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.error = exc
         self._wake()
@@ -160,8 +167,7 @@ class _Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         self.eof = True
-        if self.transport is not None:
-            self.transport.abort()
+        self.transport.abort()
 
     def take(self) -> bytes:
         """The body bytes parsed so far (removed from the buffer)."""
@@ -210,7 +216,7 @@ class BackendReply:
     def __init__(self, status: int, headers: dict[str, str], conn: _Connection, pool: _OriginPool, idle: float | None) -> None:
         self.status = status
         self.headers = headers  # lower-case names
-        self._conn = conn
+        self._conn: _Connection | None = conn  # None once released or closed
         self._pool = pool
         self._idle = idle  # longest silence while reading, None = wait forever
         # No length and not chunked: the body runs until the backend closes (llhttp cannot
@@ -222,16 +228,22 @@ class BackendReply:
     def content_type(self) -> str:
         return self.headers.get("content-type", "application/json")
 
-    def _deadline(self) -> float | None:
-        return None if self._idle is None else self._conn.loop.time() + self._idle
+    def _deadline(self, conn: _Connection) -> float | None:
+        return None if self._idle is None else conn.loop.time() + self._idle
+
+    def _live(self) -> _Connection:
+        conn = self._conn
+        if conn is None:
+            raise RuntimeError("the reply was already released or closed")
+        return conn
 
     async def read(self, deadline: float | None = None) -> bytes:
         """The whole body. `deadline` (loop time) bounds the wait; without one the idle timeout does."""
-        conn = self._conn
+        conn = self._live()
         try:
             while not conn.complete:
                 try:
-                    await conn.more(deadline if deadline is not None else self._deadline())
+                    await conn.more(deadline if deadline is not None else self._deadline(conn))
                 except TransportError as exc:
                     if self._until_close and exc.kind == "read" and conn.eof and not conn.bad:
                         break  # read-until-close ends this way
@@ -244,7 +256,7 @@ class BackendReply:
 
     async def iter_body(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (framing removed): what arrived together leaves as one piece."""
-        conn = self._conn
+        conn = self._live()
         try:
             while True:
                 if conn.body:
@@ -252,7 +264,7 @@ class BackendReply:
                 if conn.complete:
                     break
                 try:
-                    await conn.more(self._deadline())
+                    await conn.more(self._deadline(conn))
                 except TransportError as exc:
                     if self._until_close and exc.kind == "read" and conn.eof and not conn.bad:
                         if conn.body:
