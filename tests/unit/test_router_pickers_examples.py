@@ -240,3 +240,19 @@ def test_round_robin_skips_excluded_endpoints():
     picker = RoundRobinPicker()
     assert [picker.pick(endpoints, exclude=(endpoints[1],)) for _ in range(3)] == [endpoints[0], endpoints[2],
                                                                                    endpoints[0]]
+
+
+def test_the_ring_has_64_points_per_endpoint_unless_told_otherwise():
+    keys = [e.key for e in eps(5)]
+    for key in ("a", "b", "c", "d"):
+        assert list(HashRing(keys).walk(stable_hash(key))) == ring_order(keys, key, 64)
+
+
+def test_a_picker_with_fewer_virtual_nodes_uses_them():
+    endpoints = eps(5)
+    keys = [e.key for e in endpoints]
+    found = [k for k in (f"k{i}" for i in range(50)) if ring_order(keys, k, 2)[0] != ring_order(keys, k, 64)[0]]
+    assert found  # with 2 points per endpoint some owners differ from the 64-point ring
+    picker = BoundedHashPicker(100.0, vnodes=2)
+    for key in found[:5]:
+        assert picker.pick(endpoints, key).key == ring_order(keys, key, 2)[0]

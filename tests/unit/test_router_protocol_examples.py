@@ -332,6 +332,7 @@ def test_prompt_prefix_of_a_prompt_split_over_parts_longer_than_the_limit():
     items = extract_media(copy.deepcopy(messages))
     assert prompt_prefix(body, items, 5) == "abcde"
     assert prompt_prefix(body, items, 7) == "abcdefg"
+    assert prompt_prefix(body, items, 8) == "abcdefg" + SHA_A[:1]
     assert prompt_prefix(body, items, 9) == "abcdefg" + SHA_A[:2]
     full = "abcdefg" + SHA_A + "hijklm"
     assert prompt_prefix(body, items, 1000) == full
@@ -343,3 +344,16 @@ def test_prompt_prefix_of_completions():
     assert prompt_prefix({"prompt": "hello"}, [], 3) == "hel"
     assert prompt_prefix({"prompt": [1, 22, 333]}, [], 6) == "[1,22,"
     assert prompt_prefix({"prompt": ["ab", "cd"]}, [], 100) == '["ab","cd"]'
+
+
+def test_rewrite_keeps_each_item_in_its_place_across_three_media_parts():
+    img = [{"type": "image_url", "image_url": {"url": f"https://img/{i}.png"}} for i in range(3)]
+    body = {"messages": [{"role": "user", "content": [img[0], {"type": "text", "text": "and"}, img[1]]},
+                         {"role": "user", "content": [img[2]]}]}
+    items = extract_media(copy.deepcopy(body)["messages"])
+    encoded = {0: enc("h0", {"g": [0]}), 2: enc("h2", {"g": [2]})}
+    out = rewrite_for_decode(body, items, encoded)
+    assert out["messages"][0]["content"] == [
+        {"type": "image_embeds", "image_embeds": {"g": [0]}, "uuid": items[0].uuid}, {"type": "text", "text": "and"},
+        img[1]]
+    assert out["messages"][1]["content"] == [{"type": "image_embeds", "image_embeds": {"g": [2]}, "uuid": items[2].uuid}]
