@@ -35,11 +35,6 @@ def multi_node(epd: EPDDeployment, role: str) -> bool:
     return isinstance(tier, ConsumerTier) and tier.nodesPerReplica > 1
 
 
-def needs_leader_worker_set(epd: EPDDeployment) -> bool:
-    """Whether any tier of `epd` renders as a LeaderWorkerSet (so the cluster must serve that API)."""
-    return any(multi_node(epd, role) for role in (PREFILL, DECODE) if role != PREFILL or epd.spec.prefill is not None)
-
-
 def worker_pod(epd: EPDDeployment, role: str, leader_pod: JSON) -> JSON:
     """The worker's pod spec: the leader's, with the headless command line and without the API port."""
     pod = copy.deepcopy(leader_pod)
