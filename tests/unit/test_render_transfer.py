@@ -201,3 +201,17 @@ def test_janitor_bounds_by_age_and_size():
         "--path", "/x", "--ttl-seconds", "60", "--max-size", "1024", "--interval", "30"]
     assert cache_ttl_seconds(SharedStorage(claimName="c", ttlSeconds=None)) == 600
     assert cache_ttl_seconds(SharedStorage(claimName="c", ttlSeconds=5)) == 5
+
+
+def test_e_p_d_mooncake_prefill_has_both_connectors_env_and_every_config_in_the_configmap():
+    deployment = epd(spec__prefill={}, spec__ecTransfer={"connector": "Mooncake"})
+    assert tier_transfer(deployment, "prefill").env == env(MC_FORCE_TCP="1") + NIXL_ENV
+    assert configmap_data(deployment, ["encoder", "prefill", "decode"]) == {
+        "encoder.ec-transfer.json": '{"ec_connector":"ECMooncakeConnector","ec_connector_extra_config":'
+                                    '{"mooncake_protocol":"tcp"},"ec_role":"ec_producer"}',
+        "prefill.ec-transfer.json": '{"ec_connector":"ECMooncakeConnector","ec_connector_extra_config":'
+                                    '{"mooncake_protocol":"tcp"},"ec_ip":"$(POD_IP)","ec_port":14579,'
+                                    '"ec_role":"ec_consumer"}',
+        "prefill.kv-transfer.json": '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}',
+        "decode.kv-transfer.json": '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'}
+    assert mooncake_store_config(deployment) is None  # Mooncake without its settings: no store

@@ -7,6 +7,7 @@ import pytest
 
 from epd_operator.render.vllm import (encoder_performance_args, model_path, parallel_args, serve_args, serve_command,
                                       served_model_name)
+from epd_operator.render.transfer import TierTransfer
 from tests.support.epd_specs import epd
 
 MODEL = "Qwen/Qwen2.5-VL-3B-Instruct"
@@ -18,6 +19,8 @@ def test_model_path_and_served_name():
     claim = epd(spec__model={"name": "qwen", "source": {"pvc": {"claimName": "w", "subPath": "/models/qwen/"}}})
     assert model_path(claim.spec) == "/models/models/qwen"
     assert served_model_name(claim.spec) == "/models/models/qwen"
+    x_dir = epd(spec__model={"name": "qwen", "source": {"pvc": {"claimName": "w", "subPath": "X/"}}})
+    assert model_path(x_dir.spec) == "/models/X"
     root = epd(spec__model={"name": "qwen", "source": {"pvc": {"claimName": "w"}}})
     assert model_path(root.spec) == "/models"
     named = epd(spec__model={"name": "qwen", "servedModelName": "vl"})
@@ -105,3 +108,20 @@ def test_only_vllm_tiers_have_a_command_line():
     with pytest.raises(ValueError) as caught:
         serve_args(epd(), "router")
     assert str(caught.value) == "'router' is not a vLLM tier"
+
+
+def test_two_data_parallel_ranks_and_expert_parallel_on_several_nodes():
+    assert parallel_args(epd(spec__decode={"dataParallelSize": 2}).spec.decode) == ["--data-parallel-size", "2"]
+    tier = epd(spec__decode={"nodesPerReplica": 2, "tensorParallelSize": 2, "expertParallel": True}).spec.decode
+    assert parallel_args(tier, "worker")[:4] == ["--enable-expert-parallel", "--distributed-executor-backend", "mp",
+                                                 "--nnodes"]
+
+
+def test_a_given_transfer_and_node_reach_the_line():
+    deployment = epd(spec__decode={"nodesPerReplica": 2, "tensorParallelSize": 2})
+    given = TierTransfer(args=["--given"])
+    assert serve_args(deployment, "encoder", given)[-1] == "--given"
+    assert serve_args(deployment, "decode", given, node="worker")[-2:] == ["--enable-mm-embeds", "--given"]
+    assert "--headless" in serve_args(deployment, "decode", node="worker")
+    assert "--headless" in serve_command(deployment, "decode", node="worker")
+    assert "--headless" not in serve_command(deployment, "decode")
