@@ -12,6 +12,8 @@ import pytest
 from epd_operator.router.protocol import (
     PREFILL_KV_REQUEST,
     BadRequest,
+    audio_in_video,
+    carries_audio,
     EncodedItem,
     EncoderReplyError,
     MediaItem,
@@ -357,3 +359,15 @@ def test_rewrite_keeps_each_item_in_its_place_across_three_media_parts():
         {"type": "image_embeds", "image_embeds": {"g": [0]}, "uuid": items[0].uuid}, {"type": "text", "text": "and"},
         img[1]]
     assert out["messages"][1]["content"] == [{"type": "image_embeds", "image_embeds": {"g": [2]}, "uuid": items[2].uuid}]
+
+
+def test_which_items_carry_audio():
+    vid = MediaItem(0, "video_url", {"type": "video_url", "video_url": {"url": "u"}}, "v")
+    aud = MediaItem(1, "audio_url", {"type": "audio_url", "audio_url": {"url": "u"}}, "a")
+    img = MediaItem(2, "image_url", {"type": "image_url", "image_url": {"url": "u"}}, "i")
+    with_audio = {"mm_processor_kwargs": {"use_audio_in_video": True}}
+    assert (audio_in_video(with_audio), audio_in_video({}), audio_in_video({"mm_processor_kwargs": "x"})) == (
+        True, False, False)
+    assert audio_in_video({"mm_processor_kwargs": {"use_audio_in_video": False}}) is False
+    assert [carries_audio({}, i) for i in (vid, aud, img)] == [False, True, False]
+    assert [carries_audio(with_audio, i) for i in (vid, aud, img)] == [True, True, False]

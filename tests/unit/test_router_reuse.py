@@ -1,7 +1,7 @@
 """The reuse cache: keys, TTL counted from the encode, LRU bound, forgetting. Expected values by hand."""
 
 from epd_operator.router.protocol import EncodedItem, MediaItem
-from epd_operator.router.reuse import ReuseCache, reuse_key
+from epd_operator.router.reuse import ReuseCache, encoder_key, encoding_options, reuse_key
 
 
 class Clock:
@@ -117,3 +117,26 @@ def test_default_bound_and_clock():
     assert cache.max_items == 100_000
     cache.remember("a", encoded())
     assert cache.recall("a") is not None
+
+
+def video(uuid: str = "v1") -> MediaItem:
+    return MediaItem(0, "video_url", {"type": "video_url", "video_url": {"url": "https://v/1.mp4"}}, uuid)
+
+
+def test_encoding_options_by_hand():
+    assert encoding_options({}, item()) == ""
+    assert encoding_options({"mm_processor_kwargs": {"fps": 2, "a": 1}}, video()) == '{"a":1,"fps":2}'
+    io = {"media_io_kwargs": {"video": {"num_frames": 8}, "image": {"x": 1}}}
+    assert encoding_options(io, video()) == 'io={"num_frames":8}'
+    assert encoding_options(io, item()) == 'io={"x":1}'
+    assert encoding_options({"media_io_kwargs": {"audio": {"sr": 1}}}, item()) == ""  # another modality's
+    assert encoding_options({"media_io_kwargs": "odd"}, item()) == 'io="odd"'  # malformed: keyed whole
+    both = {"mm_processor_kwargs": {"fps": 2}, "media_io_kwargs": {"video": {"num_frames": 8}}}
+    assert encoding_options(both, video()) == '{"fps":2}|io={"num_frames":8}'
+
+
+def test_keys_with_media_io_options():
+    body = {"model": "m", "media_io_kwargs": {"video": {"num_frames": 8}}}
+    assert reuse_key(body, video("v")) == 'm|v|io={"num_frames":8}'
+    assert encoder_key(body, video("v")) == 'v|io={"num_frames":8}'
+    assert encoder_key({"model": "m"}, video("v")) == "v"
