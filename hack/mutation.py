@@ -38,7 +38,8 @@ THRESHOLD = 90.0
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "render": (
         ["render/transfer.py", "render/vllm.py"],
-        ["tests/unit/test_render.py", "tests/unit/test_render_transfer.py", "tests/unit/test_render_vllm.py"],
+        ["tests/unit/test_render.py", "tests/unit/test_render_transfer.py", "tests/unit/test_render_vllm.py",
+         "tests/unit/test_render_parallel.py"],
     ),
     "router": (
         ["router/pickers.py", "router/protocol.py", "router/reuse.py"],
@@ -48,12 +49,13 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/test_router_protocol.py",
             "tests/unit/test_router_protocol_examples.py",
             "tests/unit/test_router_reuse.py",
+            "tests/unit/test_router_video_audio.py",
         ],
     ),
     "controller": (
         ["controller/apply.py", "controller/status.py"],
         ["tests/unit/test_operator_apply.py", "tests/unit/test_operator_status.py", "tests/unit/test_controller_apply.py",
-         "tests/unit/test_controller_status.py"],
+         "tests/unit/test_controller_status.py", "tests/unit/test_operator_generations.py"],
     ),
     "api": (
         ["api/rules.py", "api/validation.py"],
