@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import typing
 from collections import deque
 
 import httptools
@@ -61,13 +63,15 @@ class _Stop(Exception):
 class HttpConnection(asyncio.Protocol):
     """One client connection: llhttp parses what arrives, requests are answered in order."""
 
+    # Set by connection_made, which the server runs before any other callback.
+    transport: asyncio.Transport
+
     def __init__(self, handler: Handler, max_body: int, limits: Limits | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
         self.limits = limits or Limits()
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
         self.task: asyncio.Task | None = None
         self.queue: deque = deque()  # parsed requests (or a refusal) waiting for their turn
         self.held = bytearray()  # bytes received while a reply is owed, parsed after it
@@ -94,8 +98,8 @@ class HttpConnection(asyncio.Protocol):
 
     # ---- asyncio.Protocol ----
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)  # a stream server's
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -110,7 +114,7 @@ class HttpConnection(asyncio.Protocol):
             return
         self._feed(data)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.timer is not None:
             self.timer.cancel()
@@ -268,7 +272,9 @@ class HttpConnection(asyncio.Protocol):
                 body = self.body = bytearray(body)
             body += piece
         if len(body) > self.max_body:
-            self._too_large(self.request)
+            request = self.request
+            assert request is not None  # set by on_headers_complete, which llhttp calls before any body
+            self._too_large(request)
 
     def _too_large(self, request: HttpRequest) -> None:
         # Handed over now, body unread: the handler answers 413 and the connection closes.
@@ -281,6 +287,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         request = self.request
+        assert request is not None  # set by on_headers_complete, which llhttp calls first
         self.request = None
         self.state = _IDLE
         body = self.body
@@ -446,8 +453,18 @@ class HttpConnection(asyncio.Protocol):
 __all__ = ["BodyTooLarge", "HttpConnection", "HttpRequest", "Limits", "Response", "StreamResponse", "start_server"]
 
 
-async def start_server(handler: Handler, max_body: int, *, host: str | None = None, port: int | None = None, sock=None,
+async def start_server(handler: Handler, max_body: int, *, host: str | None = None, port: int | None = None,
+                       sock: socket.socket | None = None,
                        limits: Limits | None = None) -> asyncio.Server:
+    """Serve on `sock` (a listening socket, e.g. shared by workers) or on `host`:`port`."""
     loop = asyncio.get_running_loop()
     limits = limits or Limits()
-    return await loop.create_server(lambda: HttpConnection(handler, max_body, limits), host, port, sock=sock, backlog=1024)
+
+    def connection() -> HttpConnection:
+        return HttpConnection(handler, max_body, limits)
+
+    if sock is not None:
+        return await loop.create_server(connection, sock=sock, backlog=1024)
+    if port is None:
+        raise ValueError("start_server needs a port or a listening socket")
+    return await loop.create_server(connection, host, port, backlog=1024)
