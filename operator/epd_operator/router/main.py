@@ -18,10 +18,19 @@ import signal
 import socket
 import sys
 import tempfile
+import types
+import typing
 
 from .. import __version__
-from .config import RouterConfig as D  # the router's defaults live there, once
+from .config import RouterConfig
 from .pickers import ENCODER_POLICIES, PD_POLICIES
+
+if typing.TYPE_CHECKING:
+    # Not imported at run time here: prometheus_client picks its multiprocess value class at import,
+    # which must happen after main sets PROMETHEUS_MULTIPROC_DIR.
+    from prometheus_client import CollectorRegistry
+
+D = RouterConfig  # the router's defaults live there, once
 
 MULTIPROC_ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 
@@ -114,8 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace):
-    from .config import RouterConfig
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
     from .discovery import split_urls
 
     prefill = None if args.prefill_servers_urls.strip().lower() in ("", "none", "disable") else split_urls(args.prefill_servers_urls)
@@ -192,7 +200,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _serve(cfg) -> None:
+async def _serve(cfg: RouterConfig) -> None:
     from .server import Router
 
     router = Router(cfg)
@@ -210,7 +218,7 @@ async def _serve(cfg) -> None:
     await server.cleanup()
 
 
-def run_worker(cfg, log_level: str) -> None:
+def run_worker(cfg: RouterConfig, log_level: str) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
@@ -220,7 +228,7 @@ def run_worker(cfg, log_level: str) -> None:
         uvloop.run(_serve(cfg))
 
 
-def _serve_metrics(host: str, port: int, registry) -> None:
+def _serve_metrics(host: str, port: int, registry: CollectorRegistry) -> None:
     """/metrics on its own port, from a thread (prometheus_client's server), apart from the API."""
     from prometheus_client import start_http_server
 
@@ -284,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(os.path.join(metrics_dir, PIDS_FILE), "w") as f:
             f.write("".join(f"{pid}\n" for pid in [os.getpid(), *(w.pid for w in workers)]))
 
-        def forward(signum, _frame):
+        def forward(signum: int, _frame: types.FrameType | None) -> None:
             for w in workers:
                 if w.is_alive() and w.pid:
                     os.kill(w.pid, signum)
@@ -298,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         running = {w.sentinel: w for w in workers}
         while running:
             for sentinel in multiprocessing.connection.wait(list(running)):
-                w = running.pop(sentinel)
+                w = running.pop(typing.cast(int, sentinel))  # wait() returns the sentinels it was given
                 w.join()
                 multiprocess.mark_process_dead(w.pid, metrics_dir)  # its live gauges leave /metrics
     finally:

@@ -19,7 +19,7 @@ import orjson
 from .protocol import EncodedItem, MediaItem
 
 
-def _sorted_json(value) -> str:
+def _sorted_json(value: object) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
