@@ -41,7 +41,7 @@ def _revision(obj: dict[str, Any]) -> int | None:
 
 def _replicas_owners(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The managedFields entries that own spec.replicas, reduced to that (apply.manages_replicas)."""
-    kept = []
+    kept: list[dict[str, Any]] = []
     for entry in entries:
         if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
             kept.append({"manager": entry.get("manager"), "operation": entry.get("operation"),

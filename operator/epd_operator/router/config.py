@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .pickers import DEFAULT_LOAD_FACTOR
+
+if TYPE_CHECKING:
+    from .http_messages import Limits
 
 
 # The Service (and so EndpointSlice) port the router reads a Mooncake EC consumer's DP rank d's control
@@ -107,7 +111,7 @@ class RouterConfig:
     def mooncake(self) -> bool:
         return bool(self.ec_consumer_zmq_addrs) or self.ec_consumer_port is not None
 
-    def http_limits(self):
+    def http_limits(self) -> Limits:
         from .http_messages import Limits
 
         return Limits(head_timeout=self.header_timeout, body_timeout=self.body_timeout, keepalive=self.keepalive_timeout,
