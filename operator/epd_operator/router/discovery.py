@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -131,8 +132,8 @@ class KubernetesDiscovery:
 
     @classmethod
     def from_config(cls, cfg: RouterConfig, pools: dict[str, Pool]) -> KubernetesDiscovery:
-        selectors = {"encoder": cfg.encoder_selector, "prefill": cfg.prefill_selector, "decode": cfg.decode_selector}
-        selectors = {role: sel for role, sel in selectors.items() if sel and role in pools}
+        wanted = {"encoder": cfg.encoder_selector, "prefill": cfg.prefill_selector, "decode": cfg.decode_selector}
+        selectors = {role: sel for role, sel in wanted.items() if sel and role in pools}
         consumer = "prefill" if cfg.disaggregated_prefill else "decode"
         kube = Kube(lambda: load_credentials(cfg.kubeconfig))
         return cls(kube, cfg.namespace, selectors, pools, cfg.backend_port_name, cfg.backend_port, consumer,
@@ -146,12 +147,12 @@ class KubernetesDiscovery:
         for role, selector in self.selectors.items():
             self.watches[role] = ListWatch(
                 self.kube, ENDPOINT_SLICE, self.namespace, label_selector=selector,
-                on_sync=lambda items, role=role: self._sync(role, items),
-                on_event=lambda kind, obj, role=role: self._apply(role, kind, obj), retry_delay=self.retry_delay)
+                on_sync=functools.partial(self._sync, role), on_event=functools.partial(self._apply, role),
+                retry_delay=self.retry_delay)
             self.pod_watches[role] = ListWatch(
                 self.kube, POD, self.namespace, label_selector=selector,
-                on_sync=lambda items, role=role: self._sync_pods(role, items),
-                on_event=lambda kind, obj, role=role: self._apply_pod(role, kind, obj), retry_delay=self.retry_delay)
+                on_sync=functools.partial(self._sync_pods, role), on_event=functools.partial(self._apply_pod, role),
+                retry_delay=self.retry_delay)
             for what, watch in (("Pod", self.pod_watches[role]), ("EndpointSlice", self.watches[role])):
                 try:
                     await watch.list()
