@@ -80,7 +80,7 @@ class Reconciler:
         self.identity = identity
         self.resync_seconds = resync_seconds
         self.workers = workers
-        self.queue = WorkQueue()
+        self.queue: WorkQueue[tuple[str, str]] = WorkQueue()
         self.cache = Cache()
         metrics.cache_objects.set_function(lambda: len(self.cache))
         metrics.cache_bytes.set_function(lambda: self.cache.bytes)
@@ -216,6 +216,8 @@ class Reconciler:
         previous = status_rules.parse_status(body.get("status"))
         # A status pass reports on the children but has not acted on a newer generation.
         observed = meta.get("generation") if full else (previous.observedGeneration if previous else None)
+        topology: str | None
+        endpoint: str | None
         if errors is None:
             topology, endpoint = epd.spec.topology, router_endpoint(objects, name)
         else:  # the children of the last accepted spec keep running: keep describing them
@@ -262,9 +264,9 @@ class Reconciler:
         touched = await apply.execute(self.kube, todo)
         for obj in todo.prunes:
             self.cache.forget(obj)
-        for obj in touched.values():
-            if obj is not None:
-                self.cache.record(obj)  # the next pass may run before the watch event arrives
+        for written in touched.values():
+            if written is not None:
+                self.cache.record(written)  # the next pass may run before the watch event arrives
         applied = [s.describe() for s in todo.applies]
         if applied:
             await post_event(self.kube, body, "Normal", "Applied", "; ".join(applied), instance=self.identity)
@@ -273,11 +275,11 @@ class Reconciler:
             await post_event(self.kube, body, "Normal", "Pruned", f"{pruned} deleted (no longer in the spec)",
                              instance=self.identity)
         merged = {apply.key_of(obj): obj for obj in live}
-        for obj_key, obj in touched.items():
-            if obj is None:
+        for obj_key, current in touched.items():
+            if current is None:
                 merged.pop(obj_key, None)
             else:
-                merged[obj_key] = obj
+                merged[obj_key] = current
         return list(merged.values())
 
     async def _publish(self, body: dict[str, Any], previous: EPDDeploymentStatus | None,
