@@ -15,6 +15,7 @@ already sees all its children, instead of planning to create what exists.
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,11 @@ CHILDREN_WATCHED = tuple(_selector(r) for r in CHILD_RESOURCES.values())
 PODS_WATCHED = _selector(POD)
 
 
+def _body(event: kopf.RawEvent) -> dict[str, Any]:
+    # kopf types the object as a TypedDict of the few fields it reads itself; it is the whole object.
+    return typing.cast(dict[str, Any], event["object"])
+
+
 def build_registry(reconciler: Reconciler, kube: Kube) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -47,8 +53,8 @@ def build_registry(reconciler: Reconciler, kube: Kube) -> kopf.OperatorRegistry:
         return connection_info(await kube.relogin())
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def epd_changed(event: dict[str, Any], **_: Any) -> None:
-        reconciler.epd_event(event.get("type"), event["object"])
+    async def epd_changed(event: kopf.RawEvent, **_: Any) -> None:
+        reconciler.epd_event(event.get("type"), _body(event))
 
     for selector in CHILDREN_WATCHED:
         _watch(registry, reconciler, selector, reconciler.child_event)
@@ -68,8 +74,8 @@ def _watch(registry: kopf.OperatorRegistry, reconciler: Reconciler, selector: tu
         reconciler.cache.record(dict(body))
 
     @kopf.on.event(*selector, labels=labels, id=f"{plural}-changed", registry=registry)
-    async def changed(event: dict[str, Any], **_: Any) -> None:
-        on_event(event.get("type"), event["object"])
+    async def changed(event: kopf.RawEvent, **_: Any) -> None:
+        on_event(event.get("type"), _body(event))
 
 
 def build_settings() -> kopf.OperatorSettings:
