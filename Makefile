@@ -35,8 +35,11 @@ cluster: k8s
 cluster-down: install
 	$(BIN)/python -m epd_operator.local.cluster down
 
+# ruff (lint and format) over the code and tests, mypy over the package (it ships py.typed).
 lint: install
 	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/mypy
 
 test: vllm-env k8s lint
 	$(BIN)/pytest

@@ -10,8 +10,19 @@ from epd_operator.controller.metrics import Metrics
 from epd_operator.kube import CHILD_RESOURCES
 from tests.support.cluster import KubeView, volumes
 from tests.support.faults import WRITE_VERBS, FaultProxy, api_verb
-from tests.support.operator_run import (create, deployed, deployment, epd_doc, observed, operator_in_process, patch_spec,
-                                        posted, resyncs, wait_until, writes)
+from tests.support.operator_run import (
+    create,
+    deployed,
+    deployment,
+    epd_doc,
+    observed,
+    operator_in_process,
+    patch_spec,
+    posted,
+    resyncs,
+    wait_until,
+    writes,
+)
 from tests.support.render_examples import NIXL_AUTOSCALED
 
 RESYNC = "0.3"

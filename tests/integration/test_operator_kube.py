@@ -71,7 +71,9 @@ async def test_a_refused_token_is_renewed_once(ns: KubeView):
 
     ca = str(ns.cluster.pki / "ca.crt")
 
-    async def credentials(tokens=iter(["expired-token", ns.cluster.admin_token, "expired-again"])) -> Credentials:
+    tokens = iter(["expired-token", ns.cluster.admin_token, "expired-again"])
+
+    async def credentials() -> Credentials:
         token = next(tokens)
         logins.append(token)
         return Credentials.from_token(ns.url, token, ca_path=ca)

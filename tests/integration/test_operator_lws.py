@@ -12,8 +12,17 @@ import pytest
 
 from epd_operator.render import render
 from tests.support.cluster import KubeView, install_crd, lws_crd, volumes
-from tests.support.operator_run import (condition, create, epd, epd_doc, observed, operator_in_process, patch_spec,
-                                        posted, wait_until)
+from tests.support.operator_run import (
+    condition,
+    create,
+    epd,
+    epd_doc,
+    observed,
+    operator_in_process,
+    patch_spec,
+    posted,
+    wait_until,
+)
 from tests.support.render_examples import rendered_examples, variants
 
 RESYNC = "0.3"

@@ -10,8 +10,22 @@ import pytest
 
 from epd_operator.local.cluster import LocalCluster
 from tests.support.cluster import KubeView, epd_crd, install_crd, new_namespace
-from tests.support.operator_run import (children, condition, create, deployed, epd, epd_doc, events, metric_value,
-                                        observed, operator_in_process, patch_spec, phase, posted, writes)
+from tests.support.operator_run import (
+    children,
+    condition,
+    create,
+    deployed,
+    epd,
+    epd_doc,
+    events,
+    metric_value,
+    observed,
+    operator_in_process,
+    patch_spec,
+    phase,
+    posted,
+    writes,
+)
 
 RESYNC = "0.3"
 

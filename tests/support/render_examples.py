@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -58,7 +58,7 @@ def find(objects: list[dict], kind: str, name: str) -> dict:
     raise LookupError(f"no {kind} {name} among {[(o['kind'], o['metadata']['name']) for o in objects]}")
 
 
-def maybe_find(objects: list[dict], kind: str, name: str) -> Optional[dict]:
+def maybe_find(objects: list[dict], kind: str, name: str) -> dict | None:
     try:
         return find(objects, kind, name)
     except LookupError:
@@ -81,7 +81,7 @@ def env_of(c: dict) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
-def flag(args: list[str], name: str) -> Optional[str]:
+def flag(args: list[str], name: str) -> str | None:
     """The value following `name` in an argv (the last occurrence wins, as in argparse)."""
     value = None
     for i, arg in enumerate(args[:-1]):

@@ -9,10 +9,25 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from epd_operator.api.rules import (RULES, SUPPORTED_REASONS, Rule, _cel_list, _dp_ports_fit, _no_shared_storage_mount,
-                                    _settings_only_for, rules_for)
-from epd_operator.api.spec import (ConsumerTier, ECTransfer, EncoderTier, EPDDeployment, EPDDeploymentSpec, Placement,
-                                   Tier)
+from epd_operator.api.rules import (
+    RULES,
+    SUPPORTED_REASONS,
+    Rule,
+    _cel_list,
+    _dp_ports_fit,
+    _no_shared_storage_mount,
+    _settings_only_for,
+    rules_for,
+)
+from epd_operator.api.spec import (
+    ConsumerTier,
+    ECTransfer,
+    EncoderTier,
+    EPDDeployment,
+    EPDDeploymentSpec,
+    Placement,
+    Tier,
+)
 from epd_operator.api.validation import FieldError, SpecError, _path, _walk, parse_epd
 from tests.support.epd_specs import spec
 
@@ -287,7 +302,7 @@ def test_a_whole_object_rule_the_crd_cannot_carry_on_the_name_is_refused(monkeyp
     from epd_operator.api.crd import name_rules
 
     monkeypatch.setattr(rules_mod, "RULES", (*RULES, Rule(EPDDeployment, expression, field, "m")))
-    with pytest.raises(ValueError, match="only a rule on .metadata.name that reads nothing but self.metadata.name"):
+    with pytest.raises(ValueError, match=r"only a rule on \.metadata\.name that reads nothing but self\.metadata\.name"):
         name_rules()
 
 

@@ -131,7 +131,7 @@ def test_connectors_that_cannot_run_here_are_refused():
 
 
 def test_a_multi_node_tier_is_refused_with_what_to_change():
-    with pytest.raises(PlanError, match="qwen-vl-72b-decode spans several nodes .* nodesPerReplica: 1"):
+    with pytest.raises(PlanError, match=r"qwen-vl-72b-decode spans several nodes .* nodesPerReplica: 1"):
         local_plan("epd-multi-node.yaml")
 
 

@@ -12,8 +12,16 @@ from epd_operator.render import render, tier_hashes
 from epd_operator.render.router_args import router_args
 from epd_operator.render.vllm import parallel_args
 from epd_operator.router.main import build_parser, config_from_args
-from tests.support.render_examples import (MOONCAKE, NIXL_AUTOSCALED, SHARED_STORAGE, container, example, find,
-                                           maybe_find, serve_argvs)
+from tests.support.render_examples import (
+    MOONCAKE,
+    NIXL_AUTOSCALED,
+    SHARED_STORAGE,
+    container,
+    example,
+    find,
+    maybe_find,
+    serve_argvs,
+)
 
 
 def ports(c: dict) -> dict[str, int]:

@@ -9,8 +9,14 @@ import pytest
 from epd_operator.render import render
 from tests.support import pod_security
 from tests.support.pod_security import BASELINE, PRIVILEGED, RESTRICTED, level, strictest_common, violations
-from tests.support.render_examples import (CPU_CONNECTOR, MOONCAKE, SHARED_STORAGE, example, pod_templates,
-                                           rendered_examples)
+from tests.support.render_examples import (
+    CPU_CONNECTOR,
+    MOONCAKE,
+    SHARED_STORAGE,
+    example,
+    pod_templates,
+    rendered_examples,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- pod-security:start -->", "<!-- pod-security:end -->"

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from epd_operator.render.vllm import (encoder_performance_args, model_path, parallel_args, serve_args, serve_command,
-                                      served_model_name)
 from epd_operator.render.transfer import TierTransfer
+from epd_operator.render.vllm import (
+    encoder_performance_args,
+    model_path,
+    parallel_args,
+    serve_args,
+    serve_command,
+    served_model_name,
+)
 from tests.support.epd_specs import epd
 
 MODEL = "Qwen/Qwen2.5-VL-3B-Instruct"

@@ -12,11 +12,11 @@ import pytest
 from epd_operator.router.protocol import (
     PREFILL_KV_REQUEST,
     BadRequest,
-    audio_in_video,
-    carries_audio,
     EncodedItem,
     EncoderReplyError,
     MediaItem,
+    audio_in_video,
+    carries_audio,
     encoder_request,
     error_body,
     extract_media,

@@ -17,11 +17,10 @@ import hashlib
 import json
 from typing import Any
 
+from ..api.labels import APPLIED_HASH_ANNOTATION as APPLIED_HASH
 from ..api.quantity import parse_quantity
 from ..api.spec import API_VERSION, KIND
 from ..kube import FIELD_MANAGER, ApiError, Kube, child_resource
-
-from ..api.labels import APPLIED_HASH_ANNOTATION as APPLIED_HASH, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL  # noqa: F401,E501
 
 # Field manager that keeps a Deployment's replicas alive while an HPA takes them over (below).
 HANDOVER_MANAGER = "epd-operator-hpa-handover"
@@ -152,9 +151,9 @@ def manages_replicas(live: dict[str, Any], manager: str = FIELD_MANAGER) -> bool
     if entries is None:
         return True
     for entry in entries:
-        if entry.get("manager") == manager and entry.get("operation") == "Apply":
-            if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
-                return True
+        if (entry.get("manager") == manager and entry.get("operation") == "Apply"
+                and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})):
+            return True
     return False
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import kopf
 
+from ..api.labels import MANAGED_BY, MANAGED_BY_LABEL
 from ..api.spec import GROUP, PLURAL, VERSION
-from .apply import MANAGED_BY, MANAGED_BY_LABEL
 from ..kube import CHILD_RESOURCES, POD, Kube, Resource, connection_info
 from .reconciler import Reconciler
 

@@ -21,15 +21,17 @@ import random
 import time
 from typing import Any
 
+from ..api.labels import INSTANCE_LABEL, ROLE_LABEL
 from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND
 from ..api.status import EPDDeploymentStatus
 from ..api.validation import FieldError, SpecError, parse_epd
+from ..kube import CHILD_RESOURCES, EPD, REQUEST_ERRORS, Kube
 from ..render import render
 from ..render.generation import compatibility_generation
-from . import apply, status as status_rules
+from . import apply
+from . import status as status_rules
 from .cache import Cache
 from .events import post_event, utcnow
-from ..kube import CHILD_RESOURCES, EPD, REQUEST_ERRORS, Kube
 from .metrics import Metrics
 from .workqueue import FULL, STATUS, WorkQueue
 
@@ -58,7 +60,7 @@ def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> di
     source = objects or live
     tiers = {}
     for obj in source:
-        role = obj["metadata"].get("labels", {}).get(apply.ROLE_LABEL)
+        role = obj["metadata"].get("labels", {}).get(ROLE_LABEL)
         if obj["kind"] not in WORKLOAD_KINDS or role not in status_rules.TIERS:
             continue
         name = obj["metadata"]["name"]
@@ -111,7 +113,7 @@ class Reconciler:
         pass), since nothing else would bring a tier back before the next resync."""
         self.cache.observe(event_type, body)
         meta = body["metadata"]
-        instance = meta.get("labels", {}).get(apply.INSTANCE_LABEL)
+        instance = meta.get("labels", {}).get(INSTANCE_LABEL)
         owned = any(ref.get("kind") == KIND and ref.get("name") == instance for ref in meta.get("ownerReferences") or [])
         if owned and (meta["namespace"], instance) in self.known:
             self.queue.add((meta["namespace"], instance), FULL if event_type == "DELETED" else STATUS)
@@ -122,7 +124,7 @@ class Reconciler:
         unschedulable."""
         self.cache.observe(event_type, body)
         meta = body["metadata"]
-        key = (meta["namespace"], meta.get("labels", {}).get(apply.INSTANCE_LABEL, ""))
+        key = (meta["namespace"], meta.get("labels", {}).get(INSTANCE_LABEL, ""))
         if key in self._reconciled:  # before its first full pass there is no status to refresh
             self.queue.add(key, STATUS)
 
@@ -247,7 +249,7 @@ class Reconciler:
             if dep is None or (dep.get("status") or {}).get("readyReplicas", 0) >= dep["spec"].get("replicas", 1):
                 continue
             # A LeaderWorkerSet has no selector of its own: its pods (leaders and workers) carry the tier's role.
-            selector = dep["spec"].get("selector", {}).get("matchLabels") or {apply.ROLE_LABEL: role}
+            selector = dep["spec"].get("selector", {}).get("matchLabels") or {ROLE_LABEL: role}
             pods = self.cache.pods(namespace, name, selector)
             reason = status_rules.unschedulable_reason(pods)
             if reason:

@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 from ..api.spec import MULTI_NODE_MASTER_PORT, ConsumerTier, EPDDeployment
-from .naming import PREFILL, DECODE, tier_of
+from .naming import DECODE, PREFILL, tier_of
 from .templating import render_one
 from .transfer import container_port, tier_transfer
 from .vllm import WORKER, serve_args

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.labels import GENERATION_LABEL
 from ..api.spec import (
     DEFAULT_ROUTER_IMAGE,
     VLLM_PORT,
@@ -20,8 +21,8 @@ from ..api.spec import (
     MooncakeMaster,
     Placement,
 )
-from ..api.labels import GENERATION_LABEL
 from .generation import compatibility_generation
+from .lws import multi_node_workload
 from .naming import (
     CONFIG_HASH_ANNOTATION,
     ENCODER,
@@ -37,7 +38,6 @@ from .naming import (
     transfer_configmap_name,
     vllm_roles,
 )
-from .lws import multi_node_workload
 from .router_args import ROUTER_HEALTH_PATH, ROUTER_LIVENESS_PATH, ROUTER_METRICS_PORT, router_args
 from .templating import render_documents, render_one
 from .tracing import vllm_tracing_env

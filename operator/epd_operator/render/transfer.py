@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..api.quantity import quantity_bytes
 from ..api.spec import EPDDeployment, EPDDeploymentSpec, KVTransfer, Mooncake, SharedStorage
@@ -57,7 +57,7 @@ def ec_consumer_role(spec: EPDDeploymentSpec) -> str:
     return PREFILL if spec.prefill is not None else DECODE
 
 
-def ec_role(spec: EPDDeploymentSpec, role: str) -> Optional[str]:
+def ec_role(spec: EPDDeploymentSpec, role: str) -> str | None:
     if role == ENCODER:
         return "ec_producer"
     if role == ec_consumer_role(spec):
@@ -65,14 +65,14 @@ def ec_role(spec: EPDDeploymentSpec, role: str) -> Optional[str]:
     return None
 
 
-def kv_transfer(spec: EPDDeploymentSpec) -> Optional[KVTransfer]:
+def kv_transfer(spec: EPDDeploymentSpec) -> KVTransfer | None:
     """KV transfer between P and D; NIXL by default whenever a prefill tier exists."""
     if spec.prefill is None:
         return None
     return spec.kvTransfer or KVTransfer()
 
 
-def kv_role(spec: EPDDeploymentSpec, role: str) -> Optional[str]:
+def kv_role(spec: EPDDeploymentSpec, role: str) -> str | None:
     if kv_transfer(spec) is None:
         return None
     return {PREFILL: "kv_producer", DECODE: "kv_consumer"}.get(role)
@@ -81,7 +81,7 @@ def kv_role(spec: EPDDeploymentSpec, role: str) -> Optional[str]:
 # ----------------------------------------------------------------------------- configs
 
 
-def ec_transfer_config(spec: EPDDeploymentSpec, role: str) -> Optional[dict[str, Any]]:
+def ec_transfer_config(spec: EPDDeploymentSpec, role: str) -> dict[str, Any] | None:
     """The `--ec-transfer-config` of a tier, or None for a tier without an EC role (D in E/P/D)."""
     ec_role_ = ec_role(spec, role)
     if ec_role_ is None:
@@ -107,7 +107,7 @@ def ec_transfer_config(spec: EPDDeploymentSpec, role: str) -> Optional[dict[str,
     return config
 
 
-def kv_transfer_config(spec: EPDDeploymentSpec, role: str) -> Optional[dict[str, Any]]:
+def kv_transfer_config(spec: EPDDeploymentSpec, role: str) -> dict[str, Any] | None:
     kv = kv_transfer(spec)
     kv_role_ = kv_role(spec, role)
     if kv is None or kv_role_ is None:
@@ -118,7 +118,7 @@ def kv_transfer_config(spec: EPDDeploymentSpec, role: str) -> Optional[dict[str,
     return config
 
 
-def mooncake_store_config(epd: EPDDeployment) -> Optional[dict[str, Any]]:
+def mooncake_store_config(epd: EPDDeployment) -> dict[str, Any] | None:
     """The `MOONCAKE_CONFIG_PATH` file of the cross-encoder cache, or None when it is not asked for."""
     mooncake = epd.spec.ecTransfer.mooncake
     if epd.spec.ecTransfer.connector != "Mooncake" or mooncake is None or not mooncake.crossEncoderCache:

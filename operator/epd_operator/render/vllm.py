@@ -7,10 +7,17 @@ last occurrence of a flag).
 from __future__ import annotations
 
 import json
-from typing import Optional
 
-from ..api.spec import (ENCODER_GPU_MEMORY_UTILIZATION, MULTI_NODE_MASTER_PORT, VLLM_PORT, ConsumerTier, EPDDeployment,
-                        EPDDeploymentSpec, EncoderTier, Tier)
+from ..api.spec import (
+    ENCODER_GPU_MEMORY_UTILIZATION,
+    MULTI_NODE_MASTER_PORT,
+    VLLM_PORT,
+    ConsumerTier,
+    EncoderTier,
+    EPDDeployment,
+    EPDDeploymentSpec,
+    Tier,
+)
 from .naming import DECODE, ENCODER, PREFILL, tier_of
 from .tracing import vllm_tracing_args
 from .transfer import TierTransfer, tier_transfer
@@ -40,7 +47,7 @@ def served_model_name(spec: EPDDeploymentSpec) -> str:
     return spec.model.servedModelName or model_path(spec)
 
 
-def _common_args(spec: EPDDeploymentSpec, tier: Tier, gpu_memory_utilization: Optional[float] = None) -> list[str]:
+def _common_args(spec: EPDDeploymentSpec, tier: Tier, gpu_memory_utilization: float | None = None) -> list[str]:
     args = [model_path(spec), "--port", str(VLLM_PORT)]
     if spec.model.servedModelName:
         args += ["--served-model-name", spec.model.servedModelName]
@@ -60,12 +67,12 @@ def _common_args(spec: EPDDeploymentSpec, tier: Tier, gpu_memory_utilization: Op
     return args + vllm_tracing_args(spec)
 
 
-def _max_num_batched_tokens(tier: Tier, default: Optional[int]) -> list[str]:
+def _max_num_batched_tokens(tier: Tier, default: int | None) -> list[str]:
     value = tier.maxNumBatchedTokens or default
     return ["--max-num-batched-tokens", str(value)] if value else []
 
 
-def encoder_args(epd: EPDDeployment, transfer: Optional[TierTransfer] = None) -> list[str]:
+def encoder_args(epd: EPDDeployment, transfer: TierTransfer | None = None) -> list[str]:
     """E: an encode-only EC producer; it never samples, and its cache is the connector's, not prefix caching."""
     spec, tier = epd.spec, epd.spec.encoder
     transfer = transfer or tier_transfer(epd, ENCODER)
@@ -96,7 +103,7 @@ def encoder_performance_args(tier: EncoderTier) -> list[str]:
     return args
 
 
-def parallel_args(tier: ConsumerTier, node: Optional[str] = LEADER) -> list[str]:
+def parallel_args(tier: ConsumerTier, node: str | None = LEADER) -> list[str]:
     """Data/expert parallelism and, for a multi-node replica, this pod's place in it.
 
     DP ranks run as engines inside one pod behind its API server (vLLM's internal load balancing;
@@ -121,8 +128,8 @@ def parallel_args(tier: ConsumerTier, node: Optional[str] = LEADER) -> list[str]
     return args
 
 
-def consumer_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None,
-                  node: Optional[str] = None) -> list[str]:
+def consumer_args(epd: EPDDeployment, role: str, transfer: TierTransfer | None = None,
+                  node: str | None = None) -> list[str]:
     """PD (E+PD), P and D (E/P/D): they take metadata-only `*_embeds` parts from the router.
 
     The EC and KV roles (and so the transfer flags) come from the topology: see `transfer`.
@@ -138,8 +145,8 @@ def consumer_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer
             + transfer.args + tier.extraArgs)
 
 
-def serve_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] = None,
-               node: Optional[str] = None) -> list[str]:
+def serve_args(epd: EPDDeployment, role: str, transfer: TierTransfer | None = None,
+               node: str | None = None) -> list[str]:
     """The container `args` of a vLLM tier (what follows `vllm serve`); `node` only for a multi-node tier."""
     if role == ENCODER:
         return encoder_args(epd, transfer)
@@ -148,6 +155,6 @@ def serve_args(epd: EPDDeployment, role: str, transfer: Optional[TierTransfer] =
     raise ValueError(f"{role!r} is not a vLLM tier")
 
 
-def serve_command(epd: EPDDeployment, role: str, node: Optional[str] = None) -> list[str]:
+def serve_command(epd: EPDDeployment, role: str, node: str | None = None) -> list[str]:
     """The full argv, `vllm serve <model> ...`, as the container runs it."""
     return SERVE_COMMAND + serve_args(epd, role, node=node)

@@ -128,7 +128,7 @@ class EncoderStage:
         else:
             results = await asyncio.gather(*(self._call(ctx, ep, group) for ep, group in groups), return_exceptions=True)
         failed: list[tuple[MediaItem, Endpoint | None]] = []
-        for (ep, group), result in zip(groups, results):
+        for (ep, group), result in zip(groups, results, strict=True):
             if isinstance(result, BackendRejection):
                 raise result
             if isinstance(result, RetryableFailure):
@@ -158,5 +158,5 @@ class EncoderStage:
             log.warning("[%s] encoder %s reply unusable: %s", ctx.rid, ep.url, exc)
             pool.record_failure(ep, "reply")
             raise RetryableFailure("reply", pool.role) from None
-        tid = {item.index: t for item, t in zip(group, transfer_ids)}
+        tid = {item.index: t for item, t in zip(group, transfer_ids, strict=True)}
         return {index: EncodedItem(mm_hash, report, tid[index]) for index, (mm_hash, report) in matched.items()}

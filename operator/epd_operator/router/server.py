@@ -235,7 +235,7 @@ class Router:
                 data = await r.read()
                 ct = r.headers.get("Content-Type", JSON)
                 status = r.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             pool.record_failure(ep, "connect")
             return self._answered("/v1/models", json_error(502, f"decode /v1/models failed: {exc}", rid, "upstream_error"))
         return self._answered("/v1/models", Response(body=data, status=status, headers={"Content-Type": ct, "x-request-id": rid}))
