@@ -43,6 +43,13 @@ WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 STATUS_KINDS = (*WORKLOAD_KINDS, "HorizontalPodAutoscaler")  # what a status pass reports on
 
 
+def failure(exc: Exception) -> str:
+    """What went wrong, in words: a request timeout's exception has none of its own."""
+    if str(exc):
+        return str(exc)
+    return "no answer from the API server in time" if isinstance(exc, TimeoutError) else type(exc).__name__
+
+
 def router_endpoint(objects: list[dict[str, Any]], epd_name: str) -> str | None:
     """The in-cluster URL of the router Service (the Service named like the EPDDeployment)."""
     for obj in objects:
@@ -162,7 +169,7 @@ class Reconciler:
                 delay = self.queue.retry(key, level)
                 self.metrics.errors.labels(kind=kind).inc()
                 self.metrics.reconciles.labels(kind=kind, result="error").inc()
-                log.warning("reconcile of %s/%s failed (retry in %.1fs): %s", *key, delay, exc,
+                log.warning("reconcile of %s/%s failed (retry in %.1fs): %s", *key, delay, failure(exc),
                             exc_info=not isinstance(exc, REQUEST_ERRORS))
                 await self._report_failure(key, exc)
             else:
@@ -174,7 +181,7 @@ class Reconciler:
                 self.queue.done(key)
 
     async def _report_failure(self, key: Key, exc: Exception) -> None:
-        message = str(exc)
+        message = failure(exc)
         if self._last_error.get(key) == message:
             return  # one Event per distinct failure, not one per retry
         self._last_error[key] = message
