@@ -114,33 +114,62 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
 
     def counted(since: int) -> Counter[tuple[str, str]]:
         # A server-side dry run (the operator's check before it writes) persists nothing: not a write.
-        return Counter((verb + (" (dry run)" if "dryRun=" in query else ""), resource)
-                       for method, query in proxy.queries[since:] for verb, resource in [api_verb(method, query)])
+        return Counter(
+            (verb + (" (dry run)" if "dryRun=" in query else ""), resource)
+            for method, query in proxy.queries[since:]
+            for verb, resource in [api_verb(method, query)]
+        )
 
     with LocalCluster(log_dir / "k8s", apiserver_only=True) as cluster, FaultProxy(cluster) as proxy:
         install_crd(cluster, epd_crd())
-        cluster.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                       "metadata": {"name": NAMESPACE}})
+        cluster.request(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        )
         # The operator goes through the recording proxy; the benchmark's own requests go around it.
         kubeconfig = log_dir / "bench-kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-            "clusters": [{"name": "bench", "cluster": {"server": proxy.url}}],
-            "users": [{"name": "bench", "user": {"token": cluster.admin_token}}],
-            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench", "namespace": NAMESPACE}}]}))
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "bench",
+                    "clusters": [{"name": "bench", "cluster": {"server": proxy.url}}],
+                    "users": [{"name": "bench", "user": {"token": cluster.admin_token}}],
+                    "contexts": [
+                        {"name": "bench", "context": {"cluster": "bench", "user": "bench", "namespace": NAMESPACE}}
+                    ],
+                }
+            )
+        )
         metrics_port = free_port()
         op = start(
             "epd-operator-scale",
-            [*operator_command(), "--namespace", NAMESPACE, "--no-leader-election",
-             "--resync-seconds", str(plan.resync_seconds), "--bind-address", "127.0.0.1",
-             "--liveness-port", str(free_port()), "--metrics-port", str(metrics_port)],
-            ROUTER_CORE, log_dir, env={"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}, prioritise=False,
+            [
+                *operator_command(),
+                "--namespace",
+                NAMESPACE,
+                "--no-leader-election",
+                "--resync-seconds",
+                str(plan.resync_seconds),
+                "--bind-address",
+                "127.0.0.1",
+                "--liveness-port",
+                str(free_port()),
+                "--metrics-port",
+                str(metrics_port),
+            ],
+            ROUTER_CORE,
+            log_dir,
+            env={"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
+            prioritise=False,
         )
         context = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
         headers = {"User-Agent": USER_AGENT, "Authorization": f"Bearer {cluster.admin_token}"}
         try:
-            async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(
-                    ssl=context, limit=CREATE_CONCURRENCY)) as session:
+            async with aiohttp.ClientSession(
+                headers=headers, connector=aiohttp.TCPConnector(ssl=context, limit=CREATE_CONCURRENCY)
+            ) as session:
+
                 async def metric(name: str, **labels: str) -> float:
                     async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
                         return metric_value(await r.text(), name, **labels)
@@ -180,8 +209,10 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
                     if done == plan.deployments:
                         break
                     if time.monotonic() > deadline or not op.alive():
-                        raise RuntimeError(f"{done}/{plan.deployments} EPDDeployments reported status "
-                                           f"after {time.monotonic() - t0:.0f}s:\n{op.log_tail()}")
+                        raise RuntimeError(
+                            f"{done}/{plan.deployments} EPDDeployments reported status "
+                            f"after {time.monotonic() - t0:.0f}s:\n{op.log_tail()}"
+                        )
                     if time.monotonic() - last_report > 30:
                         last_report = time.monotonic()
                         progress(f"  {done}/{plan.deployments} report status after {last_report - t0:.0f}s")
@@ -189,8 +220,10 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
                 all_status = time.monotonic() - t0
                 wave = counted(mark)
                 wave_cpu = cpu_seconds(op.pid) - cpu0
-                progress(f"  all reported status in {all_status:.1f}s, {wave.total() / plan.deployments:.1f} "
-                         "API requests per CR")
+                progress(
+                    f"  all reported status in {all_status:.1f}s, {wave.total() / plan.deployments:.1f} "
+                    "API requests per CR"
+                )
 
                 # At rest: a whole resync (N full passes) that writes nothing. The creation wave's
                 # last follow-ups (a status pass after a write) may still be queued before it.
@@ -218,15 +251,27 @@ async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
                 cpu_busy = cpu_seconds(op.pid) - cpu_started
                 resync = counted(mark)
                 rss_rest = max(rss_rest, rss_mib(op.pid))
-                cache_objects, cache_bytes = await metric("epd_operator_cache_objects"), await metric("epd_operator_cache_bytes")
+                cache_objects, cache_bytes = (
+                    await metric("epd_operator_cache_objects"),
+                    await metric("epd_operator_cache_bytes"),
+                )
                 peak = peak_rss_mib(op.pid)
         finally:
             op.stop()
     return ScaleResult(
-        plan, seconds_to_all_status=all_status, seconds_to_first_status=first or all_status, wave=wave,
-        resync=resync, resync_seconds_each=busy / plan.resyncs, resync_cpu_s_each=cpu_busy / plan.resyncs,
-        wave_cpu_s=wave_cpu, rss_start_mib=rss_start, rss_rest_mib=rss_rest, peak_rss_mib=peak,
-        cache_objects=int(cache_objects), cache_mib=cache_bytes / 2**20,
+        plan,
+        seconds_to_all_status=all_status,
+        seconds_to_first_status=first or all_status,
+        wave=wave,
+        resync=resync,
+        resync_seconds_each=busy / plan.resyncs,
+        resync_cpu_s_each=cpu_busy / plan.resyncs,
+        wave_cpu_s=wave_cpu,
+        rss_start_mib=rss_start,
+        rss_rest_mib=rss_rest,
+        peak_rss_mib=peak,
+        cache_objects=int(cache_objects),
+        cache_mib=cache_bytes / 2**20,
     )
 
 
@@ -254,15 +299,27 @@ def targets(result: ScaleResult) -> list[Target]:
     p = result.plan
     what = f"({p.deployments} CRs at rest, {p.resyncs} full resyncs)"
     return [
-        Target("operator scale", f"API writes per resync {what}", "0", f"{result.resync_writes / p.resyncs:g}",
-               result.resync_writes == 0),
-        Target("operator scale", f"API reads (GET/LIST) per resync {what}", "O(1), ideally 0",
-               f"{result.resync_reads / p.resyncs:g}", result.resync_reads == 0),
+        Target(
+            "operator scale",
+            f"API writes per resync {what}",
+            "0",
+            f"{result.resync_writes / p.resyncs:g}",
+            result.resync_writes == 0,
+        ),
+        Target(
+            "operator scale",
+            f"API reads (GET/LIST) per resync {what}",
+            "O(1), ideally 0",
+            f"{result.resync_reads / p.resyncs:g}",
+            result.resync_reads == 0,
+        ),
     ]
 
 
 def _by_verb(counts: Counter[tuple[str, str]], per: float) -> str:
-    rows = [[verb, resource, n, n / per] for (verb, resource), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    rows = [
+        [verb, resource, n, n / per] for (verb, resource), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
     return table(["verb", "resource", "requests", "per EPDDeployment"], rows) if rows else "(none)"
 
 
@@ -287,14 +344,18 @@ def markdown(r: ScaleResult) -> str:
         ["seconds until the first reports status", r.seconds_to_first_status],
         ["seconds until all report status (observedGeneration = generation)", r.seconds_to_all_status],
         ["operator API requests per EPDDeployment, creation wave", r.wave.total() / n],
-        ["operator API writes per EPDDeployment, creation wave (server-side dry runs not counted)",
-         sum(c for (v, _), c in r.wave.items() if v in WRITES) / n],
+        [
+            "operator API writes per EPDDeployment, creation wave (server-side dry runs not counted)",
+            sum(c for (v, _), c in r.wave.items() if v in WRITES) / n,
+        ],
         ["operator CPU seconds, creation wave", r.wave_cpu_s],
         [f"API writes per full resync at rest (mean of {p.resyncs}; target 0)", r.resync_writes / p.resyncs],
         ["API reads (GET + LIST) per full resync at rest", r.resync_reads / p.resyncs],
         ["API requests of any verb per full resync at rest", r.resync.total() / p.resyncs],
-        [f"seconds of reconcile passes per full resync ({n} passes, operator's duration histogram)",
-         r.resync_seconds_each],
+        [
+            f"seconds of reconcile passes per full resync ({n} passes, operator's duration histogram)",
+            r.resync_seconds_each,
+        ],
         ["operator CPU seconds per resync period (passes, timer wait and watches)", r.resync_cpu_s_each],
         ["operator RSS MiB after start (nothing cached)", r.rss_start_mib],
         [f"operator RSS MiB at rest ({n} EPDDeployments and their children cached)", r.rss_rest_mib],
@@ -303,18 +364,24 @@ def markdown(r: ScaleResult) -> str:
         ["objects in the reconciler's cache at rest (metric epd_operator_cache_objects)", r.cache_objects],
         ["their size in MiB (compact JSON, metric epd_operator_cache_bytes)", r.cache_mib],
     ]
-    return "\n\n".join([
-        intro, table(["measure", "value"], rows),
-        "### Requests during the creation wave", _by_verb(r.wave, n),
-        f"### Requests during {p.resyncs} full resyncs at rest", _by_verb(r.resync, n * p.resyncs),
-    ])
+    return "\n\n".join(
+        [
+            intro,
+            table(["measure", "value"], rows),
+            "### Requests during the creation wave",
+            _by_verb(r.wave, n),
+            f"### Requests during {p.resyncs} full resyncs at rest",
+            _by_verb(r.resync, n * p.resyncs),
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.operator_scale", description=__doc__.splitlines()[0])
     parser.add_argument("--deployments", type=int, default=FULL.deployments, help="EPDDeployments (default 1000)")
-    parser.add_argument("--resync-seconds", type=float, default=FULL.resync_seconds,
-                        help="the operator's --resync-seconds (default 30)")
+    parser.add_argument(
+        "--resync-seconds", type=float, default=FULL.resync_seconds, help="the operator's --resync-seconds (default 30)"
+    )
     parser.add_argument("--resyncs", type=int, default=FULL.resyncs, help="full resyncs measured at rest (default 2)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default {RESULTS.relative_to(REPO)})")
     args = parser.parse_args(argv)
@@ -332,8 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{(time.monotonic() - started) / 60:.1f} min. Machine: {len(os.sched_getaffinity(0))} usable cores "
         f"({cpu_model()}), commit `{commit()}`, load average (1 min) {load:.2f} at the start (other work shared "
         "the machine: times are upper bounds; request counts and memory do not depend on it).\n\n"
-        "## Targets\n\n" + table(["target", "goal", "measured", "verdict"],
-                                 [[t.name, t.goal, t.measured, f"**{t.verdict}**"] for t in targets(result)])
+        "## Targets\n\n"
+        + table(
+            ["target", "goal", "measured", "verdict"],
+            [[t.name, t.goal, t.measured, f"**{t.verdict}**"] for t in targets(result)],
+        )
     )
     args.out.write_text(header + "\n\n## Measured\n\n" + markdown(result) + "\n")
     print(f"wrote {args.out} (logs in {log_dir})", file=sys.stderr)

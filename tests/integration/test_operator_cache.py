@@ -1,6 +1,7 @@
 """The reconciler reads what kopf's watches fed into its cache (controller/cache.py), not the API: on the
 real control plane, every request the operator sends counted by the recording proxy (tests/support/faults.py).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -41,16 +42,19 @@ def reads_of_children(requests: Counter[tuple[str, str]]) -> dict[tuple[str, str
 
 async def at_rest(metrics: Metrics, passes: int) -> None:
     """Until a few resyncs in a row write nothing (status settled: rollouts, HPAs and pods reported)."""
+
     async def quiet() -> bool:
         mark = writes(metrics)
         await resyncs(metrics, passes)
         return writes(metrics) == mark
+
     await wait_until(quiet, 120, "the operator kept writing", interval=0)
 
 
 def operator(proxy: FaultProxy, kube: KubeView) -> Callable[[], object]:
-    return lambda: operator_in_process(lambda: proxy.credentials(kube.ns), "--namespace", kube.ns,
-                                       "--no-leader-election", "--resync-seconds", RESYNC)
+    return lambda: operator_in_process(
+        lambda: proxy.credentials(kube.ns), "--namespace", kube.ns, "--no-leader-election", "--resync-seconds", RESYNC
+    )
 
 
 async def test_a_resync_at_rest_reads_and_writes_nothing_and_a_restart_lists_each_kind_once(kube: KubeView):
@@ -103,8 +107,11 @@ async def test_a_pass_from_the_cache_repairs_drift_and_prunes_without_reading_th
             await posted(kube, "Normal", "Applied", "Deployment vl-decode restored")
 
             await patch_spec(kube, {"encoder": {**doc["spec"]["encoder"], "autoscaling": None, "replicas": 2}})
-            await wait_until(lambda: kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") is None, 20,
-                             "the encoder's HPA was not pruned")
+            await wait_until(
+                lambda: kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") is None,
+                20,
+                "the encoder's HPA was not pruned",
+            )
             await posted(kube, "Normal", "Pruned", "HorizontalPodAutoscaler vl-encoder")
             await observed(kube, 2)
 

@@ -2,6 +2,7 @@
 
 Its use by the operator (no reads at rest, drift repaired, pruning) is proven on the real control plane
 in tests/integration/test_operator_cache.py."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,10 +13,18 @@ from epd_operator.controller.cache import LAST_APPLIED, Cache
 
 
 def obj(kind: str, name: str, rv: int, *, instance: str = "vl", uid: str = "u1", **extra: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": kind,
-            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": str(rv),
-                         "labels": {INSTANCE_LABEL: instance, MANAGED_BY_LABEL: MANAGED_BY}},
-            **extra}
+    return {
+        "apiVersion": "v1",
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": uid,
+            "resourceVersion": str(rv),
+            "labels": {INSTANCE_LABEL: instance, MANAGED_BY_LABEL: MANAGED_BY},
+        },
+        **extra,
+    }
 
 
 def test_children_are_found_by_their_instance_label_and_kind():
@@ -78,8 +87,11 @@ def test_reads_are_private_copies():
 
 def test_stored_objects_lose_what_no_pass_reads_but_keep_who_applies_replicas():
     managed = [
-        {"manager": "epd-operator", "operation": "Apply",
-         "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {"f:spec": {"f:containers": {}}}}}},
+        {
+            "manager": "epd-operator",
+            "operation": "Apply",
+            "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {"f:spec": {"f:containers": {}}}}},
+        },
         {"manager": "kube-controller-manager", "operation": "Update", "fieldsV1": {"f:status": {"f:replicas": {}}}},
     ]
     dep = obj("Deployment", "vl-decode", 1, spec={"replicas": 2})
@@ -91,7 +103,8 @@ def test_stored_objects_lose_what_no_pass_reads_but_keep_who_applies_replicas():
     held = cache.get("Deployment", "ns", "vl-decode")
     assert held["metadata"]["annotations"] == {"serving.epd.dev/applied-hash": "abc"}
     assert held["metadata"]["managedFields"] == [
-        {"manager": "epd-operator", "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+        {"manager": "epd-operator", "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+    ]
     assert manages_replicas(held) and manages_replicas(dep)  # the handover decision is unchanged
     assert dep["metadata"]["managedFields"] is managed  # the caller's object is not altered
 
@@ -103,9 +116,18 @@ def test_stored_objects_lose_what_no_pass_reads_but_keep_who_applies_replicas():
 
 def test_pods_keep_labels_and_conditions_and_are_matched_by_selector():
     def pod(name: str, role: str, rv: int) -> dict[str, Any]:
-        p = obj("Pod", name, rv, spec={"containers": [{"name": "vllm", "args": ["x"] * 100}]},
-                status={"phase": "Pending", "conditions": [
-                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]})
+        p = obj(
+            "Pod",
+            name,
+            rv,
+            spec={"containers": [{"name": "vllm", "args": ["x"] * 100}]},
+            status={
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}
+                ],
+            },
+        )
         p["metadata"]["labels"][ROLE_LABEL] = role
         return p
 
@@ -115,6 +137,7 @@ def test_pods_keep_labels_and_conditions_and_are_matched_by_selector():
     [decode] = cache.pods("ns", "vl", {INSTANCE_LABEL: "vl", ROLE_LABEL: "decode"})
     assert decode["metadata"]["name"] == "vl-decode-1"
     assert "spec" not in decode
-    assert decode["status"] == {"conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}
+    assert decode["status"] == {
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]
+    }
     assert len(cache.pods("ns", "vl", {INSTANCE_LABEL: "vl"})) == 2

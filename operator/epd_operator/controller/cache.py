@@ -16,6 +16,7 @@ operator's own objects arrive) now feed this store instead, and a pass reads mem
   pods keep only their metadata and conditions. A read decodes a private copy, so a pass can
   change what it reads without corrupting the store.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,13 @@ def _replicas_owners(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kept: list[dict[str, Any]] = []
     for entry in entries:
         if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
-            kept.append({"manager": entry.get("manager"), "operation": entry.get("operation"),
-                         "fieldsV1": {"f:spec": {"f:replicas": {}}}})
+            kept.append(
+                {
+                    "manager": entry.get("manager"),
+                    "operation": entry.get("operation"),
+                    "fieldsV1": {"f:spec": {"f:replicas": {}}},
+                }
+            )
     return kept
 
 
@@ -61,9 +67,12 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
     if obj.get("kind") == POD_KIND:
         keep = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
         status = obj.get("status") or {}
-        return {"apiVersion": obj.get("apiVersion", "v1"), "kind": POD_KIND,
-                "metadata": {k: meta[k] for k in keep if k in meta},
-                "status": {"conditions": status.get("conditions") or []}}
+        return {
+            "apiVersion": obj.get("apiVersion", "v1"),
+            "kind": POD_KIND,
+            "metadata": {k: meta[k] for k in keep if k in meta},
+            "status": {"conditions": status.get("conditions") or []},
+        }
     return {**obj, "metadata": meta}
 
 
@@ -142,8 +151,11 @@ class Cache:
 
     def pods(self, namespace: str, instance: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         """The EPDDeployment's pods whose labels include `selector` (a Deployment's matchLabels)."""
-        return [pod for pod in self.owned(namespace, instance, [POD_KIND])
-                if all(pod["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())]
+        return [
+            pod
+            for pod in self.owned(namespace, instance, [POD_KIND])
+            if all(pod["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
+        ]
 
     # ---------------------------------------------------------------- internals
 
