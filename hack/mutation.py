@@ -158,8 +158,9 @@ def function_of(name: str) -> str:
     return mangled.removeprefix("x_")
 
 
-def changed_lines(diff: str) -> list[str]:
-    return [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+def diff_lines(diff: str, sign: str) -> list[str]:
+    """The lines a diff removes ('-') or adds ('+'), stripped."""
+    return [line[1:].strip() for line in diff.splitlines() if line.startswith(sign) and not line.startswith(sign * 3)]
 
 
 def load_explanations() -> list[dict]:
@@ -167,11 +168,15 @@ def load_explanations() -> list[dict]:
 
 
 def explain(module: str, name: str, diff: str, explanations: list[dict]) -> dict | None:
-    """The recorded explanation of a survivor: same module, function and mutated line (mutant numbers
-    move whenever the code does, the mutated line does not)."""
-    func, lines = function_of(name), changed_lines(diff)
+    """The recorded explanation of a survivor: same module and function, and either the source line
+    it mutates (`line`: every mutant of that line) or the mutated line itself (`mutated`). Mutant
+    numbers move whenever the code does; the lines do not."""
+    func, removed, added = function_of(name), diff_lines(diff, "-"), diff_lines(diff, "+")
     for entry in explanations:
-        if entry["module"] == module and entry["function"] == func and entry["mutated"].strip() in lines:
+        if entry["module"] != module or entry["function"] != func:
+            continue
+        if ("line" in entry and entry["line"].strip() in removed) or (
+                "mutated" in entry and entry["mutated"].strip() in added):
             return entry
     return None
 

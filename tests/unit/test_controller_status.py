@@ -9,6 +9,7 @@ from epd_operator.api.validation import FieldError
 from epd_operator.controller.status import (
     TierInput,
     derive_status,
+    generations,
     parse_status,
     standing_refusal,
     status_document,
@@ -312,3 +313,24 @@ def test_the_status_document_is_json():
     doc = status_document(derive({"decode": TierInput(settled(2))}))
     assert json.loads(json.dumps(doc)) == doc
     assert isinstance(doc["conditions"][0], dict) and isinstance(doc["tiers"]["decode"], dict)
+
+
+def test_a_refused_spec_stamps_its_condition_with_the_generation_and_time():
+    for kwargs in ({"errors": [FieldError("spec.a", "bad")]}, {"refused": ["Service y: no"]}):
+        spec = cond(derive({"decode": TierInput(settled(2))}, now=T1, **kwargs), "SpecValid")
+        assert (spec.status, spec.observedGeneration, spec.lastTransitionTime) == ("False", 4, T1)
+
+
+def _pod(role, generation, ready=True, leaving=False) -> dict:
+    meta = {"name": f"{role}-{generation}", "labels": {"serving.epd.dev/role": role,
+                                                        "serving.epd.dev/compat-generation": generation}}
+    if leaving:
+        meta["deletionTimestamp"] = T0
+    return {"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_generations_skip_pods_that_leave_and_count_every_ready_pod_after_them():
+    pods = [_pod("decode", "g1", leaving=True), _pod("decode", "g1"), _pod("decode", "g1"), _pod("router", "g1"),
+            _pod("encoder", "g1", ready=False)]
+    assert [g.model_dump() for g in generations(pods, current="g1")] == [
+        {"name": "g1", "current": True, "pods": {"decode": 2, "encoder": 1}, "readyPods": {"decode": 2}}]
