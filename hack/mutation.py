@@ -25,6 +25,7 @@ import time
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,23 +186,25 @@ def score(killed: int, total: int) -> float:
     return 100.0 * killed / total if total else 100.0
 
 
-def report(groups: list[str], results: dict[str, ModuleResult], elapsed: float, jobs: int) -> tuple[str, bool]:
+def source_state(groups: list[str]) -> dict:
+    """The commit the mutated code was copied at, and whether the working tree differed from it there."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    modules = [f"operator/epd_operator/{m}" for g in groups for m in GROUPS[g][0]]
+    return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", *modules))}
+
+
+def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tuple[str, bool]:
     explanations = load_explanations()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", *(f"operator/epd_operator/{m}" for g in groups for m in GROUPS[g][0])],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
     ok = True
     out = [
         "# Mutation score of the pure core",
         "",
-        f"`make mutation` (hack/mutation.py, mutmut 3) at commit `{commit.stdout.strip()}`"
-        + (" with uncommitted changes in the mutated modules" if dirty else "")
+        f"`make mutation` (hack/mutation.py, mutmut {version('mutmut')}) on the code of commit `{run['commit']}`"
+        + (" plus uncommitted changes in the mutated modules" if run["dirty"] else "")
         + f"; {len(results)} modules, {sum(r.total for r in results.values())} mutants, "
-        f"{elapsed / 60:.1f} min with {jobs} workers on {os.cpu_count()} cores.",
+        f"{run['elapsed_s'] / 60:.1f} min with {run['jobs']} workers on {os.cpu_count()} cores "
+        f"(load average {run['load']:.1f} at the end: other work shared the machine).",
         "",
         "Each mutant ran the unit tests of its group that reach the mutated function (no real control plane,",
         "no vLLM). Killed includes timeouts. Every survivor is listed below with why it is left.",
@@ -227,6 +230,7 @@ def report(groups: list[str], results: dict[str, ModuleResult], elapsed: float, 
         summary.append(f"{group}: {killed}/{total} = {s:.1f}%")
     out += ["", "## Surviving mutants", ""]
     unexplained = 0
+    kinds: Counter[str] = Counter()
     for group in groups:
         for module in GROUPS[group][0]:
             r = results[module]
@@ -239,13 +243,15 @@ def report(groups: list[str], results: dict[str, ModuleResult], elapsed: float, 
                     unexplained += 1
                     why = "**unexplained**"
                 else:
+                    kinds[entry["kind"]] += 1
                     why = f"**{entry['kind']}**: {entry['why']}"
                 out += [f"- `{name.rpartition('.')[2]}` ({r.status[name]}) {why}", "", "  ```diff"]
                 out += ["  " + line for line in diff.strip().splitlines() if not line.startswith(("---", "+++"))]
                 out += ["  ```", ""]
     if unexplained:
         ok = False
-    out.insert(4, f"Per group: {'; '.join(summary)}. Unexplained survivors: {unexplained}.")
+    out.insert(4, f"Per group: {'; '.join(summary)}. Survivors: {kinds['equivalent']} equivalent, {kinds['gap']} known "
+                  f"gaps, {unexplained} unexplained.")
     out.insert(5, "")
     return "\n".join(out).rstrip() + "\n", ok
 
@@ -258,13 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="report from the last run's results, run nothing")
     args = parser.parse_args(argv)
     groups = args.group or list(GROUPS)
-    start = time.monotonic()
     if not args.reuse:
+        start, state = time.monotonic(), source_state(groups)
         layout(groups)
         run_mutmut(args.jobs)
-    elapsed = time.monotonic() - start
+        state.update(elapsed_s=time.monotonic() - start, jobs=args.jobs, load=os.getloadavg()[0])
+        (WORK / "run.json").write_text(json.dumps(state))
+    run = json.loads((WORK / "run.json").read_text())
     results = collect(groups)
-    text, ok = report(groups, results, elapsed, args.jobs)
+    text, ok = report(groups, results, run)
     target = args.report or (REPORT if groups == list(GROUPS) else WORK / "mutation.md")
     target.write_text(text)
     counts = Counter(s for r in results.values() for s in r.status.values())
