@@ -1,7 +1,7 @@
 """The reconciler's watch-fed cache (controller/cache.py): ordering, deletions, bounds.
 
 Its use by the operator (no reads at rest, drift repaired, pruning) is proven on the real control plane
-in tests/integration/test_operator_cache.py."""
+in tests/integration/test_operator_reads_from_cache.py."""
 
 from __future__ import annotations
 
