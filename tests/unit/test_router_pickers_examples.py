@@ -256,3 +256,16 @@ def test_a_picker_with_fewer_virtual_nodes_uses_them():
     picker = BoundedHashPicker(100.0, vnodes=2)
     for key in found[:5]:
         assert picker.pick(endpoints, key).key == ring_order(keys, key, 2)[0]
+
+
+def test_the_recent_work_table_stays_bounded_as_endpoints_come_and_go():
+    # window 10: each pick multiplies older work by 0.9; an entry fades below 1e-3 after 66 picks
+    # (0.9 ** 65 = 1.05e-3, 0.9 ** 66 = 9.5e-4). The table is trimmed once it passes 4096 endpoints.
+    picker = BoundedHashPicker(work_window=10)
+    sizes = []
+    for i in range(4200):
+        picker.pick([Ep(f"10.1.{i // 250}.{i % 250}:8000")], f"key-{i}")
+        sizes.append(len(picker._work))
+    assert max(sizes) == 4096
+    assert sizes[4094:4098] == [4095, 4096, 65, 66]  # the 4097th endpoint trims to the 65 not yet faded
+    assert picker.recent_work("10.1.16.199:8000") == pytest.approx(0.9)  # the last one, one pick ago
