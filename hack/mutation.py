@@ -206,8 +206,9 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
         f"{run['elapsed_s'] / 60:.1f} min with {run['jobs']} workers on {os.cpu_count()} cores "
         f"(load average {run['load']:.1f} at the end: other work shared the machine).",
         "",
-        "Each mutant ran the unit tests of its group that reach the mutated function (no real control plane,",
-        "no vLLM). Killed includes timeouts. Every survivor is listed below with why it is left.",
+        "One mutmut run covers all groups: each mutant ran those of the unit tests listed per group in",
+        "hack/mutation.py that reach the mutated function (no real control plane, no vLLM). Killed includes",
+        "timeouts. Every survivor is listed below with why it is left (hack/mutation_survivors.toml).",
         "",
         "| group | module | mutants | killed | survived | no tests | score |",
         "|---|---|---|---|---|---|---|",
