@@ -119,3 +119,28 @@ async def test_a_pass_from_the_cache_repairs_drift_and_prunes_without_reading_th
             assert done[("patch", "deployments")] >= 1 and done[("delete", "horizontalpodautoscalers")] == 1, dict(done)
             assert reads_of_children(done) == {}, f"reads of the API instead of the cache: {dict(done)}"
             assert all(verb in ("watch", *WRITE_VERBS.values()) for verb, _ in done), dict(done)
+
+
+async def test_the_audit_drops_what_a_watch_gap_deleted_and_gives_its_epddeployment_a_full_pass(kube: KubeView):
+    """A watch that lists again after a 410 Gone replays what exists, never what was deleted in the gap:
+    the periodic audit lists each kind once (real server) and drops the cached objects it lacks."""
+    import asyncio
+
+    from epd_operator.controller.reconciler import Reconciler
+    from epd_operator.controller.workqueue import FULL
+    from epd_operator.kube import Kube
+
+    labels = {"app.kubernetes.io/instance": "vl", "app.kubernetes.io/managed-by": "epd-operator"}
+    kept = kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "vl-kept", "labels": labels}})
+    deleted = kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "vl-gone", "labels": labels}})
+    async with Kube(kube.credentials) as client:
+        reconciler = Reconciler(client, Metrics(), identity="audit-test")
+        reconciler.known[(kube.ns, "vl")] = "uid"
+        for obj in (kept, deleted):
+            reconciler.cache.observe(None, {**obj, "kind": "ConfigMap", "apiVersion": "v1"})
+        kube.delete("v1", "ConfigMap", "vl-gone")  # its DELETED event never reaches the cache
+
+        await reconciler.audit()
+        held = [o["metadata"]["name"] for o in reconciler.cache.owned(kube.ns, "vl", ["ConfigMap"])]
+        assert held == ["vl-kept"], held
+        assert await asyncio.wait_for(reconciler.queue.get(), 1) == ((kube.ns, "vl"), FULL)

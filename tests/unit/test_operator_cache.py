@@ -141,3 +141,34 @@ def test_pods_keep_labels_and_conditions_and_are_matched_by_selector():
         "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]
     }
     assert len(cache.pods("ns", "vl", {INSTANCE_LABEL: "vl"})) == 2
+
+
+def test_a_fresh_list_drops_what_it_lacks_unless_held_from_after_it():
+    cache = Cache()
+    cache.observe(None, obj("ConfigMap", "kept", 5))
+    cache.observe(None, obj("ConfigMap", "deleted-in-a-watch-gap", 6))
+    cache.record(obj("ConfigMap", "created-after-the-list", 12))  # our write, newer than the list
+    cache.observe(None, obj("Service", "other-kind", 7))
+    cache.observe(
+        None,
+        obj("ConfigMap", "other-namespace", 7)
+        | {"metadata": {**obj("ConfigMap", "x", 7)["metadata"], "name": "other-namespace", "namespace": "elsewhere"}},
+    )
+    dropped = cache.replace_kind("ConfigMap", "ns", [obj("ConfigMap", "kept", 9, data={"v": "2"})], "10")
+    assert dropped == {("ns", "vl")}
+    names = [o["metadata"]["name"] for o in cache.owned("ns", "vl", ["ConfigMap", "Service"])]
+    assert names == ["created-after-the-list", "kept", "other-kind"]
+    assert cache.get("ConfigMap", "ns", "kept")["data"] == {"v": "2"}  # what the list showed is recorded
+    assert cache.get("ConfigMap", "elsewhere", "other-namespace") is not None
+
+
+def test_a_dropped_epddeployment_is_named_by_its_own_key():
+    cache = Cache()
+    epd = {
+        "apiVersion": "serving.epd.dev/v1alpha1",
+        "kind": "EPDDeployment",
+        "metadata": {"name": "vl", "namespace": "ns", "uid": "e", "resourceVersion": "3"},
+    }
+    cache.observe(None, epd)
+    assert cache.replace_kind("EPDDeployment", "ns", [], "4") == {("ns", "vl")}
+    assert cache.get("EPDDeployment", "ns", "vl") is None

@@ -11,6 +11,9 @@ operator's own objects arrive) now feed this store instead, and a pass reads mem
 - An event older than what is held is ignored. resourceVersions are opaque to clients by contract;
   every API server in the tested range uses etcd revisions (integers), so they are compared when
   both are integers, and otherwise the latest arrival wins (the watch's own order).
+- A watch that lists again (after a 410 Gone) replays what exists, never what was deleted in the
+  gap, so the reconciler lists each kind now and then (`replace_kind`, every `AUDIT_SECONDS`, not per
+  pass) and drops what is gone.
 - Bounded: objects are held as compact JSON without managedFields (except who applies a
   Deployment's replicas, which the HPA handover reads) and without kubectl's last-applied copy;
   pods keep only their metadata and conditions. A read decodes a private copy, so a pass can
@@ -136,6 +139,25 @@ class Cache:
             if len(self._deleted) > MAX_TOMBSTONES:  # DELETED events a watch gap swallowed
                 del self._deleted[next(iter(self._deleted))]
         self._drop(self._key(obj))
+
+    def replace_kind(self, kind: str, namespace: str, items: list[dict[str, Any]], revision: str) -> set[Owner]:
+        """A fresh LIST of `kind` in `namespace` (at `revision`): what it shows is recorded, and what it
+        lacks is dropped unless held at a later revision (created since). This catches the deletions a
+        watch that had to list again never reports. Returns whose objects were dropped: the children's
+        EPDDeployments, and (namespace, name) of dropped EPDDeployments."""
+        listed = set()
+        for obj in items:
+            self.record(obj)
+            listed.add(self._key(obj))
+        at = int(revision) if revision.isdigit() else None
+        dropped: set[Owner] = set()
+        for key in [k for k in self._data if k[0] == kind and k[1] == namespace and k not in listed]:
+            held = self._revisions.get(key)
+            if at is not None and held is not None and held > at:
+                continue
+            dropped.add(self._owners.get(key) or (namespace, key[2]))
+            self._drop(key)
+        return dropped
 
     # ---------------------------------------------------------------- reading
 

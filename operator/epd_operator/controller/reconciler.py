@@ -21,11 +21,11 @@ import random
 import time
 from typing import Any
 
-from ..api.labels import INSTANCE_LABEL, ROLE_LABEL
+from ..api.labels import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL
 from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND
 from ..api.status import EPDDeploymentStatus
 from ..api.validation import FieldError, SpecError, parse_epd
-from ..kube import CHILD_RESOURCES, EPD, REQUEST_ERRORS, Kube
+from ..kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube
 from ..render import render
 from ..render.generation import compatibility_generation
 from . import apply
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
 # A tier's workload: a Deployment, or a LeaderWorkerSet for a multi-node tier.
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+# How often each kind the cache holds is listed once per namespace, to catch deletions a watch that
+# had to list again never reported (cache.py). Not per pass: at 1,000 EPDDeployments a resync reads nothing.
+AUDIT_SECONDS = 600.0
 STATUS_KINDS = (*WORKLOAD_KINDS, "HorizontalPodAutoscaler")  # what a status pass reports on
 
 
@@ -141,6 +144,7 @@ class Reconciler:
         """Workers plus the resync timer, until cancelled."""
         tasks = [asyncio.create_task(self._worker(), name=f"epd-worker-{i}") for i in range(self.workers)]
         tasks.append(asyncio.create_task(self._resync(), name="epd-resync"))
+        tasks.append(asyncio.create_task(self._audits(), name="epd-cache-audit"))
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -155,6 +159,27 @@ class Reconciler:
             await asyncio.sleep(self.resync_seconds * random.uniform(0.9, 1.1))
             for key in list(self.known):
                 self.queue.add(key, FULL)
+
+    async def _audits(self) -> None:
+        while True:
+            await asyncio.sleep(AUDIT_SECONDS * random.uniform(0.9, 1.1))
+            await self.audit()
+
+    async def audit(self) -> None:
+        """List every cached kind once per namespace with EPDDeployments; drop what the cache holds
+        but the server no longer has, and give its EPDDeployment a full pass."""
+        for namespace in sorted({ns for ns, _ in self.known}):
+            for resource in (EPD, *CHILD_RESOURCES.values(), POD):
+                selector = None if resource is EPD else f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+                try:
+                    items, revision = await self.kube.list_with_version(resource, namespace, label_selector=selector)
+                except REQUEST_ERRORS as exc:
+                    log.warning("cache audit of %s in %s failed: %s", resource.plural, namespace, failure(exc))
+                    continue
+                for key in self.cache.replace_kind(resource.kind, namespace, items, revision):
+                    if key in self.known:
+                        log.info("%s/%s: %s deleted unseen by the watch; full pass", *key, resource.kind)
+                        self.queue.add(key, FULL)
 
     async def _worker(self) -> None:
         while True:
