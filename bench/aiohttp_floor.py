@@ -60,11 +60,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_floor_args(__doc__.splitlines()[0], argv)
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(build_app(args.encoder, args.prefill, args.decode), host=args.host, port=args.port,
-                access_log=None, print=None)
+    web.run_app(
+        build_app(args.encoder, args.prefill, args.decode), host=args.host, port=args.port, access_log=None, print=None
+    )
 
 
 if __name__ == "__main__":

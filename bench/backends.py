@@ -35,37 +35,65 @@ DECODE_CHUNKS = 16
 
 _ids = itertools.count()
 
-COMPLETION = orjson.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "a cat on a mat"},
-                 "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 300, "completion_tokens": DECODE_CHUNKS, "total_tokens": 316},
-})
+COMPLETION = orjson.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "a cat on a mat"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 300, "completion_tokens": DECODE_CHUNKS, "total_tokens": 316},
+    }
+)
 OK_JSON = response(b"200 OK", b"application/json", b'{"status":"ok"}')
-MODELS = response(b"200 OK", b"application/json",
-                  orjson.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}))
+MODELS = response(
+    b"200 OK", b"application/json", orjson.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+)
 NOT_FOUND = response(b"404 Not Found", b"application/json", b'{"error":"not found"}')
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 SSE_CHUNKS = [
-    chunk(b"data: " + orjson.dumps({
-        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": "bench",
-        "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}],
-    }) + b"\n\n")
+    chunk(
+        b"data: "
+        + orjson.dumps(
+            {
+                "id": "chatcmpl-bench",
+                "object": "chat.completion.chunk",
+                "model": "bench",
+                "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}],
+            }
+        )
+        + b"\n\n"
+    )
     for i in range(DECODE_CHUNKS)
 ] + [chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
 
 
 def prefill_reply() -> bytes:
     n = next(_ids)
-    return response(b"200 OK", b"application/json", orjson.dumps({
-        "id": f"cmpl-p{n}", "object": "chat.completion", "model": "bench",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": "length"}],
-        "kv_transfer_params": {
-            "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [1, 2, 3],
-            "remote_engine_id": "bench-prefill", "remote_request_id": f"p{n}",
-            "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1,
-        },
-    }))
+    return response(
+        b"200 OK",
+        b"application/json",
+        orjson.dumps(
+            {
+                "id": f"cmpl-p{n}",
+                "object": "chat.completion",
+                "model": "bench",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": "length"}],
+                "kv_transfer_params": {
+                    "do_remote_prefill": True,
+                    "do_remote_decode": False,
+                    "remote_block_ids": [1, 2, 3],
+                    "remote_engine_id": "bench-prefill",
+                    "remote_request_id": f"p{n}",
+                    "remote_host": "127.0.0.1",
+                    "remote_port": 5600,
+                    "tp_size": 1,
+                },
+            }
+        ),
+    )
 
 
 def encoder_report(request: dict) -> dict:
@@ -81,7 +109,9 @@ def encoder_report(request: dict) -> dict:
             report[uuid] = {"metadata": {"image_grid_thw": [[1, 16, 16]]}, "item_indices": [index]}
             index += 1
     return {
-        "id": "cmpl-e", "object": "chat.completion", "model": "bench",
+        "id": "cmpl-e",
+        "object": "chat.completion",
+        "model": "bench",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "length"}],
         "ec_transfer_params": report,
     }
@@ -190,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, {args.cpu})
     try:
         import uvloop
+
         uvloop.run(serve(ports))
     except ImportError:
         asyncio.run(serve(ports))

@@ -52,10 +52,18 @@ class VllmProxy(Contender):
     def argv(self, topo: Topology, port: int) -> list[str]:
         python = thirdparty.bench_venv()
         return [
-            str(python), str(thirdparty.vllm_proxy_script()), "--host", "127.0.0.1", "--port", str(port),
-            "--encode-servers-urls", topo.encoder,
-            "--prefill-servers-urls", topo.prefill or "disable",
-            "--decode-servers-urls", topo.decode,
+            str(python),
+            str(thirdparty.vllm_proxy_script()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--encode-servers-urls",
+            topo.encoder,
+            "--prefill-servers-urls",
+            topo.prefill or "disable",
+            "--decode-servers-urls",
+            topo.decode,
         ]
 
 
@@ -64,8 +72,10 @@ class QuietVllmProxy(VllmProxy):
 
     def argv(self, topo: Topology, port: int) -> list[str]:
         python, *rest = super().argv(topo, port)
-        quiet = ("import logging, runpy, sys; logging.disable(logging.INFO); "
-                 "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+        quiet = (
+            "import logging, runpy, sys; logging.disable(logging.INFO); "
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+        )
         return [python, "-c", quiet, *rest]
 
 
@@ -73,19 +83,35 @@ class EpdRouter(Contender):
     def argv(self, topo: Topology, port: int) -> list[str]:
         exe = shutil.which("epd-router", path=str(Path(sys.executable).parent)) or "epd-router"
         return [
-            exe, "--host", "127.0.0.1", "--port", str(port),
-            "--encode-servers-urls", topo.encoder,
-            "--prefill-servers-urls", topo.prefill or "disable",
-            "--decode-servers-urls", topo.decode,
-            "--workers", "1",
+            exe,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--encode-servers-urls",
+            topo.encoder,
+            "--prefill-servers-urls",
+            topo.prefill or "disable",
+            "--decode-servers-urls",
+            topo.decode,
+            "--workers",
+            "1",
         ]
 
 
 class VllmRouter(Contender):
     def argv(self, topo: Topology, port: int) -> list[str]:
-        argv = [*thirdparty.vllm_router_argv(thirdparty.bench_venv()),
-                "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-                "--policy", "round_robin"]
+        argv = [
+            *thirdparty.vllm_router_argv(thirdparty.bench_venv()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prometheus-port",
+            str(free_port()),
+            "--policy",
+            "round_robin",
+        ]
         if topo.prefill:
             return [*argv, "--vllm-pd-disaggregation", "--prefill", topo.prefill, "none", "--decode", topo.decode]
         return [*argv, "--worker-urls", topo.decode]
@@ -98,7 +124,17 @@ class Floor(Contender):
     module: str = ""
 
     def argv(self, topo: Topology, port: int) -> list[str]:
-        argv = [sys.executable, "-m", self.module, "--port", str(port), "--encoder", topo.encoder, "--decode", topo.decode]
+        argv = [
+            sys.executable,
+            "-m",
+            self.module,
+            "--port",
+            str(port),
+            "--encoder",
+            topo.encoder,
+            "--decode",
+            topo.decode,
+        ]
         return [*argv, "--prefill", topo.prefill] if topo.prefill else argv
 
 
@@ -115,15 +151,29 @@ def parse_floor_args(description: str, argv: list[str] | None) -> argparse.Names
 
 DIRECT = Direct("direct", calls_encoder=False, note="client → consumer, no router (the floor)")
 VLLM_PROXY = VllmProxy("vllm-proxy", calls_encoder=True, note="vLLM 0.32 disagg_epd_proxy.py")
-VLLM_PROXY_QUIET = QuietVllmProxy("vllm-proxy-quiet", calls_encoder=True,
-                                  note="the same proxy with its per-request INFO logging off (a reference: "
-                                       "the targets compare with the proxy as shipped)")
+VLLM_PROXY_QUIET = QuietVllmProxy(
+    "vllm-proxy-quiet",
+    calls_encoder=True,
+    note="the same proxy with its per-request INFO logging off (a reference: "
+    "the targets compare with the proxy as shipped)",
+)
 EPD_ROUTER = EpdRouter("epd-router", calls_encoder=True, note="ours, 1 worker")
-VLLM_ROUTER = VllmRouter("vllm-router", calls_encoder=False,
-                         note=f"vllm-router {thirdparty.VLLM_ROUTER_VERSION}, plain / P/D mode, no encoder call")
-AIOHTTP_FLOOR = Floor("aiohttp-floor", calls_encoder=True, module="bench.aiohttp_floor",
-                      note="the same calls through aiohttp with no logic: the floor for an aiohttp router")
-RAW_FLOOR = Floor("raw-floor", calls_encoder=True, module="bench.raw_floor",
-                  note="the same calls through raw asyncio protocols on uvloop with no logic: "
-                       "the floor for a Python router without an HTTP framework")
+VLLM_ROUTER = VllmRouter(
+    "vllm-router",
+    calls_encoder=False,
+    note=f"vllm-router {thirdparty.VLLM_ROUTER_VERSION}, plain / P/D mode, no encoder call",
+)
+AIOHTTP_FLOOR = Floor(
+    "aiohttp-floor",
+    calls_encoder=True,
+    module="bench.aiohttp_floor",
+    note="the same calls through aiohttp with no logic: the floor for an aiohttp router",
+)
+RAW_FLOOR = Floor(
+    "raw-floor",
+    calls_encoder=True,
+    module="bench.raw_floor",
+    note="the same calls through raw asyncio protocols on uvloop with no logic: "
+    "the floor for a Python router without an HTTP framework",
+)
 ALL = (DIRECT, VLLM_PROXY, VLLM_PROXY_QUIET, EPD_ROUTER, VLLM_ROUTER, AIOHTTP_FLOOR, RAW_FLOOR)

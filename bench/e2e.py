@@ -81,14 +81,28 @@ class Contender:
 
 
 CONTENDERS = (
-    Contender("epd-router", "as rendered: cache-aware encoder picking, least-loaded PD, pinned rewrite, reuse 300 s",
-              "rendered"),
-    Contender("epd-router no-reuse", "ablation: as rendered with `--reuse-ttl 0` (cache-aware picking, no reuse)",
-              "router-variant", (("--reuse-ttl", "0"),)),
-    Contender("epd-router rr no-reuse", "ablation: `--encoder-policy round-robin --reuse-ttl 0` (neither)",
-              "router-variant", (("--encoder-policy", "round-robin"), ("--reuse-ttl", "0"))),
-    Contender("vllm-proxy", "vLLM 0.32 `disagg_epd_proxy.py` as shipped (round-robin encoders per item, "
-              "metadata-only rewrite, random PD)", "vllm-proxy"),
+    Contender(
+        "epd-router",
+        "as rendered: cache-aware encoder picking, least-loaded PD, pinned rewrite, reuse 300 s",
+        "rendered",
+    ),
+    Contender(
+        "epd-router no-reuse",
+        "ablation: as rendered with `--reuse-ttl 0` (cache-aware picking, no reuse)",
+        "router-variant",
+        (("--reuse-ttl", "0"),),
+    ),
+    Contender(
+        "epd-router rr no-reuse",
+        "ablation: `--encoder-policy round-robin --reuse-ttl 0` (neither)",
+        "router-variant",
+        (("--encoder-policy", "round-robin"), ("--reuse-ttl", "0")),
+    ),
+    Contender(
+        "vllm-proxy",
+        "vLLM 0.32 `disagg_epd_proxy.py` as shipped (round-robin encoders per item, metadata-only rewrite, random PD)",
+        "vllm-proxy",
+    ),
     Contender("direct PD", "client → PD tier with raw images: no router, no encoder (no disaggregation)", "direct"),
 )
 OURS, PROXY = "epd-router", "vllm-proxy"
@@ -130,9 +144,14 @@ def build_plan(workdir: Path):
     first = plan.one(ENCODER)
     port = free_port()
     second = dataclasses.replace(
-        first, role=f"{ENCODER}-2", port=port, argv=_set(first.argv, "--port", str(port)),
-        deviations=[f"port {port}" if d.startswith("port ") and d.endswith(f" -> {first.port}") else d
-                    for d in first.deviations] + ["the encoder Deployment's second replica: the same command line"],
+        first,
+        role=f"{ENCODER}-2",
+        port=port,
+        argv=_set(first.argv, "--port", str(port)),
+        deviations=[
+            f"port {port}" if d.startswith("port ") and d.endswith(f" -> {first.port}") else d for d in first.deviations
+        ]
+        + ["the encoder Deployment's second replica: the same command line"],
     )
     router = plan.one(ROUTER)
     router.argv = _set(router.argv, "--encode-servers-urls", f"{first.url},{second.url}")
@@ -169,17 +188,21 @@ class Deployment:
                 self.urls[c.name] = pd
             else:
                 if c.kind == "router-variant":
+
                     def argv(port, c=c):
                         args = _set(rendered.argv, "--port", str(port))
                         for flag, value in c.router_flags:
                             args = _set(args, flag, value)
                         return args
+
                     tmp = self.workdir / "router-tmp" / c.name.replace(" ", "-")
                     tmp.mkdir(parents=True, exist_ok=True)
                     env = {"TMPDIR": str(tmp)}
                 else:
+
                     def argv(port):
                         return C.VLLM_PROXY.argv(topo, port)
+
                     env = {}
                 proc, port = start_server(c.name.replace(" ", "-"), argv, None, self.log_dir, env=env)
                 self.routers[c.name] = proc
@@ -199,8 +222,9 @@ class Deployment:
                     os.setpriority(os.PRIO_PROCESS, pid, BENCH_NICE)
 
     def pids(self) -> list[int]:
-        leaders = ([p.pid for p in self.local._procs.values()] if self.local else []) + \
-                  [p.pid for p in self.routers.values()]
+        leaders = ([p.pid for p in self.local._procs.values()] if self.local else []) + [
+            p.pid for p in self.routers.values()
+        ]
         return [pid for leader in leaders for pid in tree(leader)]
 
     def stop(self) -> None:
@@ -299,8 +323,12 @@ async def _one(session, url: str, body: bytes, timeout_s: float) -> Outcome:
     ttft = None
     tokens = 0
     try:
-        async with session.post(url + CHAT, data=body, headers={"Content-Type": "application/json"},
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.post(
+            url + CHAT,
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             if resp.status != 200:
                 text = (await resp.read())[:200].decode(errors="replace")
                 return Outcome(False, None, time.perf_counter() - started, 0, f"HTTP {resp.status}: {text}")
@@ -331,8 +359,15 @@ async def _one(session, url: str, body: bytes, timeout_s: float) -> Outcome:
         return Outcome(False, None, time.perf_counter() - started, 0, f"{type(e).__name__}: {str(e)[:160]}")
 
 
-async def drive(url: str, bodies: list[bytes], gaps: list[float], loop: str, concurrency: int,
-                request_timeout_s: float, cell_timeout_s: float) -> tuple[list[Outcome], float]:
+async def drive(
+    url: str,
+    bodies: list[bytes],
+    gaps: list[float],
+    loop: str,
+    concurrency: int,
+    request_timeout_s: float,
+    cell_timeout_s: float,
+) -> tuple[list[Outcome], float]:
     """Send every body (open loop: at its arrival time; closed: `concurrency` at a time).
     Returns the outcomes and the wall time from the first send to the last completion."""
     import aiohttp
@@ -407,7 +442,9 @@ class Cell:
         return d
 
 
-def _bodies(plan: Plan, model: str, workload: str, salt: int, n: int, seed: int) -> tuple[list[bytes], list[float], list[W.Request]]:
+def _bodies(
+    plan: Plan, model: str, workload: str, salt: int, n: int, seed: int
+) -> tuple[list[bytes], list[float], list[W.Request]]:
     reqs = W.requests(plan.mix, n, plan.rate, seed, repeat_images=(workload == "zipf"))
     bodies = [json.dumps(W.chat_body(model, r, salt, plan.mix.max_tokens)).encode() for r in reqs]
     return bodies, [r.gap_s for r in reqs], reqs
@@ -418,17 +455,26 @@ def run_cell(dep: Deployment, plan: Plan, contender: str, workload: str, loop: s
     seed = plan.seed * 1000 + repeat * 10 + plan.workloads.index(workload) * 2 + plan.loops.index(loop)
     bodies, gaps, reqs = _bodies(plan, dep.plan.served_model, workload, salt, plan.requests, seed)
     before = snapshot(dep, contender)
-    outcomes, wall = asyncio.run(drive(dep.urls[contender], bodies, gaps, loop, plan.concurrency,
-                                       plan.request_timeout_s, plan.cell_timeout_s))
+    outcomes, wall = asyncio.run(
+        drive(dep.urls[contender], bodies, gaps, loop, plan.concurrency, plan.request_timeout_s, plan.cell_timeout_s)
+    )
     time.sleep(0.3)  # let the last counters land
     after = snapshot(dep, contender)
     ok = [o for o in outcomes if o.ok]
-    sent_reqs = reqs[:len(outcomes)]
+    sent_reqs = reqs[: len(outcomes)]
     return Cell(
-        contender=contender, workload=workload, loop=loop, repeat=repeat,
-        sent=len(outcomes), completed=len(ok), errors=len(outcomes) - len(ok), wall_s=wall,
-        ttft=[o.ttft_s for o in ok], e2e=[o.e2e_s for o in ok],
-        distinct_images=W.distinct_images(sent_reqs), image_items=W.image_items(sent_reqs),
+        contender=contender,
+        workload=workload,
+        loop=loop,
+        repeat=repeat,
+        sent=len(outcomes),
+        completed=len(ok),
+        errors=len(outcomes) - len(ok),
+        wall_s=wall,
+        ttft=[o.ttft_s for o in ok],
+        e2e=[o.e2e_s for o in ok],
+        distinct_images=W.distinct_images(sent_reqs),
+        image_items=W.image_items(sent_reqs),
         counters=delta(before, after),
         error_samples=sorted({o.error for o in outcomes if not o.ok})[:3],
         load1=os.getloadavg()[0],
@@ -465,9 +511,11 @@ def run(plan: Plan, workdir: Path, log_dir: Path) -> tuple[list[Cell], Deploymen
                         cell = run_cell(dep, plan, name, workload, loop, repeat, salt)
                         salt += 1
                         cells.append(cell)
-                        _log(f"[{len(cells)}/{total}] r{repeat} {workload:9} {loop:6} {name:24} "
-                             f"{cell.rps:5.2f} req/s  p50 TTFT {1000 * (cell.pct('ttft', 50) or 0):6.0f} ms  "
-                             f"errors {cell.errors}")
+                        _log(
+                            f"[{len(cells)}/{total}] r{repeat} {workload:9} {loop:6} {name:24} "
+                            f"{cell.rps:5.2f} req/s  p50 TTFT {1000 * (cell.pct('ttft', 50) or 0):6.0f} ms  "
+                            f"errors {cell.errors}"
+                        )
     finally:
         started_pids = sorted(set(started_pids) | set(dep.pids()))
         dep.stop()
@@ -496,8 +544,9 @@ def _spread(values: list[float], fmt) -> str:
 
 
 def _pooled(cells: list[Cell], which: str, q: float) -> float | None:
-    pool = Cell("", "", "", 0, 0, 0, 0, 0.0, [x for c in cells for x in c.ttft],
-                [x for c in cells for x in c.e2e], 0, 0, {}, [])
+    pool = Cell(
+        "", "", "", 0, 0, 0, 0, 0.0, [x for c in cells for x in c.ttft], [x for c in cells for x in c.e2e], 0, 0, {}, []
+    )
     return pool.pct(which, q)
 
 
@@ -540,24 +589,45 @@ def summary_table(cells: list[Cell], plan: Plan) -> str:
                 mm_q, mm_h = _sum(cs, "decode", "mm_queries"), _sum(cs, "decode", "mm_hits")
                 sent = sum(x.sent for x in cs)
                 errors = sum(x.errors for x in cs)
-                rows.append([
-                    workload, loop, f"`{c.name}`",
-                    _spread([x.rps for x in cs], lambda v: f"{v:.2f}"),
-                    _spread([x.pct("ttft", 50) for x in cs], _ms),
-                    _ms(_pooled(cs, "ttft", 90)), _ms(_pooled(cs, "ttft", 99)),
-                    _spread([x.pct("e2e", 50) for x in cs], _ms),
-                    _ms(_pooled(cs, "e2e", 90)), _ms(_pooled(cs, "e2e", 99)),
-                    "–" if c.kind == "direct" else f"{_enc_per_distinct(cs):.2f}",
-                    f"{int(_sum(cs, 'decode', 'tok_local_cache_hit'))} / {int(_sum(cs, 'decode', 'ext_prefix_hits'))}",
-                    f"{int(mm_h)}/{int(mm_q)}" if mm_q else "0/0",
-                    f"{errors}/{sent}",
-                    "1" if c.name == PROXY else _spread(rps, lambda v: f"{v:.2f}×"),
-                    "1" if c.name == PROXY else _spread(ttft, lambda v: f"{v:.2f}×"),
-                ])
+                rows.append(
+                    [
+                        workload,
+                        loop,
+                        f"`{c.name}`",
+                        _spread([x.rps for x in cs], lambda v: f"{v:.2f}"),
+                        _spread([x.pct("ttft", 50) for x in cs], _ms),
+                        _ms(_pooled(cs, "ttft", 90)),
+                        _ms(_pooled(cs, "ttft", 99)),
+                        _spread([x.pct("e2e", 50) for x in cs], _ms),
+                        _ms(_pooled(cs, "e2e", 90)),
+                        _ms(_pooled(cs, "e2e", 99)),
+                        "–" if c.kind == "direct" else f"{_enc_per_distinct(cs):.2f}",
+                        f"{int(_sum(cs, 'decode', 'tok_local_cache_hit'))} / {int(_sum(cs, 'decode', 'ext_prefix_hits'))}",
+                        f"{int(mm_h)}/{int(mm_q)}" if mm_q else "0/0",
+                        f"{errors}/{sent}",
+                        "1" if c.name == PROXY else _spread(rps, lambda v: f"{v:.2f}×"),
+                        "1" if c.name == PROXY else _spread(ttft, lambda v: f"{v:.2f}×"),
+                    ]
+                )
     return table(
-        ["workload", "loop", "contender", "req/s", "TTFT p50 ms", "p90", "p99", "E2E p50 ms", "p90", "p99",
-         "encoder calls / distinct image", "PD prefix-cache hit tokens / external", "PD mm-cache hits/queries",
-         "errors", "req/s vs proxy", "TTFT p50 vs proxy"],
+        [
+            "workload",
+            "loop",
+            "contender",
+            "req/s",
+            "TTFT p50 ms",
+            "p90",
+            "p99",
+            "E2E p50 ms",
+            "p90",
+            "p99",
+            "encoder calls / distinct image",
+            "PD prefix-cache hit tokens / external",
+            "PD mm-cache hits/queries",
+            "errors",
+            "req/s vs proxy",
+            "TTFT p50 vs proxy",
+        ],
         rows,
     )
 
@@ -573,12 +643,16 @@ def headline(cells: list[Cell], plan: Plan) -> str:
                     continue
                 rps = _ratios(groups, workload, loop, c.name, lambda x: x.rps)
                 ttft = _ratios(groups, workload, loop, c.name, lambda x: x.pct("ttft", 50))
-                parts.append(f"`{c.name}` {_spread(rps, lambda v: f'{v:.2f}×')} req/s, "
-                             f"{_spread(ttft, lambda v: f'{v:.2f}×')} p50 TTFT")
+                parts.append(
+                    f"`{c.name}` {_spread(rps, lambda v: f'{v:.2f}×')} req/s, "
+                    f"{_spread(ttft, lambda v: f'{v:.2f}×')} p50 TTFT"
+                )
             absolute = "; ".join(
                 f"`{name}` {_spread([x.rps for x in groups[(workload, loop, name)]], lambda v: f'{v:.2f}')} req/s, "
                 f"p50 TTFT {_spread([x.pct('ttft', 50) for x in groups[(workload, loop, name)]], _ms)} ms"
-                for name in (OURS, PROXY) if (workload, loop, name) in groups)
+                for name in (OURS, PROXY)
+                if (workload, loop, name) in groups
+            )
             lines.append(f"- **{workload}, {loop} loop** ({absolute}), against `vllm-proxy`: " + "; ".join(parts) + ".")
     return "\n".join(lines)
 
@@ -595,11 +669,15 @@ def ablation(cells: list[Cell], plan: Plan) -> str:
     def line(workload, loop, a, b, what):
         rps = pair(workload, loop, a, b, lambda x: x.rps)
         ttft = pair(workload, loop, a, b, lambda x: x.pct("ttft", 50))
-        enc_a, enc_b = _enc_per_distinct(groups.get((workload, loop, a), [])), \
-            _enc_per_distinct(groups.get((workload, loop, b), []))
+        enc_a, enc_b = (
+            _enc_per_distinct(groups.get((workload, loop, a), [])),
+            _enc_per_distinct(groups.get((workload, loop, b), [])),
+        )
         enc = f"; encoder calls per distinct image {enc_a:.2f} vs {enc_b:.2f}" if enc_a is not None and enc_b else ""
-        return (f"- {what} ({workload}, {loop} loop; `{a}` / `{b}`): req/s {_spread(rps, lambda v: f'{v:.2f}×')}, "
-                f"p50 TTFT {_spread(ttft, lambda v: f'{v:.2f}×')}{enc}.")
+        return (
+            f"- {what} ({workload}, {loop} loop; `{a}` / `{b}`): req/s {_spread(rps, lambda v: f'{v:.2f}×')}, "
+            f"p50 TTFT {_spread(ttft, lambda v: f'{v:.2f}×')}{enc}."
+        )
 
     out = []
     for loop in plan.loops:
@@ -609,8 +687,9 @@ def ablation(cells: list[Cell], plan: Plan) -> str:
     for loop in plan.loops:
         if "no-repeat" in plan.workloads:
             out.append(line("no-repeat", loop, "epd-router", PROXY, "**No-repeat control, router vs proxy**"))
-            out.append(line("no-repeat", loop, "epd-router", "epd-router no-reuse",
-                            "**No-repeat control, reuse on vs off**"))
+            out.append(
+                line("no-repeat", loop, "epd-router", "epd-router no-reuse", "**No-repeat control, reuse on vs off**")
+            )
     return "\n".join(out)
 
 
@@ -640,11 +719,20 @@ def plot(cells: list[Cell], plan: Plan, path: Path, title: str) -> bool:
                 lo.append(m - (min(vals) if vals else 0.0))
                 hi.append((max(vals) if vals else 0.0) - m)
             xs = [i + (j - 1) * 0.27 for i in range(len(names))]
-            ax.bar(xs, mids, width=0.27, color=colours[j], label=f"p{q}", yerr=[lo, hi], capsize=2,
-                   error_kw={"elinewidth": 0.8})
+            ax.bar(
+                xs,
+                mids,
+                width=0.27,
+                color=colours[j],
+                label=f"p{q}",
+                yerr=[lo, hi],
+                capsize=2,
+                error_kw={"elinewidth": 0.8},
+            )
         ax.set_xticks(range(len(names)))
-        ax.set_xticklabels([n.replace("epd-router ", "epd-router\n") for n in names], rotation=45, ha="right",
-                           fontsize=8)
+        ax.set_xticklabels(
+            [n.replace("epd-router ", "epd-router\n") for n in names], rotation=45, ha="right", fontsize=8
+        )
         ax.set_title(f"{workload}, {loop} loop", fontsize=10)
         ax.set_yscale("log")
         ax.grid(axis="y", alpha=0.3, which="both")
@@ -660,30 +748,46 @@ def plot(cells: list[Cell], plan: Plan, path: Path, title: str) -> bool:
 
 def _machine() -> str:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{os.cpu_count()} cores ({cpu_model()}), {memory:.0f} GiB, Python {platform.python_version()}, "
-            f"commit `{commit()}`")
+    return (
+        f"{os.cpu_count()} cores ({cpu_model()}), {memory:.0f} GiB, Python {platform.python_version()}, "
+        f"commit `{commit()}`"
+    )
 
 
-def markdown(cells: list[Cell], dep: Deployment, plan: Plan, quick: bool, elapsed_s: float,
-             loads: tuple[float, float], leftovers: list[str], png: str | None) -> str:
+def markdown(
+    cells: list[Cell],
+    dep: Deployment,
+    plan: Plan,
+    quick: bool,
+    elapsed_s: float,
+    loads: tuple[float, float],
+    leftovers: list[str],
+    png: str | None,
+) -> str:
     kind = "quick" if quick else "full"
     n_req = plan.requests
-    proc_lines = "\n".join(
-        f"- `{p.role}`: `{' '.join(p.argv[:2] + ['…'] if p.role != 'router' else p.argv[:1] + ['…'])}` "
-        f"local changes: {'; '.join(p.deviations)}" for p in dep.plan.processes) if dep.plan else ""
+    proc_lines = (
+        "\n".join(
+            f"- `{p.role}`: `{' '.join(p.argv[:2] + ['…'] if p.role != 'router' else p.argv[:1] + ['…'])}` "
+            f"local changes: {'; '.join(p.deviations)}"
+            for p in dep.plan.processes
+        )
+        if dep.plan
+        else ""
+    )
     routers = "; ".join(f"`{c.name}`: {c.note}" for c in CONTENDERS)
     plot_line = f"![TTFT percentiles by contender]({png})\n\n" if png else "(matplotlib missing: no plot)\n\n"
     return f"""# End-to-end serving on real vLLM ({kind} run)
 
-Written by `python -m bench.e2e{' --quick' if quick else ''}` (`make bench-e2e{' QUICK=1' if quick else ''}`) on
+Written by `python -m bench.e2e{" --quick" if quick else ""}` (`make bench-e2e{" QUICK=1" if quick else ""}`) on
 {datetime.now(UTC):%Y-%m-%d %H:%M} UTC in {elapsed_s / 60:.1f} min. Machine: {_machine()}.
 Load average (1 min) before/after: {loads[0]:.2f} / {loads[1]:.2f}; at the end of each cell: median
 {statistics.median([c.load1 for c in cells]) if cells else 0:.1f}, range {min([c.load1 for c in cells], default=0):.1f}–{max([c.load1 for c in cells], default=0):.1f}
 (the run itself keeps several processes runnable, so some 3–5 of it is expected from the run; beyond that is other work on the machine).
 Every number below comes from this run.
-{'**This is the quick smoke mode: one repeat of few requests per cell; no spread, p99 is close to the maximum.**' if quick else ''}
+{"**This is the quick smoke mode: one repeat of few requests per cell; no spread, p99 is close to the maximum.**" if quick else ""}
 
-## Headline (ratios against vLLM 0.32's own EPD proxy; median of {plan.repeats} repeat{'s' if plan.repeats > 1 else ''}, range in brackets)
+## Headline (ratios against vLLM 0.32's own EPD proxy; median of {plan.repeats} repeat{"s" if plan.repeats > 1 else ""}, range in brackets)
 
 {headline(cells, plan)}
 
@@ -694,7 +798,7 @@ Ablation (per-repeat ratios, median and range; TTFT below 1× is faster, req/s a
 ## Setup
 
 - **Deployment**: `examples/epd-shared-storage.yaml` (E+PD, SharedStorage EC connector) sized for this CPU as
-  `make demo` sizes it ({'; '.join(dep.changes)}), rendered by the operator's `render()` and planned by
+  `make demo` sizes it ({"; ".join(dep.changes)}), rendered by the operator's `render()` and planned by
   `epd_operator.local.plan`: **two encoder processes (the encoder Deployment's 2 replicas) and one PD process** on
   the 2 cores, sharing one local directory as the RWX claim. Tiny random-weight Qwen2-VL (2 layers, hidden 128; a
   224 px image is 64 tokens), `OMP_NUM_THREADS=1` per vLLM process.
@@ -710,7 +814,7 @@ Ablation (per-repeat ratios, median and range; TTFT below 1× is faster, req/s a
   warms another's; the request sequence of a (workload, loop, repeat) is the same for every contender.
 - **Loops**: open loop at {plan.rate:g} requests/s (Poisson arrivals; req/s is then completions over the time from
   the first send to the last answer), closed loop at concurrency {plan.concurrency}. {n_req} requests per cell,
-  {plan.repeats} repeat{'s' if plan.repeats > 1 else ''}, {plan.warmup} warm-up requests per contender first (not counted);
+  {plan.repeats} repeat{"s" if plan.repeats > 1 else ""}, {plan.warmup} warm-up requests per contender first (not counted);
   each request times out after {plan.request_timeout_s:g} s, each cell after {plan.cell_timeout_s:g} s.
 - **TTFT**: time to the first streamed event (vLLM sends its first event with the first token); **E2E**: to
   `[DONE]`. p50 columns: median of the repeats' p50 (range); p90/p99: pooled over the repeats.
@@ -745,7 +849,7 @@ Ablation (per-repeat ratios, median and range; TTFT below 1× is faster, req/s a
 - **Noise**: the machine was shared with other work (load averages above); all processes ran at raised priority,
   contenders were interleaved so drift hits all of them, and the range over repeats is shown. Cells of a few
   dozen requests make p99 close to the maximum.
-- **Process check**: {'no benchmark process was left running after the run.' if not leftovers else 'LEFT RUNNING: ' + '; '.join(leftovers)}
+- **Process check**: {"no benchmark process was left running after the run." if not leftovers else "LEFT RUNNING: " + "; ".join(leftovers)}
 """
 
 
@@ -792,8 +896,11 @@ def main(argv: list[str] | None = None) -> int:
     title = f"TTFT by contender ({'quick' if args.quick else 'full'} run, {plan.repeats} repeat(s); bars: median, whiskers: range)"
     drew = plot(cells, plan, png, title)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(cells, dep, plan, args.quick, elapsed, (load_before, load_after), leftovers,
-                            png.name if drew else None))
+    out.write_text(
+        markdown(
+            cells, dep, plan, args.quick, elapsed, (load_before, load_after), leftovers, png.name if drew else None
+        )
+    )
     write_json(out.with_suffix(".json"), dataclasses.asdict(plan), [c.as_dict() for c in cells])
     _log(f"wrote {out}{' and ' + png.name if drew else ''} in {elapsed / 60:.1f} min (process logs in {log_dir})")
     return 1 if leftovers else 0

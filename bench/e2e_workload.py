@@ -37,11 +37,14 @@ class Mix:
     max_tokens: int = 16
 
     def describe(self) -> str:
-        shares = ", ".join(f"{int(w * 100)}% with {n} image{'s' if n != 1 else ''}"
-                           for n, w in self.images_per_request if n)
+        shares = ", ".join(
+            f"{int(w * 100)}% with {n} image{'s' if n != 1 else ''}" for n, w in self.images_per_request if n
+        )
         text_only = next((w for n, w in self.images_per_request if n == 0), 0.0)
-        return (f"catalogue of {self.catalogue} images, Zipf exponent {self.zipf_s}, {shares}, "
-                f"{int(text_only * 100)}% text-only; {self.max_tokens} output tokens per request")
+        return (
+            f"catalogue of {self.catalogue} images, Zipf exponent {self.zipf_s}, {shares}, "
+            f"{int(text_only * 100)}% text-only; {self.max_tokens} output tokens per request"
+        )
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,14 @@ class Request:
     gap_s: float  # open loop: wait before sending this one (exponential, i.e. Poisson arrivals)
 
 
-QUESTIONS = ("Describe the image.", "What is in the picture?", "Name the main colour.",
-             "Is there a circle?", "Count the shapes.", "What stands out?")
+QUESTIONS = (
+    "Describe the image.",
+    "What is in the picture?",
+    "Name the main colour.",
+    "Is there a circle?",
+    "Count the shapes.",
+    "What stands out?",
+)
 
 
 def requests(mix: Mix, n: int, rate: float, seed: int, repeat_images: bool = True) -> list[Request]:

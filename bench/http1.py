@@ -19,8 +19,14 @@ class Request:
 
 def response(status: bytes, content_type: bytes, body: bytes) -> bytes:
     return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: " + content_type
-        + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: "
+        + content_type
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
     )
 
 
@@ -68,7 +74,7 @@ def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
             return bytes(body), pos + 2
         if len(buf) < pos + size + 2:
             return None
-        body += buf[pos:pos + size]
+        body += buf[pos : pos + size]
         pos += size + 2
 
 

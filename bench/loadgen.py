@@ -54,11 +54,22 @@ class LoadResult:
 
 def run_wrk(url: str, bodies: Path, concurrency: int, seconds: int, core: int | None) -> LoadResult:
     argv = [
-        wrk_binary(), "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s",
-        "-s", str(LUA), url, "--", str(bodies),
+        wrk_binary(),
+        "-t1",
+        f"-c{concurrency}",
+        f"-d{seconds}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(LUA),
+        url,
+        "--",
+        str(bodies),
     ]
     popen = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         preexec_fn=lambda: isolate(core),
     )
     out = popen.stdout.read().decode(errors="replace")
@@ -69,7 +80,13 @@ def run_wrk(url: str, bodies: Path, concurrency: int, seconds: int, core: int | 
         raise RuntimeError(f"wrk failed (exit {popen.returncode}):\n{out[-2000:]}")
     r = json.loads(line.removeprefix("WRK_RESULT "))
     return LoadResult(
-        requests=r["requests"], seconds=r["duration_us"] / 1e6, errors=r["errors"], non_2xx=r["non_2xx"],
-        p50_ms=r["p50_us"] / 1000, p90_ms=r["p90_us"] / 1000, p99_ms=r["p99_us"] / 1000,
-        mean_ms=r["mean_us"] / 1000, loadgen_cpu_s=usage.ru_utime + usage.ru_stime,
+        requests=r["requests"],
+        seconds=r["duration_us"] / 1e6,
+        errors=r["errors"],
+        non_2xx=r["non_2xx"],
+        p50_ms=r["p50_us"] / 1000,
+        p90_ms=r["p90_us"] / 1000,
+        p99_ms=r["p99_us"] / 1000,
+        mean_ms=r["mean_us"] / 1000,
+        loadgen_cpu_s=usage.ru_utime + usage.ru_stime,
     )

@@ -67,12 +67,19 @@ class Cell:
 
     def as_dict(self) -> dict:
         return {
-            "topology": self.topology, "images": self.images, "stream": self.stream,
-            "concurrency": self.concurrency, "contender": self.contender,
-            "rps": self.load.rps, "p50_ms": self.load.p50_ms, "p99_ms": self.load.p99_ms,
-            "failed": self.load.failed, "requests": self.load.requests,
+            "topology": self.topology,
+            "images": self.images,
+            "stream": self.stream,
+            "concurrency": self.concurrency,
+            "contender": self.contender,
+            "rps": self.load.rps,
+            "p50_ms": self.load.p50_ms,
+            "p99_ms": self.load.p99_ms,
+            "failed": self.load.failed,
+            "requests": self.load.requests,
             "router_cpu_ms_per_req": self.router_cpu_ms_per_req,
-            "loadgen_cpu_s": self.load.loadgen_cpu_s, "load_core_busy": self.load_core_busy,
+            "loadgen_cpu_s": self.load.loadgen_cpu_s,
+            "load_core_busy": self.load_core_busy,
             "encoder_calls_per_req": self.encoder_calls / max(1, self.load.requests),
             "prefill_calls_per_req": self.prefill_calls / max(1, self.load.requests),
         }
@@ -88,7 +95,11 @@ class OverheadResult:
     def cell(self, topology: str, images: int, stream: bool, concurrency: int, contender: str) -> Cell | None:
         for c in self.cells:
             if (c.topology, c.images, c.stream, c.concurrency, c.contender) == (
-                topology, images, stream, concurrency, contender,
+                topology,
+                images,
+                stream,
+                concurrency,
+                contender,
             ):
                 return c
         return None
@@ -133,7 +144,8 @@ def run(plan: Plan, contenders: tuple[C.Contender, ...], log_dir: Path, progress
         backend = start(
             f"backends-{tag}",
             [sys.executable, "-m", "bench.backends", *[a for role, p in ports.items() for a in (f"--{role}", str(p))]],
-            LOAD_CORE, log_dir,
+            LOAD_CORE,
+            log_dir,
         )
         procs: dict[str, Proc] = {}
         try:
@@ -145,8 +157,19 @@ def run(plan: Plan, contenders: tuple[C.Contender, ...], log_dir: Path, progress
                     for conc in plan.concurrency:
                         for name, target in list(urls.items()):
                             try:
-                                cell = _measure(topo_name, images, stream, conc, name, target, procs.get(name),
-                                                backend, bodies, plan, topo.decode)
+                                cell = _measure(
+                                    topo_name,
+                                    images,
+                                    stream,
+                                    conc,
+                                    name,
+                                    target,
+                                    procs.get(name),
+                                    backend,
+                                    bodies,
+                                    plan,
+                                    topo.decode,
+                                )
                             except Exception as e:  # e.g. the router died: report it, measure the others
                                 _give_up(result, name, f"{topo_name}: failed during the run: {_one_line(e)}", progress)
                                 del urls[name]
@@ -165,8 +188,9 @@ def run(plan: Plan, contenders: tuple[C.Contender, ...], log_dir: Path, progress
     return result
 
 
-def _start_contenders(contenders, topo: C.Topology, tag: str, procs: dict[str, Proc], result: OverheadResult,
-                      log_dir: Path, progress) -> dict[str, str]:
+def _start_contenders(
+    contenders, topo: C.Topology, tag: str, procs: dict[str, Proc], result: OverheadResult, log_dir: Path, progress
+) -> dict[str, str]:
     """Start every contender that is not already known broken; returns the URL to load each one."""
     urls: dict[str, str] = {}
     for contender in contenders:
@@ -176,7 +200,9 @@ def _start_contenders(contenders, topo: C.Topology, tag: str, procs: dict[str, P
             urls[contender.name] = topo.decode + C.CHAT_PATH
             continue
         try:
-            proc, port = start_server(f"{contender.name}-{tag}", lambda p, c=contender: c.argv(topo, p), ROUTER_CORE, log_dir)
+            proc, port = start_server(
+                f"{contender.name}-{tag}", lambda p, c=contender: c.argv(topo, p), ROUTER_CORE, log_dir
+            )
             procs[contender.name] = proc
             chat = f"http://127.0.0.1:{port}{C.CHAT_PATH}"
             _smoke(contender, chat, topo, topo.decode)
@@ -194,7 +220,7 @@ def _one_line(error: Exception, limit: int = 400) -> str:
     """An error (a process's log tail included) as one Markdown-safe line."""
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     text = " | ".join(dict.fromkeys(lines)) or repr(error)
-    return text if len(text) <= limit else text[: limit // 3] + " … " + text[-2 * limit // 3:]
+    return text if len(text) <= limit else text[: limit // 3] + " … " + text[-2 * limit // 3 :]
 
 
 def _give_up(result: OverheadResult, name: str, why: str, progress) -> None:
@@ -212,7 +238,14 @@ def _measure(topology, images, stream, conc, name, url, proc, backend, bodies, p
     bcpu1 = cpu_seconds(backend.pid)
     after = _backend_stats(stats_url)
     return Cell(
-        topology, images, stream, conc, name, load, router_cpu_s=cpu1 - cpu0, backend_cpu_s=bcpu1 - bcpu0,
+        topology,
+        images,
+        stream,
+        conc,
+        name,
+        load,
+        router_cpu_s=cpu1 - cpu0,
+        backend_cpu_s=bcpu1 - bcpu0,
         encoder_calls=after.get("encoder", 0) - before.get("encoder", 0),
         prefill_calls=after.get("prefill", 0) - before.get("prefill", 0),
     )
@@ -266,15 +299,27 @@ def targets(result: OverheadResult) -> list[Target]:
     section = "router overhead (E+PD, 1 image, non-streaming)"
     worst = m.worst_cpu_vs_proxy
     return [
-        Target(section, f"added p50 over direct at concurrency {lo}", "≤ 0.5 ms",
-               f"{m.added_p50_ms:.3f} ms" if m.added_p50_ms is not None else "–",
-               None if m.added_p50_ms is None else m.added_p50_ms <= 0.5),
-        Target(section, "router CPU per request vs vLLM proxy (worst concurrency)", "≤ 0.333×",
-               ", ".join(f"{r:.2f}× @c={c}" for c, r in m.cpu_vs_proxy) or "–",
-               None if worst is None else worst <= 1 / 3),
-        Target(section, f"throughput vs vLLM proxy at concurrency {hi}", "≥ 3×",
-               f"{m.rps_vs_proxy:.2f}× ({m.rps:,.0f} vs {m.proxy_rps:,.0f} req/s)" if m.rps_vs_proxy else "–",
-               None if m.rps_vs_proxy is None else m.rps_vs_proxy >= 3),
+        Target(
+            section,
+            f"added p50 over direct at concurrency {lo}",
+            "≤ 0.5 ms",
+            f"{m.added_p50_ms:.3f} ms" if m.added_p50_ms is not None else "–",
+            None if m.added_p50_ms is None else m.added_p50_ms <= 0.5,
+        ),
+        Target(
+            section,
+            "router CPU per request vs vLLM proxy (worst concurrency)",
+            "≤ 0.333×",
+            ", ".join(f"{r:.2f}× @c={c}" for c, r in m.cpu_vs_proxy) or "–",
+            None if worst is None else worst <= 1 / 3,
+        ),
+        Target(
+            section,
+            f"throughput vs vLLM proxy at concurrency {hi}",
+            "≥ 3×",
+            f"{m.rps_vs_proxy:.2f}× ({m.rps:,.0f} vs {m.proxy_rps:,.0f} req/s)" if m.rps_vs_proxy else "–",
+            None if m.rps_vs_proxy is None else m.rps_vs_proxy >= 3,
+        ),
     ]
 
 
@@ -292,8 +337,15 @@ def _targets_by_contender(result: OverheadResult) -> str:
         "The three targets measured on every contender (E+PD, 1 image, non-streaming): how far a router with no "
         "logic gets on each HTTP stack, next to ours. `vllm-router` makes no encoder call, so its row is a reference, "
         "not a like-for-like result.\n\n"
-        + table(["contender", f"added p50 ms @c={lo} (≤ 0.5)", "CPU/req ÷ proxy's, worst (≤ 0.333)",
-                 f"req/s ÷ proxy's @c={hi} (≥ 3)"], rows)
+        + table(
+            [
+                "contender",
+                f"added p50 ms @c={lo} (≤ 0.5)",
+                "CPU/req ÷ proxy's, worst (≤ 0.333)",
+                f"req/s ÷ proxy's @c={hi} (≥ 3)",
+            ],
+            rows,
+        )
     )
 
 
@@ -309,35 +361,87 @@ def markdown(result: OverheadResult) -> str:
         direct = next((c for c in cells if c.contender == C.DIRECT.name), None)
         for c in cells:
             added = c.load.p50_ms - direct.load.p50_ms if direct and c is not direct else None
-            rows.append([
-                topo, images, "yes" if stream else "no", conc, f"`{c.contender}`", c.load.rps, c.load.p50_ms,
-                c.load.p99_ms, added, c.router_cpu_ms_per_req if c.contender != C.DIRECT.name else None,
-                c.encoder_calls / max(1, c.load.requests), c.prefill_calls / max(1, c.load.requests),
-                f"{100 * c.load_core_busy:.0f}%", c.load.loadgen_cpu_s, c.load.failed,
-            ])
-    parts.append(table(
-        ["topology", "images", "stream", "conc", "contender", "req/s", "p50 ms", "p99 ms", "added p50 ms",
-         "router CPU s /1000 req", "E calls/req", "P calls/req", "load core busy", "wrk CPU s", "failed"],
-        rows,
-    ))
-    parts.append("Ours vs vLLM's proxy, per scenario (ratios; lower CPU and added latency are better):\n\n" + table(
-        ["topology", "images", "stream", "conc", "added p50 ours / proxy (ms)", "CPU per req ours/proxy",
-         "req/s ours/proxy", "CPU per req aiohttp-floor/proxy", "CPU per req raw-floor/proxy"],
-        [
-            [t, i, "yes" if s else "no", n,
-             f"{_added(result, t, i, s, n, OURS):.2f} / {_added(result, t, i, s, n, PROXY):.2f}",
-             _ratio(result, t, i, s, n, "router_cpu_ms_per_req"), _ratio(result, t, i, s, n, "rps"),
-             _ratio(result, t, i, s, n, "router_cpu_ms_per_req", C.AIOHTTP_FLOOR.name),
-             _ratio(result, t, i, s, n, "router_cpu_ms_per_req", C.RAW_FLOOR.name)]
-            for (t, i, s, n) in by_scenario
-            if result.cell(t, i, s, n, OURS) and result.cell(t, i, s, n, PROXY) and result.cell(t, i, s, n, C.DIRECT.name)
-        ],
-    ))
+            rows.append(
+                [
+                    topo,
+                    images,
+                    "yes" if stream else "no",
+                    conc,
+                    f"`{c.contender}`",
+                    c.load.rps,
+                    c.load.p50_ms,
+                    c.load.p99_ms,
+                    added,
+                    c.router_cpu_ms_per_req if c.contender != C.DIRECT.name else None,
+                    c.encoder_calls / max(1, c.load.requests),
+                    c.prefill_calls / max(1, c.load.requests),
+                    f"{100 * c.load_core_busy:.0f}%",
+                    c.load.loadgen_cpu_s,
+                    c.load.failed,
+                ]
+            )
+    parts.append(
+        table(
+            [
+                "topology",
+                "images",
+                "stream",
+                "conc",
+                "contender",
+                "req/s",
+                "p50 ms",
+                "p99 ms",
+                "added p50 ms",
+                "router CPU s /1000 req",
+                "E calls/req",
+                "P calls/req",
+                "load core busy",
+                "wrk CPU s",
+                "failed",
+            ],
+            rows,
+        )
+    )
+    parts.append(
+        "Ours vs vLLM's proxy, per scenario (ratios; lower CPU and added latency are better):\n\n"
+        + table(
+            [
+                "topology",
+                "images",
+                "stream",
+                "conc",
+                "added p50 ours / proxy (ms)",
+                "CPU per req ours/proxy",
+                "req/s ours/proxy",
+                "CPU per req aiohttp-floor/proxy",
+                "CPU per req raw-floor/proxy",
+            ],
+            [
+                [
+                    t,
+                    i,
+                    "yes" if s else "no",
+                    n,
+                    f"{_added(result, t, i, s, n, OURS):.2f} / {_added(result, t, i, s, n, PROXY):.2f}",
+                    _ratio(result, t, i, s, n, "router_cpu_ms_per_req"),
+                    _ratio(result, t, i, s, n, "rps"),
+                    _ratio(result, t, i, s, n, "router_cpu_ms_per_req", C.AIOHTTP_FLOOR.name),
+                    _ratio(result, t, i, s, n, "router_cpu_ms_per_req", C.RAW_FLOOR.name),
+                ]
+                for (t, i, s, n) in by_scenario
+                if result.cell(t, i, s, n, OURS)
+                and result.cell(t, i, s, n, PROXY)
+                and result.cell(t, i, s, n, C.DIRECT.name)
+            ],
+        )
+    )
     parts.append(_targets_by_contender(result))
     parts.append(_reference_check(result))
     rss_rows = [[topo, f"`{name}`", mib] for topo, per in result.peak_rss_mib.items() for name, mib in per.items()]
-    parts.append("Peak RSS of each router process tree (VmHWM, after all its cells):\n\n"
-                 + table(["topology", "router", "peak RSS MiB"], rss_rows))
+    parts.append(
+        "Peak RSS of each router process tree (VmHWM, after all its cells):\n\n"
+        + table(["topology", "router", "peak RSS MiB"], rss_rows)
+    )
     return "\n\n".join(parts)
 
 
@@ -371,14 +475,32 @@ def _reference_check(result: OverheadResult) -> str:
         if not (c1 and chi and direct):
             continue
         ref = ISSUE_FIGURES.get(name, {})
-        rows.append([
-            f"`{name}`", c1.load.p50_ms - direct.load.p50_ms, ref.get("added_p50_c1"),
-            c1.router_cpu_ms_per_req, chi.router_cpu_ms_per_req, ref.get("cpu_ms"),
-            chi.load.rps, ref.get("max_rps"),
-        ])
+        rows.append(
+            [
+                f"`{name}`",
+                c1.load.p50_ms - direct.load.p50_ms,
+                ref.get("added_p50_c1"),
+                c1.router_cpu_ms_per_req,
+                chi.router_cpu_ms_per_req,
+                ref.get("cpu_ms"),
+                chi.load.rps,
+                ref.get("max_rps"),
+            ]
+        )
     return (
         "This run next to the issue's reference figures (E+PD, 1 image, non-streaming; the issue does not say at "
         "which concurrency its CPU figure was taken):\n\n"
-        + table(["router", f"added p50 ms @c={lo}", "issue", f"CPU ms/req @c={lo}", f"CPU ms/req @c={hi}", "issue",
-                 f"req/s @c={hi}", "issue"], rows)
+        + table(
+            [
+                "router",
+                f"added p50 ms @c={lo}",
+                "issue",
+                f"CPU ms/req @c={lo}",
+                f"CPU ms/req @c={hi}",
+                "issue",
+                f"req/s @c={hi}",
+                "issue",
+            ],
+            rows,
+        )
     )

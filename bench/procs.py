@@ -123,8 +123,9 @@ class Proc:
             self.popen.wait(5)
 
 
-def start(name: str, argv: list[str], core: int | None, log_dir: Path, env: dict | None = None, *,
-          prioritise: bool = True) -> Proc:
+def start(
+    name: str, argv: list[str], core: int | None, log_dir: Path, env: dict | None = None, *, prioritise: bool = True
+) -> Proc:
     """`prioritise=False`: pinned to `core` only, at normal priority (a run on a machine others share)."""
     log = log_dir / f"{name}.log"
     out = open(log, "wb")  # noqa: SIM115 - the child owns it for its lifetime
@@ -136,8 +137,14 @@ def start(name: str, argv: list[str], core: int | None, log_dir: Path, env: dict
             os.sched_setaffinity(0, {core})
 
     popen = subprocess.Popen(
-        argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        preexec_fn=setup, start_new_session=True, env={**os.environ, **(env or {})}, cwd=REPO_ROOT,
+        argv,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=setup,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+        cwd=REPO_ROOT,
     )
     out.close()
     return Proc(name, popen, log)
@@ -159,8 +166,16 @@ def wait_http(proc: Proc, url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"{proc.name} did not answer {url} within {timeout:.0f}s:\n{proc.log_tail()}")
 
 
-def start_server(name: str, argv_for_port, core: int | None, log_dir: Path, ready_path: str = "/health",
-                 timeout: float = 90.0, env: dict | None = None, attempts: int = 3) -> tuple[Proc, int]:
+def start_server(
+    name: str,
+    argv_for_port,
+    core: int | None,
+    log_dir: Path,
+    ready_path: str = "/health",
+    timeout: float = 90.0,
+    env: dict | None = None,
+    attempts: int = 3,
+) -> tuple[Proc, int]:
     """Start a server on a free port and wait until it answers; a port taken meanwhile
     (free_port() gives it back, and any outgoing connection may grab it) means another try."""
     for attempt in range(attempts):
@@ -180,14 +195,27 @@ def start_server(name: str, argv_for_port, core: int | None, log_dir: Path, read
 def cpu_model() -> str:
     import platform
 
-    return next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")), platform.processor())
+    return next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
 
 
 def commit() -> str:
     """The checked-out commit, marked when the tree has uncommitted changes (results name what ran)."""
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty=+uncommitted-changes"],
-                              capture_output=True, text=True, cwd=REPO_ROOT).stdout.strip() or "?"
+        return (
+            subprocess.run(
+                ["git", "describe", "--always", "--dirty=+uncommitted-changes"],
+                capture_output=True,
+                text=True,
+                cwd=REPO_ROOT,
+            ).stdout.strip()
+            or "?"
+        )
     except OSError:
         return "?"

@@ -62,7 +62,9 @@ class Upstream:
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname, parts.port or 80
-        self.head = b"POST " + CHAT + b" HTTP/1.1\r\nhost: " + parts.netloc.encode() + b"\r\ncontent-type: application/json\r\n"
+        self.head = (
+            b"POST " + CHAT + b" HTTP/1.1\r\nhost: " + parts.netloc.encode() + b"\r\ncontent-type: application/json\r\n"
+        )
         self.idle: list[UpstreamConnection] = []
 
     async def call(self, body: bytes, relay: asyncio.Transport | None = None) -> int:
@@ -74,7 +76,9 @@ class Upstream:
                 break
         if conn is None:
             _, conn = await asyncio.get_running_loop().create_connection(UpstreamConnection, self.host, self.port)
-        status = await conn.exchange(self.head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body, relay)
+        status = await conn.exchange(
+            self.head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body, relay
+        )
         self.idle.append(conn)
         return status
 
@@ -120,7 +124,8 @@ async def serve(host: str, port: int, encoder: str, prefill: str | None, decode:
     stages = [Upstream(encoder)] + ([Upstream(prefill)] if prefill else [])
     consumer = Upstream(decode)
     server = await asyncio.get_running_loop().create_server(
-        lambda: ClientConnection(stages, consumer), host, port, backlog=1024)
+        lambda: ClientConnection(stages, consumer), host, port, backlog=1024
+    )
     async with server:
         await server.serve_forever()
 
@@ -130,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     coro = serve(args.host, args.port, args.encoder, args.prefill, args.decode)
     try:
         import uvloop
+
         uvloop.run(coro)
     except ImportError:
         asyncio.run(coro)

@@ -53,8 +53,11 @@ QUICK = Plan(requests=500, rate=125.0)
 POLICIES = (
     # The workload's images are http(s) URLs: reusing them is what a deployment that declares its media
     # URLs immutable (spec.router.trust.immutableMediaURLs) gets; without it only content-addressed items are reused.
-    ("cache-aware + reuse", C.EPD_ROUTER, ["--encoder-policy", "cache-aware", "--reuse-ttl", "600",
-                                           "--immutable-media-urls"]),
+    (
+        "cache-aware + reuse",
+        C.EPD_ROUTER,
+        ["--encoder-policy", "cache-aware", "--reuse-ttl", "600", "--immutable-media-urls"],
+    ),
     ("cache-aware", C.EPD_ROUTER, ["--encoder-policy", "cache-aware"]),
     ("least-loaded", C.EPD_ROUTER, ["--encoder-policy", "least-loaded"]),
     ("round-robin", C.EPD_ROUTER, ["--encoder-policy", "round-robin"]),
@@ -136,7 +139,7 @@ class RoutingResult:
 
 def zipf_workload(plan: Plan) -> list[int]:
     rng = random.Random(plan.seed)
-    weights = [1 / k ** plan.zipf_s for k in range(1, plan.catalogue + 1)]
+    weights = [1 / k**plan.zipf_s for k in range(1, plan.catalogue + 1)]
     return rng.choices(range(plan.catalogue), weights=weights, k=plan.requests)
 
 
@@ -200,8 +203,11 @@ async def _run_policy(label, contender, flags, plan, workload, log_dir) -> Polic
     try:
         topo = C.Topology("E+PD", encoder=",".join(urls), decode=decode_url)
         proc, port = await asyncio.to_thread(
-            start_server, f"routing-{label.split()[0]}-{len(flags)}", lambda p: [*contender.argv(topo, p), *flags],
-            ROUTER_CORE, log_dir,
+            start_server,
+            f"routing-{label.split()[0]}-{len(flags)}",
+            lambda p: [*contender.argv(topo, p), *flags],
+            ROUTER_CORE,
+            log_dir,
         )
         url = f"http://127.0.0.1:{port}{C.CHAT_PATH}"
         # Warm the router's connection pools with images outside the catalogue, then count from zero.
@@ -211,8 +217,13 @@ async def _run_policy(label, contender, flags, plan, workload, log_dir) -> Polic
             enc.busy_s = 0.0
         latencies, failed = await _drive(url, plan, workload)
         return PolicyResult(
-            label, len(set(workload)), latencies, failed,
-            items=[e.items for e in encoders], misses=[e.misses for e in encoders], busy_s=[e.busy_s for e in encoders],
+            label,
+            len(set(workload)),
+            latencies,
+            failed,
+            items=[e.items for e in encoders],
+            misses=[e.misses for e in encoders],
+            busy_s=[e.busy_s for e in encoders],
         )
     finally:
         if proc:
@@ -246,11 +257,20 @@ def targets(result: RoutingResult) -> list[Target]:
     section = "routing quality"
     best = next((p for p in result.policies if p.label == POLICIES[0][0]), None)
     return [
-        Target(section, "cache-aware + reuse: encoder calls per distinct image", "≤ 1.05",
-               f"{best.calls_per_distinct:.3f}" if best else "–", None if best is None else best.calls_per_distinct <= 1.05),
-        Target(section, "cache-aware + reuse: busiest encoder vs mean (items served)", "≤ 1.25×",
-               f"{best.peak_items:.2f}× (busy time {best.peak_busy:.2f}×)" if best else "–",
-               None if best is None else best.peak_items <= 1.25),
+        Target(
+            section,
+            "cache-aware + reuse: encoder calls per distinct image",
+            "≤ 1.05",
+            f"{best.calls_per_distinct:.3f}" if best else "–",
+            None if best is None else best.calls_per_distinct <= 1.05,
+        ),
+        Target(
+            section,
+            "cache-aware + reuse: busiest encoder vs mean (items served)",
+            "≤ 1.25×",
+            f"{best.peak_items:.2f}× (busy time {best.peak_busy:.2f}×)" if best else "–",
+            None if best is None else best.peak_items <= 1.25,
+        ),
     ]
 
 
@@ -270,10 +290,33 @@ def markdown(result: RoutingResult) -> str:
     parts = [intro]
     if result.missing:
         parts.append("**Not measured:**\n" + "\n".join(f"- {n}: {why}" for n, why in result.missing.items()))
-    parts.append(table(
-        ["policy", "encoder calls / distinct image", "encodes (misses) / distinct image", "busiest encoder / mean (items)",
-         "busiest / mean (busy time)", "items per encoder", "p50 ms", "p99 ms", "failed"],
-        [[f"{r.label}", r.calls_per_distinct, r.encodes_per_distinct, r.peak_items, r.peak_busy,
-          " / ".join(map(str, r.items)), r.pct(50), r.pct(99), r.failed] for r in result.policies],
-    ))
+    parts.append(
+        table(
+            [
+                "policy",
+                "encoder calls / distinct image",
+                "encodes (misses) / distinct image",
+                "busiest encoder / mean (items)",
+                "busiest / mean (busy time)",
+                "items per encoder",
+                "p50 ms",
+                "p99 ms",
+                "failed",
+            ],
+            [
+                [
+                    f"{r.label}",
+                    r.calls_per_distinct,
+                    r.encodes_per_distinct,
+                    r.peak_items,
+                    r.peak_busy,
+                    " / ".join(map(str, r.items)),
+                    r.pct(50),
+                    r.pct(99),
+                    r.failed,
+                ]
+                for r in result.policies
+            ],
+        )
+    )
     return "\n\n".join(parts)

@@ -45,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cores = cpus()
     if len(cores) < 2 or {overhead.ROUTER_CORE, overhead.LOAD_CORE} - set(cores):
-        parser.error(f"needs cores {overhead.ROUTER_CORE} and {overhead.LOAD_CORE} (the router gets one of its own); "
-                     f"this process may use {cores}")
+        parser.error(
+            f"needs cores {overhead.ROUTER_CORE} and {overhead.LOAD_CORE} (the router gets one of its own); "
+            f"this process may use {cores}"
+        )
     # The harness (API emulator, routing client) waits most of the time; keep it off the router's core.
     prioritised = isolate(overhead.LOAD_CORE)
 

@@ -25,8 +25,15 @@ VLLM_VERSION = "0.32.0"
 VLLM_ROUTER_VERSION = "0.1.17"
 PROXY_MEMBER = f"vllm-{VLLM_VERSION}/examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py"
 # The proxy's imports, pinned to the versions the committed results were measured with.
-PROXY_DEPS = ["aiohttp==3.14.5", "msgspec==0.23.0", "fastapi==0.165.0", "uvicorn==0.54.0", "uvloop==0.23.0",
-              "pydantic==2.14.4", "orjson==3.13.0"]
+PROXY_DEPS = [
+    "aiohttp==3.14.5",
+    "msgspec==0.23.0",
+    "fastapi==0.165.0",
+    "uvicorn==0.54.0",
+    "uvloop==0.23.0",
+    "pydantic==2.14.4",
+    "orjson==3.13.0",
+]
 SIMPLE_INDEX = "https://pypi.org/simple"
 
 
@@ -41,7 +48,9 @@ def _log(msg: str) -> None:
 
 
 def _sdist_entry(project: str, filename: str) -> dict:
-    req = urllib.request.Request(f"{SIMPLE_INDEX}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    req = urllib.request.Request(
+        f"{SIMPLE_INDEX}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         index = json.load(resp)
     for entry in index["files"]:
@@ -92,7 +101,17 @@ def bench_venv() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     wheels = cache_dir() / "wheels"
     subprocess.run(
-        [str(python), "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), f"vllm-router=={VLLM_ROUTER_VERSION}"],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "-d",
+            str(wheels),
+            f"vllm-router=={VLLM_ROUTER_VERSION}",
+        ],
         check=True,
     )
     wheel = next(wheels.glob(f"vllm_router-{VLLM_ROUTER_VERSION}-*.whl"))

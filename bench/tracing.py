@@ -29,8 +29,13 @@ class TracedEpdRouter(C.EpdRouter):
     sample_ratio: float = 1.0
 
     def argv(self, topo: C.Topology, port: int) -> list[str]:
-        return [*super().argv(topo, port), "--otlp-traces-endpoint", self.endpoint,
-                "--trace-sample-ratio", str(self.sample_ratio)]
+        return [
+            *super().argv(topo, port),
+            "--otlp-traces-endpoint",
+            self.endpoint,
+            "--trace-sample-ratio",
+            str(self.sample_ratio),
+        ]
 
 
 class _Sink(BaseHTTPRequestHandler):
@@ -55,10 +60,20 @@ def run(quick: bool, log_dir: Path, progress=print) -> tuple[list[Target], str]:
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{sink.server_address[1]}/v1/traces"
-    traced = TracedEpdRouter("epd-router-traced", calls_encoder=True, note="tracing on, every request sampled",
-                             endpoint=endpoint, sample_ratio=1.0)
-    unsampled = TracedEpdRouter("epd-router-unsampled", calls_encoder=True, note="tracing on, no request sampled",
-                                endpoint=endpoint, sample_ratio=0.0)
+    traced = TracedEpdRouter(
+        "epd-router-traced",
+        calls_encoder=True,
+        note="tracing on, every request sampled",
+        endpoint=endpoint,
+        sample_ratio=1.0,
+    )
+    unsampled = TracedEpdRouter(
+        "epd-router-unsampled",
+        calls_encoder=True,
+        note="tracing on, no request sampled",
+        endpoint=endpoint,
+        sample_ratio=0.0,
+    )
     plan = QUICK if quick else FULL
     try:
         result = overhead.run(plan, (C.DIRECT, C.EPD_ROUTER, traced, unsampled), log_dir, progress)
@@ -75,21 +90,59 @@ def markdown(result: overhead.OverheadResult, traced: tuple[str, ...], exports: 
         off = result.cell(cell.topology, cell.images, cell.stream, cell.concurrency, OFF)
         if off is None:
             continue
-        rows.append([cell.topology, "yes" if cell.stream else "no", cell.concurrency, f"`{cell.contender}`",
-                     off.router_cpu_ms_per_req, cell.router_cpu_ms_per_req,
-                     cell.router_cpu_ms_per_req / off.router_cpu_ms_per_req if off.router_cpu_ms_per_req else None,
-                     off.load.p50_ms, cell.load.p50_ms, off.load.rps, cell.load.rps])
+        rows.append(
+            [
+                cell.topology,
+                "yes" if cell.stream else "no",
+                cell.concurrency,
+                f"`{cell.contender}`",
+                off.router_cpu_ms_per_req,
+                cell.router_cpu_ms_per_req,
+                cell.router_cpu_ms_per_req / off.router_cpu_ms_per_req if off.router_cpu_ms_per_req else None,
+                off.load.p50_ms,
+                cell.load.p50_ms,
+                off.load.rps,
+                cell.load.rps,
+            ]
+        )
     parts = [
         "epd-router with tracing off (`epd-router`, the default) and on, on the overhead section's harness; the "
         f"OTLP endpoint is a sink in the harness ({exports} exports, {received / 1e6:.1f} MB received). Tracing off "
         "imports nothing of OpenTelemetry and adds one `is None` test per stage to a request.",
-        table(["topology", "stream", "conc", "tracing on", "CPU ms/req off", "CPU ms/req on", "on ÷ off",
-               "p50 ms off", "p50 ms on", "req/s off", "req/s on"], rows),
-        "Every cell:\n\n" + table(
+        table(
+            [
+                "topology",
+                "stream",
+                "conc",
+                "tracing on",
+                "CPU ms/req off",
+                "CPU ms/req on",
+                "on ÷ off",
+                "p50 ms off",
+                "p50 ms on",
+                "req/s off",
+                "req/s on",
+            ],
+            rows,
+        ),
+        "Every cell:\n\n"
+        + table(
             ["topology", "stream", "conc", "contender", "req/s", "p50 ms", "p99 ms", "router CPU ms/req", "failed"],
-            [[c.topology, "yes" if c.stream else "no", c.concurrency, f"`{c.contender}`", c.load.rps, c.load.p50_ms,
-              c.load.p99_ms, c.router_cpu_ms_per_req if c.contender != C.DIRECT.name else None, c.load.failed]
-             for c in result.cells]),
+            [
+                [
+                    c.topology,
+                    "yes" if c.stream else "no",
+                    c.concurrency,
+                    f"`{c.contender}`",
+                    c.load.rps,
+                    c.load.p50_ms,
+                    c.load.p99_ms,
+                    c.router_cpu_ms_per_req if c.contender != C.DIRECT.name else None,
+                    c.load.failed,
+                ]
+                for c in result.cells
+            ],
+        ),
     ]
     if result.missing:
         parts.insert(0, "**Not measured:**\n" + "\n".join(f"- `{n}`: {why}" for n, why in result.missing.items()))

@@ -11,8 +11,7 @@ MODEL = "bench"
 
 def chat_request(image_ids: list[int], stream: bool, max_tokens: int = 16) -> dict:
     content: list[dict] = [
-        {"type": "image_url", "image_url": {"url": f"https://images.example/bench/{i:06d}.jpg"}}
-        for i in image_ids
+        {"type": "image_url", "image_url": {"url": f"https://images.example/bench/{i:06d}.jpg"}} for i in image_ids
     ]
     content.append({"type": "text", "text": "Describe the images in one sentence."})
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}

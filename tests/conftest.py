@@ -1,1 +1,1 @@
-pytest_plugins = ['tests.support.cluster']
+pytest_plugins = ["tests.support.cluster"]

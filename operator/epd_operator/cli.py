@@ -3,6 +3,7 @@
 It calls exactly what the operator calls (`parse_epd`, `render`), so what `epdctl render` prints is
 what the operator would apply.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,7 +62,9 @@ def _parse_documents(path: str) -> list[tuple[dict[str, Any], Any]]:
         sys.exit(1)
     parsed, failed = [], False
     for index, doc in enumerate(docs):
-        name = doc.get("metadata", {}).get("name", f"document {index}") if isinstance(doc, dict) else f"document {index}"
+        name = (
+            doc.get("metadata", {}).get("name", f"document {index}") if isinstance(doc, dict) else f"document {index}"
+        )
         try:
             parsed.append((doc, parse_epd(doc)))
         except SpecError as exc:
@@ -113,8 +116,10 @@ async def _validate_on_server(args: argparse.Namespace, docs: list[dict[str, Any
             except ApiError as exc:
                 accepted = False
                 message = exc.body.get("message") if isinstance(exc.body, dict) else str(exc)
-                print(f"epdctl: {args.file}: {what}: refused by {login.server} ({exc.status} {exc.reason}): {message}",
-                      file=sys.stderr)
+                print(
+                    f"epdctl: {args.file}: {what}: refused by {login.server} ({exc.status} {exc.reason}): {message}",
+                    file=sys.stderr,
+                )
                 for cause in exc.causes:  # one per refused field; a cause naming none repeats the message
                     if cause.get("field"):
                         print(f"  {cause['field']}: {cause.get('message')}", file=sys.stderr)
@@ -137,23 +142,36 @@ def cmd_docs(_: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="epdctl", description="Work with EPDDeployment specs (serving.epd.dev/v1alpha1).")
+    parser = argparse.ArgumentParser(
+        prog="epdctl", description="Work with EPDDeployment specs (serving.epd.dev/v1alpha1)."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    render = sub.add_parser("render", help="print the Kubernetes objects an EPDDeployment becomes (multi-document YAML)")
+    render = sub.add_parser(
+        "render", help="print the Kubernetes objects an EPDDeployment becomes (multi-document YAML)"
+    )
     render.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")
     render.add_argument("-n", "--namespace", help="namespace to render into (default: the spec's, else 'default')")
-    render.add_argument("--router-image", default=DEFAULT_ROUTER_IMAGE,
-                        help=f"router/janitor image when the spec names none (the operator's --router-image; default {DEFAULT_ROUTER_IMAGE})")
+    render.add_argument(
+        "--router-image",
+        default=DEFAULT_ROUTER_IMAGE,
+        help=f"router/janitor image when the spec names none (the operator's --router-image; default {DEFAULT_ROUTER_IMAGE})",
+    )
     render.set_defaults(func=cmd_render)
     validate = sub.add_parser("validate", help="check EPDDeployment specs; exit 1 naming each bad field")
     validate.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")
-    validate.add_argument("--server", action="store_true",
-                          help="also ask the cluster: a server-side dry-run apply (its installed CRD, admission "
-                               "policies, quotas, permissions); nothing is changed")
-    validate.add_argument("-n", "--namespace", help="with --server: namespace of specs that name none "
-                          "(default: the kubeconfig context's)")
-    validate.add_argument("--kubeconfig", help="with --server: kubeconfig path(s) (default: in-cluster, else $KUBECONFIG)")
+    validate.add_argument(
+        "--server",
+        action="store_true",
+        help="also ask the cluster: a server-side dry-run apply (its installed CRD, admission "
+        "policies, quotas, permissions); nothing is changed",
+    )
+    validate.add_argument(
+        "-n", "--namespace", help="with --server: namespace of specs that name none (default: the kubeconfig context's)"
+    )
+    validate.add_argument(
+        "--kubeconfig", help="with --server: kubeconfig path(s) (default: in-cluster, else $KUBECONFIG)"
+    )
     validate.add_argument("--context", help="with --server: kubeconfig context (default: the current one)")
     validate.set_defaults(func=cmd_validate)
     crd = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
@@ -161,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     docs = sub.add_parser("docs", help="print the Markdown reference of every spec field (the README's API reference)")
     docs.set_defaults(func=cmd_docs)
     # Listed for --help only: main() hands `epdctl janitor ...` to the janitor's own parser.
-    sub.add_parser("janitor", help="bound a shared-storage encoder cache (runs as a sidecar; see `epdctl janitor --help`)")
+    sub.add_parser(
+        "janitor", help="bound a shared-storage encoder cache (runs as a sidecar; see `epdctl janitor --help`)"
+    )
     return parser
 
 

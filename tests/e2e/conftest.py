@@ -3,6 +3,7 @@
 On a fresh machine building them takes minutes; `vllm_ready` does it once per session with
 pytest's output capture suspended, so `make test` shows pip's progress instead of seeming stuck.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ own `--data-parallel-size 2`, as rendered); the router, started with the rendere
 pins every request to one engine with `X-data-parallel-rank`. vLLM counts finished requests per engine
 (`engine` label), so its own metrics say which engine each request reached.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -65,8 +66,11 @@ def test_concurrent_requests_with_images_all_succeed_on_both_engines(epd):
 def test_vllm_refuses_a_rank_it_does_not_have(epd):
     """The header the router sends is the one vLLM acts on: a rank out of range is refused."""
     body = json.dumps(chat_body(epd.plan.served_model, [text_part("hi")], 2)).encode()
-    request = urllib.request.Request(f"{epd.url('decode')}/v1/chat/completions", data=body, headers={
-        "Content-Type": "application/json", "X-data-parallel-rank": "2"})
+    request = urllib.request.Request(
+        f"{epd.url('decode')}/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "X-data-parallel-rank": "2"},
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 400

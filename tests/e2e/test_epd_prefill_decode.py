@@ -5,6 +5,7 @@ CPU is erratic (transfers from 3 ms to 42 s), so the local runner swaps the KV c
 vLLM's ExampleConnector over a shared directory (a recorded deviation); everything else is the
 rendered command line. Started once for the module.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,7 +42,11 @@ def test_image_request_passes_encoder_prefill_and_decode(epd):
     reply = ask(epd, [text_part("Describe the image."), image_part(1001)])
 
     assert reply.completion_tokens == MAX_TOKENS
-    assert {role: requests_served(epd, role) - n for role, n in before.items()} == {"encoder": 1, "prefill": 1, "decode": 1}
+    assert {role: requests_served(epd, role) - n for role, n in before.items()} == {
+        "encoder": 1,
+        "prefill": 1,
+        "decode": 1,
+    }
     assert prompt_tokens(epd, "decode", "external_kv_transfer") > received, "decode took the prompt's KV from prefill"
 
 

@@ -7,6 +7,7 @@ store. They run in file order; the last one kills the encoder. Images and videos
 frames, see `client.video_url`); both tiers take per-request media options
 (`--trust-request-mm-kwargs`), so a video's frame count can be chosen per request.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -132,7 +133,9 @@ def test_pd_answers_a_video_from_the_encoders_stored_output(epd):
     answer_c = ask(epd, question + [video_part(c)])
     assert answer_b.token_ids != answer_c.token_ids, "the tiny model's answer must depend on the video"
 
-    key_a, key_b = (_encode_directly(epd, seed, {**video_part(seed), "uuid": url_key(video_url(seed))}) for seed in (a, b))
+    key_a, key_b = (
+        _encode_directly(epd, seed, {**video_part(seed), "uuid": url_key(video_url(seed))}) for seed in (a, b)
+    )
     store = epd.plan.volume(STORE)
     shutil.copyfile(store / key_b / "encoder_cache.safetensors", store / key_a / "encoder_cache.safetensors")
 
@@ -160,9 +163,16 @@ def test_a_video_read_with_another_frame_count_is_another_item(epd):
     seed = new_image()
     question = [text_part("How many frames?"), video_part(seed)]
     ask(epd, question)
-    encoded, reused, requests, stored = (router_items(epd, "encoded"), router_items(epd, "reused"),
-                                         encoder_requests(epd), stored_items(epd))
-    two_frames = {**chat_body(epd.plan.served_model, question, MAX_TOKENS), "media_io_kwargs": {"video": {"num_frames": 2}}}
+    encoded, reused, requests, stored = (
+        router_items(epd, "encoded"),
+        router_items(epd, "reused"),
+        encoder_requests(epd),
+        stored_items(epd),
+    )
+    two_frames = {
+        **chat_body(epd.plan.served_model, question, MAX_TOKENS),
+        "media_io_kwargs": {"video": {"num_frames": 2}},
+    }
 
     first = chat(epd.router_url, two_frames)
     assert first.ok, f"router: {first}"
@@ -186,7 +196,9 @@ def test_text_only_request_skips_the_encoder(epd):
 
 
 def test_streaming_reply_passes_through(epd):
-    body = chat_body(epd.plan.served_model, [text_part("Stream this."), image_part(new_image())], MAX_TOKENS, stream=True)
+    body = chat_body(
+        epd.plan.served_model, [text_part("Stream this."), image_part(new_image())], MAX_TOKENS, stream=True
+    )
     body["stream_options"] = {"include_usage": True}
 
     reply = chat(epd.router_url, body)

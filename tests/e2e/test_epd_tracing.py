@@ -1,6 +1,7 @@
 """Traces through real vLLM (CPU): the shared-storage example with `spec.tracing` pointing at an
 in-test OTLP receiver, run locally from its rendered command lines and environment. vLLM's own
 `llm_request` spans must join the router's trace, each under the router span of its call."""
+
 from __future__ import annotations
 
 import os
@@ -44,7 +45,9 @@ def test_vllm_spans_join_the_routers_trace_under_the_call_that_made_them(traced)
 
     def complete(spans) -> bool:
         roots = [s for s in spans if s.name == REQUEST_SPAN]
-        return bool(roots) and sum(1 for s in spans if s.name == "llm_request" and s.trace_id == roots[-1].trace_id) >= 2
+        return (
+            bool(roots) and sum(1 for s in spans if s.name == "llm_request" and s.trace_id == roots[-1].trace_id) >= 2
+        )
 
     spans = wait_for_spans(rx, complete, "router trace with the encoder's and PD's llm_request spans")
     [request] = [s for s in spans if s.name == REQUEST_SPAN]
@@ -54,4 +57,5 @@ def test_vllm_spans_join_the_routers_trace_under_the_call_that_made_them(traced)
     vllm = [s for s in trace if s.name == "llm_request"]
     joined = {(calls[s.parent_id].name, s.service) for s in vllm if s.parent_id in calls}
     assert joined == {("encode", f"{name}-encoder"), ("decode", f"{name}-decode")}, (
-        f"vLLM spans not under the router's calls: {[(s.service, s.parent_id) for s in vllm]}")
+        f"vLLM spans not under the router's calls: {[(s.service, s.parent_id) for s in vllm]}"
+    )

@@ -1,4 +1,5 @@
 """Running helm against the repository's charts and reading what it renders."""
+
 from __future__ import annotations
 
 import functools
@@ -61,8 +62,7 @@ class Helm:
         """NOTES.txt as `helm install` prints it (rendered client-side, nothing installed)."""
         if self.major < 4:
             pytest.skip("helm 3's `install --dry-run=client` still contacts a cluster; NOTES are checked with helm 4")
-        result = self.run("install", release, str(chart), "-n", namespace, "--dry-run=client",
-                          *_value_args(None, sets))
+        result = self.run("install", release, str(chart), "-n", namespace, "--dry-run=client", *_value_args(None, sets))
         if result.returncode != 0:
             raise AssertionError(f"helm install --dry-run=client {chart.name} failed:\n{result.stderr}")
         return result.stdout.split("NOTES:", 1)[1]
@@ -73,14 +73,24 @@ class Helm:
     # Rendering is deterministic; many tests read the same render. One Helm per binary lives for the
     # session, so the cache holding it alive costs nothing (B019).
     @functools.lru_cache(maxsize=256)  # noqa: B019
-    def template_text(self, chart: Path, values: Path | None = None, *sets: str,
-                      release: str = "epd", namespace: str = "epd-system") -> HelmResult:
-        return self.run("template", release, str(chart), "--namespace", namespace, "--include-crds",
-                        "--kube-version", KUBE_VERSION,
-                        *_value_args(values, sets))
+    def template_text(
+        self, chart: Path, values: Path | None = None, *sets: str, release: str = "epd", namespace: str = "epd-system"
+    ) -> HelmResult:
+        return self.run(
+            "template",
+            release,
+            str(chart),
+            "--namespace",
+            namespace,
+            "--include-crds",
+            "--kube-version",
+            KUBE_VERSION,
+            *_value_args(values, sets),
+        )
 
-    def template(self, chart: Path, values: Path | None = None, *sets: str,
-                 release: str = "epd", namespace: str = "epd-system") -> list[dict[str, Any]]:
+    def template(
+        self, chart: Path, values: Path | None = None, *sets: str, release: str = "epd", namespace: str = "epd-system"
+    ) -> list[dict[str, Any]]:
         """The rendered objects; fails the test with helm's message when rendering fails."""
         result = self.template_text(chart, values, *sets, release=release, namespace=namespace)
         if result.returncode != 0:

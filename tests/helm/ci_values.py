@@ -7,6 +7,7 @@ the example's exact spec back.
 
     python -m tests.helm.ci_values
 """
+
 from __future__ import annotations
 
 import sys
@@ -36,8 +37,10 @@ def defaults_to_clear(defaults: dict[str, Any], spec: dict[str, Any]) -> dict[st
 
 def overlay(spec: dict[str, Any], cleared: dict[str, Any]) -> dict[str, Any]:
     """The spec in its own key order, then the cleared defaults it lacks."""
-    out = {key: overlay(value, cleared[key]) if isinstance(value, dict) and isinstance(cleared.get(key), dict)
-           else value for key, value in spec.items()}
+    out = {
+        key: overlay(value, cleared[key]) if isinstance(value, dict) and isinstance(cleared.get(key), dict) else value
+        for key, value in spec.items()
+    }
     out.update({key: value for key, value in cleared.items() if key not in out})
     return out
 
@@ -45,11 +48,15 @@ def overlay(spec: dict[str, Any], cleared: dict[str, Any]) -> dict[str, Any]:
 def values_for(example: Path, defaults: dict[str, Any]) -> str:
     doc = yaml.safe_load(example.read_text())
     spec_defaults = {k: v for k, v in defaults.items() if k not in CHART_ONLY_VALUES}
-    values = {"fullnameOverride": doc["metadata"]["name"],
-              **overlay(doc["spec"], defaults_to_clear(spec_defaults, doc["spec"]))}
-    header = (f"# Mirrors examples/{example.name} (kept equal by tests/helm/test_deployment_chart.py;\n"
-              "# regenerate with `python -m tests.helm.ci_values`): the example's spec, plus null for\n"
-              "# each chart default the example leaves unset.\n")
+    values = {
+        "fullnameOverride": doc["metadata"]["name"],
+        **overlay(doc["spec"], defaults_to_clear(spec_defaults, doc["spec"])),
+    }
+    header = (
+        f"# Mirrors examples/{example.name} (kept equal by tests/helm/test_deployment_chart.py;\n"
+        "# regenerate with `python -m tests.helm.ci_values`): the example's spec, plus null for\n"
+        "# each chart default the example leaves unset.\n"
+    )
     return header + yaml.safe_dump(values, sort_keys=False, default_flow_style=None, width=100)
 
 

@@ -1,4 +1,5 @@
 """Fixtures for the chart tests: a real helm of each supported major version."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ the Prometheus UI), so a dashboard panel or recording rule that would not parse 
 No promtool ships in any registry these machines reach; the lezer grammar does (npm), and node
 runs it. The pinned package is installed once into a cache outside the repository.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ process.stdout.write(JSON.stringify(problems));
 
 # What Grafana and prometheus-adapter substitute before Prometheus sees a query.
 GRAFANA_SUBSTITUTIONS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
-ADAPTER_SUBSTITUTIONS = {"<<.Series>>": "some_series", "<<.LabelMatchers>>": 'namespace="ml",pod=~"a|b"',
-                         "<<.GroupBy>>": "pod"}
+ADAPTER_SUBSTITUTIONS = {
+    "<<.Series>>": "some_series",
+    "<<.LabelMatchers>>": 'namespace="ml",pod=~"a|b"',
+    "<<.GroupBy>>": "pod",
+}
 
 
 class PromqlUnavailable(RuntimeError):
@@ -51,8 +55,12 @@ def ensure_parser() -> Path:
     CACHE.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".lezer-promql-", dir=CACHE.parent))
     try:
-        result = subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(staging), PACKAGE],
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(staging), PACKAGE],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if result.returncode != 0:
             raise PromqlUnavailable(f"npm install {PACKAGE} failed: {result.stderr.strip()[-1000:]}")
         try:
@@ -74,8 +82,14 @@ def substituted(expr: str) -> str:
 def syntax_errors(exprs: list[str]) -> list[str]:
     """The expressions (after Grafana/adapter substitution) Prometheus' grammar cannot parse."""
     folder = ensure_parser()
-    result = subprocess.run(["node", "-e", CHECKER], input=json.dumps([substituted(e) for e in exprs]),
-                            capture_output=True, text=True, timeout=60, cwd=folder)
+    result = subprocess.run(
+        ["node", "-e", CHECKER],
+        input=json.dumps([substituted(e) for e in exprs]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=folder,
+    )
     if result.returncode != 0:
         raise PromqlUnavailable(f"the PromQL checker failed: {result.stderr.strip()[-1000:]}")
     return json.loads(result.stdout)

@@ -1,4 +1,5 @@
 """The epd-deployment chart turns values into exactly one EPDDeployment, field for field."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -41,8 +42,10 @@ def test_every_ci_values_file_mirrors_an_example():
 def test_defaults_are_e_plus_pd_on_shared_storage(helm):
     spec = render_spec(helm)
     assert "prefill" not in spec and "kvTransfer" not in spec
-    assert spec["ecTransfer"] == {"connector": "SharedStorage", "sharedStorage": {
-        "claimName": "ec-cache", "path": "/ec-cache", "maxSize": "50Gi", "ttlSeconds": 600}}
+    assert spec["ecTransfer"] == {
+        "connector": "SharedStorage",
+        "sharedStorage": {"claimName": "ec-cache", "path": "/ec-cache", "maxSize": "50Gi", "ttlSeconds": 600},
+    }
 
 
 def test_only_the_chosen_connectors_settings_are_sent(helm):
@@ -66,8 +69,7 @@ def test_tracing_reaches_the_spec(helm, tmp_path):
 
 
 def test_metadata_from_values(helm):
-    (cr,) = helm.template(DEPLOYMENT_CHART, None, "fullnameOverride=qwen", "labels.team=ml",
-                          "annotations.owner=alice")
+    (cr,) = helm.template(DEPLOYMENT_CHART, None, "fullnameOverride=qwen", "labels.team=ml", "annotations.owner=alice")
     assert cr["metadata"]["name"] == "qwen"
     assert cr["metadata"]["labels"]["team"] == "ml"
     assert cr["metadata"]["annotations"] == {"owner": "alice"}

@@ -6,6 +6,7 @@ real API server, which refuses a bad EPDDeployment with the rule's own message (
 so the refusals are shown by real installs and by `helm template | kubectl apply --dry-run=server`
 (and `| epdctl validate -f -`, offline, from the same rules).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -34,8 +35,9 @@ KV_WITHOUT_PREFILL = message_of(".kvTransfer", "has(self.prefill)")
 
 
 def helm_in(helm: Helm, kube: KubeView, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(helm.binary), *args, "-n", kube.ns], capture_output=True, text=True, timeout=120,
-                          env=kube.env())
+    return subprocess.run(
+        [str(helm.binary), *args, "-n", kube.ns], capture_output=True, text=True, timeout=120, env=kube.env()
+    )
 
 
 def install(helm: Helm, kube: KubeView, release: str, *sets: str) -> subprocess.CompletedProcess[str]:
@@ -51,7 +53,7 @@ def test_a_release_name_over_the_limit_is_refused_by_the_api_server_naming_the_f
     release = "n" * (MAX_NAME_LENGTH + 1)  # helm itself allows 53
     result = install(helm, kube, release)
     assert result.returncode != 0, result.stdout
-    assert f"metadata.name: Invalid value: \"{release}\": {NAME_TOO_LONG}" in result.stderr, result.stderr
+    assert f'metadata.name: Invalid value: "{release}": {NAME_TOO_LONG}' in result.stderr, result.stderr
     assert epd_names(kube) == []
     # Helm records the refused install as a failed release; uninstalling it frees the name.
     assert helm_in(helm, kube, "uninstall", release).returncode == 0
@@ -66,7 +68,7 @@ def test_a_name_that_is_not_a_dns_1035_label_is_refused_naming_the_field(helm: H
     # Helm accepts "1abc" as a release name (DNS-1123); the API's rule is the stricter DNS-1035.
     result = install(helm, kube, "1abc")
     assert result.returncode != 0, result.stdout
-    assert f"metadata.name: Invalid value: \"1abc\": {NAME_NOT_DNS_1035}" in result.stderr, result.stderr
+    assert f'metadata.name: Invalid value: "1abc": {NAME_NOT_DNS_1035}' in result.stderr, result.stderr
     assert epd_names(kube) == []
 
 
@@ -82,8 +84,17 @@ def test_kv_transfer_without_prefill_is_refused_by_the_api_server_naming_the_fie
 
 def test_a_rendered_chart_is_checked_before_install_with_a_server_side_dry_run(helm: Helm, kube: KubeView):
     """What the README offers instead of the chart's own checks: nothing is created, no release recorded."""
-    rendered = helm.run("template", "kv", str(DEPLOYMENT_CHART), "-n", kube.ns, "--kube-version", KUBE_VERSION,
-                        "--set", "kvTransfer.connector=Nixl")
+    rendered = helm.run(
+        "template",
+        "kv",
+        str(DEPLOYMENT_CHART),
+        "-n",
+        kube.ns,
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "kvTransfer.connector=Nixl",
+    )
     assert rendered.returncode == 0, rendered.stderr
     (cr,) = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     assert cr["spec"]["kvTransfer"] == {"connector": "Nixl"} and "prefill" not in cr["spec"]
@@ -95,12 +106,24 @@ def test_a_rendered_chart_is_checked_before_install_with_a_server_side_dry_run(h
 
 def test_a_rendered_chart_is_checked_offline_by_epdctl_with_the_same_rules(helm: Helm):
     release = "n" * (MAX_NAME_LENGTH + 1)
-    rendered = helm.run("template", release, str(DEPLOYMENT_CHART), "-n", "ml", "--kube-version", KUBE_VERSION,
-                        "--set", "kvTransfer.connector=Nixl")
+    rendered = helm.run(
+        "template",
+        release,
+        str(DEPLOYMENT_CHART),
+        "-n",
+        "ml",
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "kvTransfer.connector=Nixl",
+    )
     assert rendered.returncode == 0, rendered.stderr
     epdctl = Path(sys.executable).with_name("epdctl")
-    result = subprocess.run([str(epdctl), "validate", "-f", "-"], input=rendered.stdout, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [str(epdctl), "validate", "-f", "-"], input=rendered.stdout, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1
-    assert result.stderr.splitlines() == [f"epdctl: -: EPDDeployment {release}: metadata.name: {NAME_TOO_LONG}",
-                                          f"epdctl: -: EPDDeployment {release}: spec.kvTransfer: {KV_WITHOUT_PREFILL}"]
+    assert result.stderr.splitlines() == [
+        f"epdctl: -: EPDDeployment {release}: metadata.name: {NAME_TOO_LONG}",
+        f"epdctl: -: EPDDeployment {release}: spec.kvTransfer: {KV_WITHOUT_PREFILL}",
+    ]

@@ -1,4 +1,5 @@
 """The image recipes agree with the package and the charts (no Docker needed to check that)."""
+
 from __future__ import annotations
 
 import re
@@ -38,7 +39,8 @@ def test_operator_image_pins_every_runtime_dependency_compatibly():
         name = re.sub(r"[-_.]+", "-", req.name).lower()
         assert name in pins, f"pyproject dependency {req.name} is not pinned in {OPERATOR_REQUIREMENTS.name}"
         assert req.specifier.contains(pins[name], prereleases=True), (
-            f"{OPERATOR_REQUIREMENTS.name} pins {name}=={pins[name]}, outside pyproject's {req.specifier}")
+            f"{OPERATOR_REQUIREMENTS.name} pins {name}=={pins[name]}, outside pyproject's {req.specifier}"
+        )
 
 
 def runtime_closure(dist: str) -> set[str]:
@@ -73,7 +75,8 @@ def test_operator_image_pins_the_tracing_extra_and_what_it_needs():
         name = re.sub(r"[-_.]+", "-", req.name).lower()
         assert name in pins, f"{OPERATOR_REQUIREMENTS.name} lacks {name} (the tracing extra)"
         assert req.specifier.contains(pins[name], prereleases=True), (
-            f"{OPERATOR_REQUIREMENTS.name} pins {name}=={pins[name]}, outside pyproject's {req.specifier}")
+            f"{OPERATOR_REQUIREMENTS.name} pins {name}=={pins[name]}, outside pyproject's {req.specifier}"
+        )
         needed |= {name} | runtime_closure(name)
     missing = needed - set(pins)
     assert not missing, f"{OPERATOR_REQUIREMENTS.name} lacks {sorted(missing)} (needed by the tracing extra)"
@@ -85,7 +88,9 @@ def test_operator_image_runs_as_the_charts_non_root_user():
     values = yaml.safe_load((OPERATOR_CHART / "values.yaml").read_text())
     uid = values["podSecurityContext"]["runAsUser"]
     assert re.search(rf"^USER {uid}:{uid}$", dockerfile, re.M)
-    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-\w+$", dockerfile, re.M), "base must be a pinned slim tag"
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-\w+$", dockerfile, re.M), (
+        "base must be a pinned slim tag"
+    )
     assert "--no-deps" in dockerfile and "requirements.txt" in dockerfile
 
 

@@ -1,4 +1,5 @@
 """`helm lint --strict` of both charts, the values schemas, and the CRD the operator chart ships."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,13 +27,15 @@ def test_chart_crd_is_the_generated_crd():
     assert GENERATED_CRD.exists(), f"{GENERATED_CRD.relative_to(REPO)} missing: run `make crds`"
     assert CHART_CRD.exists(), f"{CHART_CRD.relative_to(REPO)} missing: run `make crds`"
     assert CHART_CRD.read_text() == GENERATED_CRD.read_text(), (
-        f"{CHART_CRD.relative_to(REPO)} differs from {GENERATED_CRD.relative_to(REPO)}: run `make crds`")
+        f"{CHART_CRD.relative_to(REPO)} differs from {GENERATED_CRD.relative_to(REPO)}: run `make crds`"
+    )
 
 
 def test_deployment_values_schema_is_generated_from_the_crd():
     committed = (DEPLOYMENT_CHART / "values.schema.json").read_text()
     assert committed == values_schema.render(GENERATED_CRD), (
-        "charts/epd-deployment/values.schema.json is stale: run `python -m tests.helm.values_schema`")
+        "charts/epd-deployment/values.schema.json is stale: run `python -m tests.helm.values_schema`"
+    )
 
 
 def test_deployment_values_expose_every_spec_field():
@@ -45,11 +48,17 @@ def test_deployment_values_expose_every_spec_field():
 # Each bad values file, and the words helm's schema error must contain so a user can fix it.
 BAD_VALUES = {
     "deployment-typo-in-tier": (DEPLOYMENT_CHART, "encoder:\n  replica: 2\n", ["encoder", "replica"]),
-    "deployment-unknown-connector": (DEPLOYMENT_CHART, "ecTransfer:\n  connector: Nixl\n",
-                                     ["ecTransfer", "connector", "SharedStorage"]),
+    "deployment-unknown-connector": (
+        DEPLOYMENT_CHART,
+        "ecTransfer:\n  connector: Nixl\n",
+        ["ecTransfer", "connector", "SharedStorage"],
+    ),
     "deployment-bad-pd-policy": (DEPLOYMENT_CHART, "router:\n  pdPolicy: random\n", ["pdPolicy", "least-loaded"]),
-    "deployment-bad-encoder-policy": (DEPLOYMENT_CHART, "router:\n  encoderPolicy: sticky\n",
-                                      ["encoderPolicy", "cache-aware"]),
+    "deployment-bad-encoder-policy": (
+        DEPLOYMENT_CHART,
+        "router:\n  encoderPolicy: sticky\n",
+        ["encoderPolicy", "cache-aware"],
+    ),
     "deployment-replicas-not-a-number": (DEPLOYMENT_CHART, "decode:\n  replicas: two\n", ["replicas"]),
     "deployment-top-level-typo": (DEPLOYMENT_CHART, "routr:\n  replicas: 1\n", ["routr"]),
     "operator-bad-namespace": (OPERATOR_CHART, "watchNamespaces: [Team_A]\n", ["watchNamespaces", "pattern"]),
@@ -67,4 +76,3 @@ def test_bad_values_are_refused_with_a_clear_message(helm, tmp_path: Path, name:
         message = result.stdout + result.stderr
         for word in words:
             assert word in message, f"{word!r} missing from helm's message:\n{message}"
-

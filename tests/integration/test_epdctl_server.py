@@ -1,6 +1,7 @@
 """`epdctl validate --server`: the cluster's own verdict on a spec (a server-side dry-run apply through
 the access layer), against the real API server. What the cluster adds to the local rules here is an
 admission policy (ValidatingAdmissionPolicy, evaluated by the API server itself)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -32,21 +33,52 @@ def decode_cap_policy(kube: KubeView) -> None:
     """An organisation's rule the local checks cannot know: at most one decode replica here."""
     name = f"{kube.ns}-decode-cap"
     api = "/apis/admissionregistration.k8s.io/v1"
-    kube.ok("POST", f"{api}/validatingadmissionpolicies", {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-                 "metadata": {"name": name}, "spec": {
-                     "failurePolicy": "Fail",
-                     "matchConstraints": {"resourceRules": [{"apiGroups": ["serving.epd.dev"], "apiVersions": ["*"],
-                                                             "operations": ["CREATE", "UPDATE"],
-                                                             "resources": ["epddeployments"]}]},
-                     "validations": [{"expression": "object.spec.decode.replicas <= 1", "reason": "Invalid",
-                                      "fieldPath": "spec.decode.replicas",
-                                      "message": "at most 1 decode replica in this namespace"}]}},
-            content_type="application/json")
-    kube.ok("POST", f"{api}/validatingadmissionpolicybindings", {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-                 "metadata": {"name": name}, "spec": {
-                     "policyName": name, "validationActions": ["Deny"],
-                     "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kube.ns}}}}},
-            content_type="application/json")
+    kube.ok(
+        "POST",
+        f"{api}/validatingadmissionpolicies",
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["serving.epd.dev"],
+                            "apiVersions": ["*"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": ["epddeployments"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": "object.spec.decode.replicas <= 1",
+                        "reason": "Invalid",
+                        "fieldPath": "spec.decode.replicas",
+                        "message": "at most 1 decode replica in this namespace",
+                    }
+                ],
+            },
+        },
+        content_type="application/json",
+    )
+    kube.ok(
+        "POST",
+        f"{api}/validatingadmissionpolicybindings",
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kube.ns}}},
+            },
+        },
+        content_type="application/json",
+    )
 
 
 def test_the_cluster_accepts_a_spec_and_nothing_is_created(kube: KubeView, tmp_path: Path, capsys):
@@ -63,7 +95,9 @@ def test_an_admission_policys_refusal_is_printed(kube: KubeView, tmp_path: Path,
     path.write_text(yaml.safe_dump(epd_doc()))  # two decode replicas: valid locally
     decode_cap_policy(kube)
     # The API server enforces a new policy once it has compiled it (its informer): poll until it does.
-    _code, out, err = wait_for(lambda: (r := validate(capsys, kube, path))[0] == 1 and r, 30, "the policy never applied")
+    _code, out, err = wait_for(
+        lambda: (r := validate(capsys, kube, path))[0] == 1 and r, 30, "the policy never applied"
+    )
     assert "EPDDeployment vl: valid" in out  # the local verdict first
     assert f"EPDDeployment {kube.ns}/vl: refused by {kube.cluster.server} (422 Invalid): " in err, err
     assert "denied request: at most 1 decode replica in this namespace" in err, err
@@ -94,7 +128,10 @@ def test_the_clusters_schema_refusal_names_each_field(strict_cluster: LocalClust
     code, out, err = validate(capsys, kube, path)
     assert code == 1 and "EPDDeployment vl: valid" in out, (out, err)
     assert f"EPDDeployment {kube.ns}/vl: refused by {strict_cluster.server} (422 Invalid): " in err, err
-    assert "\n  spec.decode.replicas: Invalid value: 3: spec.decode.replicas in body should be less than or equal to 1" in err, err
+    assert (
+        "\n  spec.decode.replicas: Invalid value: 3: spec.decode.replicas in body should be less than or equal to 1"
+        in err
+    ), err
     assert kube.get(EPD_API, "EPDDeployment", "vl") is None
 
 

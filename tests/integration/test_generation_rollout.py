@@ -8,6 +8,7 @@ the router discovers is served by a loopback fake vLLM of the pod's generation. 
 transfer parameters with their generation and refuse another's (400, counted), as two vLLM builds
 would fail each other's: a request that mixed generations would show there.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,10 @@ class LoopbackPods:
     async def start(self, roles: dict[str, str], generations: list[str]) -> None:
         for role, fake_role in roles.items():
             for generation in generations:
-                fakes = [FakeVLLM(fake_role, f"{role}-{generation}-{i}", generation=generation)
-                         for i in range(PODS_PER_GENERATION)]
+                fakes = [
+                    FakeVLLM(fake_role, f"{role}-{generation}-{i}", generation=generation)
+                    for i in range(PODS_PER_GENERATION)
+                ]
                 for fake in fakes:
                     await fake.start()
                 self.fakes += fakes
@@ -104,21 +107,29 @@ async def steady_client(url: str, clients: int = 4, interval: float = 0.02) -> A
 
 
 def pod_generations(kube: KubeView) -> Counter:
-    return Counter((p["metadata"]["labels"]["serving.epd.dev/role"], p["metadata"]["labels"].get(GENERATION))
-                   for p in kube.pods() if p["metadata"]["labels"].get("serving.epd.dev/role") != "router"
-                   and not p["metadata"].get("deletionTimestamp"))
+    return Counter(
+        (p["metadata"]["labels"]["serving.epd.dev/role"], p["metadata"]["labels"].get(GENERATION))
+        for p in kube.pods()
+        if p["metadata"]["labels"].get("serving.epd.dev/role") != "router"
+        and not p["metadata"].get("deletionTimestamp")
+    )
 
 
-async def record_overlap(router: Router, operator: Metrics, old: str, new: str, seen: list[Counter],
-                         reported: list[set[str]]) -> None:
+async def record_overlap(
+    router: Router, operator: Metrics, old: str, new: str, seen: list[Counter], reported: list[set[str]]
+) -> None:
     """Every 10 ms: append to `seen` what the router had available when it had both generations, and to
     `reported` the generations the operator's capacity metric named when it named both."""
     while True:
         now = available(router)
         if {old, new} <= {generation for _, generation in now}:
             seen.append(now)
-        generations = {s.labels["generation"] for family in operator.registry.collect() for s in family.samples
-                       if s.name == "epd_operator_generation_ready_pods"}
+        generations = {
+            s.labels["generation"]
+            for family in operator.registry.collect()
+            for s in family.samples
+            if s.name == "epd_operator_generation_ready_pods"
+        }
         if {old, new} <= generations:
             reported.append(generations)
         await asyncio.sleep(0.01)
@@ -141,19 +152,29 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
     pods = LoopbackPods()
     await pods.start({"encoder": "encoder", "decode": "pd"}, [old, new])
     try:
-        async with operator_in_process(kube, "--namespace", kube.ns, "--no-leader-election", "--resync-seconds", "1") as metrics:
+        async with operator_in_process(
+            kube, "--namespace", kube.ns, "--no-leader-election", "--resync-seconds", "1"
+        ) as metrics:
             await create(kube, doc)
             await phase(kube, "Ready", timeout=60)
-            cfg = RouterConfig(discovery="kubernetes", kubeconfig=str(kube.kubeconfig), namespace=kube.ns,
-                               encoder_selector=selectors["--encoder-selector"],
-                               decode_selector=selectors["--decode-selector"], health_interval=0)
+            cfg = RouterConfig(
+                discovery="kubernetes",
+                kubeconfig=str(kube.kubeconfig),
+                namespace=kube.ns,
+                encoder_selector=selectors["--encoder-selector"],
+                decode_selector=selectors["--decode-selector"],
+                health_interval=0,
+            )
             router = Router(cfg)
             for pool in router.pools:
                 pods.serve(pool)
             server, url = await serve_router(router)
             try:
-                await wait_until(lambda: available(router) == Counter({("encoder", old): 1, ("decode", old): 2}), 30,
-                                 lambda: available(router))
+                await wait_until(
+                    lambda: available(router) == Counter({("encoder", old): 1, ("decode", old): 2}),
+                    30,
+                    lambda: available(router),
+                )
                 overlap: list[Counter] = []
                 reported: list[set[str]] = []
                 mixed = asyncio.create_task(record_overlap(router, metrics, old, new, overlap, reported))
@@ -161,10 +182,17 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
                     await wait_until(lambda: statuses[200] >= 20, 30, lambda: statuses)
                     await patch_spec(kube, {"image": NEW_IMAGE})
                     # The Deployment controller replaces every vLLM pod; the router follows.
-                    await wait_until(lambda: pod_generations(kube) == Counter({("encoder", new): 1, ("decode", new): 2}),
-                                     120, lambda: pod_generations(kube))
-                    await wait_until(lambda: available(router) == Counter({("encoder", new): 1, ("decode", new): 2}), 60,
-                                     lambda: available(router))
+                    await wait_until(
+                        lambda: pod_generations(kube) == Counter({("encoder", new): 1, ("decode", new): 2}),
+                        120,
+                        lambda: pod_generations(kube),
+                    )
+                    await wait_until(
+                        lambda: available(router) == Counter({("encoder", new): 1, ("decode", new): 2}),
+                        60,
+                        lambda: available(router),
+                    )
+
                     def served_by_new() -> int:
                         return sum(len(f.received) for f in pods.fakes if f.generation == new and f.role == "pd")
 
@@ -173,9 +201,21 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
                 mixed.cancel()
                 await phase(kube, "Ready", timeout=60)
                 # The status reports capacity per generation: only the new one is left.
-                await wait_until(lambda: epd(kube)["status"].get("generations") == [
-                    {"name": new, "current": True, "pods": {"encoder": 1, "decode": 2},
-                     "readyPods": {"encoder": 1, "decode": 2}}], 30, lambda: epd(kube)["status"].get("generations"))
+                await wait_until(
+                    lambda: (
+                        epd(kube)["status"].get("generations")
+                        == [
+                            {
+                                "name": new,
+                                "current": True,
+                                "pods": {"encoder": 1, "decode": 2},
+                                "readyPods": {"encoder": 1, "decode": 2},
+                            }
+                        ]
+                    ),
+                    30,
+                    lambda: epd(kube)["status"].get("generations"),
+                )
             finally:
                 await server.cleanup()
     finally:

@@ -6,6 +6,7 @@ KUBERNETES_SERVICE_HOST/PORT environment pointed at the test API server).
 The tokens are real service-account tokens from the TokenRequest API, for an account bound to
 cluster-admin: what authenticates is what the test wrote, never the fixtures' admin token.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,10 +33,15 @@ def service_account(kube: KubeView, name: str = "epd-login") -> str:
     """A token of a fresh service account that may do anything (the operator's own RBAC is the
     charts' business, tested there)."""
     kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": kube.ns}})
-    kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                 "metadata": {"name": f"{kube.ns}-{name}"},
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-                 "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": kube.ns}]})
+    kube.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{kube.ns}-{name}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": kube.ns}],
+        }
+    )
     return kube.cluster.service_account_token(kube.ns, name)
 
 
@@ -63,9 +69,18 @@ def split_kubeconfig(kube: KubeView, folder: Path, user: dict) -> str:
     """The cluster and context in one file, the user in another: a `KUBECONFIG` of two paths."""
     with open(kube.kubeconfig) as f:
         admin = yaml.safe_load(f)
-    clusters = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"], "current-context": "test",
-                "contexts": [{"name": "test", "context": {"cluster": admin["clusters"][0]["name"], "user": "plugin",
-                                                          "namespace": kube.ns}}]}
+    clusters = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "current-context": "test",
+        "contexts": [
+            {
+                "name": "test",
+                "context": {"cluster": admin["clusters"][0]["name"], "user": "plugin", "namespace": kube.ns},
+            }
+        ],
+    }
     users = {"apiVersion": "v1", "kind": "Config", "users": [{"name": "plugin", "user": user}]}
     (folder / "clusters.yaml").write_text(yaml.safe_dump(clusters))
     (folder / "users.yaml").write_text(yaml.safe_dump(users))
@@ -101,18 +116,28 @@ async def test_the_operator_logs_in_through_an_exec_plugin_from_two_kubeconfig_p
 
 
 def endpoint_slice(kube: KubeView, name: str, address: str) -> dict:
-    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-            "metadata": {"name": name, "namespace": kube.ns, "labels": {"test.epd.dev/role": "decode"}},
-            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [address], "conditions": {"ready": True},
-                           "targetRef": {"kind": "Pod", "name": name}}]}
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "addressType": "IPv4",
+        "metadata": {"name": name, "namespace": kube.ns, "labels": {"test.epd.dev/role": "decode"}},
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        "endpoints": [
+            {"addresses": [address], "conditions": {"ready": True}, "targetRef": {"kind": "Pod", "name": name}}
+        ],
+    }
 
 
 @asynccontextmanager
 async def discovering(kubeconfig: str | None, namespace: str | None) -> AsyncIterator[Router]:
-    cfg = RouterConfig(discovery="kubernetes", kubeconfig=kubeconfig, namespace=namespace,
-                       encoder_selector="test.epd.dev/role=encoder", decode_selector="test.epd.dev/role=decode",
-                       health_interval=0)
+    cfg = RouterConfig(
+        discovery="kubernetes",
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        encoder_selector="test.epd.dev/role=encoder",
+        decode_selector="test.epd.dev/role=decode",
+        health_interval=0,
+    )
     router = Router(cfg)
     runner, _url = await serve_router(router)
     try:
@@ -132,8 +157,11 @@ async def test_the_router_discovers_through_an_exec_plugin_from_two_kubeconfig_p
     async with discovering(split_kubeconfig(kube, tmp_path, user), None) as router:
         assert decode_urls(router) == {"http://10.9.0.1:8000"}  # listed before it serves
         kube.create(endpoint_slice(kube, "decode-b", "10.9.0.2"))  # then watched
-        await wait_until(lambda: decode_urls(router) == {"http://10.9.0.1:8000", "http://10.9.0.2:8000"}, 20,
-                         lambda: decode_urls(router))
+        await wait_until(
+            lambda: decode_urls(router) == {"http://10.9.0.1:8000", "http://10.9.0.2:8000"},
+            20,
+            lambda: decode_urls(router),
+        )
     assert runs_of(runs) == 1
 
 
@@ -146,7 +174,11 @@ def in_a_pod(kube: KubeView, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     (folder / "ca.crt").write_bytes((kube.cluster.pki / "ca.crt").read_bytes())
     (folder / "namespace").write_text(kube.ns)
     for name in ("token", "ca.crt", "namespace"):
-        constant = {"token": "SERVICE_ACCOUNT_TOKEN", "ca.crt": "SERVICE_ACCOUNT_CA", "namespace": "SERVICE_ACCOUNT_NAMESPACE"}
+        constant = {
+            "token": "SERVICE_ACCOUNT_TOKEN",
+            "ca.crt": "SERVICE_ACCOUNT_CA",
+            "namespace": "SERVICE_ACCOUNT_NAMESPACE",
+        }
         monkeypatch.setattr(credentials, constant[name], str(folder / name))
     server = urlsplit(kube.cluster.server)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", server.hostname)
@@ -170,4 +202,3 @@ async def test_in_a_pod_the_service_account_is_used(in_a_pod: KubeView):
         await observed(kube, 1)
         lease = kube.get("coordination.k8s.io/v1", "Lease", "epd-operator")  # in the pod's namespace
         assert lease is not None and lease["spec"]["holderIdentity"], lease
-

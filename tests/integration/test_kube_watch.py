@@ -4,6 +4,7 @@ events keep the picture current.
 
 The real server answers 410 only once etcd has compacted past the version (every 5 minutes by
 default), so the 410 comes from the fault proxy in front of it (tests/support/faults.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,12 @@ CONFIGMAP = CHILD_RESOURCES["ConfigMap"]
 
 
 def configmap(kube: KubeView, name: str, group: str = "watched") -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": name},
-            "metadata": {"name": name, "namespace": kube.ns, "labels": {"test.epd.dev/group": group}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "data": {"k": name},
+        "metadata": {"name": name, "namespace": kube.ns, "labels": {"test.epd.dev/group": group}},
+    }
 
 
 async def test_too_old_a_version_lists_again_and_a_server_ended_watch_resumes(kube: KubeView):
@@ -42,15 +47,24 @@ async def test_too_old_a_version_lists_again_and_a_server_ended_watch_resumes(ku
     with FaultProxy(kube.cluster) as proxy:
         async with Kube(lambda: proxy.credentials(kube.ns)) as client:
             _, version = await client.list_with_version(CONFIGMAP, kube.ns)
-            watch = ListWatch(client, CONFIGMAP, kube.ns, label_selector="test.epd.dev/group=watched",
-                              on_sync=on_sync, on_event=on_event, server_timeout=1, retry_delay=0.1)
+            watch = ListWatch(
+                client,
+                CONFIGMAP,
+                kube.ns,
+                label_selector="test.epd.dev/group=watched",
+                on_sync=on_sync,
+                on_event=on_event,
+                server_timeout=1,
+                retry_delay=0.1,
+            )
             watch.resource_version = version  # as if listed: it watches first, and that is refused
             proxy.fail("GET", r"/configmaps$", code=410, times=1)
             await follow(kube, watch, proxy, seen, syncs)
 
 
-async def follow(kube: KubeView, watch: ListWatch, proxy: FaultProxy, seen: dict[str, str],
-                 syncs: list[list[str]]) -> None:
+async def follow(
+    kube: KubeView, watch: ListWatch, proxy: FaultProxy, seen: dict[str, str], syncs: list[list[str]]
+) -> None:
     task = asyncio.create_task(watch.run())
     try:
         await wait_until(lambda: syncs, 10, lambda: f"no list after the 410: {proxy.queries}")

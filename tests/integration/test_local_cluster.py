@@ -1,4 +1,5 @@
 """The local control plane itself: what `make cluster` and the test fixtures rely on."""
+
 from __future__ import annotations
 
 import json
@@ -70,16 +71,24 @@ def test_kubebuilder_assets_are_honoured_for_what_they_hold(tmp_path, monkeypatc
         (ours / name).chmod(0o755)
     mixed = k8s_binaries.binaries(NEWEST)
     assert {p.name: p.resolve() for p in mixed.iterdir()} == {
-        "etcd": assets / "etcd", "kube-apiserver": assets / "kube-apiserver", "kubectl": assets / "kubectl",
-        "kube-controller-manager": ours / "kube-controller-manager", "kube-scheduler": ours / "kube-scheduler",
-        "kwok": ours / "kwok"}
+        "etcd": assets / "etcd",
+        "kube-apiserver": assets / "kube-apiserver",
+        "kubectl": assets / "kubectl",
+        "kube-controller-manager": ours / "kube-controller-manager",
+        "kube-scheduler": ours / "kube-scheduler",
+        "kwok": ours / "kwok",
+    }
 
 
 def test_fake_nodes_carry_gpu_capacity_labels_and_taints_a_test_chooses(k8s: LocalCluster, kube):
     from epd_operator.local.cluster import FakeNode
 
-    node = FakeNode("a100-node", gpus=2, labels={"gpu": "a100"},
-                    taints=({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},))
+    node = FakeNode(
+        "a100-node",
+        gpus=2,
+        labels={"gpu": "a100"},
+        taints=({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},),
+    )
     k8s.add_nodes(node)
     try:
         got = kube.get("v1", "Node", "a100-node")

@@ -2,6 +2,7 @@
 HPA, EndpointSlice and garbage-collector controllers, kube-scheduler and kwok fake GPU nodes on
 which the pods are scheduled and become Ready (tests/support/cluster.py).
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -45,14 +46,18 @@ def ns(kube: KubeView) -> KubeView:
 
 @pytest.fixture
 async def operator(ns: KubeView) -> AsyncIterator[Metrics]:
-    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC) as metrics:
+    async with operator_in_process(
+        ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC
+    ) as metrics:
         yield metrics
 
 
 def generations(kube: KubeView) -> dict[tuple[str, str], str]:
     """What changes when someone writes a child's spec: its generation where it has one (controllers
     write status all the time), else its resourceVersion."""
-    return {k: str(o["metadata"].get("generation") or o["metadata"]["resourceVersion"]) for k, o in children(kube).items()}
+    return {
+        k: str(o["metadata"].get("generation") or o["metadata"]["resourceVersion"]) for k, o in children(kube).items()
+    }
 
 
 async def test_create_makes_every_tier_owned_by_the_epddeployment(ns, operator):
@@ -61,13 +66,24 @@ async def test_create_makes_every_tier_owned_by_the_epddeployment(ns, operator):
     await observed(ns, 1)
 
     objs = children(ns)
-    assert {k for k in objs if k[0] == "Deployment"} == {("Deployment", "vl-encoder"), ("Deployment", "vl-decode"),
-                                                          ("Deployment", "vl-router")}
+    assert {k for k in objs if k[0] == "Deployment"} == {
+        ("Deployment", "vl-encoder"),
+        ("Deployment", "vl-decode"),
+        ("Deployment", "vl-router"),
+    }
     assert ("Service", "vl") in objs and ("ConfigMap", "vl-transfer") in objs
     for key, obj in objs.items():
         refs = obj["metadata"]["ownerReferences"]
-        assert refs == [{"apiVersion": EPD_API, "kind": "EPDDeployment", "name": "vl", "uid": created["metadata"]["uid"],
-                         "controller": True, "blockOwnerDeletion": True}], key
+        assert refs == [
+            {
+                "apiVersion": EPD_API,
+                "kind": "EPDDeployment",
+                "name": "vl",
+                "uid": created["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ], key
         managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
         assert ("epd-operator", "Apply") in managers, key
 
@@ -87,8 +103,13 @@ async def test_pods_scheduled_on_gpu_nodes_make_it_ready_and_a_lost_pod_degrades
     await phase(ns, "Ready", timeout=60)  # real pods, scheduled on the fake GPU nodes, Ready
     obj = epd(ns)
     assert condition(obj, "Ready")["status"] == "True" and condition(obj, "Progressing")["status"] == "False"
-    assert obj["status"]["tiers"]["decode"] == {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
-                                                "availableReplicas": 2, "ready": "2/2"}
+    assert obj["status"]["tiers"]["decode"] == {
+        "replicas": 2,
+        "readyReplicas": 2,
+        "updatedReplicas": 2,
+        "availableReplicas": 2,
+        "ready": "2/2",
+    }
     assert await posted(ns, "Normal", "Ready") == "every tier has its pods ready"
     gpu_pods = [p for p in ns.pods(**{"serving.epd.dev/role": "decode"})]
     assert len(gpu_pods) == 2 and all(p["spec"]["nodeName"].startswith("gpu-node-") for p in gpu_pods)
@@ -98,8 +119,11 @@ async def test_pods_scheduled_on_gpu_nodes_make_it_ready_and_a_lost_pod_degrades
     ns.set_pod_ready(name, False)
     await phase(ns, "Degraded")
     degraded = condition(epd(ns), "Degraded")
-    assert (degraded["status"], degraded["reason"], degraded["message"]) == ("True", "ReplicasUnavailable",
-                                                                            "pods lost: decode 1/2")
+    assert (degraded["status"], degraded["reason"], degraded["message"]) == (
+        "True",
+        "ReplicasUnavailable",
+        "pods lost: decode 1/2",
+    )
     await posted(ns, "Warning", "Degraded", "decode 1/2")
 
     ns.delete("v1", "Pod", name)  # its ReplicaSet replaces it, and the replacement becomes Ready
@@ -127,7 +151,9 @@ async def test_a_tier_that_cannot_be_scheduled_says_which_and_why(ns, operator):
     doc = epd_doc()
     doc["spec"]["decode"]["resources"]["limits"]["nvidia.com/gpu"] = 64  # more than any node has
     await create(ns, doc)
-    await wait_until(lambda: condition(epd(ns), "Ready").get("reason") == "Unschedulable", 60, lambda: epd(ns)["status"])
+    await wait_until(
+        lambda: condition(epd(ns), "Ready").get("reason") == "Unschedulable", 60, lambda: epd(ns)["status"]
+    )
     ready = condition(epd(ns), "Ready")
     assert "decode pods cannot be scheduled: 0/2 nodes are available" in ready["message"]
     assert "Insufficient nvidia.com/gpu" in ready["message"]
@@ -167,16 +193,24 @@ async def test_the_real_hpa_owns_replicas_and_the_operator_never_resets_them(ns,
     await observed(ns, 1)
     dep = deployment(ns, "vl-encoder")
     # The operator leaves replicas to the HPA: it never applies the field (the server defaults it).
-    assert "f:replicas" not in next(m for m in dep["metadata"]["managedFields"]
-                                    if m["manager"] == "epd-operator")["fieldsV1"]["f:spec"]
+    assert (
+        "f:replicas"
+        not in next(m for m in dep["metadata"]["managedFields"] if m["manager"] == "epd-operator")["fieldsV1"]["f:spec"]
+    )
     hpa = ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder")
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
 
     # The HPA controller enforces minReplicas (the Deployment defaulted to 1 replica).
-    await wait_until(lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 2, 30,
-                     lambda: ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder").get("status"))
-    await wait_until(lambda: epd(ns)["status"]["tiers"]["encoder"].get("autoscaling", {}).get("desiredReplicas") == 2,
-                     30, lambda: epd(ns)["status"]["tiers"]["encoder"])
+    await wait_until(
+        lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 2,
+        30,
+        lambda: ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder").get("status"),
+    )
+    await wait_until(
+        lambda: epd(ns)["status"]["tiers"]["encoder"].get("autoscaling", {}).get("desiredReplicas") == 2,
+        30,
+        lambda: epd(ns)["status"]["tiers"]["encoder"],
+    )
 
     ns.kubectl("scale", "deployment/vl-encoder", "--replicas=5")  # a person (or the HPA) scales out
     await resyncs(operator)
@@ -186,7 +220,11 @@ async def test_the_real_hpa_owns_replicas_and_the_operator_never_resets_them(ns,
     await resyncs(operator)
     dep = deployment(ns, "vl-encoder")
     assert dep["spec"]["replicas"] == 5
-    owners = {m["manager"] for m in dep["metadata"]["managedFields"] if "f:replicas" in m.get("fieldsV1", {}).get("f:spec", {})}
+    owners = {
+        m["manager"]
+        for m in dep["metadata"]["managedFields"]
+        if "f:replicas" in m.get("fieldsV1", {}).get("f:spec", {})
+    }
     assert "epd-operator" not in owners
 
     ns.kubectl("scale", "deployment/vl-encoder", "--replicas=1")  # below minReplicas: the HPA restores it
@@ -202,8 +240,19 @@ async def test_a_tier_that_becomes_autoscaled_keeps_its_replicas(ns, operator):
     await deployed(ns, "vl-encoder")
     assert deployment(ns, "vl-encoder")["spec"]["replicas"] == 3
 
-    autoscaled = {**doc["spec"]["encoder"], "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "metrics": [
-        {"type": "Resource", "resource": {"name": "memory", "target": {"type": "Utilization", "averageUtilization": 80}}}]}}
+    autoscaled = {
+        **doc["spec"]["encoder"],
+        "autoscaling": {
+            "minReplicas": 2,
+            "maxReplicas": 6,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "memory", "target": {"type": "Utilization", "averageUtilization": 80}},
+                }
+            ],
+        },
+    }
     autoscaled.setdefault("resources", {}).setdefault("requests", {})["cpu"] = "4"
     await patch_spec(ns, {"encoder": autoscaled})
     await wait_until(lambda: ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder"), 20)
@@ -211,7 +260,9 @@ async def test_a_tier_that_becomes_autoscaled_keeps_its_replicas(ns, operator):
     dep = deployment(ns, "vl-encoder")
     # Server-side apply drops a field its only manager stops applying; the handover kept it.
     assert dep["spec"]["replicas"] == 3
-    managers = {m["manager"] for m in dep["metadata"]["managedFields"] if "f:replicas" in m["fieldsV1"].get("f:spec", {})}
+    managers = {
+        m["manager"] for m in dep["metadata"]["managedFields"] if "f:replicas" in m["fieldsV1"].get("f:spec", {})
+    }
     assert HANDOVER_MANAGER in managers and "epd-operator" not in managers
     status = epd(ns)["status"]["tiers"]["encoder"]
     assert status["autoscaling"]["minReplicas"] == 2 and status["autoscaling"]["maxReplicas"] == 6
@@ -246,16 +297,23 @@ async def test_drift_in_a_child_is_restored_on_resync(ns, operator):
     await observed(ns, 1)
     await resyncs(operator, 1)
     original = deployment(ns, "vl-decode")["spec"]["template"]["spec"]["containers"][0]["image"]
-    mark = metric_value(operator.exposition().decode(), "epd_operator_api_writes_total", verb="PATCH", kind="Deployment")
+    mark = metric_value(
+        operator.exposition().decode(), "epd_operator_api_writes_total", verb="PATCH", kind="Deployment"
+    )
 
     ns.kubectl("label", "deployment/vl-decode", "serving.epd.dev/role=oops", "--overwrite")
     ns.kubectl("set", "image", "deployment/vl-decode", "vllm=someone/else:latest")
-    await wait_until(lambda: deployment(ns, "vl-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == original,
-                     20, "the edited image was not restored")
+    await wait_until(
+        lambda: deployment(ns, "vl-decode")["spec"]["template"]["spec"]["containers"][0]["image"] == original,
+        20,
+        "the edited image was not restored",
+    )
     await wait_until(lambda: deployment(ns, "vl-decode")["metadata"]["labels"]["serving.epd.dev/role"] == "decode", 20)
     await posted(ns, "Normal", "Applied", "Deployment vl-decode restored")
-    restores = metric_value(operator.exposition().decode(), "epd_operator_api_writes_total", verb="PATCH",
-                            kind="Deployment") - mark
+    restores = (
+        metric_value(operator.exposition().decode(), "epd_operator_api_writes_total", verb="PATCH", kind="Deployment")
+        - mark
+    )
     assert 1 <= restores <= 2  # the edits may land in one resync or two; nothing else is rewritten
 
 
@@ -267,8 +325,9 @@ async def test_items_another_manager_adds_to_our_lists_are_kept_and_not_fought(n
     await resyncs(operator, 2)
 
     def applies() -> float:
-        return metric_value(operator.exposition().decode(), "epd_operator_api_writes_total", verb="PATCH",
-                            kind="Deployment")
+        return metric_value(
+            operator.exposition().decode(), "epd_operator_api_writes_total", verb="PATCH", kind="Deployment"
+        )
 
     mark = applies()
     await resyncs(operator, 4)
@@ -317,14 +376,26 @@ async def test_steady_state_issues_no_writes(ns, operator):
     await phase(ns, "Ready", timeout=60)
     await posted(ns, "Normal", "Ready")
     # At rest also means the real HPA controller has caught up (its status is part of ours).
-    await wait_until(lambda: epd(ns)["status"]["tiers"]["encoder"].get("autoscaling", {}).get("currentReplicas") == 2, 30,
-                     lambda: epd(ns)["status"]["tiers"]["encoder"])
+    await wait_until(
+        lambda: epd(ns)["status"]["tiers"]["encoder"].get("autoscaling", {}).get("currentReplicas") == 2,
+        30,
+        lambda: epd(ns)["status"]["tiers"]["encoder"],
+    )
     await resyncs(operator, 2)
     mark, before = writes(operator), generations(ns)
     status_before = epd(ns)["status"]
     await resyncs(operator, 5)
-    assert writes(operator) == mark, "\n".join([str(status_before["tiers"]), str(epd(ns)["status"]["tiers"]), *[
-        line for line in operator.exposition().decode().splitlines() if line.startswith("epd_operator_api_writes_total")]])
+    assert writes(operator) == mark, "\n".join(
+        [
+            str(status_before["tiers"]),
+            str(epd(ns)["status"]["tiers"]),
+            *[
+                line
+                for line in operator.exposition().decode().splitlines()
+                if line.startswith("epd_operator_api_writes_total")
+            ],
+        ]
+    )
     assert generations(ns) == before
 
 
@@ -351,15 +422,18 @@ async def test_deleting_the_epddeployment_collects_every_child_and_pod(ns, opera
     # The real garbage collector follows the owner references, down to ReplicaSets and Pods.
     await wait_until(lambda: not children(ns), 30, lambda: f"left behind: {sorted(children(ns))}")
     await wait_until(lambda: not ns.list("apps/v1", "ReplicaSet"), 30, "ReplicaSets left behind")
-    await wait_until(lambda: not ns.pods(), 30, lambda: f"pods left behind: {[p['metadata']['name'] for p in ns.pods()]}")
+    await wait_until(
+        lambda: not ns.pods(), 30, lambda: f"pods left behind: {[p['metadata']['name'] for p in ns.pods()]}"
+    )
     assert ns.get(EPD_API, "EPDDeployment", "vl") is None
 
 
 async def test_the_crd_refuses_a_cel_violation_with_its_field_path(ns):
     doc = epd_doc()
     doc["spec"]["kvTransfer"] = {"connector": "Nixl"}  # E+PD has no prefill to send KV from
-    status, body = ns.request("PATCH", f"{epd_path(ns)}?fieldManager=kubectl&force=true", doc,
-                              content_type="application/apply-patch+yaml")
+    status, body = ns.request(
+        "PATCH", f"{epd_path(ns)}?fieldManager=kubectl&force=true", doc, content_type="application/apply-patch+yaml"
+    )
     assert status == 422, body
     [cause] = [c for c in body["details"]["causes"] if c["field"] == "spec.kvTransfer"]
     assert cause["reason"] == "FieldValueForbidden"
@@ -374,13 +448,18 @@ async def test_a_deleted_tier_is_recreated_at_once(ns):
         await observed(ns, 1)
         old_uid = deployment(ns, "vl-decode")["metadata"]["uid"]
         ns.delete("apps/v1", "Deployment", "vl-decode")
-        await wait_until(lambda: (deployment(ns, "vl-decode") or {}).get("metadata", {}).get("uid") not in (None, old_uid),
-                         20, "the deleted decode Deployment was not recreated")
+        await wait_until(
+            lambda: (deployment(ns, "vl-decode") or {}).get("metadata", {}).get("uid") not in (None, old_uid),
+            20,
+            "the deleted decode Deployment was not recreated",
+        )
         await wait_until(lambda: ("Normal", "Applied", "Deployment vl-decode created") in events(ns), 20)
 
 
-GATEWAY = {"parentRefs": [{"name": "inference", "namespace": "gateways", "sectionName": "https"}],
-           "hostnames": ["vl.example.com"]}
+GATEWAY = {
+    "parentRefs": [{"name": "inference", "namespace": "gateways", "sectionName": "https"}],
+    "hostnames": ["vl.example.com"],
+}
 
 
 async def test_a_gateway_route_is_applied_owned_and_pruned(ns, operator):
@@ -400,6 +479,7 @@ async def test_a_gateway_route_is_applied_owned_and_pruned(ns, operator):
     await posted(ns, "Normal", "Applied", "HTTPRoute vl created")
 
     await patch_spec(ns, {"router": {**doc["spec"]["router"], "gateway": None}})
-    await wait_until(lambda: ns.get("gateway.networking.k8s.io/v1", "HTTPRoute", "vl") is None, 20,
-                     "the HTTPRoute was not pruned")
+    await wait_until(
+        lambda: ns.get("gateway.networking.k8s.io/v1", "HTTPRoute", "vl") is None, 20, "the HTTPRoute was not pruned"
+    )
     await posted(ns, "Normal", "Pruned", "HTTPRoute vl")

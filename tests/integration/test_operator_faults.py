@@ -1,5 +1,6 @@
 """Failures a real API server does not produce on demand (5xx on chosen writes), injected by a proxy
 in front of the real one (tests/support/faults.py): the operator retries and reports them."""
+
 from __future__ import annotations
 
 from tests.support.cluster import KubeView, volumes
@@ -11,8 +12,14 @@ async def test_failed_writes_are_retried_and_reported(kube: KubeView):
     volumes(kube, "ec-cache")
     with FaultProxy(kube.cluster) as proxy:
         proxy.fail("PATCH", r"/deployments/vl-decode$", code=500, times=2)
-        async with operator_in_process(lambda: proxy.credentials(kube.ns), "--namespace", kube.ns, "--no-leader-election",
-                                       "--resync-seconds", "0.3") as metrics:
+        async with operator_in_process(
+            lambda: proxy.credentials(kube.ns),
+            "--namespace",
+            kube.ns,
+            "--no-leader-election",
+            "--resync-seconds",
+            "0.3",
+        ) as metrics:
             await create(kube, epd_doc())
             await deployed(kube, "vl-encoder", "vl-decode", "vl-router")
             await observed(kube, 1)
@@ -29,13 +36,20 @@ async def test_children_are_watched_through_a_server_side_label_selector(kube: K
     from tests.support.operator_run import wait_until
 
     with FaultProxy(kube.cluster) as proxy:
-        async with operator_in_process(lambda: proxy.credentials(kube.ns), "--namespace", kube.ns, "--no-leader-election"):
-            def watches(plural: str) -> list[dict[str, list[str]]]:
-                return [parse_qs(urlsplit(q).query) for m, q in proxy.queries
-                        if m == "GET" and urlsplit(q).path.endswith(f"/{plural}") and "watch=true" in q]
+        async with operator_in_process(
+            lambda: proxy.credentials(kube.ns), "--namespace", kube.ns, "--no-leader-election"
+        ):
 
-            await wait_until(lambda: watches("deployments") and watches("horizontalpodautoscalers"), 20,
-                             lambda: proxy.queries)
+            def watches(plural: str) -> list[dict[str, list[str]]]:
+                return [
+                    parse_qs(urlsplit(q).query)
+                    for m, q in proxy.queries
+                    if m == "GET" and urlsplit(q).path.endswith(f"/{plural}") and "watch=true" in q
+                ]
+
+            await wait_until(
+                lambda: watches("deployments") and watches("horizontalpodautoscalers"), 20, lambda: proxy.queries
+            )
             for plural in ("deployments", "horizontalpodautoscalers"):
                 for query in watches(plural):
                     assert query["labelSelector"] == ["app.kubernetes.io/managed-by=epd-operator"], (plural, query)

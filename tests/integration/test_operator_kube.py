@@ -1,4 +1,5 @@
 """The operator's API client and Lease elector against the real API server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,12 @@ async def client(ns: KubeView) -> AsyncIterator[Kube]:
 
 
 def configmap(ns: KubeView, name: str, **data: str) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns.ns,
-                                                                  "labels": {"app": "x"}}, "data": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": ns.ns, "labels": {"app": "x"}},
+        "data": data,
+    }
 
 
 async def test_apply_list_and_delete(client: Kube, ns: KubeView):
@@ -44,13 +49,20 @@ async def test_apply_list_and_delete(client: Kube, ns: KubeView):
     assert await kube.delete(CONFIGMAP, NS, "a", uid=created["metadata"]["uid"]) is True
     assert await kube.get(CONFIGMAP, NS, "a") is None
     assert await kube.delete(CONFIGMAP, NS, "a") is False
-    assert kube.writes == [("PATCH", "ConfigMap"), ("PATCH", "ConfigMap"), ("DELETE", "ConfigMap"),  # type: ignore[attr-defined]
-                           ("DELETE", "ConfigMap"), ("DELETE", "ConfigMap")]
+    assert kube.writes == [
+        ("PATCH", "ConfigMap"),
+        ("PATCH", "ConfigMap"),
+        ("DELETE", "ConfigMap"),  # type: ignore[attr-defined]
+        ("DELETE", "ConfigMap"),
+        ("DELETE", "ConfigMap"),
+    ]
 
 
 async def test_errors_carry_the_servers_message(client: Kube, ns: KubeView):
     with pytest.raises(ApiError) as caught:
-        await client.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Bad_Name", "namespace": ns.ns}})
+        await client.apply(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Bad_Name", "namespace": ns.ns}}
+        )
     assert caught.value.status == 422 and "Bad_Name" in str(caught.value)
     with pytest.raises(ApiError) as unknown:  # strict field validation: a typo is an error, not silently dropped
         await client.apply({**configmap(ns, "c"), "dataa": {"k": "v"}})

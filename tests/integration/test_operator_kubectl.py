@@ -1,6 +1,7 @@
 """What a user sees with the real kubectl against the real API server, the operator running:
 `kubectl get epd` columns (the CRD's printer columns, as the server's Table), `kubectl get epd -w`,
 and `kubectl describe epd` conditions and events."""
+
 from __future__ import annotations
 
 import re
@@ -35,13 +36,29 @@ async def test_kubectl_get_shows_topology_tiers_and_phase(ns):
     assert re.fullmatch(r"\d+[smhd]", row[6])  # the CRD's own Age column, as an age
     wide = ns.kubectl("get", "epd", "-o", "wide").stdout.splitlines()
     assert wide[0].split()[:8] == ["NAME", "TOPOLOGY", "ENCODER", "PREFILL", "DECODE", "PHASE", "ENDPOINT", "MODEL"]
-    assert wide[1].split()[:8] == ["vl", "E/P/D", "2/2", "2/2", "2/2", "Ready", f"http://vl.{ns.ns}.svc",
-                                   "Qwen/Qwen2.5-VL-7B-Instruct"]
+    assert wide[1].split()[:8] == [
+        "vl",
+        "E/P/D",
+        "2/2",
+        "2/2",
+        "2/2",
+        "Ready",
+        f"http://vl.{ns.ns}.svc",
+        "Qwen/Qwen2.5-VL-7B-Instruct",
+    ]
 
 
 async def test_kubectl_get_watch_goes_progressing_to_ready(ns):
-    argv = [str(ns.cluster.kubectl_path), "--kubeconfig", str(ns.kubeconfig), "get", "epd", "-w",
-            "--output-watch-events", "--request-timeout=60s"]
+    argv = [
+        str(ns.cluster.kubectl_path),
+        "--kubeconfig",
+        str(ns.kubeconfig),
+        "get",
+        "epd",
+        "-w",
+        "--output-watch-events",
+        "--request-timeout=60s",
+    ]
     watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ns.kubectl("apply", "-f", "-", input=yaml.safe_dump(epd_doc()))
@@ -50,7 +67,9 @@ async def test_kubectl_get_watch_goes_progressing_to_ready(ns):
         watch.terminate()
         out, _ = watch.communicate(timeout=10)
     known = {"Pending", "Progressing", "Ready", "Degraded", "Failed"}
-    phases = [word for line in out.splitlines() if line.split()[1:2] == ["vl"] for word in line.split() if word in known]
+    phases = [
+        word for line in out.splitlines() if line.split()[1:2] == ["vl"] for word in line.split() if word in known
+    ]
     assert "Progressing" in phases and phases[-1] == "Ready", out
     assert phases.index("Progressing") < phases.index("Ready"), out
 
@@ -62,11 +81,17 @@ async def test_kubectl_describe_shows_conditions_and_events(ns):
     await phase(ns, "Ready", timeout=60)
     await posted(ns, "Normal", "Ready")
     text = ns.kubectl("describe", "epd", "vl").stdout
-    conditions = text[text.index("Conditions:"):]
-    for field, value in (("Type", "Ready"), ("Type", "Progressing"), ("Type", "Degraded"), ("Type", "SpecValid"),
-                         ("Reason", "AllTiersReady"), ("Message", "every tier has its pods ready")):
+    conditions = text[text.index("Conditions:") :]
+    for field, value in (
+        ("Type", "Ready"),
+        ("Type", "Progressing"),
+        ("Type", "Degraded"),
+        ("Type", "SpecValid"),
+        ("Reason", "AllTiersReady"),
+        ("Message", "every tier has its pods ready"),
+    ):
         assert re.search(rf"{field}:\s+{value}", conditions), (field, value, conditions)
-    events = text[text.index("Events:"):]
+    events = text[text.index("Events:") :]
     assert re.search(r"Normal\s+Applied\s+\S+\s+epd-operator\s+.*Deployment vl-encoder created", events), events
     assert re.search(r"Normal\s+Ready\s+\S+\s+epd-operator\s+every tier has its pods ready", events), events
 
@@ -76,6 +101,8 @@ async def test_kubectl_apply_of_a_bad_spec_names_the_field(ns):
     doc["spec"]["kvTransfer"] = {"connector": "Nixl"}
     result = ns.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=False)
     assert result.returncode == 1
-    assert 'The EPDDeployment "vl" is invalid: spec.kvTransfer: Forbidden: kvTransfer moves KV from prefill to decode' \
-        in result.stderr, result.stderr
+    assert (
+        'The EPDDeployment "vl" is invalid: spec.kvTransfer: Forbidden: kvTransfer moves KV from prefill to decode'
+        in result.stderr
+    ), result.stderr
     await wait_until(lambda: ns.kubectl("get", "epd", "-o", "name").stdout == "", 5)

@@ -6,6 +6,7 @@ No LWS controller runs here (it would need its webhook and certificates): the gr
 created. Its status is written the way that controller writes it (the status subresource), so the
 operator's reading of a real LeaderWorkerSet object is what is tested.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -48,19 +49,29 @@ def test_the_api_server_accepts_every_rendered_leader_worker_set_strictly(ns):
     for obj in sets:
         body = {**obj, "metadata": {**obj["metadata"], "namespace": ns.ns}}
         # Strict: a field LWS's schema does not know is an error, not silently pruned.
-        status, answer = ns.request("PATCH", lws_path(ns, obj["metadata"]["name"])
-                                    + "?fieldManager=epd-tests&dryRun=All&fieldValidation=Strict", body,
-                                    content_type="application/apply-patch+yaml")
+        status, answer = ns.request(
+            "PATCH",
+            lws_path(ns, obj["metadata"]["name"]) + "?fieldManager=epd-tests&dryRun=All&fieldValidation=Strict",
+            body,
+            content_type="application/apply-patch+yaml",
+        )
         assert status == 200, (obj["metadata"]["name"], answer)
         assert answer["spec"]["leaderWorkerTemplate"]["size"] == obj["spec"]["leaderWorkerTemplate"]["size"]
 
 
 def test_the_api_server_refuses_a_leader_worker_set_lws_would_refuse(ns):
     obj = next(o for o in render(variants()["nixl-multi-node-decode-tp4-pp2"]) if o["kind"] == "LeaderWorkerSet")
-    obj = {**obj, "metadata": {**obj["metadata"], "namespace": ns.ns},
-           "spec": {**obj["spec"], "startupPolicy": "WhenReady"}}
-    status, answer = ns.request("PATCH", lws_path(ns, obj["metadata"]["name"]) + "?fieldManager=epd-tests&dryRun=All",
-                                obj, content_type="application/apply-patch+yaml")
+    obj = {
+        **obj,
+        "metadata": {**obj["metadata"], "namespace": ns.ns},
+        "spec": {**obj["spec"], "startupPolicy": "WhenReady"},
+    }
+    status, answer = ns.request(
+        "PATCH",
+        lws_path(ns, obj["metadata"]["name"]) + "?fieldManager=epd-tests&dryRun=All",
+        obj,
+        content_type="application/apply-patch+yaml",
+    )
     assert status == 422 and "startupPolicy" in str(answer), answer
 
 
@@ -81,19 +92,29 @@ async def test_a_multi_node_tier_is_applied_owned_reported_and_pruned(ns):
 
         # What the LWS controller reports once both groups are up: the tier is ready.
         generation = lws["metadata"]["generation"]
-        ns.ok("PATCH", lws_path(ns, "vl-decode") + "/status", {"status": {
-            "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "observedGeneration": generation}})
-        await wait_until(lambda: epd(ns)["status"]["tiers"]["decode"]["ready"] == "2/2", 20,
-                         lambda: f"decode tier not reported ready: {epd(ns)['status']['tiers']}")
+        ns.ok(
+            "PATCH",
+            lws_path(ns, "vl-decode") + "/status",
+            {"status": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "observedGeneration": generation}},
+        )
+        await wait_until(
+            lambda: epd(ns)["status"]["tiers"]["decode"]["ready"] == "2/2",
+            20,
+            lambda: f"decode tier not reported ready: {epd(ns)['status']['tiers']}",
+        )
         ns.ok("PATCH", lws_path(ns, "vl-decode") + "/status", {"status": {"readyReplicas": 1}})
-        await wait_until(lambda: epd(ns)["status"]["tiers"]["decode"]["ready"] == "1/2", 20,
-                         lambda: f"a lost group not reported: {epd(ns)['status']['tiers']}")
+        await wait_until(
+            lambda: epd(ns)["status"]["tiers"]["decode"]["ready"] == "1/2",
+            20,
+            lambda: f"a lost group not reported: {epd(ns)['status']['tiers']}",
+        )
 
         # Back to one node: the LeaderWorkerSet goes, a Deployment takes its place.
         await patch_spec(ns, {"decode": {**doc["spec"]["decode"], "nodesPerReplica": 1}})
         await observed(ns, 2)
         await wait_until(lambda: ns.get(LWS_API, "LeaderWorkerSet", "vl-decode") is None, 20, "the LWS was not pruned")
         assert ns.get("apps/v1", "Deployment", "vl-decode") is not None
-        assert "leaderworkerset.sigs.k8s.io/worker-index" not in ns.get("v1", "Service", "vl-decode")["spec"]["selector"]
+        assert (
+            "leaderworkerset.sigs.k8s.io/worker-index" not in ns.get("v1", "Service", "vl-decode")["spec"]["selector"]
+        )
         assert condition(epd(ns), "SpecValid")["status"] == "True"
-

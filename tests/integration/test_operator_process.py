@@ -1,5 +1,6 @@
 """The real `epd-operator` console script against the real API server: CLI, probes, metrics, and
 leader election between two replicas over a real Lease (only one ever acts; a standby takes over)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,9 @@ def lease_holder(kube: KubeView) -> str | None:
 @contextlib.asynccontextmanager
 async def operator(kube: KubeView, *extra: str, identity: str, role: str = "leader") -> AsyncIterator[OperatorProcess]:
     """A replica, yielded once /healthz reports `role` (leader, or standby beside a leader)."""
-    async with OperatorProcess(kube.kubeconfig, "--namespace", kube.ns, "--identity", identity, "--resync-seconds", "0.5",
-                               *extra) as process:
+    async with OperatorProcess(
+        kube.kubeconfig, "--namespace", kube.ns, "--identity", identity, "--resync-seconds", "0.5", *extra
+    ) as process:
         await process.wait_for_role(role)
         yield process
 
@@ -64,8 +66,10 @@ async def test_the_console_script_reconciles_and_serves_probes_and_metrics(clust
 
 
 async def test_two_replicas_never_both_act_and_the_standby_takes_over(cluster):
-    async with (operator(cluster, identity="first") as first,
-                operator(cluster, identity="second", role="standby") as second):
+    async with (
+        operator(cluster, identity="first") as first,
+        operator(cluster, identity="second", role="standby") as second,
+    ):
         await create(cluster, epd_doc())
         await observed(cluster, 1)
         # (the metric counts a pass once it returns, just after the status it wrote)
@@ -82,8 +86,10 @@ async def test_two_replicas_never_both_act_and_the_standby_takes_over(cluster):
 
 
 async def test_a_crashed_leader_is_replaced_after_its_lease_expires(cluster):
-    async with (operator(cluster, identity="first") as first,
-                operator(cluster, identity="second", role="standby") as second):
+    async with (
+        operator(cluster, identity="first") as first,
+        operator(cluster, identity="second", role="standby") as second,
+    ):
         await first.stop(signal.SIGKILL)  # no release: the Lease must expire
         assert lease_holder(cluster) == "first"
         await second.wait_for_role("leader")
@@ -114,8 +120,12 @@ def test_the_scope_must_be_chosen():
 
 async def test_without_credentials_it_says_so(tmp_path):
     process = await asyncio.create_subprocess_exec(
-        *operator_command(), "-A", env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        *operator_command(),
+        "-A",
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 2
     assert "no Kubernetes credentials" in out.decode()
@@ -123,6 +133,7 @@ async def test_without_credentials_it_says_so(tmp_path):
 
 async def test_epds_outside_the_watched_namespaces_are_left_alone(cluster, tmp_path):
     from tests.support.cluster import new_namespace
+
     elsewhere = new_namespace(cluster.cluster, tmp_path, "elsewhere")
     async with operator(cluster, identity="scoped"):
         await create(elsewhere, epd_doc(name="far"))

@@ -1,6 +1,7 @@
 """A cluster whose CRD is older than the operator: the one way a spec our rules refuse can reach the
 operator. A second, apiserver-only control plane (the CRD is cluster-scoped) with the CRD's spec
 schema switched off."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -52,7 +53,9 @@ def ns(stale_cluster: LocalCluster, tmp_path: Path) -> KubeView:
 
 
 async def test_a_refused_spec_is_reported_and_nothing_is_created(ns):
-    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC) as metrics:
+    async with operator_in_process(
+        ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC
+    ) as metrics:
         doc = epd_doc()
         doc["spec"]["kvTransfer"] = {"connector": "Nixl"}  # KV transfer needs a prefill tier
         await create(ns, doc)
@@ -87,15 +90,19 @@ async def test_a_refused_update_changes_nothing(ns):
 
 async def test_a_gateway_on_a_cluster_without_the_gateway_api_is_refused_clearly(ns):
     """No Gateway API CRDs here: the spec is reported refused, with what is missing, and nothing is applied."""
-    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC) as metrics:
+    async with operator_in_process(
+        ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC
+    ) as metrics:
         doc = epd_doc()
         doc["spec"]["router"]["gateway"] = {"parentRefs": [{"name": "inference"}]}
         await create(ns, doc)
         await phase(ns, "Failed")
         spec_valid = condition(epd(ns), "SpecValid")
         assert (spec_valid["status"], spec_valid["reason"]) == ("False", "RefusedByAPIServer")
-        assert spec_valid["message"] == ("HTTPRoute vl: this cluster does not serve gateway.networking.k8s.io/v1 "
-                                         "HTTPRoute (install its CRDs, or remove the field that asks for it)")
+        assert spec_valid["message"] == (
+            "HTTPRoute vl: this cluster does not serve gateway.networking.k8s.io/v1 "
+            "HTTPRoute (install its CRDs, or remove the field that asks for it)"
+        )
         await posted(ns, "Warning", "RefusedByAPIServer", "does not serve gateway.networking.k8s.io/v1 HTTPRoute")
         assert children(ns) == {}
         errors = metric_value(metrics.exposition().decode(), "epd_operator_reconcile_errors_total")
@@ -108,15 +115,19 @@ async def test_a_gateway_on_a_cluster_without_the_gateway_api_is_refused_clearly
 async def test_a_multi_node_tier_on_a_cluster_without_leader_worker_set_is_refused_clearly(ns):
     """No LeaderWorkerSet CRD here: a multi-node spec is reported refused with what is missing, nothing is
     applied, and the same spec on one node deploys."""
-    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC) as metrics:
+    async with operator_in_process(
+        ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC
+    ) as metrics:
         doc = epd_doc()
         doc["spec"]["decode"].update({"nodesPerReplica": 2, "tensorParallelSize": 2})
         await create(ns, doc)
         await phase(ns, "Failed")
         spec_valid = condition(epd(ns), "SpecValid")
         assert (spec_valid["status"], spec_valid["reason"]) == ("False", "RefusedByAPIServer")
-        assert spec_valid["message"] == ("LeaderWorkerSet vl-decode: this cluster does not serve leaderworkerset.x-k8s.io/v1 "
-                                         "LeaderWorkerSet (install its CRDs, or remove the field that asks for it)")
+        assert spec_valid["message"] == (
+            "LeaderWorkerSet vl-decode: this cluster does not serve leaderworkerset.x-k8s.io/v1 "
+            "LeaderWorkerSet (install its CRDs, or remove the field that asks for it)"
+        )
         await posted(ns, "Warning", "RefusedByAPIServer", "does not serve leaderworkerset.x-k8s.io/v1 LeaderWorkerSet")
         assert children(ns) == {}
         assert metric_value(metrics.exposition().decode(), "epd_operator_reconcile_errors_total") == 0

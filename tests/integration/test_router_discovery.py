@@ -6,6 +6,7 @@ The pods' addresses come from kwok's pod CIDR and are only read: health checks a
 request is sent, since traffic here may only go to 127.0.0.0/8 (routing itself is tested with
 loopback backends in tests/unit/test_router_*).
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -32,9 +33,15 @@ def rendered(kube: KubeView) -> dict[tuple[str, str], dict]:
 async def discovering_router(kube: KubeView, objects: dict, **extra) -> AsyncIterator[Router]:
     router_args = objects[("Deployment", "vl-router")]["spec"]["template"]["spec"]["containers"][0]["args"]
     selector = {flag: router_args[i + 1] for i, flag in enumerate(router_args) if flag.endswith("-selector")}
-    cfg = RouterConfig(discovery="kubernetes", kubeconfig=str(kube.kubeconfig), namespace=kube.ns,
-                       encoder_selector=selector["--encoder-selector"], decode_selector=selector["--decode-selector"],
-                       health_interval=0, **extra)
+    cfg = RouterConfig(
+        discovery="kubernetes",
+        kubeconfig=str(kube.kubeconfig),
+        namespace=kube.ns,
+        encoder_selector=selector["--encoder-selector"],
+        decode_selector=selector["--decode-selector"],
+        health_interval=0,
+        **extra,
+    )
     router = Router(cfg)
     runner, _url = await serve_router(router)
     try:
@@ -48,27 +55,46 @@ def pool_view(pool) -> dict[str, tuple[str, bool]]:
 
 
 def pod_urls(kube: KubeView, role: str, port: int = 8000) -> dict[str, str]:
-    return {p["metadata"]["name"]: f"http://{p['status']['podIP']}:{port}"
-            for p in kube.pods(**{"serving.epd.dev/role": role}) if p.get("status", {}).get("podIP")}
+    return {
+        p["metadata"]["name"]: f"http://{p['status']['podIP']}:{port}"
+        for p in kube.pods(**{"serving.epd.dev/role": role})
+        if p.get("status", {}).get("podIP")
+    }
 
 
 async def test_router_follows_the_endpointslices_the_controller_builds(kube):
     objects = rendered(kube)
-    for key in (("Service", "vl-encoder"), ("Service", "vl-decode"), ("Deployment", "vl-encoder"), ("Deployment", "vl-decode")):
+    for key in (
+        ("Service", "vl-encoder"),
+        ("Service", "vl-decode"),
+        ("Deployment", "vl-encoder"),
+        ("Deployment", "vl-decode"),
+    ):
         kube.apply(objects[key])
     # Another deployment's encoder in the same namespace: same role label, other instance.
-    other = {**objects[("Service", "vl-encoder")], "metadata": {**objects[("Service", "vl-encoder")]["metadata"],
-                                                               "name": "other-encoder"}}
+    other = {
+        **objects[("Service", "vl-encoder")],
+        "metadata": {**objects[("Service", "vl-encoder")]["metadata"], "name": "other-encoder"},
+    }
     other["metadata"]["labels"] = {**other["metadata"]["labels"], "app.kubernetes.io/instance": "other"}
     kube.apply(other)
 
-    await wait_until(lambda: len(pod_urls(kube, "decode")) == 2 and len(pod_urls(kube, "encoder")) == 1, 60,
-                     lambda: [p["status"] for p in kube.pods()])
+    await wait_until(
+        lambda: len(pod_urls(kube, "decode")) == 2 and len(pod_urls(kube, "encoder")) == 1,
+        60,
+        lambda: [p["status"] for p in kube.pods()],
+    )
     async with discovering_router(kube, objects) as router:
-        await wait_until(lambda: pool_view(router.encoders) == {p: (u, True) for p, u in pod_urls(kube, "encoder").items()},
-                         30, lambda: (pool_view(router.encoders), pod_urls(kube, "encoder")))
-        await wait_until(lambda: pool_view(router.decodes) == {p: (u, True) for p, u in pod_urls(kube, "decode").items()},
-                         30, lambda: (pool_view(router.decodes), pod_urls(kube, "decode")))
+        await wait_until(
+            lambda: pool_view(router.encoders) == {p: (u, True) for p, u in pod_urls(kube, "encoder").items()},
+            30,
+            lambda: (pool_view(router.encoders), pod_urls(kube, "encoder")),
+        )
+        await wait_until(
+            lambda: pool_view(router.decodes) == {p: (u, True) for p, u in pod_urls(kube, "decode").items()},
+            30,
+            lambda: (pool_view(router.decodes), pod_urls(kube, "decode")),
+        )
 
         # Scale-up: a second encoder pod appears in the slice.
         kube.kubectl("scale", "deployment/vl-encoder", "--replicas=2")
@@ -78,8 +104,11 @@ async def test_router_follows_the_endpointslices_the_controller_builds(kube):
         # A pod turns unready: it stays known but gets no work.
         first = sorted(pod_urls(kube, "encoder"))[0]
         kube.set_pod_ready(first, False)
-        await wait_until(lambda: pool_view(router.encoders).get(first, ("", True))[1] is False, 30,
-                         lambda: pool_view(router.encoders))
+        await wait_until(
+            lambda: pool_view(router.encoders).get(first, ("", True))[1] is False,
+            30,
+            lambda: pool_view(router.encoders),
+        )
         assert [ep.pod for ep in router.encoders.available] == [p for p in pod_urls(kube, "encoder") if p != first]
 
         # The decode tier goes away: the router says it cannot serve.
@@ -96,7 +125,8 @@ async def test_mooncake_consumer_address_comes_from_the_pod_ip(kube):
         await wait_until(lambda: len(router.decodes.endpoints) == 2, 30)
         ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in kube.pods(**{"serving.epd.dev/role": "decode"})}
         assert {(ep.pod, ep.url, ep.ec_zmq) for ep in router.decodes.endpoints.values()} == {
-            (pod, f"http://{ip}:8000", f"tcp://{ip}:14579") for pod, ip in ips.items()}
+            (pod, f"http://{ip}:8000", f"tcp://{ip}:14579") for pod, ip in ips.items()
+        }
 
 
 async def test_each_dp_ranks_mooncake_address_comes_from_the_endpointslice(kube):
@@ -105,8 +135,15 @@ async def test_each_dp_ranks_mooncake_address_comes_from_the_endpointslice(kube)
     router is deliberately given no TP (stride 1): the addresses can only have come from the slice."""
     volumes(kube, "ec-cache")
     doc = epd_doc(MOONCAKE, namespace=kube.ns)
-    doc["spec"]["decode"].update({"replicas": 1, "dataParallelSize": 2, "tensorParallelSize": 2, "nodeSelector": {},
-                                  "resources": {"limits": {"nvidia.com/gpu": 4}}})
+    doc["spec"]["decode"].update(
+        {
+            "replicas": 1,
+            "dataParallelSize": 2,
+            "tensorParallelSize": 2,
+            "nodeSelector": {},
+            "resources": {"limits": {"nvidia.com/gpu": 4}},
+        }
+    )
     objects = {(o["kind"], o["metadata"]["name"]): o for o in render(parse_epd(doc))}
     kube.apply(objects[("Service", "vl-decode")])
     kube.apply(objects[("Deployment", "vl-decode")])
@@ -115,4 +152,6 @@ async def test_each_dp_ranks_mooncake_address_comes_from_the_endpointslice(kube)
         await wait_until(lambda: len(router.decodes.available) == 2, 30, lambda: router.decodes.describe())
         (ip,) = [p["status"]["podIP"] for p in kube.pods(**{"serving.epd.dev/role": "decode"})]
         assert sorted((ep.key, ep.rank, ep.ec_zmq) for ep in router.decodes.endpoints.values()) == [
-            (f"{ip}:8000#dp0", 0, f"tcp://{ip}:14579"), (f"{ip}:8000#dp1", 1, f"tcp://{ip}:14581")]
+            (f"{ip}:8000#dp0", 0, f"tcp://{ip}:14579"),
+            (f"{ip}:8000#dp1", 1, f"tcp://{ip}:14581"),
+        ]

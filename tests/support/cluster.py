@@ -6,6 +6,7 @@
 
 The first use builds the binaries (minutes, once; cached in ``~/.cache/epd-operator/k8s``).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -29,10 +30,23 @@ REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
 EPD_API = "serving.epd.dev/v1alpha1"
 
-PLURALS = {"EPDDeployment": "epddeployments", "HTTPRoute": "httproutes", "HorizontalPodAutoscaler": "horizontalpodautoscalers",
-           "PodDisruptionBudget": "poddisruptionbudgets", "EndpointSlice": "endpointslices",
-           "CustomResourceDefinition": "customresourcedefinitions", "Lease": "leases"}
-CLUSTER_SCOPED = {"Node", "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "PersistentVolume"}
+PLURALS = {
+    "EPDDeployment": "epddeployments",
+    "HTTPRoute": "httproutes",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "EndpointSlice": "endpointslices",
+    "CustomResourceDefinition": "customresourcedefinitions",
+    "Lease": "leases",
+}
+CLUSTER_SCOPED = {
+    "Node",
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PersistentVolume",
+}
 _namespaces = itertools.count(1)
 
 
@@ -63,8 +77,15 @@ class KubeView:
 
     # -------------------------------------------------------------- raw access
 
-    def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/merge-patch+json",
-                token: str | None = None) -> tuple[int, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/merge-patch+json",
+        token: str | None = None,
+    ) -> tuple[int, Any]:
         """One request; returns (HTTP status, decoded body) whatever the status."""
         try:
             return 200, self.cluster.request(method, path, body, content_type=content_type, token=token)
@@ -88,8 +109,9 @@ class KubeView:
     def env(self, kubeconfig: Path | None = None) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         argv = [str(self.cluster.kubectl_path), "--kubeconfig", str(kubeconfig or self.kubeconfig), *args]
         result = subprocess.run(argv, input=input, text=True, capture_output=True, timeout=60)
         if check:
@@ -105,8 +127,9 @@ class KubeView:
         assert status == 200, body
         return dict(body)
 
-    def list(self, api_version: str, kind: str, *, labels: dict[str, str] | None = None,
-             namespace: str | None = None) -> list[dict[str, Any]]:
+    def list(
+        self, api_version: str, kind: str, *, labels: dict[str, str] | None = None, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
         path = api_path(api_version, kind, namespace or self.ns)
         if labels:
             path += "?labelSelector=" + ",".join(f"{k}%3D{v}" for k, v in labels.items())
@@ -124,9 +147,12 @@ class KubeView:
         self.ok("DELETE", api_path(api_version, kind, namespace or self.ns, name))
 
     def events(self, *, kind: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
-        return [e for e in self.list("v1", "Event")
-                if (kind is None or e["involvedObject"].get("kind") == kind)
-                and (name is None or e["involvedObject"].get("name") == name)]
+        return [
+            e
+            for e in self.list("v1", "Event")
+            if (kind is None or e["involvedObject"].get("kind") == kind)
+            and (name is None or e["involvedObject"].get("name") == name)
+        ]
 
     def pods(self, **labels: str) -> list[dict[str, Any]]:
         return self.list("v1", "Pod", labels=labels or None)
@@ -137,17 +163,26 @@ class KubeView:
         self.ok("PATCH", path, {"metadata": {"annotations": {"kwok.x-k8s.io/status": "custom"}}})
         pod = self.ok("GET", path)
         value = "True" if ready else "False"
-        conditions = [{**c, "status": value} if c["type"] in ("Ready", "ContainersReady") else c
-                      for c in pod["status"]["conditions"]]
-        self.ok("PATCH", path + "/status", {"status": {"conditions": conditions}},
-                content_type="application/strategic-merge-patch+json")
+        conditions = [
+            {**c, "status": value} if c["type"] in ("Ready", "ContainersReady") else c
+            for c in pod["status"]["conditions"]
+        ]
+        self.ok(
+            "PATCH",
+            path + "/status",
+            {"status": {"conditions": conditions}},
+            content_type="application/strategic-merge-patch+json",
+        )
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply as the test (admin), into this namespace unless the object names one."""
         obj = {**obj, "metadata": {**obj["metadata"], "namespace": obj["metadata"].get("namespace") or self.ns}}
         path = api_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-        return dict(self.ok("PATCH", path + "?fieldManager=epd-tests&force=true", obj,
-                            content_type="application/apply-patch+yaml"))
+        return dict(
+            self.ok(
+                "PATCH", path + "?fieldManager=epd-tests&force=true", obj, content_type="application/apply-patch+yaml"
+            )
+        )
 
 
 def volumes(kube: KubeView, *claims: str) -> None:
@@ -155,17 +190,39 @@ def volumes(kube: KubeView, *claims: str) -> None:
     claim are not scheduled before it is bound)."""
     for claim in claims:
         pv = f"{kube.ns}-{claim}"
-        kube.create({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv}, "spec": {
-            "capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-            "hostPath": {"path": f"/tmp/{pv}"}, "persistentVolumeReclaimPolicy": "Delete",
-            "claimRef": {"namespace": kube.ns, "name": claim}}})
-        kube.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": kube.ns},
-                     "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
-                              "resources": {"requests": {"storage": "100Gi"}}}})
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": pv},
+                "spec": {
+                    "capacity": {"storage": "100Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "hostPath": {"path": f"/tmp/{pv}"},
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "claimRef": {"namespace": kube.ns, "name": claim},
+                },
+            }
+        )
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": kube.ns},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": pv,
+                    "resources": {"requests": {"storage": "100Gi"}},
+                },
+            }
+        )
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, message: Any = "condition not met",
-             interval: float = 0.1) -> Any:
+def wait_for(
+    condition: Callable[[], Any], timeout: float = 30.0, message: Any = "condition not met", interval: float = 0.1
+) -> Any:
     """Blocking poll; returns the first truthy value of `condition`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -180,12 +237,19 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30.0, message: Any =
 def install_crd(cluster: LocalCluster, crd: dict[str, Any]) -> None:
     """Server-side apply a CRD and wait until it is Established (served)."""
     name = crd["metadata"]["name"]
-    cluster.request("PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-                    "?fieldManager=epd-tests&force=true", crd, content_type="application/apply-patch+yaml")
+    cluster.request(
+        "PATCH",
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}?fieldManager=epd-tests&force=true",
+        crd,
+        content_type="application/apply-patch+yaml",
+    )
 
     def established() -> bool:
         got = cluster.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        return any(c["type"] == "Established" and c["status"] == "True" for c in (got.get("status") or {}).get("conditions") or [])
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (got.get("status") or {}).get("conditions") or []
+        )
 
     wait_for(established, 30, f"CRD {name} not established")
 
@@ -195,8 +259,15 @@ GATEWAY_API = "sigs.k8s.io/gateway-api@v1.4.1"
 
 def gateway_api_crd(kind_plural: str = "httproutes") -> dict[str, Any]:
     """A Gateway API CRD (standard channel) as that project ships it in its Go module."""
-    out = subprocess.run(["go", "mod", "download", "-json", GATEWAY_API], capture_output=True, text=True, check=True,
-                         env={**os.environ, "GOFLAGS": "-mod=mod"}, cwd=tempfile.gettempdir(), timeout=300)
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", GATEWAY_API],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
+        cwd=tempfile.gettempdir(),
+        timeout=300,
+    )
     folder = Path(json.loads(out.stdout)["Dir"]) / "config" / "crd" / "standard"
     return dict(yaml.safe_load((folder / f"gateway.networking.k8s.io_{kind_plural}.yaml").read_text()))
 
@@ -207,9 +278,22 @@ LWS = "sigs.k8s.io/lws@v0.9.0"
 
 def lws_crd() -> dict[str, Any]:
     """The LeaderWorkerSet CRD as that project ships it in its Go module."""
-    out = subprocess.run(["go", "mod", "download", "-json", LWS], capture_output=True, text=True, check=True,
-                         env={**os.environ, "GOFLAGS": "-mod=mod"}, cwd=tempfile.gettempdir(), timeout=300)
-    path = Path(json.loads(out.stdout)["Dir"]) / "config" / "crd" / "bases" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", LWS],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
+        cwd=tempfile.gettempdir(),
+        timeout=300,
+    )
+    path = (
+        Path(json.loads(out.stdout)["Dir"])
+        / "config"
+        / "crd"
+        / "bases"
+        / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+    )
     return dict(yaml.safe_load(path.read_text()))
 
 
@@ -227,7 +311,9 @@ def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def new_namespace(cluster: LocalCluster, tmp_path: Path, prefix: str = "t") -> KubeView:
     name = f"{prefix}-{next(_namespaces)}-{os.urandom(2).hex()}"
     cluster.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig", cluster.admin_token, user="epd-admin", namespace=name)
+    kubeconfig = cluster.write_kubeconfig(
+        tmp_path / "kubeconfig", cluster.admin_token, user="epd-admin", namespace=name
+    )
     return KubeView(cluster, name, kubeconfig)
 
 

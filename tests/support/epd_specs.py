@@ -1,4 +1,5 @@
 """Small EPDDeployment documents for unit tests: the minimal valid one and changes to it by path."""
+
 from __future__ import annotations
 
 import copy
@@ -9,10 +10,17 @@ from epd_operator.api import EPDDeployment, parse_epd
 
 def minimal() -> dict[str, Any]:
     """The smallest valid spec: E+PD over shared storage."""
-    return {"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment",
-            "metadata": {"name": "qwen-vl", "namespace": "ns"},
-            "spec": {"model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"}, "encoder": {}, "decode": {},
-                     "ecTransfer": {"connector": "SharedStorage", "sharedStorage": {"claimName": "ec-cache"}}}}
+    return {
+        "apiVersion": "serving.epd.dev/v1alpha1",
+        "kind": "EPDDeployment",
+        "metadata": {"name": "qwen-vl", "namespace": "ns"},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-VL-3B-Instruct"},
+            "encoder": {},
+            "decode": {},
+            "ecTransfer": {"connector": "SharedStorage", "sharedStorage": {"claimName": "ec-cache"}},
+        },
+    }
 
 
 def spec(**changes: Any) -> dict[str, Any]:

@@ -158,7 +158,10 @@ class FakeVLLM:
         return web.Response(text=text, content_type="text/plain")
 
     async def _models(self, request: web.Request) -> web.Response:
-        doc = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "vllm", "root": self.model}]}
+        doc = {
+            "object": "list",
+            "data": [{"id": self.model, "object": "model", "owned_by": "vllm", "root": self.model}],
+        }
         return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
@@ -185,7 +188,9 @@ class FakeVLLM:
             foreign = self._foreign_generation(body)
             if foreign is not None:
                 self.foreign_refused += 1
-                return _error(400, f"{self.name}: transfer parameters of generation {foreign}, this is {self.generation}")
+                return _error(
+                    400, f"{self.name}: transfer parameters of generation {foreign}, this is {self.generation}"
+                )
             if self.role == "encoder":
                 return self._encode(body)
             if self.role == "prefill":
@@ -216,11 +221,16 @@ class FakeVLLM:
         self.by_rank[rank] = self.by_rank.get(rank, 0) + 1
         if self.ec_zmq_by_rank and self.pushes is not None:
             items = (body.get("ec_transfer_params") or {}).get("ec_items") or ()
-            wrong = [self.pushes.get(item.get("transfer_id")) for item in items
-                     if self.pushes.get(item.get("transfer_id")) != self.ec_zmq_by_rank[rank]]
+            wrong = [
+                self.pushes.get(item.get("transfer_id"))
+                for item in items
+                if self.pushes.get(item.get("transfer_id")) != self.ec_zmq_by_rank[rank]
+            ]
             if wrong:
                 self.misrouted += 1
-                return _error(400, f"{self.name}: rank {rank} listens on {self.ec_zmq_by_rank[rank]}, items went to {wrong}")
+                return _error(
+                    400, f"{self.name}: rank {rank} listens on {self.ec_zmq_by_rank[rank]}, items went to {wrong}"
+                )
         return None
 
     def _encode(self, body: dict) -> web.Response:
@@ -270,9 +280,14 @@ class FakeVLLM:
         """The generation stamped on the transfer parameters of `body` when it is not ours."""
         if self.generation is None:
             return None
-        stamps = {gen for part in _content_parts(body) if str(part.get("type", "")).endswith("_embeds")
-                  for embeds in [part.get(part["type"])] if isinstance(embeds, dict)
-                  for gen in embeds.get("generation") or ()}
+        stamps = {
+            gen
+            for part in _content_parts(body)
+            if str(part.get("type", "")).endswith("_embeds")
+            for embeds in [part.get(part["type"])]
+            if isinstance(embeds, dict)
+            for gen in embeds.get("generation") or ()
+        }
         kv = body.get("kv_transfer_params") or {}
         if kv.get("generation"):
             stamps.add(kv["generation"])
@@ -294,8 +309,14 @@ class FakeVLLM:
                 return out
             piece = f"{text} [{i}]"
             delta = {"content": piece} if chat else None
-            choice = {"index": 0, "delta": delta, "finish_reason": None} if chat else {"index": 0, "text": piece, "finish_reason": None}
-            await out.write(b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", "choices": [choice]}) + b"\n\n")
+            choice = (
+                {"index": 0, "delta": delta, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": piece, "finish_reason": None}
+            )
+            await out.write(
+                b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", "choices": [choice]}) + b"\n\n"
+            )
             if k.chunk_delay:
                 await asyncio.sleep(k.chunk_delay)
             if i == 0 and k.stream_gate is not None:
@@ -321,8 +342,13 @@ class FakeVLLM:
 
 
 def _content_parts(body: dict) -> list[dict]:
-    return [part for msg in body.get("messages") or () if isinstance(msg.get("content"), list)
-            for part in msg["content"] if isinstance(part, dict)]
+    return [
+        part
+        for msg in body.get("messages") or ()
+        if isinstance(msg.get("content"), list)
+        for part in msg["content"]
+        if isinstance(part, dict)
+    ]
 
 
 def _has_embeds(body: dict) -> bool:

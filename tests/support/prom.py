@@ -1,6 +1,7 @@
 """Prometheus exposition text read the way Prometheus reads it: prometheus_client's parser, then
 samples by name and labels. A substring check passes on a different label order or value format
 and fails on a harmless one; these do neither."""
+
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families

@@ -3,6 +3,7 @@
 Only for the order and arguments of the calls `controller.apply` makes (what a unit test can judge);
 what the API server does with them is tested against the real control plane in tests/integration.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,8 +16,9 @@ class RecordingKube:
         self.calls: list[tuple[Any, ...]] = []
         self.refuse = refuse or {}  # (kind, name) -> the error a dry run of it raises
 
-    async def apply(self, obj: dict[str, Any], *, field_manager: str = "epd-operator", force: bool = True,
-                    dry_run: bool = False) -> dict[str, Any]:
+    async def apply(
+        self, obj: dict[str, Any], *, field_manager: str = "epd-operator", force: bool = True, dry_run: bool = False
+    ) -> dict[str, Any]:
         key = (obj["kind"], obj["metadata"]["name"])
         self.calls.append(("apply", key, field_manager, force, dry_run))
         if dry_run and key in self.refuse:

@@ -3,6 +3,7 @@
 Shared by the renderer's tests (and any test that wants realistic specs): every spec here is one
 of `examples/*.yaml`, or one of them with a few fields changed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -110,9 +111,13 @@ def pod_templates(obj: dict) -> list[tuple[dict, dict[str, str]]]:
 def serve_argvs(objects: list[dict]) -> list[list[str]]:
     """Every `vllm serve` command line among the rendered Deployments and LeaderWorkerSets, with the
     LeaderWorkerSet's `$(VAR)` references expanded as the kubelet would."""
-    return [c["command"] + [expand_vars(arg, env) for arg in c["args"]]
-            for obj in objects for template, env in pod_templates(obj)
-            for c in template["spec"]["containers"] if c["name"] == "vllm"]
+    return [
+        c["command"] + [expand_vars(arg, env) for arg in c["args"]]
+        for obj in objects
+        for template, env in pod_templates(obj)
+        for c in template["spec"]["containers"]
+        if c["name"] == "vllm"
+    ]
 
 
 def rendered_examples() -> dict[str, list[dict]]:
@@ -127,16 +132,27 @@ def overlay(tag: str) -> dict[str, Any]:
         "priorityClassName": f"prio-{tag}",
         "runtimeClassName": "nvidia",
         "schedulerName": "volcano",
-        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
-                                       "whenUnsatisfiable": "ScheduleAnyway",
-                                       "labelSelector": {"matchLabels": {"example.com/tier": tag}}}],
-        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}},
-                    {"name": "certs", "secret": {"secretName": f"tls-{tag}"}}],
-        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"},
-                         {"name": "certs", "mountPath": "/certs", "readOnly": True}],
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"example.com/tier": tag}},
+            }
+        ],
+        "volumes": [
+            {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "certs", "secret": {"secretName": f"tls-{tag}"}},
+        ],
+        "volumeMounts": [
+            {"name": "scratch", "mountPath": "/scratch"},
+            {"name": "certs", "mountPath": "/certs", "readOnly": True},
+        ],
         "envFrom": [{"configMapRef": {"name": f"env-{tag}"}}],
-        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
-                {"name": f"EXTRA_{tag.upper()}", "value": "1"}],
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
+            {"name": f"EXTRA_{tag.upper()}", "value": "1"},
+        ],
         "podSecurityContext": {"fsGroup": 2000, "supplementalGroups": [3000]},
         "securityContext": {"readOnlyRootFilesystem": True},
     }
@@ -152,48 +168,105 @@ def variants() -> dict[str, EPDDeployment]:
     nixl = example_document(NIXL_AUTOSCALED)["spec"]
     mooncake = example_document(MOONCAKE)["spec"]
     return {
-        "nixl-overlay-on-every-tier": example(NIXL_AUTOSCALED, **{
-            f"spec.{role}": with_overlay(nixl.get(role, {}), role) for role in ("encoder", "prefill", "decode", "router")}),
-        "mooncake-master-placement-and-overlays": example(MOONCAKE, **{
-            "spec.ecTransfer.mooncake": {**mooncake["ecTransfer"]["mooncake"], "master": {
-                "nodeSelector": {"pool": "cpu"}, "priorityClassName": "infra",
-                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
-                "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                    {"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "In",
-                                                                       "values": ["cpu"]}]}}]}},
-                "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}}},
-            "spec.encoder": with_overlay(mooncake["encoder"], "encoder"),
-            "spec.decode": with_overlay(mooncake["decode"], "decode")}),
-        "mooncake-rdma-tp2-no-store": example(MOONCAKE, **{
-            "spec.ecTransfer.mooncake": {"protocol": "rdma"}, "spec.decode.tensorParallelSize": 2}),
+        "nixl-overlay-on-every-tier": example(
+            NIXL_AUTOSCALED,
+            **{
+                f"spec.{role}": with_overlay(nixl.get(role, {}), role)
+                for role in ("encoder", "prefill", "decode", "router")
+            },
+        ),
+        "mooncake-master-placement-and-overlays": example(
+            MOONCAKE,
+            **{
+                "spec.ecTransfer.mooncake": {
+                    **mooncake["ecTransfer"]["mooncake"],
+                    "master": {
+                        "nodeSelector": {"pool": "cpu"},
+                        "priorityClassName": "infra",
+                        "tolerations": [
+                            {"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}
+                        ],
+                        "affinity": {
+                            "nodeAffinity": {
+                                "preferredDuringSchedulingIgnoredDuringExecution": [
+                                    {
+                                        "weight": 1,
+                                        "preference": {
+                                            "matchExpressions": [{"key": "pool", "operator": "In", "values": ["cpu"]}]
+                                        },
+                                    }
+                                ]
+                            }
+                        },
+                        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "3Gi"}},
+                    },
+                },
+                "spec.encoder": with_overlay(mooncake["encoder"], "encoder"),
+                "spec.decode": with_overlay(mooncake["decode"], "decode"),
+            },
+        ),
+        "mooncake-rdma-tp2-no-store": example(
+            MOONCAKE, **{"spec.ecTransfer.mooncake": {"protocol": "rdma"}, "spec.decode.tensorParallelSize": 2}
+        ),
         "mooncake-e-p-d": example(MOONCAKE, **{"spec.prefill": gpu_prefill}),
-        "mooncake-dp4-ep-tp2-decode": example(MOONCAKE, **{
-            "spec.decode.dataParallelSize": 4, "spec.decode.expertParallel": True,
-            "spec.decode.tensorParallelSize": 2}),
-        "nixl-dp-prefill-and-decode": example(NIXL_AUTOSCALED, **{
-            "spec.prefill.dataParallelSize": 2, "spec.decode.dataParallelSize": 4, "spec.decode.expertParallel": True}),
-        "nixl-multi-node-decode-tp4-pp2": example(NIXL_AUTOSCALED, **{
-            "spec.decode.nodesPerReplica": 2, "spec.decode.tensorParallelSize": 4,
-            "spec.decode.pipelineParallelSize": 2, "spec.decode.autoscaling": {"maxReplicas": 3}}),
-        "shared-storage-multi-node-pd": example(SHARED_STORAGE, **{
-            "spec.decode.nodesPerReplica": 4, "spec.decode.tensorParallelSize": 16}),
-        "cpu-e-p-d-tp2-encoder": example(CPU_CONNECTOR, **{
-            "spec.prefill": gpu_prefill, "spec.encoder.tensorParallelSize": 2}),
-        "nixl-default-kv-all-autoscaled": example(NIXL_AUTOSCALED, **{
-            "spec.kvTransfer": None,
-            "spec.prefill.autoscaling": {"maxReplicas": 4},
-            "spec.decode.autoscaling": {"minReplicas": 2, "maxReplicas": 6},
-            "spec.router.autoscaling": {"maxReplicas": 3},
-            "spec.router.env": [{"name": "LOG", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}],
-        }),
-        "shared-storage-placement": example(SHARED_STORAGE, **{
-            "spec.model.servedModelName": None,
-            "spec.decode.tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoExecute",
-                                         "tolerationSeconds": 60}],
-            "spec.decode.affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
-            "spec.imagePullSecrets": ["regcred"],
-            "spec.router.service": {"type": "NodePort", "port": 30080, "annotations": {"x": "y"}},
-            "spec.ecTransfer.sharedStorage": {"claimName": "ec", "path": "/cache/ec"},
-        }),
+        "mooncake-dp4-ep-tp2-decode": example(
+            MOONCAKE,
+            **{
+                "spec.decode.dataParallelSize": 4,
+                "spec.decode.expertParallel": True,
+                "spec.decode.tensorParallelSize": 2,
+            },
+        ),
+        "nixl-dp-prefill-and-decode": example(
+            NIXL_AUTOSCALED,
+            **{
+                "spec.prefill.dataParallelSize": 2,
+                "spec.decode.dataParallelSize": 4,
+                "spec.decode.expertParallel": True,
+            },
+        ),
+        "nixl-multi-node-decode-tp4-pp2": example(
+            NIXL_AUTOSCALED,
+            **{
+                "spec.decode.nodesPerReplica": 2,
+                "spec.decode.tensorParallelSize": 4,
+                "spec.decode.pipelineParallelSize": 2,
+                "spec.decode.autoscaling": {"maxReplicas": 3},
+            },
+        ),
+        "shared-storage-multi-node-pd": example(
+            SHARED_STORAGE, **{"spec.decode.nodesPerReplica": 4, "spec.decode.tensorParallelSize": 16}
+        ),
+        "cpu-e-p-d-tp2-encoder": example(
+            CPU_CONNECTOR, **{"spec.prefill": gpu_prefill, "spec.encoder.tensorParallelSize": 2}
+        ),
+        "nixl-default-kv-all-autoscaled": example(
+            NIXL_AUTOSCALED,
+            **{
+                "spec.kvTransfer": None,
+                "spec.prefill.autoscaling": {"maxReplicas": 4},
+                "spec.decode.autoscaling": {"minReplicas": 2, "maxReplicas": 6},
+                "spec.router.autoscaling": {"maxReplicas": 3},
+                "spec.router.env": [{"name": "LOG", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}],
+            },
+        ),
+        "shared-storage-placement": example(
+            SHARED_STORAGE,
+            **{
+                "spec.model.servedModelName": None,
+                "spec.decode.tolerations": [
+                    {"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoExecute", "tolerationSeconds": 60}
+                ],
+                "spec.decode.affinity": {
+                    "podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+                        ]
+                    }
+                },
+                "spec.imagePullSecrets": ["regcred"],
+                "spec.router.service": {"type": "NodePort", "port": 30080, "annotations": {"x": "y"}},
+                "spec.ecTransfer.sharedStorage": {"claimName": "ec", "path": "/cache/ec"},
+            },
+        ),
     }

@@ -18,6 +18,7 @@ The model (a hub id or a path) is replaced by the local tiny model: ``from_cli_a
 model up and ``HF_HUB_OFFLINE`` is set, so nothing is downloaded. Builds the vLLM venv and the
 tiny model on first use.
 """
+
 from __future__ import annotations
 
 import atexit

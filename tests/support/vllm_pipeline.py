@@ -1,4 +1,5 @@
 """What the e2e tests ask a locally running EPD pipeline (`epd_operator.local.runner.LocalEPD`)."""
+
 from __future__ import annotations
 
 from epd_operator.local.client import Reply, chat, chat_body, metric_sum

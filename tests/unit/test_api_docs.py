@@ -1,4 +1,5 @@
 """The generated API reference (`epdctl docs`): complete, and the one the README shows."""
+
 from __future__ import annotations
 
 import typing
@@ -62,4 +63,5 @@ def test_readme_shows_the_current_reference():
     shown = readme.split(START, 1)[1].split(END, 1)[0].strip()
     assert shown == reference().strip(), (
         "README.md's API reference is stale: replace the text between the api-reference markers "
-        "with the output of `.venv/bin/epdctl docs`")
+        "with the output of `.venv/bin/epdctl docs`"
+    )

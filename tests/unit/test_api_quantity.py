@@ -1,4 +1,5 @@
 """Kubernetes quantities: what the API accepts (same as the CRD pattern) and their value in bytes."""
+
 from __future__ import annotations
 
 import re
@@ -16,27 +17,30 @@ class Holder(BaseModel):
     size: Quantity
 
 
-@pytest.mark.parametrize("text, value", [
-    ("0", 0),
-    ("1", 1),
-    ("+1", 1),
-    ("1Ki", 1024),
-    ("8Gi", 8 * 2**30),
-    ("1.5Gi", 3 * 2**29),
-    ("1Ei", 2**60),
-    ("1k", 1000),
-    ("2M", 2_000_000),
-    ("1G", 10**9),
-    ("3T", 3 * 10**12),
-    ("500m", Decimal("0.5")),
-    ("250u", Decimal("0.00025")),
-    ("7n", Decimal("7e-9")),
-    ("1e9", 10**9),
-    ("1E3", 1000),
-    ("2.5e-3", Decimal("0.0025")),
-    (".5", Decimal("0.5")),
-    ("5.", 5),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("0", 0),
+        ("1", 1),
+        ("+1", 1),
+        ("1Ki", 1024),
+        ("8Gi", 8 * 2**30),
+        ("1.5Gi", 3 * 2**29),
+        ("1Ei", 2**60),
+        ("1k", 1000),
+        ("2M", 2_000_000),
+        ("1G", 10**9),
+        ("3T", 3 * 10**12),
+        ("500m", Decimal("0.5")),
+        ("250u", Decimal("0.00025")),
+        ("7n", Decimal("7e-9")),
+        ("1e9", 10**9),
+        ("1E3", 1000),
+        ("2.5e-3", Decimal("0.0025")),
+        (".5", Decimal("0.5")),
+        ("5.", 5),
+    ],
+)
 def test_parse_quantity(text, value):
     assert parse_quantity(text) == value
     assert Holder(size=text).size == text  # kept as written; rendered back verbatim
@@ -77,5 +81,10 @@ def test_non_scalars_and_fractions_are_refused(bad):
 def test_the_crd_pattern_and_the_parser_agree(number, suffix):
     text = f"{number}{suffix}"
     assert re.match(QUANTITY_PATTERN, text)
-    assert quantity_bytes(text) == number * {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-                                             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[suffix]
+    assert (
+        quantity_bytes(text)
+        == number
+        * {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[
+            suffix
+        ]
+    )

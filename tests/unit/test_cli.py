@@ -1,4 +1,5 @@
 """`epdctl`: validate, crd, docs and the janitor entry, as a user meets them (files, stdin, bad input)."""
+
 from __future__ import annotations
 
 import io
@@ -43,8 +44,10 @@ def write(tmp_path: Path, text: str) -> str:
 def test_validate_says_what_it_found_for_each_document(tmp_path, capsys):
     code, out, err = run(["validate", "-f", write(tmp_path, GOOD % "a" + "---\n" + GOOD % "b")], capsys)
     assert (code, err) == (0, "")
-    assert out.splitlines() == ["EPDDeployment a: valid (E/P/D, EC connector CPU)",
-                                "EPDDeployment b: valid (E/P/D, EC connector CPU)"]
+    assert out.splitlines() == [
+        "EPDDeployment a: valid (E/P/D, EC connector CPU)",
+        "EPDDeployment b: valid (E/P/D, EC connector CPU)",
+    ]
 
 
 def test_validate_reads_stdin(monkeypatch, capsys):
@@ -61,11 +64,14 @@ def test_one_bad_document_fails_the_file_and_is_named(tmp_path, capsys):
     assert "good" not in err
 
 
-@pytest.mark.parametrize("text, complaint", [
-    ("", "no documents"),
-    ("spec: [unclosed\n", "while parsing"),
-    ("- just\n- a list\n", "document 0: <root>: an EPDDeployment must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, complaint",
+    [
+        ("", "no documents"),
+        ("spec: [unclosed\n", "while parsing"),
+        ("- just\n- a list\n", "document 0: <root>: an EPDDeployment must be a mapping"),
+    ],
+)
 def test_unusable_files_fail_with_a_reason(tmp_path, capsys, text, complaint):
     code, out, err = run(["validate", "-f", write(tmp_path, text)], capsys)
     assert (code, out) == (1, "")

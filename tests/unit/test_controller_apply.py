@@ -1,6 +1,7 @@
 """controller/apply: the writes `execute` makes and in what order, the dry run's verdicts, the plan's
 reasons and descriptions, and drift on the inputs the planning test table leaves out. Every expected
 value is written out by hand."""
+
 from __future__ import annotations
 
 import copy
@@ -45,8 +46,14 @@ def dep(name: str = "vl-encoder", replicas: int | None = 2) -> dict:
 
 def test_owner_reference_is_the_controlling_owner():
     # called here, not only at import: a mutant is switched on only while a test runs
-    assert owner_reference({"metadata": {"name": "vl", "uid": "uid-1"}}) == {"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment", "name": "vl", "uid": "uid-1",
-                     "controller": True, "blockOwnerDeletion": True}
+    assert owner_reference({"metadata": {"name": "vl", "uid": "uid-1"}}) == {
+        "apiVersion": "serving.epd.dev/v1alpha1",
+        "kind": "EPDDeployment",
+        "name": "vl",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def test_applied_hash_is_20_hex_of_the_canonical_json():
@@ -73,50 +80,90 @@ def test_is_owned_by_reads_every_reference():
     assert not is_owned_by({}, "a")
 
 
-@pytest.mark.parametrize("want,have,same", [
-    (1, 1, True), ("a", "a", True), (1, "1", True), ("1", 1, True), ("0.5", "500m", True), ("1Gi", "1024Mi", True),
-    (1, 1.0, True), (True, True, True), (True, 1, False), (1, True, False), (False, 0, False), ("a", "b", False),
-    ("x1", "y1", False), (2, "3", False), (None, None, True), ([1], [1], True), ({"a": 1}, "x", False),
-    (True, "True", False), ("True", True, False), (None, "None", False), ("x", "None", False), ("None", "y", False),
-])
+@pytest.mark.parametrize(
+    "want,have,same",
+    [
+        (1, 1, True),
+        ("a", "a", True),
+        (1, "1", True),
+        ("1", 1, True),
+        ("0.5", "500m", True),
+        ("1Gi", "1024Mi", True),
+        (1, 1.0, True),
+        (True, True, True),
+        (True, 1, False),
+        (1, True, False),
+        (False, 0, False),
+        ("a", "b", False),
+        ("x1", "y1", False),
+        (2, "3", False),
+        (None, None, True),
+        ([1], [1], True),
+        ({"a": 1}, "x", False),
+        (True, "True", False),
+        ("True", True, False),
+        (None, "None", False),
+        ("x", "None", False),
+        ("None", "y", False),
+    ],
+)
 def test_same_scalar(want, have, same):
     assert _same_scalar(want, have) is same
 
 
-@pytest.mark.parametrize("desired,live,paths", [
-    ({"spec": {"a": {"b": 1}}}, {"spec": {"a": "flat"}}, ["spec.a"]),
-    ({"spec": {"a": {}}}, {"spec": {}}, []),  # an empty map the server omits
-    ({"spec": {"a": {}}}, {"spec": {"a": 3}}, ["spec.a"]),
-    ({"spec": {"l": [1, 2]}}, {"spec": {"l": [1]}}, ["spec.l"]),
-    ({"spec": {"l": [1, 2]}}, {"spec": {"l": [1, 3]}}, ["spec.l[1]"]),
-    ({"spec": {"l": [1]}}, {"spec": {"l": "x"}}, ["spec.l"]),
-    ({"spec": {"l": []}}, {"spec": {}}, []),
-    ({"spec": {"l": [1]}}, {"spec": {}}, ["spec.l"]),
-    ({"spec": {"flag": False, "n": 0, "s": ""}}, {"spec": {}}, []),  # omitempty zero values
-    ({"spec": {"flag": True}}, {"spec": {}}, ["spec.flag"]),
-    ({"spec": {"flag": False}}, {"spec": {"flag": True}}, ["spec.flag"]),  # a boolean drifted on the live object
-    ({"spec": {"x": None}}, {"spec": {"x": 5}}, []),
-    ({"spec": {"ports": [{"port": 80, "name": "a"}, {"port": 81, "name": "b"}]}},
-     {"spec": {"ports": [{"port": 81, "name": "b"}, {"port": 80, "name": "a"}, {"port": 9, "name": "mesh"}]}}, []),
-    ({"spec": {"ports": [{"port": 80, "name": "a"}]}}, {"spec": {"ports": [{"port": 80, "name": "z"}]}},
-     ["spec.ports[name=a]"]),
-    ({"spec": {"env": [{"name": "A", "value": "1"}]}}, {"spec": {"env": [{"name": "A", "value": "2"}]}},
-     ["spec.env[name=A].value"]),
-    # no key unique to every item: compared by position
-    ({"spec": {"m": [{"name": "a", "v": 1}, {"name": "a", "v": 2}]}},
-     {"spec": {"m": [{"name": "a", "v": 1}, {"name": "a", "v": 3}]}}, ["spec.m[1].v"]),
-    ({"spec": {"m": [{"mountPath": "/a"}]}}, {"spec": {"m": [{"mountPath": "/b"}]}}, ["spec.m[mountPath=/a]"]),
-    ({"spec": {"m": [{"containerPort": 1}]}}, {"spec": {"m": [{"containerPort": 2}]}}, ["spec.m[containerPort=1]"]),
-    ({"spec": {"m": [{"name": "a"}]}}, {"spec": {"m": ["not-a-map", {"name": "a"}]}}, []),
-])
+@pytest.mark.parametrize(
+    "desired,live,paths",
+    [
+        ({"spec": {"a": {"b": 1}}}, {"spec": {"a": "flat"}}, ["spec.a"]),
+        ({"spec": {"a": {}}}, {"spec": {}}, []),  # an empty map the server omits
+        ({"spec": {"a": {}}}, {"spec": {"a": 3}}, ["spec.a"]),
+        ({"spec": {"l": [1, 2]}}, {"spec": {"l": [1]}}, ["spec.l"]),
+        ({"spec": {"l": [1, 2]}}, {"spec": {"l": [1, 3]}}, ["spec.l[1]"]),
+        ({"spec": {"l": [1]}}, {"spec": {"l": "x"}}, ["spec.l"]),
+        ({"spec": {"l": []}}, {"spec": {}}, []),
+        ({"spec": {"l": [1]}}, {"spec": {}}, ["spec.l"]),
+        ({"spec": {"flag": False, "n": 0, "s": ""}}, {"spec": {}}, []),  # omitempty zero values
+        ({"spec": {"flag": True}}, {"spec": {}}, ["spec.flag"]),
+        ({"spec": {"flag": False}}, {"spec": {"flag": True}}, ["spec.flag"]),  # a boolean drifted on the live object
+        ({"spec": {"x": None}}, {"spec": {"x": 5}}, []),
+        (
+            {"spec": {"ports": [{"port": 80, "name": "a"}, {"port": 81, "name": "b"}]}},
+            {"spec": {"ports": [{"port": 81, "name": "b"}, {"port": 80, "name": "a"}, {"port": 9, "name": "mesh"}]}},
+            [],
+        ),
+        (
+            {"spec": {"ports": [{"port": 80, "name": "a"}]}},
+            {"spec": {"ports": [{"port": 80, "name": "z"}]}},
+            ["spec.ports[name=a]"],
+        ),
+        (
+            {"spec": {"env": [{"name": "A", "value": "1"}]}},
+            {"spec": {"env": [{"name": "A", "value": "2"}]}},
+            ["spec.env[name=A].value"],
+        ),
+        # no key unique to every item: compared by position
+        (
+            {"spec": {"m": [{"name": "a", "v": 1}, {"name": "a", "v": 2}]}},
+            {"spec": {"m": [{"name": "a", "v": 1}, {"name": "a", "v": 3}]}},
+            ["spec.m[1].v"],
+        ),
+        ({"spec": {"m": [{"mountPath": "/a"}]}}, {"spec": {"m": [{"mountPath": "/b"}]}}, ["spec.m[mountPath=/a]"]),
+        ({"spec": {"m": [{"containerPort": 1}]}}, {"spec": {"m": [{"containerPort": 2}]}}, ["spec.m[containerPort=1]"]),
+        ({"spec": {"m": [{"name": "a"}]}}, {"spec": {"m": ["not-a-map", {"name": "a"}]}}, []),
+    ],
+)
 def test_drift_paths(desired, live, paths):
     base = {"apiVersion": "v1", "kind": "X", "metadata": {}}
     assert drift({**base, **desired}, {**base, **live}) == paths
 
 
 def test_drift_in_labels_annotations_and_owner_and_a_whole_missing_spec():
-    desired = {"kind": "X", "metadata": {"labels": {"a": "1"}, "annotations": {"b": "2"}, "ownerReferences": [OWNER]},
-               "spec": {"k": {"x": 1}}, "status": {"ignored": True}}
+    desired = {
+        "kind": "X",
+        "metadata": {"labels": {"a": "1"}, "annotations": {"b": "2"}, "ownerReferences": [OWNER]},
+        "spec": {"k": {"x": 1}},
+        "status": {"ignored": True},
+    }
     live = {"kind": "Y", "apiVersion": "other", "metadata": {"labels": {"a": "2"}}}
     assert drift(desired, live) == ["metadata.labels.a", "metadata.annotations.b", "metadata.ownerReferences", "spec"]
 
@@ -127,7 +174,10 @@ def test_manages_replicas_only_for_our_apply_entry_owning_replicas():
     assert manages_replicas({"metadata": {"managedFields": [ours]}}) is True
     assert manages_replicas({"metadata": {"managedFields": [ours]}}, manager="someone") is False
     assert manages_replicas({"metadata": {"managedFields": [{**ours, "operation": "Update"}]}}) is False
-    assert manages_replicas({"metadata": {"managedFields": [{**ours, "fieldsV1": {"f:spec": {"f:template": {}}}}]}}) is False
+    assert (
+        manages_replicas({"metadata": {"managedFields": [{**ours, "fieldsV1": {"f:spec": {"f:template": {}}}}]}})
+        is False
+    )
     assert manages_replicas({"metadata": {"managedFields": [{**ours, "fieldsV1": None}]}}) is False
     assert manages_replicas({"metadata": {"managedFields": []}}) is False
 
@@ -139,24 +189,40 @@ def test_handover_only_for_a_deployment_that_stops_applying_replicas():
     assert needs_replicas_handover(dep(replicas=2), live) is False
     assert needs_replicas_handover(dep(replicas=None), {**live, "spec": {}}) is False
     assert needs_replicas_handover({**obj("StatefulSet"), "spec": {}}, {**live, "kind": "StatefulSet"}) is False
-    assert replicas_handover(live) == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                       "metadata": {"name": "vl-encoder", "namespace": "ns"}, "spec": {"replicas": 3}}
+    assert replicas_handover(live) == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
 
 
 def test_plan_reasons_and_descriptions():
-    svc, cm, gone = adopt(obj("Service", "a"), OWNER), adopt(obj("ConfigMap", "b"), OWNER), adopt(obj("Secret", "c"), OWNER)
+    svc, cm, gone = (
+        adopt(obj("Service", "a"), OWNER),
+        adopt(obj("ConfigMap", "b"), OWNER),
+        adopt(obj("Secret", "c"), OWNER),
+    )
     changed = adopt(obj("Service", "a", type="NodePort"), OWNER)
     live_cm = copy.deepcopy(cm)
     live_cm["metadata"]["labels"] = {"x": "y"}
     live_cm["spec"] = {"edited": True}
     cm["spec"] = {"edited": False, "a": 1, "b": 2, "c": 3}
     live_cm["spec"].update(a=9, b=9, c=9)
-    todo = plan([changed, cm, adopt(obj("Service", "new"), OWNER)], [svc, live_cm, gone, obj("Secret", "foreign")], "uid-1")
+    todo = plan(
+        [changed, cm, adopt(obj("Service", "new"), OWNER)], [svc, live_cm, gone, obj("Secret", "foreign")], "uid-1"
+    )
     assert [(a.why, key_of(a.desired)) for a in todo.applies] == [
-        ("update", ("Service", "a")), ("drift", ("ConfigMap", "b")), ("create", ("Service", "new"))]
+        ("update", ("Service", "a")),
+        ("drift", ("ConfigMap", "b")),
+        ("create", ("Service", "new")),
+    ]
     assert todo.applies[1].drifted == ("spec.edited", "spec.a", "spec.b", "spec.c")
     assert [a.describe() for a in todo.applies] == [
-        "Service a updated", "ConfigMap b restored (spec.edited, spec.a, spec.b had been changed)", "Service new created"]
+        "Service a updated",
+        "ConfigMap b restored (spec.edited, spec.a, spec.b had been changed)",
+        "Service new created",
+    ]
     assert todo.prunes == [gone]
     assert bool(todo) is True
     assert bool(Plan([], [])) is False and bool(Plan([], [gone])) is True
@@ -172,8 +238,12 @@ def test_plan_hands_replicas_over_on_update_and_drift_not_on_create():
     autoscaled = adopt(dep(replicas=None), OWNER)
     (step,) = plan([autoscaled], [live], "uid-1").applies
     assert step.why == "update"
-    assert step.handover == {"apiVersion": "apps/v1", "kind": "Deployment",
-                             "metadata": {"name": "vl-encoder", "namespace": "ns"}, "spec": {"replicas": 3}}
+    assert step.handover == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
     drifted_live = copy.deepcopy(autoscaled)
     drifted_live["spec"] = {"replicas": 3}
     drifted_live["metadata"]["labels"] = {"edited": "yes"}
@@ -187,10 +257,16 @@ def test_plan_hands_replicas_over_on_update_and_drift_not_on_create():
 
 async def test_execute_hands_over_then_applies_then_prunes_and_reports_what_it_touched():
     kube = RecordingKube()
-    handover = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vl-encoder", "namespace": "ns"},
-                "spec": {"replicas": 3}}
+    handover = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
     pruned = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "old", "namespace": "ns", "uid": "u-old"}}
-    todo = Plan([Apply(dep(replicas=None), "update", handover=handover), Apply(obj("Service", "svc"), "create")], [pruned])
+    todo = Plan(
+        [Apply(dep(replicas=None), "update", handover=handover), Apply(obj("Service", "svc"), "create")], [pruned]
+    )
     touched = await execute(kube, todo)
     assert kube.calls == [
         ("apply", ("Deployment", "vl-encoder"), HANDOVER_MANAGER, False, False),
@@ -215,14 +291,26 @@ def test_refusal_is_only_the_objects_own_fault():
 
 
 async def test_dry_run_collects_every_refusal_with_the_servers_words_and_skips_unshaped_kinds():
-    invalid = ApiError(422, {"message": 'Deployment.apps "vl-encoder" is invalid: spec.replicas: must be >= 0'}, "apply")
+    invalid = ApiError(
+        422, {"message": 'Deployment.apps "vl-encoder" is invalid: spec.replicas: must be >= 0'}, "apply"
+    )
     not_json = ApiError(400, "bad body", "apply")
     kube = RecordingKube({("Deployment", "vl-encoder"): invalid, ("Service", "vl-router"): not_json})
-    todo = Plan([Apply(dep(), "create"), Apply(obj("ServiceAccount", "sa"), "create"), Apply(obj("Role", "r"), "create"),
-                 Apply(obj("RoleBinding", "rb"), "create"), Apply(obj("Service", "vl-router"), "create")], [])
+    todo = Plan(
+        [
+            Apply(dep(), "create"),
+            Apply(obj("ServiceAccount", "sa"), "create"),
+            Apply(obj("Role", "r"), "create"),
+            Apply(obj("RoleBinding", "rb"), "create"),
+            Apply(obj("Service", "vl-router"), "create"),
+        ],
+        [],
+    )
     problems = await refused_by_server(kube, todo)
-    assert problems == ['Deployment vl-encoder: Deployment.apps "vl-encoder" is invalid: spec.replicas: must be >= 0',
-                        "Service vl-router: apply: HTTP 400: bad body"]
+    assert problems == [
+        'Deployment vl-encoder: Deployment.apps "vl-encoder" is invalid: spec.replicas: must be >= 0',
+        "Service vl-router: apply: HTTP 400: bad body",
+    ]
     assert [c[1] for c in kube.calls] == [("Deployment", "vl-encoder"), ("Service", "vl-router")]
     assert all(c[4] is True for c in kube.calls)  # dry runs only
 
@@ -232,7 +320,8 @@ async def test_dry_run_names_an_api_the_cluster_does_not_serve():
     kube = RecordingKube({("HTTPRoute", "vl"): ApiError(404, {"message": "not found"}, "apply")})
     assert await refused_by_server(kube, Plan([Apply(route, "create")], [])) == [
         "HTTPRoute vl: this cluster does not serve gateway.networking.k8s.io/v1 HTTPRoute "
-        "(install its CRDs, or remove the field that asks for it)"]
+        "(install its CRDs, or remove the field that asks for it)"
+    ]
 
 
 async def test_dry_run_raises_what_is_not_a_refusal():
@@ -272,8 +361,12 @@ def test_api_version_kind_and_status_are_not_compared():
 
 
 def test_a_leader_worker_set_hands_its_replicas_over_too():
-    live = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-            "metadata": {"name": "vl-decode", "namespace": "ns"}, "spec": {"replicas": 3}}
+    live = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "vl-decode", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
     assert needs_replicas_handover({**live, "spec": {}}, live) is True
 
 
@@ -284,7 +377,11 @@ def test_applied_hash_of_values_json_cannot_spell_uses_their_text():
 
 async def test_dry_run_goes_on_after_an_api_the_cluster_does_not_serve():
     route = obj("HTTPRoute", "vl", "gateway.networking.k8s.io/v1")
-    kube = RecordingKube({("HTTPRoute", "vl"): ApiError(404, {"message": "not found"}, "apply"),
-                          ("Service", "vl-router"): ApiError(422, {"message": "bad port"}, "apply")})
+    kube = RecordingKube(
+        {
+            ("HTTPRoute", "vl"): ApiError(404, {"message": "not found"}, "apply"),
+            ("Service", "vl-router"): ApiError(422, {"message": "bad port"}, "apply"),
+        }
+    )
     problems = await refused_by_server(kube, Plan([Apply(route, "create"), Apply(obj(), "create")], []))
     assert [p.split(":")[0] for p in problems] == ["HTTPRoute vl", "Service vl-router"]

@@ -1,5 +1,6 @@
 """The generated CRD: committed as generated, structurally sound, every CEL rule compiles, and the
 printer columns point at fields that exist."""
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,15 @@ SCHEMA = VERSION["schema"]["openAPIV3Schema"]
 
 def test_the_committed_crd_is_the_generated_one():
     assert COMMITTED.read_text(encoding="utf-8") == dump_yaml([CRD]), (
-        f"{COMMITTED.relative_to(REPO)} is stale: run `make crds` and commit it")
+        f"{COMMITTED.relative_to(REPO)} is stale: run `make crds` and commit it"
+    )
 
 
 def test_the_chart_ships_the_generated_crd():
     assert CHART_COPY.exists(), f"{CHART_COPY.relative_to(REPO)} is missing: run `make crds`"
     assert CHART_COPY.read_text(encoding="utf-8") == dump_yaml([CRD]), (
-        f"{CHART_COPY.relative_to(REPO)} is stale: run `make crds` and commit it")
+        f"{CHART_COPY.relative_to(REPO)} is stale: run `make crds` and commit it"
+    )
 
 
 def nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -49,8 +52,9 @@ ALL_NODES = list(nodes(SCHEMA))
 
 
 def test_every_node_has_a_type():
-    untyped = [path for path, node in ALL_NODES
-               if node.get("type") not in TYPES and not node.get("x-kubernetes-int-or-string")]
+    untyped = [
+        path for path, node in ALL_NODES if node.get("type") not in TYPES and not node.get("x-kubernetes-int-or-string")
+    ]
     assert untyped == []
 
 
@@ -69,17 +73,25 @@ def test_no_json_schema_leftovers_from_pydantic():
 
 
 def test_objects_declare_their_fields_or_preserve_unknown_ones():
-    opaque = [path for path, node in ALL_NODES if node.get("type") == "object"
-              and not ({"properties", "additionalProperties", "x-kubernetes-preserve-unknown-fields"} & set(node))
-              and path != ".metadata"]
+    opaque = [
+        path
+        for path, node in ALL_NODES
+        if node.get("type") == "object"
+        and not ({"properties", "additionalProperties", "x-kubernetes-preserve-unknown-fields"} & set(node))
+        and path != ".metadata"
+    ]
     assert opaque == []
     listless = [path for path, node in ALL_NODES if node.get("type") == "array" and "items" not in node]
     assert listless == []
 
 
 def test_required_fields_exist():
-    missing = [f"{path}.{name}" for path, node in ALL_NODES for name in node.get("required", [])
-               if name not in (node.get("properties") or {})]
+    missing = [
+        f"{path}.{name}"
+        for path, node in ALL_NODES
+        for name in node.get("required", [])
+        if name not in (node.get("properties") or {})
+    ]
     assert missing == []
 
 
@@ -91,8 +103,11 @@ def _is_upstream(node: dict[str, Any]) -> bool:
 
 
 # The fields typed with generated Kubernetes schemas (affinity, tolerations[], ...).
-UPSTREAM_ROOTS = [path for path, node in ALL_NODES
-                  if _is_upstream(node) or (isinstance(node.get("items"), dict) and _is_upstream(node["items"]))]
+UPSTREAM_ROOTS = [
+    path
+    for path, node in ALL_NODES
+    if _is_upstream(node) or (isinstance(node.get("items"), dict) and _is_upstream(node["items"]))
+]
 
 
 def _inside_upstream(path: str) -> bool:
@@ -102,15 +117,21 @@ def _inside_upstream(path: str) -> bool:
 def test_every_spec_field_is_described():
     # kubectl explain shows these; an undocumented object is where users get lost. Inside the generated
     # Kubernetes types descriptions are dropped for size: the field itself says which type it is.
-    bare = [path for path, node in ALL_NODES if path.startswith(".spec.") and "description" not in node
-            and not path.endswith((".*", "[]"))  # map values and list items: their parent says
-            and not _inside_upstream(path)]
+    bare = [
+        path
+        for path, node in ALL_NODES
+        if path.startswith(".spec.")
+        and "description" not in node
+        and not path.endswith((".*", "[]"))  # map values and list items: their parent says
+        and not _inside_upstream(path)
+    ]
     assert bare == []
 
 
 def test_the_committed_kubernetes_schemas_are_the_generated_ones():
     assert kube_schemas.SCHEMA_FILE.read_text(encoding="utf-8") == kube_schemas.dump(kube_schemas.generate()), (
-        "operator/epd_operator/api/kube_schemas.json is stale: run `make crds` and commit it")
+        "operator/epd_operator/api/kube_schemas.json is stale: run `make crds` and commit it"
+    )
 
 
 def test_kubernetes_schemas_come_from_the_oldest_release_the_charts_claim():
@@ -119,13 +140,19 @@ def test_kubernetes_schemas_come_from_the_oldest_release_the_charts_claim():
         assert meta["kubeVersion"] == f">={kube_schemas.KUBERNETES_VERSION}.0-0", chart
 
 
-@pytest.mark.parametrize("path, kube_type", [
-    (".spec.encoder.affinity", "Affinity"), (".spec.decode.tolerations[]", "Toleration"),
-    (".spec.router.env[].valueFrom", "EnvVarSource"), (".spec.encoder.autoscaling.metrics[]", "MetricSpec"),
-    (".spec.prefill.autoscaling.behavior", "HorizontalPodAutoscalerBehavior"),
-    (".spec.decode.volumes[]", "Volume"), (".spec.decode.securityContext", "SecurityContext"),
-    (".spec.ecTransfer.mooncake.master.affinity", "Affinity"),
-])
+@pytest.mark.parametrize(
+    "path, kube_type",
+    [
+        (".spec.encoder.affinity", "Affinity"),
+        (".spec.decode.tolerations[]", "Toleration"),
+        (".spec.router.env[].valueFrom", "EnvVarSource"),
+        (".spec.encoder.autoscaling.metrics[]", "MetricSpec"),
+        (".spec.prefill.autoscaling.behavior", "HorizontalPodAutoscalerBehavior"),
+        (".spec.decode.volumes[]", "Volume"),
+        (".spec.decode.securityContext", "SecurityContext"),
+        (".spec.ecTransfer.mooncake.master.affinity", "Affinity"),
+    ],
+)
 def test_pass_through_fields_carry_the_upstream_schema(path, kube_type):
     node = {k: v for k, v in dict(ALL_NODES)[path].items() if k != "description"}
     assert node == kube_schemas.schema(kube_type)
@@ -224,7 +251,12 @@ def test_every_rule_reason_is_one_the_api_server_accepts():
     rules = list(_validation_rules(crd))
     assert len(rules) > 10
     assert {r.get("reason", "FieldValueInvalid") for r in rules} <= set(SUPPORTED_REASONS)
-    assert SUPPORTED_REASONS == ("FieldValueRequired", "FieldValueForbidden", "FieldValueInvalid", "FieldValueDuplicate")
+    assert SUPPORTED_REASONS == (
+        "FieldValueRequired",
+        "FieldValueForbidden",
+        "FieldValueInvalid",
+        "FieldValueDuplicate",
+    )
 
 
 def test_a_rule_with_an_unsupported_reason_cannot_be_declared():

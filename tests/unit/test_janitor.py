@@ -1,5 +1,6 @@
 """The shared-storage cache janitor: TTL as a guaranteed minimum lifetime, the size bound, and safety
 against vLLM writing and other janitors deleting while a sweep runs. Time is controlled with os.utime."""
+
 from __future__ import annotations
 
 import os
@@ -192,8 +193,10 @@ disk_entries = st.lists(st.tuples(st.integers(0, TTL * 4), st.integers(0, 1000),
 @settings(max_examples=300, deadline=None)
 @given(entries=entries, ttl=st.integers(1, TTL * 2), max_bytes=st.one_of(st.none(), st.integers(0, 20_000)))
 def test_plan_never_deletes_an_entry_younger_than_the_ttl_and_meets_the_bound_when_it_can(entries, ttl, max_bytes):
-    store = [Entry(Path(f"/c/{i}"), NOW - age, size, complete, empty=not complete and not size)
-             for i, (age, size, complete) in enumerate(entries)]
+    store = [
+        Entry(Path(f"/c/{i}"), NOW - age, size, complete, empty=not complete and not size)
+        for i, (age, size, complete) in enumerate(entries)
+    ]
     policy = Policy(ttl, max_bytes)
     decided = plan(store, policy, NOW)
     victims = {e.path for e in decided.victims}
@@ -327,11 +330,14 @@ def test_epdctl_janitor_passes_its_flags_through(tmp_path):
     assert exit_.value.code == 0
 
 
-@pytest.mark.parametrize("argv, complaint", [
-    (["--ttl-seconds", "60"], "--path"),
-    (["--path", "{tmp}", "--ttl-seconds", "0"], "at least 1"),
-    (["--path", "{tmp}", "--ttl-seconds", "60", "--max-size", "lots"], "not a Kubernetes quantity"),
-])
+@pytest.mark.parametrize(
+    "argv, complaint",
+    [
+        (["--ttl-seconds", "60"], "--path"),
+        (["--path", "{tmp}", "--ttl-seconds", "0"], "at least 1"),
+        (["--path", "{tmp}", "--ttl-seconds", "60", "--max-size", "lots"], "not a Kubernetes quantity"),
+    ],
+)
 def test_bad_flags_are_refused_with_a_reason(tmp_path, capsys, argv, complaint):
     with pytest.raises(SystemExit) as exit_:
         janitor.main([a.format(tmp=tmp_path) for a in argv])
@@ -356,9 +362,20 @@ def test_a_missing_path_is_an_error_not_a_silent_loop(tmp_path, capsys):
 
 def test_sigterm_ends_the_sidecar_cleanly(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "epd_operator.janitor", "--path", str(tmp_path), "--ttl-seconds", "600",
-         "--interval", "3600"],
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "epd_operator.janitor",
+            "--path",
+            str(tmp_path),
+            "--ttl-seconds",
+            "600",
+            "--interval",
+            "3600",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "watching" in proc.stderr.readline()
         assert "sweep:" in proc.stderr.readline()  # the first sweep ran; now it waits an hour

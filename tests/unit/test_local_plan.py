@@ -2,6 +2,7 @@
 
 No processes are started here; the e2e tests run these plans on real vLLM.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,8 +34,14 @@ SUBSTITUTED = {"--port", "--ec-transfer-config", "--kv-transfer-config", "--tens
 def local_plan(example: str) -> LocalPlan:
     ports = itertools.count(41000)
     objects = render(parse_epd(yaml.safe_load((EXAMPLES / example).read_text())))
-    return plan(objects, model_dir=MODEL, workdir=WORKDIR, vllm=Path("/venv/bin/vllm"),
-                router=["epd-router"], pick_port=lambda: next(ports))
+    return plan(
+        objects,
+        model_dir=MODEL,
+        workdir=WORKDIR,
+        vllm=Path("/venv/bin/vllm"),
+        router=["epd-router"],
+        pick_port=lambda: next(ports),
+    )
 
 
 def flags(argv: list[str]) -> list[tuple[str, str | None]]:
@@ -74,7 +81,9 @@ def test_e_pd_shares_one_local_store_between_encoder_and_pd(e_pd):
     configs = {p.role: json.loads(flag_value(p.argv, "--ec-transfer-config")) for p in e_pd.processes[:2]}
     store = str(WORKDIR / "volumes" / "pvc" / "ec-cache")
     assert {role: c["ec_connector_extra_config"]["shared_storage_path"] for role, c in configs.items()} == {
-        "encoder": store, "decode": store}
+        "encoder": store,
+        "decode": store,
+    }
     assert {role: c["ec_role"] for role, c in configs.items()} == {"encoder": "ec_producer", "decode": "ec_consumer"}
     assert e_pd.volume("pvc/ec-cache") == Path(store)
 
@@ -104,7 +113,9 @@ def test_e_p_d_moves_kv_through_a_local_example_connector(e_p_d):
     kv = {role: json.loads(flag_value(e_p_d.one(role).argv, "--kv-transfer-config")) for role in ("prefill", "decode")}
     assert {role: c["kv_role"] for role, c in kv.items()} == {"prefill": "kv_producer", "decode": "kv_consumer"}
     assert {c["kv_connector"] for c in kv.values()} == {"ExampleConnector"}
-    assert {c["kv_connector_extra_config"]["shared_storage_path"] for c in kv.values()} == {str(e_p_d.volume("kv-transfer"))}
+    assert {c["kv_connector_extra_config"]["shared_storage_path"] for c in kv.values()} == {
+        str(e_p_d.volume("kv-transfer"))
+    }
     for role in ("prefill", "decode"):
         process = e_p_d.one(role)
         assert flag_value(process.argv, "--block-size") == str(CPU_KV_BLOCK_SIZE)

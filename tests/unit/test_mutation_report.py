@@ -1,5 +1,6 @@
 """hack/mutation.py's matching of surviving mutants to their recorded explanations (the mutation run
 itself is `make mutation`, not part of the test suite)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,8 +30,16 @@ def test_function_names_from_mutant_names():
 
 def test_a_survivor_matches_by_the_line_it_mutates_or_the_line_it_writes():
     name = "epd_operator.router.reuse.xǁReuseCacheǁremember__mutmut_8"
-    by_line = {"module": "router/reuse.py", "function": "ReuseCache.remember", "line": "self._entries.popitem(last=False)"}
-    by_mutant = {"module": "router/reuse.py", "function": "ReuseCache.remember", "mutated": "self._entries.popitem(last=None)"}
+    by_line = {
+        "module": "router/reuse.py",
+        "function": "ReuseCache.remember",
+        "line": "self._entries.popitem(last=False)",
+    }
+    by_mutant = {
+        "module": "router/reuse.py",
+        "function": "ReuseCache.remember",
+        "mutated": "self._entries.popitem(last=None)",
+    }
     assert mutation.explain("router/reuse.py", name, DIFF, [by_line]) is by_line
     assert mutation.explain("router/reuse.py", name, DIFF, [by_mutant]) is by_mutant
     other_function = {**by_line, "function": "ReuseCache.recall"}

@@ -1,4 +1,5 @@
 """The operator's apply planning: what is written, and — as important — what is not."""
+
 from __future__ import annotations
 
 import copy
@@ -20,20 +21,33 @@ from epd_operator.kube import CHILD_RESOURCES, child_resource
 from epd_operator.render import render
 from tests.support.render_examples import example, example_files
 
-EPD = {"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment",
-       "metadata": {"name": "vl", "namespace": "ns", "uid": "uid-1"}}
+EPD = {
+    "apiVersion": "serving.epd.dev/v1alpha1",
+    "kind": "EPDDeployment",
+    "metadata": {"name": "vl", "namespace": "ns", "uid": "uid-1"},
+}
 OWNER = owner_reference(EPD)
 
 
 def deployment(replicas: int | None = 2, image: str = "vllm:1") -> dict[str, Any]:
-    container = {"name": "vllm", "image": image, "args": ["--a"],
-                 "resources": {"limits": {"cpu": "0.5", "nvidia.com/gpu": 1}}}
-    spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}}, "template": {"spec": {"containers": [container]}}}
+    container = {
+        "name": "vllm",
+        "image": image,
+        "args": ["--a"],
+        "resources": {"limits": {"cpu": "0.5", "nvidia.com/gpu": 1}},
+    }
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": "x"}},
+        "template": {"spec": {"containers": [container]}},
+    }
     if replicas is not None:
         spec["replicas"] = replicas
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "vl-encoder", "namespace": "ns", "labels": {"serving.epd.dev/role": "encoder"}},
-            "spec": spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns", "labels": {"serving.epd.dev/role": "encoder"}},
+        "spec": spec,
+    }
 
 
 def live_copy(obj: dict[str, Any], **meta: Any) -> dict[str, Any]:
@@ -50,17 +64,31 @@ def live_copy(obj: dict[str, Any], **meta: Any) -> dict[str, Any]:
 
 
 def applied_by(*managers: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"manager": m, "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": fields} for m, fields in managers]
+    return [
+        {"manager": m, "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": fields} for m, fields in managers
+    ]
 
 
 def test_adopted_objects_are_owned_and_hashed():
     obj = adopt(deployment(), OWNER)
-    assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment",
-                                                   "name": "vl", "uid": "uid-1", "controller": True,
-                                                   "blockOwnerDeletion": True}]
-    assert adopt(deployment(), OWNER)["metadata"]["annotations"][APPLIED_HASH] == obj["metadata"]["annotations"][APPLIED_HASH]
-    assert adopt(deployment(image="vllm:2"), OWNER)["metadata"]["annotations"][APPLIED_HASH] != \
-        obj["metadata"]["annotations"][APPLIED_HASH]
+    assert obj["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "serving.epd.dev/v1alpha1",
+            "kind": "EPDDeployment",
+            "name": "vl",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert (
+        adopt(deployment(), OWNER)["metadata"]["annotations"][APPLIED_HASH]
+        == obj["metadata"]["annotations"][APPLIED_HASH]
+    )
+    assert (
+        adopt(deployment(image="vllm:2"), OWNER)["metadata"]["annotations"][APPLIED_HASH]
+        != obj["metadata"]["annotations"][APPLIED_HASH]
+    )
 
 
 def test_server_defaults_and_normalised_quantities_are_not_drift():
@@ -71,7 +99,9 @@ def test_server_defaults_and_normalised_quantities_are_not_drift():
 def test_zero_values_the_server_omits_are_not_drift():
     obj = deployment()
     container = obj["spec"]["template"]["spec"]["containers"][0]
-    container.update(env=[{"name": "EMPTY", "value": ""}], volumeMounts=[{"name": "v", "mountPath": "/v", "readOnly": False}])
+    container.update(
+        env=[{"name": "EMPTY", "value": ""}], volumeMounts=[{"name": "v", "mountPath": "/v", "readOnly": False}]
+    )
     obj["spec"]["template"]["spec"]["nodeSelector"] = {}
     desired = adopt(obj, OWNER)
     live = live_copy(desired)
@@ -107,13 +137,22 @@ def test_items_other_managers_add_to_keyed_lists_are_not_drift():
     assert drift(desired, live) == ["spec.template.spec.containers[name=vllm]"]
 
 
-@pytest.mark.parametrize("edit, path", [
-    (lambda o: o["spec"]["template"]["spec"]["containers"][0].update(image="other"), "spec.template.spec.containers[name=vllm].image"),
-    (lambda o: o["spec"]["template"]["spec"]["containers"][0]["args"].append("--b"), "spec.template.spec.containers[name=vllm].args"),
-    (lambda o: o["metadata"]["labels"].pop("serving.epd.dev/role"), "metadata.labels.serving.epd.dev/role"),
-    (lambda o: o["metadata"].update(ownerReferences=[]), "metadata.ownerReferences"),
-    (lambda o: o["spec"].update(replicas=5), "spec.replicas"),
-])
+@pytest.mark.parametrize(
+    "edit, path",
+    [
+        (
+            lambda o: o["spec"]["template"]["spec"]["containers"][0].update(image="other"),
+            "spec.template.spec.containers[name=vllm].image",
+        ),
+        (
+            lambda o: o["spec"]["template"]["spec"]["containers"][0]["args"].append("--b"),
+            "spec.template.spec.containers[name=vllm].args",
+        ),
+        (lambda o: o["metadata"]["labels"].pop("serving.epd.dev/role"), "metadata.labels.serving.epd.dev/role"),
+        (lambda o: o["metadata"].update(ownerReferences=[]), "metadata.ownerReferences"),
+        (lambda o: o["spec"].update(replicas=5), "spec.replicas"),
+    ],
+)
 def test_changes_to_what_we_apply_are_drift(edit, path):
     desired = adopt(deployment(), OWNER)
     live = live_copy(desired)
@@ -123,7 +162,9 @@ def test_changes_to_what_we_apply_are_drift(edit, path):
 
 def test_plan_creates_what_is_missing_and_leaves_what_matches_alone():
     desired = [adopt(deployment(), OWNER)]
-    assert [(a.why, a.describe()) for a in plan(desired, [], "uid-1").applies] == [("create", "Deployment vl-encoder created")]
+    assert [(a.why, a.describe()) for a in plan(desired, [], "uid-1").applies] == [
+        ("create", "Deployment vl-encoder created")
+    ]
     assert not plan(desired, [live_copy(desired[0])], "uid-1")
 
 
@@ -142,15 +183,24 @@ def test_plan_restores_drift_and_says_what_changed():
     live["spec"]["template"]["spec"]["containers"][0]["image"] = "other"
     [step] = plan([desired], [live], "uid-1").applies
     assert step.why == "drift"
-    assert step.describe() == "Deployment vl-encoder restored (spec.template.spec.containers[name=vllm].image had been changed)"
+    assert (
+        step.describe()
+        == "Deployment vl-encoder restored (spec.template.spec.containers[name=vllm].image had been changed)"
+    )
 
 
 def test_plan_prunes_only_our_own_children_that_are_no_longer_rendered():
     desired = [adopt(deployment(), OWNER)]
-    ours = live_copy(adopt({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "vl-prefill", "namespace": "ns"}},
-                           OWNER))
-    foreign = live_copy({"apiVersion": "v1", "kind": "Service",
-                         "metadata": {"name": "vl-other", "namespace": "ns", "ownerReferences": [{"uid": "someone"}]}})
+    ours = live_copy(
+        adopt({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "vl-prefill", "namespace": "ns"}}, OWNER)
+    )
+    foreign = live_copy(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "vl-other", "namespace": "ns", "ownerReferences": [{"uid": "someone"}]},
+        }
+    )
     todo = plan(desired, [live_copy(desired[0]), ours, foreign], "uid-1")
     assert [o["metadata"]["name"] for o in todo.prunes] == ["vl-prefill"]
 
@@ -170,8 +220,12 @@ def test_replicas_are_handed_over_when_a_tier_becomes_autoscaled():
     after = adopt(deployment(replicas=None), OWNER)
     [step] = plan([after], [live], "uid-1").applies
     assert step.why == "update"
-    assert step.handover == {"apiVersion": "apps/v1", "kind": "Deployment",
-                             "metadata": {"name": "vl-encoder", "namespace": "ns"}, "spec": {"replicas": 3}}
+    assert step.handover == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
     assert replicas_handover(live)["spec"] == {"replicas": 3}
 
 
@@ -179,8 +233,9 @@ def test_no_handover_once_someone_else_manages_replicas():
     desired = adopt(deployment(replicas=None), OWNER)
     live = live_copy(adopt(deployment(replicas=None, image="old"), OWNER))
     live["spec"]["replicas"] = 4
-    live["metadata"]["managedFields"] = applied_by(("epd-operator", {"f:spec": {"f:template": {}}}),
-                                                   (HANDOVER_MANAGER, {"f:spec": {"f:replicas": {}}}))
+    live["metadata"]["managedFields"] = applied_by(
+        ("epd-operator", {"f:spec": {"f:template": {}}}), (HANDOVER_MANAGER, {"f:spec": {"f:replicas": {}}})
+    )
     assert not needs_replicas_handover(desired, live)
     assert plan([desired], [live], "uid-1").applies[0].handover is None
 

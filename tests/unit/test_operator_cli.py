@@ -1,4 +1,5 @@
 """`epd-operator` command line: scope, ports and leader-election flags, with clear refusals."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,14 +30,17 @@ def test_all_namespaces():
     assert options.resync_seconds == 30
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "one of the arguments -n/--namespace -A/--all-namespaces is required"),
-    (["-n", "a", "-A"], "not allowed with argument"),
-    (["-n", " "], "--namespace needs a non-empty name"),
-    (["-A", "--resync-seconds", "0"], "--resync-seconds must be positive"),
-    (["-A", "--lease-duration", "-1"], "--lease-duration must be positive"),
-    (["-A", "--liveness-port", "http"], "invalid int value"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "one of the arguments -n/--namespace -A/--all-namespaces is required"),
+        (["-n", "a", "-A"], "not allowed with argument"),
+        (["-n", " "], "--namespace needs a non-empty name"),
+        (["-A", "--resync-seconds", "0"], "--resync-seconds must be positive"),
+        (["-A", "--lease-duration", "-1"], "--lease-duration must be positive"),
+        (["-A", "--liveness-port", "http"], "invalid int value"),
+    ],
+)
 def test_bad_flags_are_refused_with_the_reason(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_args(argv)

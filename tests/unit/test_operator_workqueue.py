@@ -1,4 +1,5 @@
 """The reconciler's work queue: coalescing, one pass per key at a time, backoff."""
+
 from __future__ import annotations
 
 import asyncio

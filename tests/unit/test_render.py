@@ -1,4 +1,5 @@
 """The renderer's contract: names, labels, order, vLLM command lines, transfer wiring, hashes, scaling."""
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,24 @@ from tests.support.render_examples import (
     variants,
 )
 
-KIND_ORDER = ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Deployment",
-              "HorizontalPodAutoscaler", "PodDisruptionBudget", "HTTPRoute"]
-LABEL_KEYS = {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
-              "app.kubernetes.io/managed-by", "serving.epd.dev/role"}
+KIND_ORDER = [
+    "ConfigMap",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "Service",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "PodDisruptionBudget",
+    "HTTPRoute",
+]
+LABEL_KEYS = {
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+    "serving.epd.dev/role",
+}
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +116,9 @@ def test_every_object_and_pod_template_carries_the_labels_and_selectors_use_inst
                 assert (generation is not None) == (role in ("encoder", "prefill", "decode")), obj["metadata"]["name"]
                 assert pod_labels == labels
                 assert obj["spec"]["selector"]["matchLabels"] == {
-                    "app.kubernetes.io/instance": labels["app.kubernetes.io/instance"], "serving.epd.dev/role": role}
+                    "app.kubernetes.io/instance": labels["app.kubernetes.io/instance"],
+                    "serving.epd.dev/role": role,
+                }
 
 
 def test_names_follow_the_topology(examples):
@@ -114,8 +131,12 @@ def test_names_follow_the_topology(examples):
     assert names(e_pd, "ConfigMap") == ["qwen-vl-transfer"]
     assert names(e_pd, "ServiceAccount") == names(e_pd, "Role") == names(e_pd, "RoleBinding") == ["qwen-vl-router"]
     e_p_d = examples[NIXL_AUTOSCALED]
-    assert names(e_p_d, "Deployment") == ["qwen-vl-epd-encoder", "qwen-vl-epd-prefill", "qwen-vl-epd-decode",
-                                          "qwen-vl-epd-router"]
+    assert names(e_p_d, "Deployment") == [
+        "qwen-vl-epd-encoder",
+        "qwen-vl-epd-prefill",
+        "qwen-vl-epd-decode",
+        "qwen-vl-epd-router",
+    ]
     assert names(e_p_d, "PodDisruptionBudget") == names(e_p_d, "Deployment")
     assert names(e_p_d, "HorizontalPodAutoscaler") == ["qwen-vl-epd-encoder"]
     assert names(examples[MOONCAKE], "Deployment")[-1] == "qwen-vl-mooncake-mooncake-master"
@@ -138,8 +159,11 @@ def test_encoder_command_line():
     assert flag(args, "--tensor-parallel-size") == "1"
     assert flag(args, "--gpu-memory-utilization") == "0.3"
     assert args[-2:] == ["--max-num-seqs", "64"]  # extraArgs last, so they win
-    assert ec_config(c) == {"ec_connector": "ECExampleConnector", "ec_role": "ec_producer",
-                            "ec_connector_extra_config": {"shared_storage_path": "/ec-cache"}}
+    assert ec_config(c) == {
+        "ec_connector": "ECExampleConnector",
+        "ec_role": "ec_producer",
+        "ec_connector_extra_config": {"shared_storage_path": "/ec-cache"},
+    }
     assert kv_config(c) is None
 
 
@@ -161,7 +185,9 @@ def test_e_pd_consumer_reads_the_same_claim_at_the_same_path(examples):
     assert "--enable-mm-embeds" in pd["args"] and kv_config(pd) is None
     assert "--mm-encoder-only" not in pd["args"]
     for deployment in (encoder, decode):
-        assert {"name": "ec-cache", "persistentVolumeClaim": {"claimName": "ec-cache"}} in pod_spec(deployment)["volumes"]
+        assert {"name": "ec-cache", "persistentVolumeClaim": {"claimName": "ec-cache"}} in pod_spec(deployment)[
+            "volumes"
+        ]
         assert {"name": "ec-cache", "mountPath": "/ec-cache"} in container(deployment, "vllm")["volumeMounts"]
     assert [c["name"] for c in pod_spec(decode)["containers"]] == ["vllm"]
 
@@ -171,13 +197,25 @@ def test_cache_janitor_sidecar_bounds_the_shared_cache(examples):
     janitor = container(encoder, "cache-janitor")
     assert janitor["image"] == "ghcr.io/epd-operator/epd-operator:0.1.0"
     assert janitor["command"] == ["epdctl", "janitor"]
-    assert janitor["args"] == ["--path", "/ec-cache", "--ttl-seconds", "600", "--max-size", str(50 * 2**30),
-                               "--interval", "30"]
+    assert janitor["args"] == [
+        "--path",
+        "/ec-cache",
+        "--ttl-seconds",
+        "600",
+        "--max-size",
+        str(50 * 2**30),
+        "--interval",
+        "30",
+    ]
     assert janitor["volumeMounts"] == [{"name": "ec-cache", "mountPath": "/ec-cache"}]
     security = janitor["securityContext"]
     # vLLM's user (root in its image), so it may delete vLLM's files, and nothing more.
-    assert security == {"runAsUser": 0, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]}}
+    assert security == {
+        "runAsUser": 0,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     router = container(find(examples[SHARED_STORAGE], "Deployment", "qwen-vl-router"), "router")
     assert 0 < float(flag(router["args"], "--reuse-ttl")) < 600
     # Beside a janitor, a consumer must be able to encode an item whose cache file is gone.
@@ -192,11 +230,16 @@ def test_janitor_uses_the_router_image_override():
 
 def test_operator_image_is_the_default_router_and_janitor_image():
     objects = render(example(SHARED_STORAGE), default_router_image="registry.local/operator:9")
-    assert container(find(objects, "Deployment", "qwen-vl-encoder"), "cache-janitor")["image"] == "registry.local/operator:9"
+    assert (
+        container(find(objects, "Deployment", "qwen-vl-encoder"), "cache-janitor")["image"]
+        == "registry.local/operator:9"
+    )
     assert container(find(objects, "Deployment", "qwen-vl-router"), "router")["image"] == "registry.local/operator:9"
     # A spec that names a router image keeps it.
-    objects = render(example(SHARED_STORAGE, **{"spec.router.image": "registry.local/epd:dev"}),
-                     default_router_image="registry.local/operator:9")
+    objects = render(
+        example(SHARED_STORAGE, **{"spec.router.image": "registry.local/epd:dev"}),
+        default_router_image="registry.local/operator:9",
+    )
     assert container(find(objects, "Deployment", "qwen-vl-router"), "router")["image"] == "registry.local/epd:dev"
 
 
@@ -274,7 +317,9 @@ def test_model_from_a_claim_is_mounted_read_only(examples):
         c = container(deployment, "vllm")
         assert c["args"][0] == "/models/qwen2.5-vl-7b"
         assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
-        assert {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod_spec(deployment)["volumes"]
+        assert {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod_spec(
+            deployment
+        )["volumes"]
         assert "HF_TOKEN" not in env_of(c)
 
 
@@ -284,16 +329,29 @@ def test_hf_token_comes_from_the_secret(examples):
 
 
 def test_tier_env_comes_after_ours_and_placement_is_applied():
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}}
-    objects = render(example(SHARED_STORAGE, **{
-        "spec.decode.env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, {"name": "MC_FORCE_TCP", "value": "0"}],
-        "spec.decode.nodeSelector": {"pool": "gpu"},
-        "spec.decode.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "spec.decode.affinity": affinity,
-        "spec.imagePullSecrets": ["regcred"],
-        "spec.decode.image": "vllm/vllm-openai:nightly",
-    }))
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]
+            }
+        }
+    }
+    objects = render(
+        example(
+            SHARED_STORAGE,
+            **{
+                "spec.decode.env": [
+                    {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
+                    {"name": "MC_FORCE_TCP", "value": "0"},
+                ],
+                "spec.decode.nodeSelector": {"pool": "gpu"},
+                "spec.decode.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "spec.decode.affinity": affinity,
+                "spec.imagePullSecrets": ["regcred"],
+                "spec.decode.image": "vllm/vllm-openai:nightly",
+            },
+        )
+    )
     decode = find(objects, "Deployment", "qwen-vl-decode")
     names = [e["name"] for e in container(decode, "vllm")["env"]]
     assert names[-2:] == ["VLLM_LOGGING_LEVEL", "MC_FORCE_TCP"]
@@ -322,8 +380,11 @@ def test_mooncake_consumer_listens_on_its_pod_ip_one_port_per_tp_rank():
     assert config["ec_connector"] == "ECMooncakeConnector" and config["ec_role"] == "ec_consumer"
     assert config["ec_ip"] == "$(POD_IP)" and config["ec_port"] == 14579
     assert config["ec_connector_extra_config"] == {"mooncake_protocol": "tcp"}
-    assert [(p["name"], p["containerPort"]) for p in pd["ports"]] == [("http", 8000), ("mooncake-0", 14579),
-                                                                       ("mooncake-1", 14580)]
+    assert [(p["name"], p["containerPort"]) for p in pd["ports"]] == [
+        ("http", 8000),
+        ("mooncake-0", 14579),
+        ("mooncake-1", 14580),
+    ]
     assert env_of(pd)["MC_FORCE_TCP"] == "1"
     router = container(find(objects, "Deployment", "qwen-vl-mooncake-router"), "router")
     assert flag(router["args"], "--ec-consumer-port") == "14579"
@@ -389,8 +450,12 @@ def test_cpu_connector_region_side_channel_and_shm(examples):
 
 def test_configmap_holds_every_generated_transfer_config(examples):
     data = find(examples[NIXL_AUTOSCALED], "ConfigMap", "qwen-vl-epd-transfer")["data"]
-    assert sorted(data) == ["decode.kv-transfer.json", "encoder.ec-transfer.json", "prefill.ec-transfer.json",
-                            "prefill.kv-transfer.json"]
+    assert sorted(data) == [
+        "decode.kv-transfer.json",
+        "encoder.ec-transfer.json",
+        "prefill.ec-transfer.json",
+        "prefill.kv-transfer.json",
+    ]
     prefill = vllm(examples[NIXL_AUTOSCALED], "qwen-vl-epd-prefill")
     assert data["prefill.kv-transfer.json"] == flag(prefill["args"], "--kv-transfer-config")
 
@@ -410,8 +475,12 @@ def test_router_deployment_rbac_and_service(examples):
     assert flag(args, "--encoder-policy") == "cache-aware" and flag(args, "--pd-policy") == "least-loaded"
     spec = pod_spec(router)
     assert spec["serviceAccountName"] == "qwen-vl-epd-router"
-    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
@@ -434,10 +503,15 @@ def test_e_pd_router_disables_prefill(examples):
 
 
 def test_router_service_annotations_and_workers_per_cpu():
-    objects = render(example(SHARED_STORAGE, **{
-        "spec.router.service": {"type": "ClusterIP", "port": 8080, "annotations": {"a.example/b": "c"}},
-        "spec.router.resources": {"limits": {"cpu": "3500m"}},
-    }))
+    objects = render(
+        example(
+            SHARED_STORAGE,
+            **{
+                "spec.router.service": {"type": "ClusterIP", "port": 8080, "annotations": {"a.example/b": "c"}},
+                "spec.router.resources": {"limits": {"cpu": "3500m"}},
+            },
+        )
+    )
     service = find(objects, "Service", "qwen-vl")
     assert service["metadata"]["annotations"] == {"a.example/b": "c"}
     assert service["spec"]["ports"][0]["port"] == 8080
@@ -447,10 +521,19 @@ def test_router_service_annotations_and_workers_per_cpu():
 def test_vllm_tier_services_are_headless(examples):
     for objects in examples.values():
         for obj in objects:
-            if obj["kind"] == "Service" and obj["metadata"]["labels"]["serving.epd.dev/role"] in ("encoder", "prefill", "decode"):
+            if obj["kind"] == "Service" and obj["metadata"]["labels"]["serving.epd.dev/role"] in (
+                "encoder",
+                "prefill",
+                "decode",
+            ):
                 assert obj["spec"]["clusterIP"] == "None" and obj["spec"]["publishNotReadyAddresses"] is False
                 # vLLM's API first; a Mooncake EC consumer adds one control port per DP rank (ec-dp<d>)
-                assert obj["spec"]["ports"][0] == {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+                assert obj["spec"]["ports"][0] == {
+                    "name": "http",
+                    "port": 8000,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                }
                 assert all(p["name"].startswith("ec-dp") for p in obj["spec"]["ports"][1:])
 
 
@@ -471,34 +554,40 @@ def test_autoscaled_tier_has_an_hpa_and_no_replicas(examples):
 def test_hpa_defaults_to_cpu_utilisation():
     objects = render(example(SHARED_STORAGE, **{"spec.decode.autoscaling": {"maxReplicas": 4}}))
     hpa = find(objects, "HorizontalPodAutoscaler", "qwen-vl-decode")["spec"]
-    assert hpa["metrics"] == [{"type": "Resource", "resource": {"name": "cpu", "target": {
-        "type": "Utilization", "averageUtilization": 70}}}]
+    assert hpa["metrics"] == [
+        {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}
+    ]
     assert hpa["minReplicas"] == 1 and "behavior" not in hpa
     assert "replicas" not in find(objects, "Deployment", "qwen-vl-decode")["spec"]
 
 
 def test_pdb_per_tier(examples):
     pdb = find(examples[SHARED_STORAGE], "PodDisruptionBudget", "qwen-vl-decode")["spec"]
-    assert pdb == {"maxUnavailable": 1, "selector": {"matchLabels": {
-        "app.kubernetes.io/instance": "qwen-vl", "serving.epd.dev/role": "decode"}}}
+    assert pdb == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {"app.kubernetes.io/instance": "qwen-vl", "serving.epd.dev/role": "decode"}},
+    }
 
 
-@pytest.mark.parametrize(("changes", "rolled"), [
-    ({"spec.decode.gpuMemoryUtilization": 0.8}, {"decode"}),
-    ({"spec.prefill.extraArgs": ["--max-num-seqs", "32"]}, {"prefill"}),
-    ({"spec.encoder.env": [{"name": "A", "value": "1"}]}, {"encoder"}),
-    ({"spec.router.encoderPolicy": "round-robin"}, {"router"}),
-    ({"spec.kvTransfer.nixl.sideChannelPort": 5700}, {"prefill", "decode"}),
-    # the janitor's TTL and the router's reuse TTL follow it; P reads the same files regardless
-    ({"spec.ecTransfer.sharedStorage.ttlSeconds": 1200}, {"encoder", "router"}),
-    ({"spec.model.maxModelLen": 16384}, {"encoder", "prefill", "decode"}),
-    ({"spec.decode.replicas": 5}, set()),  # scaling is not a rollout
-    # a new compatibility generation: every vLLM tier rolls, so none keeps talking to the other build
-    ({"spec.image": "vllm/vllm-openai:v0.33.1"}, {"encoder", "prefill", "decode"}),
-    ({"spec.decode.image": "vllm/vllm-openai:v0.33.1"}, {"encoder", "prefill", "decode"}),
-    ({"spec.kvTransfer.nixl.ucxTls": "rc,cuda_copy"}, {"encoder", "prefill", "decode"}),
-    ({"spec.encoder.autoscaling.maxReplicas": 12}, set()),
-])
+@pytest.mark.parametrize(
+    ("changes", "rolled"),
+    [
+        ({"spec.decode.gpuMemoryUtilization": 0.8}, {"decode"}),
+        ({"spec.prefill.extraArgs": ["--max-num-seqs", "32"]}, {"prefill"}),
+        ({"spec.encoder.env": [{"name": "A", "value": "1"}]}, {"encoder"}),
+        ({"spec.router.encoderPolicy": "round-robin"}, {"router"}),
+        ({"spec.kvTransfer.nixl.sideChannelPort": 5700}, {"prefill", "decode"}),
+        # the janitor's TTL and the router's reuse TTL follow it; P reads the same files regardless
+        ({"spec.ecTransfer.sharedStorage.ttlSeconds": 1200}, {"encoder", "router"}),
+        ({"spec.model.maxModelLen": 16384}, {"encoder", "prefill", "decode"}),
+        ({"spec.decode.replicas": 5}, set()),  # scaling is not a rollout
+        # a new compatibility generation: every vLLM tier rolls, so none keeps talking to the other build
+        ({"spec.image": "vllm/vllm-openai:v0.33.1"}, {"encoder", "prefill", "decode"}),
+        ({"spec.decode.image": "vllm/vllm-openai:v0.33.1"}, {"encoder", "prefill", "decode"}),
+        ({"spec.kvTransfer.nixl.ucxTls": "rc,cuda_copy"}, {"encoder", "prefill", "decode"}),
+        ({"spec.encoder.autoscaling.maxReplicas": 12}, set()),
+    ],
+)
 def test_a_change_rolls_only_the_tiers_it_touches(changes, rolled):
     before = tier_hashes(render(example(NIXL_AUTOSCALED)))
     after = tier_hashes(render(example(NIXL_AUTOSCALED, **changes)))
@@ -541,8 +630,7 @@ def test_router_and_janitor_accept_their_rendered_arguments(examples):
 
 
 def _pods(objects: list[dict]) -> dict[str, dict]:
-    return {obj["metadata"]["labels"]["serving.epd.dev/role"]: obj
-            for obj in objects if obj["kind"] == "Deployment"}
+    return {obj["metadata"]["labels"]["serving.epd.dev/role"]: obj for obj in objects if obj["kind"] == "Deployment"}
 
 
 def _main(deployment: dict) -> dict:
@@ -563,7 +651,9 @@ def test_overlay_fields_land_on_every_pod_of_their_tier():
         assert template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == f"q-{role}"
         assert template["metadata"]["labels"]["serving.epd.dev/role"] == role
         assert deployment["spec"]["selector"]["matchLabels"] == {
-            "app.kubernetes.io/instance": "qwen-vl-epd", "serving.epd.dev/role": role}
+            "app.kubernetes.io/instance": "qwen-vl-epd",
+            "serving.epd.dev/role": role,
+        }
         assert "kueue.x-k8s.io/queue-name" not in deployment["metadata"]["labels"]
         annotations = template["metadata"]["annotations"]
         assert annotations["example.com/tier"] == role and CONFIG_HASH_ANNOTATION in annotations
@@ -616,7 +706,9 @@ def test_router_has_default_requests_and_a_memory_limit(examples):
 def test_mooncake_master_has_a_memory_limit_and_takes_placement(examples):
     master = find(examples[MOONCAKE], "Deployment", "qwen-vl-mooncake-mooncake-master")
     assert container(master, "mooncake-master")["resources"] == {
-        "requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+        "requests": {"cpu": "500m", "memory": "1Gi"},
+        "limits": {"memory": "2Gi"},
+    }
     objects = render(variants()["mooncake-master-placement-and-overlays"])
     master = find(objects, "Deployment", "qwen-vl-mooncake-mooncake-master")
     spec = pod_spec(master)
@@ -642,7 +734,8 @@ def test_the_api_reserves_every_volume_and_mount_path_the_operator_renders():
                     if mount["name"] in user:
                         continue
                     assert mount["mountPath"] in OPERATOR_MOUNT_PATHS or (
-                        storage is not None and mount["mountPath"] == storage.path), (case, mount)
+                        storage is not None and mount["mountPath"] == storage.path
+                    ), (case, mount)
 
 
 def _placement_volumes(epd, deployment: dict) -> list[dict]:
@@ -651,12 +744,17 @@ def _placement_volumes(epd, deployment: dict) -> list[dict]:
     return list(placement.volumes) if placement is not None else []
 
 
-@pytest.mark.parametrize("trust, flags", [
-    ({}, []),
-    ({"immutableMediaURLs": True}, ["--immutable-media-urls"]),
-    ({"clientEmbeds": True, "clientUUIDs": True, "immutableMediaURLs": True},
-     ["--allow-client-embeds", "--trust-client-uuids", "--immutable-media-urls"]),
-])
+@pytest.mark.parametrize(
+    "trust, flags",
+    [
+        ({}, []),
+        ({"immutableMediaURLs": True}, ["--immutable-media-urls"]),
+        (
+            {"clientEmbeds": True, "clientUUIDs": True, "immutableMediaURLs": True},
+            ["--allow-client-embeds", "--trust-client-uuids", "--immutable-media-urls"],
+        ),
+    ],
+)
 def test_the_router_trusts_clients_only_as_far_as_the_spec_declares(trust, flags):
     doc = example_document(SHARED_STORAGE)
     doc["spec"].setdefault("router", {})["trust"] = trust
@@ -675,7 +773,9 @@ def test_the_encoder_gets_its_own_gpu_memory_default_and_consumers_keep_vllms():
         doc["spec"][tier].pop("gpuMemoryUtilization", None)
     objects = render(parse_epd(doc))
     name = doc["metadata"]["name"]
-    assert flag(vllm(objects, f"{name}-encoder")["args"], "--gpu-memory-utilization") == str(ENCODER_GPU_MEMORY_UTILIZATION)
+    assert flag(vllm(objects, f"{name}-encoder")["args"], "--gpu-memory-utilization") == str(
+        ENCODER_GPU_MEMORY_UTILIZATION
+    )
     assert "--gpu-memory-utilization" not in vllm(objects, f"{name}-decode")["args"]
     doc["spec"]["encoder"]["gpuMemoryUtilization"] = 0.05  # the spec wins
     objects = render(parse_epd(doc))
@@ -684,22 +784,28 @@ def test_the_encoder_gets_its_own_gpu_memory_default_and_consumers_keep_vllms():
 
 def test_encoder_performance_settings_become_vllms_flags_on_the_encoder_only():
     doc = example_document(SHARED_STORAGE)
-    doc["spec"]["encoder"].update(cudaGraphs={"tokenBudgets": [4096, 1024], "maxVisionItemsPerBatch": 8,
-                                              "maxFramesPerBatch": 32},
-                                  preprocessing="gpu", mmEncoderTPMode="data")
+    doc["spec"]["encoder"].update(
+        cudaGraphs={"tokenBudgets": [4096, 1024], "maxVisionItemsPerBatch": 8, "maxFramesPerBatch": 32},
+        preprocessing="gpu",
+        mmEncoderTPMode="data",
+    )
     objects = render(parse_epd(doc))
     name = doc["metadata"]["name"]
     args = vllm(objects, f"{name}-encoder")["args"]
     assert json.loads(flag(args, "--compilation-config")) == {
-        "cudagraph_mm_encoder": True, "encoder_cudagraph_token_budgets": [1024, 4096],
-        "encoder_cudagraph_max_vision_items_per_batch": 8, "encoder_cudagraph_max_frames_per_batch": 32}
+        "cudagraph_mm_encoder": True,
+        "encoder_cudagraph_token_budgets": [1024, 4096],
+        "encoder_cudagraph_max_vision_items_per_batch": 8,
+        "encoder_cudagraph_max_frames_per_batch": 32,
+    }
     assert (flag(args, "--mm-tensor-ipc"), flag(args, "--mm-processor-device")) == ("torch_shm", "auto")
     assert flag(args, "--mm-encoder-tp-mode") == "data"
     decode = vllm(objects, f"{name}-decode")["args"]
     assert not {"--compilation-config", "--mm-tensor-ipc", "--mm-encoder-tp-mode"} & set(decode)
     plain = render(parse_epd(example_document(SHARED_STORAGE)))
     assert not {"--compilation-config", "--mm-tensor-ipc", "--mm-encoder-tp-mode"} & set(
-        vllm(plain, f"{name}-encoder")["args"])
+        vllm(plain, f"{name}-encoder")["args"]
+    )
 
 
 def test_encoder_only_settings_are_refused_on_a_consumer_tier():
@@ -716,18 +822,37 @@ def test_a_gateway_renders_an_httproute_to_the_router_service():
     doc = example_document(SHARED_STORAGE)
     doc["spec"].setdefault("router", {})["gateway"] = {
         "parentRefs": [{"name": "inference", "namespace": "gateways", "sectionName": "https"}, {"name": "internal"}],
-        "hostnames": ["vl.example.com"]}
+        "hostnames": ["vl.example.com"],
+    }
     objects = render(parse_epd(doc))
     name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
     route = find(objects, "HTTPRoute", name)
     assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["metadata"]["namespace"] == ns
     assert route["spec"] == {
-        "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference",
-                        "namespace": "gateways", "sectionName": "https"},
-                       {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "internal"}],
+        "parentRefs": [
+            {
+                "group": "gateway.networking.k8s.io",
+                "kind": "Gateway",
+                "name": "inference",
+                "namespace": "gateways",
+                "sectionName": "https",
+            },
+            {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "internal"},
+        ],
         "hostnames": ["vl.example.com"],
-        "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
-                   "backendRefs": [{"group": "", "kind": "Service", "name": name,
-                                    "port": find(objects, "Service", name)["spec"]["ports"][0]["port"]}]}]}
+        "rules": [
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                "backendRefs": [
+                    {
+                        "group": "",
+                        "kind": "Service",
+                        "name": name,
+                        "port": find(objects, "Service", name)["spec"]["ports"][0]["port"],
+                    }
+                ],
+            }
+        ],
+    }
     assert route["metadata"]["labels"]["serving.epd.dev/role"] == "router"
     assert not [o for o in render(parse_epd(example_document(SHARED_STORAGE))) if o["kind"] == "HTTPRoute"]

@@ -1,4 +1,5 @@
 """`epdctl render`: what the operator would apply, as multi-document YAML on stdout."""
+
 from __future__ import annotations
 
 import pytest

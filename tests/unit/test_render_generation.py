@@ -1,6 +1,7 @@
 """The compatibility generation: which changes make old and new pods unable to exchange embeddings or
 KV (so every vLLM tier rolls and the router keeps requests within one generation), and which do not;
 and the drain every vLLM pod gets on its way out."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,11 @@ GENERATION = "serving.epd.dev/compat-generation"
 
 
 def pod_generations(objects: list[dict]) -> dict[str, str | None]:
-    return {obj["metadata"]["labels"]["serving.epd.dev/role"]: obj["spec"]["template"]["metadata"]["labels"].get(GENERATION)
-            for obj in objects if obj["kind"] == "Deployment"}
+    return {
+        obj["metadata"]["labels"]["serving.epd.dev/role"]: obj["spec"]["template"]["metadata"]["labels"].get(GENERATION)
+        for obj in objects
+        if obj["kind"] == "Deployment"
+    }
 
 
 def test_every_vllm_pod_carries_one_generation_and_the_router_none():
@@ -43,24 +47,27 @@ def test_the_generation_is_a_digest_of_model_images_and_connectors_only():
     assert compatibility_generation(example(SHARED_STORAGE)) == expected
 
 
-@pytest.mark.parametrize(("changes", "new_generation"), [
-    ({"spec.image": "vllm/vllm-openai:v0.33.1"}, True),
-    ({"spec.encoder.image": "registry.local/vllm:patched"}, True),
-    ({"spec.model.name": "Qwen/Qwen2.5-VL-3B-Instruct"}, True),
-    ({"spec.kvTransfer.nixl.ucxTls": "rc,cuda_copy"}, True),
-    ({"spec.kvTransfer.nixl.bufferDevice": "cpu"}, True),
-    ({"spec.ecTransfer.sharedStorage.path": "/cache"}, True),
-    # the decode learns the prefill's side-channel port from each request's kv_transfer_params
-    ({"spec.kvTransfer.nixl.sideChannelPort": 5700}, False),
-    # the janitor's bounds: producers and consumers read and write the same files either way
-    ({"spec.ecTransfer.sharedStorage.ttlSeconds": 1200}, False),
-    ({"spec.ecTransfer.sharedStorage.maxSize": "100Gi"}, False),
-    ({"spec.decode.replicas": 7}, False),
-    ({"spec.decode.gpuMemoryUtilization": 0.8}, False),
-    ({"spec.model.maxModelLen": 8192}, False),
-    ({"spec.router.replicas": 3}, False),
-    ({"spec.drainSeconds": 30}, False),
-])
+@pytest.mark.parametrize(
+    ("changes", "new_generation"),
+    [
+        ({"spec.image": "vllm/vllm-openai:v0.33.1"}, True),
+        ({"spec.encoder.image": "registry.local/vllm:patched"}, True),
+        ({"spec.model.name": "Qwen/Qwen2.5-VL-3B-Instruct"}, True),
+        ({"spec.kvTransfer.nixl.ucxTls": "rc,cuda_copy"}, True),
+        ({"spec.kvTransfer.nixl.bufferDevice": "cpu"}, True),
+        ({"spec.ecTransfer.sharedStorage.path": "/cache"}, True),
+        # the decode learns the prefill's side-channel port from each request's kv_transfer_params
+        ({"spec.kvTransfer.nixl.sideChannelPort": 5700}, False),
+        # the janitor's bounds: producers and consumers read and write the same files either way
+        ({"spec.ecTransfer.sharedStorage.ttlSeconds": 1200}, False),
+        ({"spec.ecTransfer.sharedStorage.maxSize": "100Gi"}, False),
+        ({"spec.decode.replicas": 7}, False),
+        ({"spec.decode.gpuMemoryUtilization": 0.8}, False),
+        ({"spec.model.maxModelLen": 8192}, False),
+        ({"spec.router.replicas": 3}, False),
+        ({"spec.drainSeconds": 30}, False),
+    ],
+)
 def test_which_changes_start_a_new_generation(changes, new_generation):
     before = compatibility_generation(example(NIXL_AUTOSCALED))
     after = compatibility_generation(example(NIXL_AUTOSCALED, **changes))

@@ -4,6 +4,7 @@ port that shifts with the DP rank declared on the pod, and a multi-node tier as 
 Expected values are written out by hand from vLLM 0.32's rules (mooncake/config.py: ec_port + d*TP + r;
 nixl: VLLM_NIXL_SIDE_CHANNEL_PORT + d) and LWS v1's API, not recomputed with the renderer's helpers.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -40,27 +41,54 @@ def test_dp4_ep_decode_gets_vllms_flags_and_one_mooncake_port_per_rank():
     decode = container(find(objects, "Deployment", "qwen-vl-mooncake-decode"), "vllm")
     args = decode["args"]
     i = args.index("--data-parallel-size")
-    assert args[i:i + 3] == ["--data-parallel-size", "4", "--enable-expert-parallel"]
-    assert ports(decode) == {"http": 8000, "mooncake-0": 14579, "mooncake-1": 14580, "mooncake-2": 14581,
-                             "mooncake-3": 14582}
+    assert args[i : i + 3] == ["--data-parallel-size", "4", "--enable-expert-parallel"]
+    assert ports(decode) == {
+        "http": 8000,
+        "mooncake-0": 14579,
+        "mooncake-1": 14580,
+        "mooncake-2": 14581,
+        "mooncake-3": 14582,
+    }
     # NCCL/shm room for four engines: 4 x 2Gi
     assert dshm(find(objects, "Deployment", "qwen-vl-mooncake-decode")["spec"]["template"]["spec"]) == "8Gi"
 
 
 def test_mooncake_ports_are_ec_port_plus_rank_times_tp_plus_tp_rank():
-    objects = render(example(MOONCAKE, **{"spec.decode.dataParallelSize": 2, "spec.decode.tensorParallelSize": 3,
-                                          "spec.ecTransfer.mooncake": {"ecPort": 20000}}))
+    objects = render(
+        example(
+            MOONCAKE,
+            **{
+                "spec.decode.dataParallelSize": 2,
+                "spec.decode.tensorParallelSize": 3,
+                "spec.ecTransfer.mooncake": {"ecPort": 20000},
+            },
+        )
+    )
     decode = container(find(objects, "Deployment", "qwen-vl-mooncake-decode"), "vllm")
     # d=0: 20000..20002, d=1: 20003..20005
-    assert ports(decode) == {"http": 8000, "mooncake-0": 20000, "mooncake-1": 20001, "mooncake-2": 20002,
-                             "mooncake-3": 20003, "mooncake-4": 20004, "mooncake-5": 20005}
+    assert ports(decode) == {
+        "http": 8000,
+        "mooncake-0": 20000,
+        "mooncake-1": 20001,
+        "mooncake-2": 20002,
+        "mooncake-3": 20003,
+        "mooncake-4": 20004,
+        "mooncake-5": 20005,
+    }
     assert "--data-parallel-size" in decode["args"] and "--enable-expert-parallel" not in decode["args"]
 
 
 def test_nixl_side_channel_ports_shift_by_dp_index_on_prefill_and_decode():
-    objects = render(example(NIXL_AUTOSCALED, **{"spec.prefill.dataParallelSize": 2,
-                                                 "spec.decode.dataParallelSize": 3,
-                                                 "spec.kvTransfer.nixl.sideChannelPort": 7000}))
+    objects = render(
+        example(
+            NIXL_AUTOSCALED,
+            **{
+                "spec.prefill.dataParallelSize": 2,
+                "spec.decode.dataParallelSize": 3,
+                "spec.kvTransfer.nixl.sideChannelPort": 7000,
+            },
+        )
+    )
     prefill = container(find(objects, "Deployment", "qwen-vl-epd-prefill"), "vllm")
     decode = container(find(objects, "Deployment", "qwen-vl-epd-decode"), "vllm")
     assert ports(prefill) == {"http": 8000, "nixl": 7000, "nixl-1": 7001}
@@ -71,8 +99,13 @@ def test_nixl_side_channel_ports_shift_by_dp_index_on_prefill_and_decode():
 
 def test_a_single_rank_tier_renders_no_parallel_flags():
     for argv in serve_argvs(render(example(NIXL_AUTOSCALED))):
-        assert not {"--data-parallel-size", "--enable-expert-parallel", "--nnodes", "--headless",
-                    "--pipeline-parallel-size"} & set(argv)
+        assert not {
+            "--data-parallel-size",
+            "--enable-expert-parallel",
+            "--nnodes",
+            "--headless",
+            "--pipeline-parallel-size",
+        } & set(argv)
 
 
 def test_pipeline_parallel_size_reaches_vllm():
@@ -86,9 +119,18 @@ def test_pipeline_parallel_size_reaches_vllm():
 
 @pytest.fixture(scope="module")
 def multi_node() -> list[dict]:
-    return render(example(NIXL_AUTOSCALED, **{
-        "spec.decode.nodesPerReplica": 2, "spec.decode.tensorParallelSize": 4, "spec.decode.pipelineParallelSize": 2,
-        "spec.decode.replicas": 3, "spec.decode.autoscaling": {"minReplicas": 1, "maxReplicas": 4}}))
+    return render(
+        example(
+            NIXL_AUTOSCALED,
+            **{
+                "spec.decode.nodesPerReplica": 2,
+                "spec.decode.tensorParallelSize": 4,
+                "spec.decode.pipelineParallelSize": 2,
+                "spec.decode.replicas": 3,
+                "spec.decode.autoscaling": {"minReplicas": 1, "maxReplicas": 4},
+            },
+        )
+    )
 
 
 def test_a_multi_node_tier_is_a_leader_worker_set_with_gang_semantics(multi_node):
@@ -110,10 +152,25 @@ def test_leader_serves_the_api_and_workers_run_headless_at_the_leaders_address(m
     leader = template["leaderTemplate"]["spec"]["containers"][0]
     worker = template["workerTemplate"]["spec"]["containers"][0]
     tail = ["--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank"]
-    i, j = leader["args"].index("--distributed-executor-backend"), worker["args"].index("--distributed-executor-backend")
-    assert leader["args"][i:i + 10] == tail + ["0", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", "29501"]
-    assert worker["args"][j:j + 11] == tail + ["$(LWS_WORKER_INDEX)", "--master-addr", "$(LWS_LEADER_ADDRESS)",
-                                                "--master-port", "29501", "--headless"]
+    i, j = (
+        leader["args"].index("--distributed-executor-backend"),
+        worker["args"].index("--distributed-executor-backend"),
+    )
+    assert leader["args"][i : i + 10] == tail + [
+        "0",
+        "--master-addr",
+        "$(LWS_LEADER_ADDRESS)",
+        "--master-port",
+        "29501",
+    ]
+    assert worker["args"][j : j + 11] == tail + [
+        "$(LWS_WORKER_INDEX)",
+        "--master-addr",
+        "$(LWS_LEADER_ADDRESS)",
+        "--master-port",
+        "29501",
+        "--headless",
+    ]
     assert "--headless" not in leader["args"]
     assert ports(leader) == {"http": 8000, "nixl": 5600, "rendezvous": 29501}
     assert ports(worker) == {"nixl": 5600}
@@ -126,25 +183,44 @@ def test_leader_serves_the_api_and_workers_run_headless_at_the_leaders_address(m
 
 def test_the_router_only_ever_sees_leaders_and_the_hpa_scales_groups(multi_node):
     service = find(multi_node, "Service", "qwen-vl-epd-decode")
-    assert service["spec"]["selector"] == {"app.kubernetes.io/instance": "qwen-vl-epd", "serving.epd.dev/role": "decode",
-                                           "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    assert service["spec"]["selector"] == {
+        "app.kubernetes.io/instance": "qwen-vl-epd",
+        "serving.epd.dev/role": "decode",
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
     hpa = find(multi_node, "HorizontalPodAutoscaler", "qwen-vl-epd-decode")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-                                             "name": "qwen-vl-epd-decode"}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "name": "qwen-vl-epd-decode",
+    }
 
 
 def test_a_multi_node_tier_has_a_config_hash_that_rolls_with_it(multi_node):
     before = tier_hashes(multi_node)
     assert set(before) == {"encoder", "prefill", "decode", "router"}
-    after = tier_hashes(render(example(NIXL_AUTOSCALED, **{
-        "spec.decode.nodesPerReplica": 2, "spec.decode.tensorParallelSize": 4, "spec.decode.pipelineParallelSize": 2,
-        "spec.decode.replicas": 3, "spec.decode.autoscaling": {"minReplicas": 1, "maxReplicas": 4},
-        "spec.decode.extraArgs": ["--max-num-seqs", "8"]})))
+    after = tier_hashes(
+        render(
+            example(
+                NIXL_AUTOSCALED,
+                **{
+                    "spec.decode.nodesPerReplica": 2,
+                    "spec.decode.tensorParallelSize": 4,
+                    "spec.decode.pipelineParallelSize": 2,
+                    "spec.decode.replicas": 3,
+                    "spec.decode.autoscaling": {"minReplicas": 1, "maxReplicas": 4},
+                    "spec.decode.extraArgs": ["--max-num-seqs", "8"],
+                },
+            )
+        )
+    )
     assert {role for role in before if before[role] != after[role]} == {"decode"}
 
 
 def test_a_node_is_a_leader_or_a_worker():
-    tier = example(SHARED_STORAGE, **{"spec.decode.nodesPerReplica": 2, "spec.decode.tensorParallelSize": 2}).spec.decode
+    tier = example(
+        SHARED_STORAGE, **{"spec.decode.nodesPerReplica": 2, "spec.decode.tensorParallelSize": 2}
+    ).spec.decode
     with pytest.raises(ValueError, match="leader"):
         parallel_args(tier, "master")
     assert parallel_args(tier)[-5:] == ["0", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", "29501"]
@@ -155,17 +231,31 @@ def test_a_node_is_a_leader_or_a_worker():
 
 def test_the_router_is_told_each_tiers_dp_size_and_the_mooncake_rank_stride():
     args = router_args(example(MOONCAKE, **{"spec.decode.dataParallelSize": 4, "spec.decode.tensorParallelSize": 2}))
-    assert args[args.index("--decode-dp-size"):args.index("--decode-dp-size") + 4] == [
-        "--decode-dp-size", "4", "--ec-consumer-tp-size", "2"]
+    assert args[args.index("--decode-dp-size") : args.index("--decode-dp-size") + 4] == [
+        "--decode-dp-size",
+        "4",
+        "--ec-consumer-tp-size",
+        "2",
+    ]
     assert "--prefill-dp-size" not in args
-    args = router_args(example(NIXL_AUTOSCALED, **{"spec.prefill.dataParallelSize": 2, "spec.decode.dataParallelSize": 3}))
-    assert args[args.index("--prefill-dp-size"):args.index("--prefill-dp-size") + 4] == [
-        "--prefill-dp-size", "2", "--decode-dp-size", "3"]
+    args = router_args(
+        example(NIXL_AUTOSCALED, **{"spec.prefill.dataParallelSize": 2, "spec.decode.dataParallelSize": 3})
+    )
+    assert args[args.index("--prefill-dp-size") : args.index("--prefill-dp-size") + 4] == [
+        "--prefill-dp-size",
+        "2",
+        "--decode-dp-size",
+        "3",
+    ]
     assert "--ec-consumer-tp-size" not in args  # NIXL: D's KV handle names P's port itself
 
 
 def test_single_rank_tiers_add_nothing_to_the_routers_command_line():
-    for spec in (example(MOONCAKE), example(NIXL_AUTOSCALED), example(MOONCAKE, **{"spec.decode.tensorParallelSize": 2})):
+    for spec in (
+        example(MOONCAKE),
+        example(NIXL_AUTOSCALED),
+        example(MOONCAKE, **{"spec.decode.tensorParallelSize": 2}),
+    ):
         args = router_args(spec)
         assert not {"--prefill-dp-size", "--decode-dp-size", "--ec-consumer-tp-size"} & set(args)
 
@@ -183,6 +273,7 @@ def test_the_ec_consumers_service_declares_each_ranks_control_port_for_the_route
         {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"},
         {"name": "ec-dp0", "port": 14579, "targetPort": "mooncake-0", "protocol": "TCP"},
         {"name": "ec-dp1", "port": 14581, "targetPort": "mooncake-2", "protocol": "TCP"},
-        {"name": "ec-dp2", "port": 14583, "targetPort": "mooncake-4", "protocol": "TCP"}]
+        {"name": "ec-dp2", "port": 14583, "targetPort": "mooncake-4", "protocol": "TCP"},
+    ]
     # the encoder is no EC consumer: nothing to declare
     assert [p["name"] for p in find(objects, "Service", "qwen-vl-mooncake-encoder")["spec"]["ports"]] == ["http"]

@@ -1,5 +1,6 @@
 """Every rendered pod of every example, checked against the Pod Security Standards (tests/support/pod_security.py),
 and the README's install section stating the level each example meets."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,11 @@ EXPECTED = {
 
 def pods(objects: list[dict]) -> list[tuple[str, dict]]:
     """(role, pod spec) of every pod template: a Deployment's, a LeaderWorkerSet's leader and worker."""
-    return [(obj["metadata"]["labels"]["serving.epd.dev/role"], template["spec"])
-            for obj in objects for template, _ in pod_templates(obj)]
+    return [
+        (obj["metadata"]["labels"]["serving.epd.dev/role"], template["spec"])
+        for obj in objects
+        for template, _ in pod_templates(obj)
+    ]
 
 
 def pod_levels(objects: list[dict]) -> dict[str, str]:
@@ -89,33 +93,71 @@ def test_rdma_needs_privileged():
 
 
 def test_overlays_can_lower_the_level():
-    objects = render(example(SHARED_STORAGE, **{
-        "spec.decode.volumes": [{"name": "host", "hostPath": {"path": "/data"}}],
-        "spec.decode.volumeMounts": [{"name": "host", "mountPath": "/data"}]}))
+    objects = render(
+        example(
+            SHARED_STORAGE,
+            **{
+                "spec.decode.volumes": [{"name": "host", "hostPath": {"path": "/data"}}],
+                "spec.decode.volumeMounts": [{"name": "host", "mountPath": "/data"}],
+            },
+        )
+    )
     assert pod_levels(objects)["decode"] == PRIVILEGED
 
 
-@pytest.mark.parametrize("pod, expected", [
-    ({"containers": [{"name": "a"}]}, BASELINE),
-    ({"hostNetwork": True, "containers": [{"name": "a"}]}, PRIVILEGED),
-    ({"containers": [{"name": "a", "securityContext": {"privileged": True}}]}, PRIVILEGED),
-    ({"containers": [{"name": "a", "ports": [{"containerPort": 80, "hostPort": 80}]}]}, PRIVILEGED),
-    ({"containers": [{"name": "a", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}, PRIVILEGED),
-    ({"containers": [{"name": "a", "securityContext": {"seccompProfile": {"type": "Unconfined"}}}]}, PRIVILEGED),
-    ({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}, "containers": [{"name": "a"}]},
-     PRIVILEGED),
-    ({"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-      "containers": [{"name": "a", "securityContext": {"allowPrivilegeEscalation": False,
-                                                        "capabilities": {"drop": ["ALL"]}}}]}, RESTRICTED),
-    ({"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-      "initContainers": [{"name": "i"}],
-      "containers": [{"name": "a", "securityContext": {"allowPrivilegeEscalation": False,
-                                                        "capabilities": {"drop": ["ALL"]}}}]}, BASELINE),
-    ({"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-      "volumes": [{"name": "v", "nfs": {"server": "s", "path": "/"}}],
-      "containers": [{"name": "a", "securityContext": {"allowPrivilegeEscalation": False,
-                                                        "capabilities": {"drop": ["ALL"]}}}]}, BASELINE),
-])
+@pytest.mark.parametrize(
+    "pod, expected",
+    [
+        ({"containers": [{"name": "a"}]}, BASELINE),
+        ({"hostNetwork": True, "containers": [{"name": "a"}]}, PRIVILEGED),
+        ({"containers": [{"name": "a", "securityContext": {"privileged": True}}]}, PRIVILEGED),
+        ({"containers": [{"name": "a", "ports": [{"containerPort": 80, "hostPort": 80}]}]}, PRIVILEGED),
+        ({"containers": [{"name": "a", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}, PRIVILEGED),
+        ({"containers": [{"name": "a", "securityContext": {"seccompProfile": {"type": "Unconfined"}}}]}, PRIVILEGED),
+        (
+            {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}, "containers": [{"name": "a"}]},
+            PRIVILEGED,
+        ),
+        (
+            {
+                "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [
+                    {
+                        "name": "a",
+                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    }
+                ],
+            },
+            RESTRICTED,
+        ),
+        (
+            {
+                "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                "initContainers": [{"name": "i"}],
+                "containers": [
+                    {
+                        "name": "a",
+                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    }
+                ],
+            },
+            BASELINE,
+        ),
+        (
+            {
+                "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                "volumes": [{"name": "v", "nfs": {"server": "s", "path": "/"}}],
+                "containers": [
+                    {
+                        "name": "a",
+                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    }
+                ],
+            },
+            BASELINE,
+        ),
+    ],
+)
 def test_the_checker_follows_the_standard(pod, expected):
     assert level(pod) == expected
 
@@ -127,12 +169,17 @@ def readme_table(examples: dict[str, list[dict]]) -> str:
     def cell(levels: dict[str, str], role: str) -> str:
         return levels.get(role, "—")
 
-    lines = ["| example | namespace level | encoder | prefill | decode | router | mooncake-master |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| example | namespace level | encoder | prefill | decode | router | mooncake-master |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name in sorted(examples):
         levels = pod_levels(examples[name])
-        lines.append(f"| `examples/{name}` | **{strictest_common(list(levels.values()))}** | "
-                     + " | ".join(cell(levels, role) for role in ROLES) + " |")
+        lines.append(
+            f"| `examples/{name}` | **{strictest_common(list(levels.values()))}** | "
+            + " | ".join(cell(levels, role) for role in ROLES)
+            + " |"
+        )
     return "\n".join(lines)
 
 

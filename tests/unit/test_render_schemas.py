@@ -1,5 +1,6 @@
 """Every object rendered from every example is valid Kubernetes, in strict mode (unknown fields refused),
 for the oldest Kubernetes we support and the newest `kubernetes-validate` ships."""
+
 from __future__ import annotations
 
 import functools
@@ -47,9 +48,15 @@ def _as_builtin(obj: dict) -> list[dict]:
     if obj["kind"] != "LeaderWorkerSet":
         return [obj]
     lws = obj["spec"]["leaderWorkerTemplate"]
-    return [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {**obj["metadata"], "name": f"{obj['metadata']['name']}-{node}"},
-             "spec": {"selector": {"matchLabels": template["metadata"]["labels"]}, "template": template}}
-            for node, template in (("leader", lws["leaderTemplate"]), ("worker", lws["workerTemplate"]))]
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {**obj["metadata"], "name": f"{obj['metadata']['name']}-{node}"},
+            "spec": {"selector": {"matchLabels": template["metadata"]["labels"]}, "template": template},
+        }
+        for node, template in (("leader", lws["leaderTemplate"]), ("worker", lws["workerTemplate"]))
+    ]
 
 
 @pytest.mark.parametrize("version", [OLDEST_SUPPORTED, NEWEST])
@@ -58,8 +65,10 @@ def test_rendered_objects_are_strictly_valid(case, version):
     problems = []
     for rendered in render(SPECS[case]):
         if rendered["kind"] == "LeaderWorkerSet":
-            problems += [f"LeaderWorkerSet/{rendered['metadata']['name']}: {error}"
-                         for error in validate_custom_object(_lws_crd(), rendered)]
+            problems += [
+                f"LeaderWorkerSet/{rendered['metadata']['name']}: {error}"
+                for error in validate_custom_object(_lws_crd(), rendered)
+            ]
         for obj in _as_builtin(rendered):
             try:
                 kubernetes_validate.validate(obj, version, strict=True)

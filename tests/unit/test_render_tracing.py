@@ -1,5 +1,6 @@
 """spec.tracing: one OTLP endpoint rendered onto the router and every vLLM tier, and accepted by
 each one's own parser (vLLM 0.32's for the tiers, epd-router's for the router)."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,11 @@ ENDPOINT = "http://otel-collector.observability:4318/v1/traces"
 
 
 def vllm_deployments(objects: list[dict]) -> list[dict]:
-    return [o for o in objects if o["kind"] == "Deployment"
-            and any(c["name"] == "vllm" for c in o["spec"]["template"]["spec"]["containers"])]
+    return [
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and any(c["name"] == "vllm" for c in o["spec"]["template"]["spec"]["containers"])
+    ]
 
 
 def router_container(objects: list[dict]) -> dict:
@@ -52,8 +56,11 @@ def test_every_tier_and_the_router_export_to_the_one_endpoint(name):
 
 
 def test_vllm_accepts_the_traced_command_lines():
-    argvs = [argv for name in (NIXL_AUTOSCALED, MOONCAKE)
-             for argv in serve_argvs(render(example(name, **{"spec.tracing": {"otlpEndpoint": ENDPOINT}})))]
+    argvs = [
+        argv
+        for name in (NIXL_AUTOSCALED, MOONCAKE)
+        for argv in serve_argvs(render(example(name, **{"spec.tracing": {"otlpEndpoint": ENDPOINT}})))
+    ]
     assert all("--otlp-traces-endpoint" in argv for argv in argvs)
     errors = check_serve_commands(argvs)
     refused = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors, strict=True) if error]
@@ -70,12 +77,15 @@ def test_tracing_is_off_unless_asked_for():
     assert config_from_args(build_parser().parse_args(router_container(objects)["args"])).otlp_traces_endpoint is None
 
 
-@pytest.mark.parametrize("tracing, field", [
-    ({"otlpEndpoint": "otel-collector:4317"}, "otlpEndpoint"),  # no scheme: not an OTLP/HTTP URL
-    ({"otlpEndpoint": ENDPOINT, "sampleRatio": 1.5}, "sampleRatio"),
-    ({"sampleRatio": 0.5}, "otlpEndpoint"),
-    ({"otlpEndpoint": ENDPOINT, "protocol": "grpc"}, "protocol"),
-])
+@pytest.mark.parametrize(
+    "tracing, field",
+    [
+        ({"otlpEndpoint": "otel-collector:4317"}, "otlpEndpoint"),  # no scheme: not an OTLP/HTTP URL
+        ({"otlpEndpoint": ENDPOINT, "sampleRatio": 1.5}, "sampleRatio"),
+        ({"sampleRatio": 0.5}, "otlpEndpoint"),
+        ({"otlpEndpoint": ENDPOINT, "protocol": "grpc"}, "protocol"),
+    ],
+)
 def test_bad_tracing_settings_are_refused_naming_the_field(tracing, field):
     doc = example_document(NIXL_AUTOSCALED)
     doc["spec"]["tracing"] = tracing

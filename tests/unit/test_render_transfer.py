@@ -1,6 +1,7 @@
 """render/transfer: the EC and KV configs, env, ports, volumes and ConfigMap keys of every tier, for every
 connector and both topologies, written out by hand from the connector docs (reference/vllm-epd.md) — not
 only for the examples' one variant each."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def port(name: str, number: int) -> dict:
     return {"name": name, "containerPort": number, "protocol": "TCP"}
 
 
-NIXL_ENV = env(VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP, VLLM_NIXL_SIDE_CHANNEL_PORT="5600", UCX_TLS="all",
-               UCX_NET_DEVICES="all")
+NIXL_ENV = env(
+    VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP, VLLM_NIXL_SIDE_CHANNEL_PORT="5600", UCX_TLS="all", UCX_NET_DEVICES="all"
+)
 
 
 def test_transfer_json_is_compact_and_sorted():
@@ -52,11 +54,15 @@ def test_roles_by_topology():
 
 
 def test_shared_storage_e_pd():
-    deployment = epd(spec__ecTransfer={"connector": "SharedStorage",
-                                       "sharedStorage": {"claimName": "cache", "path": "/data/ec"}})
+    deployment = epd(
+        spec__ecTransfer={"connector": "SharedStorage", "sharedStorage": {"claimName": "cache", "path": "/data/ec"}}
+    )
     for role, ec_role_ in (("encoder", "ec_producer"), ("decode", "ec_consumer")):
-        config = {"ec_connector": "ECExampleConnector", "ec_role": ec_role_,
-                  "ec_connector_extra_config": {"shared_storage_path": "/data/ec"}}
+        config = {
+            "ec_connector": "ECExampleConnector",
+            "ec_role": ec_role_,
+            "ec_connector_extra_config": {"shared_storage_path": "/data/ec"},
+        }
         assert ec_transfer_config(deployment.spec, role) == config
         assert kv_transfer_config(deployment.spec, role) is None
         t = tier_transfer(deployment, role)
@@ -67,16 +73,26 @@ def test_shared_storage_e_pd():
 
 
 def test_e_p_d_decode_has_only_kv_and_prefill_both():
-    deployment = epd(**E_P_D, spec__kvTransfer={"nixl": {"bufferDevice": "cpu", "ucxTls": "tcp", "ucxNetDevices": "eth0",
-                                                         "sideChannelPort": 7000}})
+    deployment = epd(
+        **E_P_D,
+        spec__kvTransfer={
+            "nixl": {"bufferDevice": "cpu", "ucxTls": "tcp", "ucxNetDevices": "eth0", "sideChannelPort": 7000}
+        },
+    )
     assert ec_transfer_config(deployment.spec, "decode") is None
-    assert kv_transfer_config(deployment.spec, "prefill") == {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
-                                                              "kv_buffer_device": "cpu"}
+    assert kv_transfer_config(deployment.spec, "prefill") == {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cpu",
+    }
     decode = tier_transfer(deployment, "decode")
-    assert decode.args == ["--kv-transfer-config",
-                           '{"kv_buffer_device":"cpu","kv_connector":"NixlConnector","kv_role":"kv_consumer"}']
-    assert decode.env == env(VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP, VLLM_NIXL_SIDE_CHANNEL_PORT="7000", UCX_TLS="tcp",
-                             UCX_NET_DEVICES="eth0")
+    assert decode.args == [
+        "--kv-transfer-config",
+        '{"kv_buffer_device":"cpu","kv_connector":"NixlConnector","kv_role":"kv_consumer"}',
+    ]
+    assert decode.env == env(
+        VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP, VLLM_NIXL_SIDE_CHANNEL_PORT="7000", UCX_TLS="tcp", UCX_NET_DEVICES="eth0"
+    )
     assert decode.ports == [port("nixl", 7000)]
     assert (decode.volumes, decode.mounts) == ([], [])
     prefill = tier_transfer(deployment, "prefill")
@@ -99,10 +115,18 @@ def test_nixl_side_channel_port_per_data_parallel_rank():
 
 def test_mooncake_e_pd_tcp_without_store():
     deployment = epd(spec__ecTransfer={"connector": "Mooncake", "mooncake": {"ecPort": 20000}})
-    producer = {"ec_connector": "ECMooncakeConnector", "ec_role": "ec_producer",
-                "ec_connector_extra_config": {"mooncake_protocol": "tcp"}}
-    consumer = {"ec_connector": "ECMooncakeConnector", "ec_role": "ec_consumer", "ec_ip": POD_IP, "ec_port": 20000,
-                "ec_connector_extra_config": {"mooncake_protocol": "tcp"}}
+    producer = {
+        "ec_connector": "ECMooncakeConnector",
+        "ec_role": "ec_producer",
+        "ec_connector_extra_config": {"mooncake_protocol": "tcp"},
+    }
+    consumer = {
+        "ec_connector": "ECMooncakeConnector",
+        "ec_role": "ec_consumer",
+        "ec_ip": POD_IP,
+        "ec_port": 20000,
+        "ec_connector_extra_config": {"mooncake_protocol": "tcp"},
+    }
     assert ec_transfer_config(deployment.spec, "encoder") == producer
     assert ec_transfer_config(deployment.spec, "decode") == consumer
     encoder = tier_transfer(deployment, "encoder")
@@ -114,7 +138,9 @@ def test_mooncake_e_pd_tcp_without_store():
     assert decode.ports == [port("mooncake-0", 20000)]
     assert mooncake_store_config(deployment) is None
     assert configmap_data(deployment, ["encoder", "decode"]) == {
-        "encoder.ec-transfer.json": transfer_json(producer), "decode.ec-transfer.json": transfer_json(consumer)}
+        "encoder.ec-transfer.json": transfer_json(producer),
+        "decode.ec-transfer.json": transfer_json(consumer),
+    }
 
 
 def test_mooncake_defaults_when_the_settings_are_absent():
@@ -135,38 +161,81 @@ def test_mooncake_rdma_locks_memory_instead_of_forcing_tcp():
 
 
 def test_mooncake_consumer_ports_per_data_parallel_and_tensor_parallel_rank():
-    deployment = epd(spec__ecTransfer={"connector": "Mooncake", "mooncake": {"ecPort": 30000}},
-                     spec__prefill={"dataParallelSize": 2, "tensorParallelSize": 3})
+    deployment = epd(
+        spec__ecTransfer={"connector": "Mooncake", "mooncake": {"ecPort": 30000}},
+        spec__prefill={"dataParallelSize": 2, "tensorParallelSize": 3},
+    )
     assert mooncake_consumer_ports(deployment, "prefill") == [30000, 30001, 30002, 30003, 30004, 30005]
     assert [p["name"] for p in tier_transfer(deployment, "prefill").ports] == [
-        "mooncake-0", "mooncake-1", "mooncake-2", "mooncake-3", "mooncake-4", "mooncake-5", "nixl", "nixl-1"]
+        "mooncake-0",
+        "mooncake-1",
+        "mooncake-2",
+        "mooncake-3",
+        "mooncake-4",
+        "mooncake-5",
+        "nixl",
+        "nixl-1",
+    ]
     assert [p["containerPort"] for p in tier_transfer(deployment, "prefill").ports] == [
-        30000, 30001, 30002, 30003, 30004, 30005, 5600, 5601]
+        30000,
+        30001,
+        30002,
+        30003,
+        30004,
+        30005,
+        5600,
+        5601,
+    ]
 
 
 def test_mooncake_cross_encoder_cache_on_the_producer():
-    deployment = epd(**E_P_D, metadata={"name": "vl", "namespace": "team-a"},
-                     spec__ecTransfer={"connector": "Mooncake", "mooncake": {"crossEncoderCache": True, "protocol": "rdma"}})
-    producer = {"ec_connector": "ECMooncakeConnector", "ec_role": "ec_producer",
-                "ec_connector_extra_config": {"mooncake_protocol": "rdma", "cross_encoder_cache": True}}
+    deployment = epd(
+        **E_P_D,
+        metadata={"name": "vl", "namespace": "team-a"},
+        spec__ecTransfer={"connector": "Mooncake", "mooncake": {"crossEncoderCache": True, "protocol": "rdma"}},
+    )
+    producer = {
+        "ec_connector": "ECMooncakeConnector",
+        "ec_role": "ec_producer",
+        "ec_connector_extra_config": {"mooncake_protocol": "rdma", "cross_encoder_cache": True},
+    }
     assert ec_transfer_config(deployment.spec, "encoder") == producer
     # the consumer never gets cross_encoder_cache (vLLM refuses it there)
     assert ec_transfer_config(deployment.spec, "prefill")["ec_connector_extra_config"] == {"mooncake_protocol": "rdma"}
     encoder = tier_transfer(deployment, "encoder")
     assert encoder.args == ["--mm-processor-cache-gb", "4", "--ec-transfer-config", transfer_json(producer)]
-    assert encoder.env == env(VLLM_HOST_IP=POD_IP, VLLM_USE_V2_MODEL_RUNNER="1",
-                              MOONCAKE_CONFIG_PATH="/etc/epd/mooncake/mooncake-store.json")
-    assert encoder.volumes == [{"name": "mooncake-store", "configMap": {
-        "name": "vl-transfer", "items": [{"key": "mooncake-store.json", "path": "mooncake-store.json"}]}}]
+    assert encoder.env == env(
+        VLLM_HOST_IP=POD_IP, VLLM_USE_V2_MODEL_RUNNER="1", MOONCAKE_CONFIG_PATH="/etc/epd/mooncake/mooncake-store.json"
+    )
+    assert encoder.volumes == [
+        {
+            "name": "mooncake-store",
+            "configMap": {
+                "name": "vl-transfer",
+                "items": [{"key": "mooncake-store.json", "path": "mooncake-store.json"}],
+            },
+        }
+    ]
     assert encoder.mounts == [{"name": "mooncake-store", "mountPath": "/etc/epd/mooncake", "readOnly": True}]
     assert encoder.configmap_keys == ["mooncake-store.json"]
-    store = {"metadata_server": "P2PHANDSHAKE", "master_server_address": "vl-mooncake-master.team-a.svc:50051",
-             "protocol": "rdma", "device_name": "", "mode": "embedded", "global_segment_size": 4294967296,
-             "local_buffer_size": 4294967296}
+    store = {
+        "metadata_server": "P2PHANDSHAKE",
+        "master_server_address": "vl-mooncake-master.team-a.svc:50051",
+        "protocol": "rdma",
+        "device_name": "",
+        "mode": "embedded",
+        "global_segment_size": 4294967296,
+        "local_buffer_size": 4294967296,
+    }
     assert mooncake_store_config(deployment) == store
     data = configmap_data(deployment, ["encoder", "prefill", "decode"])
-    assert list(data) == ["encoder.ec-transfer.json", "prefill.ec-transfer.json", "prefill.kv-transfer.json",
-                          "decode.kv-transfer.json", "mooncake-store.json"]
+    assert list(data) == [
+        "encoder.ec-transfer.json",
+        "prefill.ec-transfer.json",
+        "prefill.kv-transfer.json",
+        "decode.kv-transfer.json",
+        "mooncake-store.json",
+    ]
     assert json.loads(data["mooncake-store.json"]) == store
 
 
@@ -176,13 +245,18 @@ def test_no_store_for_other_connectors_even_with_mooncake_settings_absent():
 
 
 def test_cpu_connector_producer_and_consumer():
-    deployment = epd(spec__ecTransfer={"connector": "CPU", "cpu": {"bytes": "2Gi", "nixl": False, "sideChannelPort": 6000}})
+    deployment = epd(
+        spec__ecTransfer={"connector": "CPU", "cpu": {"bytes": "2Gi", "nixl": False, "sideChannelPort": 6000}}
+    )
     assert ec_transfer_config(deployment.spec, "encoder") == {
-        "ec_connector": "ECCPUConnector", "ec_role": "ec_producer",
-        "ec_connector_extra_config": {"ec_cpu_bytes": 2147483648, "ec_enable_nixl": False}}
+        "ec_connector": "ECCPUConnector",
+        "ec_role": "ec_producer",
+        "ec_connector_extra_config": {"ec_cpu_bytes": 2147483648, "ec_enable_nixl": False},
+    }
     encoder = tier_transfer(deployment, "encoder")
-    assert encoder.env == env(VLLM_USE_V2_MODEL_RUNNER="1", VLLM_EC_SIDE_CHANNEL_HOST=POD_IP,
-                              VLLM_EC_SIDE_CHANNEL_PORT="6000")
+    assert encoder.env == env(
+        VLLM_USE_V2_MODEL_RUNNER="1", VLLM_EC_SIDE_CHANNEL_HOST=POD_IP, VLLM_EC_SIDE_CHANNEL_PORT="6000"
+    )
     assert encoder.ports == [port("ec-side", 6000)]
     assert encoder.shm_bytes == 2147483648
     decode = tier_transfer(deployment, "decode")
@@ -190,15 +264,31 @@ def test_cpu_connector_producer_and_consumer():
     assert (decode.ports, decode.shm_bytes, decode.volumes) == ([], 2147483648, [])
     default = epd(spec__ecTransfer={"connector": "CPU", "cpu": {"bytes": "1G"}})
     assert ec_transfer_config(default.spec, "decode")["ec_connector_extra_config"] == {
-        "ec_cpu_bytes": 1000000000, "ec_enable_nixl": True}
+        "ec_cpu_bytes": 1000000000,
+        "ec_enable_nixl": True,
+    }
     assert tier_transfer(default, "encoder").ports == [port("ec-side", 5601)]
 
 
 def test_janitor_bounds_by_age_and_size():
-    assert janitor_args(SharedStorage(claimName="c")) == ["--path", "/ec-cache", "--ttl-seconds", "600",
-                                                          "--interval", "30"]
+    assert janitor_args(SharedStorage(claimName="c")) == [
+        "--path",
+        "/ec-cache",
+        "--ttl-seconds",
+        "600",
+        "--interval",
+        "30",
+    ]
     assert janitor_args(SharedStorage(claimName="c", path="/x", ttlSeconds=60, maxSize="1Ki")) == [
-        "--path", "/x", "--ttl-seconds", "60", "--max-size", "1024", "--interval", "30"]
+        "--path",
+        "/x",
+        "--ttl-seconds",
+        "60",
+        "--max-size",
+        "1024",
+        "--interval",
+        "30",
+    ]
     assert cache_ttl_seconds(SharedStorage(claimName="c", ttlSeconds=None)) == 600
     assert cache_ttl_seconds(SharedStorage(claimName="c", ttlSeconds=5)) == 5
 
@@ -208,10 +298,11 @@ def test_e_p_d_mooncake_prefill_has_both_connectors_env_and_every_config_in_the_
     assert tier_transfer(deployment, "prefill").env == env(MC_FORCE_TCP="1") + NIXL_ENV
     assert configmap_data(deployment, ["encoder", "prefill", "decode"]) == {
         "encoder.ec-transfer.json": '{"ec_connector":"ECMooncakeConnector","ec_connector_extra_config":'
-                                    '{"mooncake_protocol":"tcp"},"ec_role":"ec_producer"}',
+        '{"mooncake_protocol":"tcp"},"ec_role":"ec_producer"}',
         "prefill.ec-transfer.json": '{"ec_connector":"ECMooncakeConnector","ec_connector_extra_config":'
-                                    '{"mooncake_protocol":"tcp"},"ec_ip":"$(POD_IP)","ec_port":14579,'
-                                    '"ec_role":"ec_consumer"}',
+        '{"mooncake_protocol":"tcp"},"ec_ip":"$(POD_IP)","ec_port":14579,'
+        '"ec_role":"ec_consumer"}',
         "prefill.kv-transfer.json": '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}',
-        "decode.kv-transfer.json": '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'}
+        "decode.kv-transfer.json": '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}',
+    }
     assert mooncake_store_config(deployment) is None  # Mooncake without its settings: no store

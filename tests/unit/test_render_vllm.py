@@ -1,6 +1,7 @@
 """render/vllm: whole `vllm serve` argument lists written out for each tier, with the defaults of every
 branch (model from a claim, served name, memory, batched tokens, encoder speed-ups, parallelism, multi-node
 pods) — vLLM's own parser checks the examples' lines in test_render_vllm_args.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,42 +37,124 @@ def test_model_path_and_served_name():
 def test_e_pd_defaults_whole_lines():
     deployment = epd()
     assert serve_command(deployment, "encoder") == [
-        "vllm", "serve", MODEL, "--port", "8000", "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.35",
-        "--enable-request-id-headers", "--shutdown-timeout", "120", "--mm-encoder-only", "--no-enable-prefix-caching",
-        "--max-num-batched-tokens", "114688", "--ec-transfer-config", SHARED_EC + '"ec_role":"ec_producer"}']
+        "vllm",
+        "serve",
+        MODEL,
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "1",
+        "--gpu-memory-utilization",
+        "0.35",
+        "--enable-request-id-headers",
+        "--shutdown-timeout",
+        "120",
+        "--mm-encoder-only",
+        "--no-enable-prefix-caching",
+        "--max-num-batched-tokens",
+        "114688",
+        "--ec-transfer-config",
+        SHARED_EC + '"ec_role":"ec_producer"}',
+    ]
     assert serve_args(deployment, "decode") == [
-        MODEL, "--port", "8000", "--tensor-parallel-size", "1", "--enable-request-id-headers", "--shutdown-timeout",
-        "120", "--enable-mm-embeds", "--ec-transfer-config", SHARED_EC + '"ec_role":"ec_consumer"}']
+        MODEL,
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "1",
+        "--enable-request-id-headers",
+        "--shutdown-timeout",
+        "120",
+        "--enable-mm-embeds",
+        "--ec-transfer-config",
+        SHARED_EC + '"ec_role":"ec_consumer"}',
+    ]
 
 
 def test_every_common_setting_in_its_place_and_extra_args_last():
-    deployment = epd(spec__model={"name": "m", "servedModelName": "vl", "maxModelLen": 4096}, spec__drainSeconds=0,
-                     spec__encoder={"tensorParallelSize": 2, "pipelineParallelSize": 2, "gpuMemoryUtilization": 0.5,
-                                    "maxNumBatchedTokens": 8192, "extraArgs": ["--seed", "1"]},
-                     spec__decode={"pipelineParallelSize": 1, "gpuMemoryUtilization": 0.8, "maxNumBatchedTokens": 2048,
-                                   "extraArgs": ["--max-num-seqs", "8"]})
+    deployment = epd(
+        spec__model={"name": "m", "servedModelName": "vl", "maxModelLen": 4096},
+        spec__drainSeconds=0,
+        spec__encoder={
+            "tensorParallelSize": 2,
+            "pipelineParallelSize": 2,
+            "gpuMemoryUtilization": 0.5,
+            "maxNumBatchedTokens": 8192,
+            "extraArgs": ["--seed", "1"],
+        },
+        spec__decode={
+            "pipelineParallelSize": 1,
+            "gpuMemoryUtilization": 0.8,
+            "maxNumBatchedTokens": 2048,
+            "extraArgs": ["--max-num-seqs", "8"],
+        },
+    )
     assert serve_args(deployment, "encoder") == [
-        "m", "--port", "8000", "--served-model-name", "vl", "--tensor-parallel-size", "2",
-        "--pipeline-parallel-size", "2", "--max-model-len", "4096", "--gpu-memory-utilization", "0.5",
-        "--enable-request-id-headers", "--mm-encoder-only", "--no-enable-prefix-caching",
-        "--max-num-batched-tokens", "8192", "--ec-transfer-config", SHARED_EC + '"ec_role":"ec_producer"}',
-        "--seed", "1"]
+        "m",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "vl",
+        "--tensor-parallel-size",
+        "2",
+        "--pipeline-parallel-size",
+        "2",
+        "--max-model-len",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--enable-request-id-headers",
+        "--mm-encoder-only",
+        "--no-enable-prefix-caching",
+        "--max-num-batched-tokens",
+        "8192",
+        "--ec-transfer-config",
+        SHARED_EC + '"ec_role":"ec_producer"}',
+        "--seed",
+        "1",
+    ]
     assert serve_args(deployment, "decode") == [
-        "m", "--port", "8000", "--served-model-name", "vl", "--tensor-parallel-size", "1", "--max-model-len", "4096",
-        "--gpu-memory-utilization", "0.8", "--enable-request-id-headers", "--enable-mm-embeds",
-        "--max-num-batched-tokens", "2048", "--ec-transfer-config", SHARED_EC + '"ec_role":"ec_consumer"}',
-        "--max-num-seqs", "8"]
+        "m",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "vl",
+        "--tensor-parallel-size",
+        "1",
+        "--max-model-len",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.8",
+        "--enable-request-id-headers",
+        "--enable-mm-embeds",
+        "--max-num-batched-tokens",
+        "2048",
+        "--ec-transfer-config",
+        SHARED_EC + '"ec_role":"ec_consumer"}',
+        "--max-num-seqs",
+        "8",
+    ]
 
 
 def test_encoder_speed_ups():
-    deployment = epd(spec__encoder={"cudaGraphs": {"tokenBudgets": [4096, 1024], "maxVisionItemsPerBatch": 0,
-                                                   "maxFramesPerBatch": 16},
-                                    "preprocessing": "gpu", "mmEncoderTPMode": "data"})
+    deployment = epd(
+        spec__encoder={
+            "cudaGraphs": {"tokenBudgets": [4096, 1024], "maxVisionItemsPerBatch": 0, "maxFramesPerBatch": 16},
+            "preprocessing": "gpu",
+            "mmEncoderTPMode": "data",
+        }
+    )
     assert encoder_performance_args(deployment.spec.encoder) == [
         "--compilation-config",
         '{"cudagraph_mm_encoder":true,"encoder_cudagraph_max_frames_per_batch":16,'
         '"encoder_cudagraph_max_vision_items_per_batch":0,"encoder_cudagraph_token_budgets":[1024,4096]}',
-        "--mm-tensor-ipc", "torch_shm", "--mm-processor-device", "auto", "--mm-encoder-tp-mode", "data"]
+        "--mm-tensor-ipc",
+        "torch_shm",
+        "--mm-processor-device",
+        "auto",
+        "--mm-encoder-tp-mode",
+        "data",
+    ]
     bare = epd(spec__encoder={"cudaGraphs": {}})
     assert encoder_performance_args(bare.spec.encoder) == ["--compilation-config", '{"cudagraph_mm_encoder":true}']
     assert encoder_performance_args(epd().spec.encoder) == []
@@ -83,18 +166,40 @@ def test_data_and_expert_parallel_consumers():
     assert parallel_args(deployment.spec.decode) == ["--data-parallel-size", "4", "--enable-expert-parallel"]
     assert parallel_args(epd().spec.decode) == []
     args = serve_args(deployment, "decode")
-    assert args[args.index("--enable-request-id-headers") + 3:args.index("--enable-mm-embeds")] == [
-        "--data-parallel-size", "4", "--enable-expert-parallel"]
+    assert args[args.index("--enable-request-id-headers") + 3 : args.index("--enable-mm-embeds")] == [
+        "--data-parallel-size",
+        "4",
+        "--enable-expert-parallel",
+    ]
 
 
 def test_a_multi_node_replica_per_pod():
     tier = epd(spec__decode={"nodesPerReplica": 2, "tensorParallelSize": 4}).spec.decode
     assert parallel_args(tier, "leader") == [
-        "--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "0",
-        "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", "29501"]
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--master-addr",
+        "$(LWS_LEADER_ADDRESS)",
+        "--master-port",
+        "29501",
+    ]
     assert parallel_args(tier, "worker") == [
-        "--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "$(LWS_WORKER_INDEX)",
-        "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", "29501", "--headless"]
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "$(LWS_WORKER_INDEX)",
+        "--master-addr",
+        "$(LWS_LEADER_ADDRESS)",
+        "--master-port",
+        "29501",
+        "--headless",
+    ]
     assert parallel_args(tier) == parallel_args(tier, "leader")
     for node in (None, "follower"):
         with pytest.raises(ValueError) as caught:
@@ -105,8 +210,12 @@ def test_a_multi_node_replica_per_pod():
 def test_e_p_d_prefill_and_decode_lines():
     deployment = epd(spec__prefill={})
     kv = '{"kv_connector":"NixlConnector","kv_role":"kv_%s"}'
-    assert serve_args(deployment, "prefill")[-4:] == ["--ec-transfer-config", SHARED_EC + '"ec_role":"ec_consumer"}',
-                                                      "--kv-transfer-config", kv % "producer"]
+    assert serve_args(deployment, "prefill")[-4:] == [
+        "--ec-transfer-config",
+        SHARED_EC + '"ec_role":"ec_consumer"}',
+        "--kv-transfer-config",
+        kv % "producer",
+    ]
     assert serve_args(deployment, "decode")[-3:] == ["--enable-mm-embeds", "--kv-transfer-config", kv % "consumer"]
 
 
@@ -119,8 +228,12 @@ def test_only_vllm_tiers_have_a_command_line():
 def test_two_data_parallel_ranks_and_expert_parallel_on_several_nodes():
     assert parallel_args(epd(spec__decode={"dataParallelSize": 2}).spec.decode) == ["--data-parallel-size", "2"]
     tier = epd(spec__decode={"nodesPerReplica": 2, "tensorParallelSize": 2, "expertParallel": True}).spec.decode
-    assert parallel_args(tier, "worker")[:4] == ["--enable-expert-parallel", "--distributed-executor-backend", "mp",
-                                                 "--nnodes"]
+    assert parallel_args(tier, "worker")[:4] == [
+        "--enable-expert-parallel",
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+    ]
 
 
 def test_a_given_transfer_and_node_reach_the_line():

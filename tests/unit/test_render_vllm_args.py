@@ -1,5 +1,6 @@
 """Every `vllm serve` command line the examples render is accepted by vLLM 0.32's own parser, with its
 EC/KV connector names resolved by vLLM's connector factories (`tests/support/vllm_args.py`)."""
+
 from __future__ import annotations
 
 from epd_operator.render import render

@@ -16,7 +16,12 @@ CHAT = "/v1/chat/completions"
         (CHAT, b'{"messages": []}', 400, "'messages'"),
         (CHAT, b'{"messages": [{"role": "user", "content": [{"text": "no type"}]}]}', 400, "'type'"),
         (CHAT, b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}', 400, "'url'"),
-        (CHAT, b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}', 400, "file://"),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}',
+            400,
+            "file://",
+        ),
         (CHAT, b'{"messages": [{"role": "user", "content": "' + b"x" * 3000 + b'"}]}', 413, "exceeds 2048 bytes"),
         ("/v1/completions", b'{"model": "m"}', 400, "'prompt'"),
     ],
@@ -33,7 +38,12 @@ async def test_bad_requests_get_openai_errors(path, raw, status, fragment):
 
 async def test_file_urls_pass_through_when_allowed_without_the_router_reading_them():
     async with router_stack(encoders=1, allow_file_urls=True) as s:
-        body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///nonexistent/x.png"}}]}]}
+        body = {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///nonexistent/x.png"}}]}
+            ],
+        }
         r = await s.post(CHAT, body)
         assert r.status == 200
         assert s.encoders[0].bodies()[0]["messages"][0]["content"][0]["image_url"]["url"] == "file:///nonexistent/x.png"

@@ -15,7 +15,11 @@ IMG_B = {"type": "image_url", "image_url": {"url": "https://img/b.png"}}
 
 
 def chat(*parts, **extra):
-    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, *parts]}], **extra}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, *parts]}],
+        **extra,
+    }
 
 
 def media_parts(body):
@@ -62,7 +66,9 @@ async def test_an_encoder_timeout_counts_as_a_failure_and_is_retried():
         assert sum(len(e.received) for e in s.encoders) == 2
         assert media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_url"
         backend = s.encoders[0].url.split("//")[1]
-        assert await metric(s, "epd_router_backend_errors_total", backend=backend, kind="timeout", role="encoder") == [1]
+        assert await metric(s, "epd_router_backend_errors_total", backend=backend, kind="timeout", role="encoder") == [
+            1
+        ]
 
 
 async def test_when_encoders_keep_failing_the_media_goes_raw_and_pinned_to_pd():

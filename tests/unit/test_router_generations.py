@@ -2,6 +2,7 @@
 old and new pods run side by side, and a request must stay within one generation. The fake backends
 stamp their transfer parameters with their generation and refuse (400, counted) another's, as vLLMs of
 different builds would fail each other's."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,12 @@ def assign(stack: Stack, **generations: str | None) -> None:
 
 def series(stack: Stack, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     """Every sample of `name` in the router's registry, by its labels."""
-    return {tuple(sample.labels.items()): sample.value for family in stack.router.metrics.registry.collect()
-            for sample in family.samples if sample.name == name}
+    return {
+        tuple(sample.labels.items()): sample.value
+        for family in stack.router.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
 
 
 def generation_calls(stack: Stack) -> dict[str, int]:
@@ -98,22 +103,28 @@ async def test_router_reports_available_backends_per_generation():
     async with router_stack(encoders=2, decodes=1) as s:
         assign(s, e0="old", e1="new", d0="old")
         gauge = series(s, "epd_router_generation_backends")
-        assert gauge == {(("role", "encoder"), ("generation", "old")): 1.0, (("role", "encoder"), ("generation", "new")): 1.0,
-                         (("role", "decode"), ("generation", "old")): 1.0}
+        assert gauge == {
+            (("role", "encoder"), ("generation", "old")): 1.0,
+            (("role", "encoder"), ("generation", "new")): 1.0,
+            (("role", "decode"), ("generation", "old")): 1.0,
+        }
         # the old encoder leaves: its series goes with it
         s.router.encoders.update([DiscoveredEndpoint(s.encoders[1].url, True, "e1", None, "new")])
         gauge = series(s, "epd_router_generation_backends")
         assert (("role", "encoder"), ("generation", "old")) not in gauge
 
 
-@pytest.mark.parametrize(("first", "then", "expected"), [
-    # (generation of each first-stage consumer, generations with a decode) -> consumers a request may start on
-    (["a", "a"], None, ["a0", "a1"]),
-    (["a", "b"], ["a"], ["a0"]),
-    (["a", "b"], ["a", "b"], ["a0", "b1"]),
-    (["a", "b"], [], []),
-    ([None, None], [None], ["None0", "None1"]),
-])
+@pytest.mark.parametrize(
+    ("first", "then", "expected"),
+    [
+        # (generation of each first-stage consumer, generations with a decode) -> consumers a request may start on
+        (["a", "a"], None, ["a0", "a1"]),
+        (["a", "b"], ["a"], ["a0"]),
+        (["a", "b"], ["a", "b"], ["a0", "b1"]),
+        (["a", "b"], [], []),
+        ([None, None], [None], ["None0", "None1"]),
+    ],
+)
 def test_finishing_consumers(first, then, expected):
     metrics = RouterMetrics()
     prefills, decodes = Pool("prefill", metrics), Pool("decode", metrics)
@@ -126,8 +137,13 @@ def test_finishing_consumers(first, then, expected):
 
 def test_available_in_one_generation():
     pool = Pool("encoder", RouterMetrics())
-    pool.update([DiscoveredEndpoint("http://e0", True, "e0", None, "a"), DiscoveredEndpoint("http://e1", True, "e1", None, "b"),
-                 DiscoveredEndpoint("http://e2", False, "e2", None, "a")])
+    pool.update(
+        [
+            DiscoveredEndpoint("http://e0", True, "e0", None, "a"),
+            DiscoveredEndpoint("http://e1", True, "e1", None, "b"),
+            DiscoveredEndpoint("http://e2", False, "e2", None, "a"),
+        ]
+    )
     assert [ep.pod for ep in pool.available_in("a")] == ["e0"]  # e2 is not ready
     assert [ep.pod for ep in pool.available_in("b")] == ["e1"]
     assert pool.available_in("c") == [] and pool.available_in(None) == []

@@ -25,7 +25,10 @@ async def echo(request):
         await out.write_eof()
         return out
     body = await request.read()
-    return Response(body=request.method.encode() + b" " + request.path.encode() + b" " + body, headers={"X-Seen": request.headers.get("x-seen", "")})
+    return Response(
+        body=request.method.encode() + b" " + request.path.encode() + b" " + body,
+        headers={"X-Seen": request.headers.get("x-seen", "")},
+    )
 
 
 @asynccontextmanager
@@ -164,7 +167,7 @@ async def router_over(decode_url: str):
 
 
 async def half_reply(writer):
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"partial")
+    writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"partial')
     await writer.drain()
 
 
@@ -172,8 +175,10 @@ BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"
 
 
 async def test_a_decode_closing_mid_reply_is_retried_then_answered():
-    async with (scripted_backend([half_reply, ok(b'{"ok":true}')]) as (decode, seen),
-                router_over(decode) as (router, reader, writer)):
+    async with (
+        scripted_backend([half_reply, ok(b'{"ok":true}')]) as (decode, seen),
+        router_over(decode) as (router, reader, writer),
+    ):
         writer.write(post(CHAT, BODY, b"x-request-id: mid-1\r\n"))
         head, body = await read_response(reader)
         assert head.startswith(b"HTTP/1.1 200") and body == b'{"ok":true}' and b"x-request-id: mid-1" in head
@@ -237,14 +242,18 @@ async def test_idle_connections_close_but_a_request_still_arriving_is_waited_for
 
 async def test_oversized_bodies_are_refused_without_waiting_for_them():
     async with FakeVLLM("pd") as pd:
-        server, url = await serve_router(Router(RouterConfig(decode_urls=[pd.url], health_interval=0, max_body_bytes=64)))
+        server, url = await serve_router(
+            Router(RouterConfig(decode_urls=[pd.url], health_interval=0, max_body_bytes=64))
+        )
         try:
             host, port = url[7:].split(":")
             for request in (
                 # Announced too large and expecting 100-continue: answered before any body is sent.
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 65\r\nExpect: 100-continue\r\n\r\n",
                 # Chunked past the limit.
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n41\r\n" + b"x" * 65 + b"\r\n",
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n41\r\n"
+                + b"x" * 65
+                + b"\r\n",
             ):
                 reader, writer = await asyncio.open_connection(host, int(port))
                 writer.write(request)

@@ -8,6 +8,7 @@ read-only, with a tmpfs at each rendered emptyDir mountPath (what the kubelet gi
 and the kubeconfig on a read-only mount. Elsewhere the environment stands in: no usable
 TMPDIR or HOME, the rendered scratch paths mapped to a temporary directory.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -69,8 +70,11 @@ def free_port() -> int:
 def user_namespaces_work() -> bool:
     if not shutil.which("unshare"):
         return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -o remount,bind,ro / && ! touch /.epd-rw-check"],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -o remount,bind,ro / && ! touch /.epd-rw-check"],
+        capture_output=True,
+        timeout=30,
+    )
     return probe.returncode == 0
 
 
@@ -102,8 +106,11 @@ class SliceAPI:
         self._notify("endpointslices", "ADDED", obj)
         for endpoint in obj["endpoints"]:
             name = endpoint["targetRef"]["name"]
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": name, "namespace": NS, "labels": dict(obj["metadata"]["labels"])}}
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": NS, "labels": dict(obj["metadata"]["labels"])},
+            }
             self.objects["pods"][name] = pod
             self._notify("pods", "ADDED", pod)
 
@@ -116,7 +123,9 @@ class SliceAPI:
         selector = dict(p.split("=", 1) for p in request.query.get("labelSelector", "").split(",") if p)
         if request.query.get("watch") not in ("1", "true"):
             items = [o for o in self.objects[resource].values() if self._selected(o, selector)]
-            return web.json_response({"kind": "List", "items": items, "metadata": {"resourceVersion": str(self.version)}})
+            return web.json_response(
+                {"kind": "List", "items": items, "metadata": {"resourceVersion": str(self.version)}}
+            )
         response = web.StreamResponse()
         await response.prepare(request)
         queue: asyncio.Queue = asyncio.Queue()
@@ -143,23 +152,36 @@ class SliceAPI:
         await self.runner.cleanup()
 
     def kubeconfig(self, path: Path) -> Path:
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "namespace": NS}}],
-            "users": []}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "test",
+                    "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+                    "contexts": [{"name": "test", "context": {"cluster": "test", "namespace": NS}}],
+                    "users": [],
+                }
+            )
+        )
         return path
 
 
 def endpoint_slice(name: str, selector: str, port: int, pod: str) -> dict:
     labels = dict(pair.split("=", 1) for pair in selector.split(","))
     return {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
         "metadata": {"name": name, "namespace": NS, "labels": labels},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
-                       "targetRef": {"kind": "Pod", "name": pod, "namespace": NS}}],
+        "endpoints": [
+            {
+                "addresses": ["127.0.0.1"],
+                "conditions": {"ready": True},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
+            }
+        ],
     }
 
 
@@ -174,8 +196,15 @@ def with_flag(args: list[str], name: str, value: str) -> list[str]:
 
 
 def rendered_router(cpu: str) -> tuple[dict, list[str]]:
-    epd = example(SHARED_STORAGE, **{"spec.router.resources": {"requests": {"cpu": cpu, "memory": "256Mi"},
-                                                               "limits": {"cpu": cpu, "memory": "1Gi"}}})
+    epd = example(
+        SHARED_STORAGE,
+        **{
+            "spec.router.resources": {
+                "requests": {"cpu": cpu, "memory": "256Mi"},
+                "limits": {"cpu": cpu, "memory": "1Gi"},
+            }
+        },
+    )
     objects = render(epd)
     deployment = find(objects, "Deployment", f"{epd.name}-router")
     pod = deployment["spec"]["template"]["spec"]
@@ -209,14 +238,28 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
     assert any(env.get("PROMETHEUS_MULTIPROC_DIR", "").startswith(p) for p in scratch)
 
     port, metrics_port = free_port(), free_port()
-    args = with_flag(with_flag(with_flag(args, "--port", str(port)), "--metrics-port", str(metrics_port)),
-                     "--host", "127.0.0.1")
+    args = with_flag(
+        with_flag(with_flag(args, "--port", str(port)), "--metrics-port", str(metrics_port)), "--host", "127.0.0.1"
+    )
     args += ["--health-interval", "0.2", "--log-level", "warning"]
     base_env = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "operator"), "HOME": "/nonexistent"}
     if user_namespaces_work():
         keep = ":".join(sorted({str(REPO), str(BIN.parent)}))
-        argv = ["unshare", "-rm", "sh", "-c", READ_ONLY_ROOT, "sh", str(kubeconfig), ":".join(scratch), keep,
-                *container["command"], *args, "--kubeconfig", "/mnt/kubeconfig"]
+        argv = [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            READ_ONLY_ROOT,
+            "sh",
+            str(kubeconfig),
+            ":".join(scratch),
+            keep,
+            *container["command"],
+            *args,
+            "--kubeconfig",
+            "/mnt/kubeconfig",
+        ]
         proc_env = {**base_env, **env}
     else:  # no mount namespace: a read-only root as far as the environment can say it
         unwritable = tmp_path / "read-only"
@@ -224,15 +267,21 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
         local = tmp_path / "scratch"
         mapped = {k: v for k, v in env.items()}
         for path in scratch:
-            mapped = {k: v.replace(path, str(local / path.strip("/")), 1) if v.startswith(path) else v for k, v in mapped.items()}
+            mapped = {
+                k: v.replace(path, str(local / path.strip("/")), 1) if v.startswith(path) else v
+                for k, v in mapped.items()
+            }
             (local / path.strip("/")).mkdir(parents=True)
         argv = [*container["command"], *args, "--kubeconfig", str(kubeconfig)]
         proc_env = {**base_env, "TMPDIR": str(unwritable), "HOME": str(unwritable), **mapped}
 
     enc_sel, dec_sel = flag(args, "--encoder-selector"), flag(args, "--decode-selector")
     async with FakeVLLM("encoder", "e0") as e0, FakeVLLM("encoder", "e1") as e1, FakeVLLM("pd", "d0") as d0:
-        for name, sel, fake, pod_name in (("enc-a", enc_sel, e0, "vl-encoder-0"), ("enc-b", enc_sel, e1, "vl-encoder-1"),
-                                          ("dec-a", dec_sel, d0, "vl-decode-0")):
+        for name, sel, fake, pod_name in (
+            ("enc-a", enc_sel, e0, "vl-encoder-0"),
+            ("enc-b", enc_sel, e1, "vl-encoder-1"),
+            ("dec-a", dec_sel, d0, "vl-decode-0"),
+        ):
             apiserver.create(endpoint_slice(name, sel, int(fake.url.rsplit(":", 1)[1]), pod_name))
         proc = subprocess.Popen(argv, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/")
         url, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
@@ -249,8 +298,9 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
                         assert proc.poll() is None, proc.stdout.read().decode()
                         try:
                             async with session.get(url + "/health") as r:
-                                if r.status == 200 and sample_values(await scrape(), "epd_router_endpoint_available",
-                                                                     backend_pod="vl-encoder-1"):
+                                if r.status == 200 and sample_values(
+                                    await scrape(), "epd_router_endpoint_available", backend_pod="vl-encoder-1"
+                                ):
                                     break
                         except aiohttp.ClientError:
                             pass
@@ -258,22 +308,26 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
 
                 body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
                 for _ in range(8):  # fresh connections: the kernel spreads them over both workers
-                    async with (aiohttp.ClientSession() as one_shot,
-                                one_shot.post(url + "/v1/chat/completions", data=body) as r):
+                    async with (
+                        aiohttp.ClientSession() as one_shot,
+                        one_shot.post(url + "/v1/chat/completions", data=body) as r,
+                    ):
                         assert r.status == 200
                 async with session.get(url + "/metrics") as r:
                     assert r.status == 404, "metrics must not be served on the API port"
 
                 text = await scrape()
                 assert labelled(text, "epd_router_requests_total") == [
-                    ({"route": "/v1/chat/completions", "status": "200"}, 8.0)]
+                    ({"route": "/v1/chat/completions", "status": "200"}, 8.0)
+                ]
                 assert sample_values(text, "epd_router_build_info") == [1]
                 assert sample_values(text, "process_cpu_seconds_total")
                 assert sample_values(text, "process_resident_memory_bytes")
                 assert not [s for s in samples(text) if "pid" in s.labels]
                 e1_key = e1.url.split("//")[1]
-                assert sample_values(text, "epd_router_endpoint_available", backend=e1_key, backend_pod="vl-encoder-1",
-                                     role="encoder") == [1]
+                assert sample_values(
+                    text, "epd_router_endpoint_available", backend=e1_key, backend_pod="vl-encoder-1", role="encoder"
+                ) == [1]
                 assert len(labelled(text, "epd_router_endpoint_available")) == 3
                 assert len(labelled(text, "epd_router_endpoint_inflight")) == 3
 
@@ -298,8 +352,11 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
 def test_more_workers_without_a_writable_directory_fail_with_a_reason(tmp_path):
     unwritable = tmp_path / "read-only"
     unwritable.mkdir(mode=0o555)
-    env = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(REPO / "operator"),
-           "PROMETHEUS_MULTIPROC_DIR": str(unwritable / "metrics")}
+    env = {
+        "PATH": f"{BIN}:/usr/bin:/bin",
+        "PYTHONPATH": str(REPO / "operator"),
+        "PROMETHEUS_MULTIPROC_DIR": str(unwritable / "metrics"),
+    }
     if os.geteuid() == 0 and not user_namespaces_work():
         return  # root writes anywhere and no namespace can say otherwise: nothing to observe
     argv = ["epd-router", "--decode-servers-urls", "http://127.0.0.1:1", "--workers", "2", "--port", str(free_port())]

@@ -33,7 +33,9 @@ def test_hash_pick_never_exceeds_the_load_bound(loads, key, factor):
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(min_value=2, max_value=10), keys=st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=40))
+@given(
+    n=st.integers(min_value=2, max_value=10), keys=st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=40)
+)
 def test_same_key_same_endpoint_while_not_overloaded(n, keys):
     picker = BoundedHashPicker(1.25)
     eps = endpoints([0] * n)
@@ -43,7 +45,9 @@ def test_same_key_same_endpoint_while_not_overloaded(n, keys):
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(min_value=2, max_value=10), keys=st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=60))
+@given(
+    n=st.integers(min_value=2, max_value=10), keys=st.lists(st.text(min_size=1, max_size=16), min_size=1, max_size=60)
+)
 def test_router_replicas_seeing_the_same_traffic_pick_the_same_endpoints(n, keys):
     eps = endpoints([0] * n)
     one, other = BoundedHashPicker(1.25), BoundedHashPicker(1.25)
@@ -65,8 +69,11 @@ def test_a_hot_key_spills_only_when_its_endpoint_is_over_the_bound(n, key, extra
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=st.integers(min_value=2, max_value=8), keys=st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=300),
-       factor=st.floats(min_value=1.0, max_value=2.0))
+@given(
+    n=st.integers(min_value=2, max_value=8),
+    keys=st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=300),
+    factor=st.floats(min_value=1.0, max_value=2.0),
+)
 def test_new_keys_are_placed_within_the_bound_even_with_nothing_in_flight(n, keys, factor):
     # Short, distinct items (encoder reuse) never overlap in time: the bound must hold on work done.
     picker = BoundedHashPicker(factor)
@@ -81,7 +88,10 @@ def test_new_keys_are_placed_within_the_bound_even_with_nothing_in_flight(n, key
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(min_value=3, max_value=10), keys=st.lists(st.text(min_size=1, max_size=8), min_size=5, max_size=40, unique=True))
+@given(
+    n=st.integers(min_value=3, max_value=10),
+    keys=st.lists(st.text(min_size=1, max_size=8), min_size=5, max_size=40, unique=True),
+)
 def test_removing_an_endpoint_moves_only_its_keys(n, keys):
     picker = BoundedHashPicker(100.0)  # a loose bound isolates the hashing
     eps = endpoints([0] * n)

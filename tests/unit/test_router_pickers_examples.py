@@ -4,6 +4,7 @@ test_router_pickers.py checks properties; here the load bound, the hash and the 
 have expected values written out (the hash from coreutils' `b2sum -l 64`), and the ring order comes
 from a separate brute-force reading of the module's description, not from HashRing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,10 @@ def eps(n: int) -> list[Ep]:
 
 def ring_order(endpoint_keys: list[str], key: str, vnodes: int = 64) -> list[str]:
     """Distinct endpoints clockwise from the key's point: blake2b-64 of '<endpoint>#<v>' are the points."""
+
     def h(text: str) -> int:
         return int(hashlib.blake2b(text.encode(), digest_size=8).hexdigest(), 16)
+
     points = sorted((h(f"{e}#{v}"), e) for e in endpoint_keys for v in range(vnodes))
     target = h(key)
     clockwise = [p for p in points if p[0] >= target] + [p for p in points if p[0] < target]
@@ -54,10 +57,20 @@ def test_stable_hash_is_blake2b_64_big_endian():
     assert stable_hash("a") == 0x40F89E395B66422F  # printf 'a' | b2sum -l 64
 
 
-@pytest.mark.parametrize("total,n,factor,bound", [
-    (0, 4, 1.25, 1), (0, 1, 1.0, 1), (10, 3, 1.15, 5), (5, 2, 1.0, 3), (7, 4, 1.0, 2), (8, 4, 1.0, 3),
-    (3, 2, 1.5, 3), (0.5, 1, 2.0, 3), (99, 10, 1.15, 12),
-])
+@pytest.mark.parametrize(
+    "total,n,factor,bound",
+    [
+        (0, 4, 1.25, 1),
+        (0, 1, 1.0, 1),
+        (10, 3, 1.15, 5),
+        (5, 2, 1.0, 3),
+        (7, 4, 1.0, 2),
+        (8, 4, 1.0, 3),
+        (3, 2, 1.5, 3),
+        (0.5, 1, 2.0, 3),
+        (99, 10, 1.15, 12),
+    ],
+)
 def test_load_bound_by_hand(total, n, factor, bound):
     # ceil(factor * (total + 1) / n): e.g. 1.15 * 11 / 3 = 4.22 -> 5
     assert load_bound(total, n, factor) == bound
@@ -238,8 +251,11 @@ def test_least_loaded_rotates_in_order_among_the_least_loaded():
 def test_round_robin_skips_excluded_endpoints():
     endpoints = eps(3)
     picker = RoundRobinPicker()
-    assert [picker.pick(endpoints, exclude=(endpoints[1],)) for _ in range(3)] == [endpoints[0], endpoints[2],
-                                                                                   endpoints[0]]
+    assert [picker.pick(endpoints, exclude=(endpoints[1],)) for _ in range(3)] == [
+        endpoints[0],
+        endpoints[2],
+        endpoints[0],
+    ]
 
 
 def test_the_ring_has_64_points_per_endpoint_unless_told_otherwise():

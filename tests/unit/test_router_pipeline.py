@@ -15,14 +15,21 @@ IMG_C = {"type": "image_url", "image_url": {"url": "https://img/c.png"}}
 
 
 def chat(*parts, **extra):
-    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"}, *parts]}], **extra}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"}, *parts]}],
+        **extra,
+    }
 
 
 def sse(name: str, n: int = 3, rid: str = "0") -> bytes:
     out = b""
     for i in range(n):
-        chunk = {"id": f"chatcmpl-{name}-{rid}", "object": "chat.completion.chunk",
-                 "choices": [{"index": 0, "delta": {"content": f"answer from {name} [{i}]"}, "finish_reason": None}]}
+        chunk = {
+            "id": f"chatcmpl-{name}-{rid}",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": f"answer from {name} [{i}]"}, "finish_reason": None}],
+        }
         out += b"data: " + orjson.dumps(chunk) + b"\n\n"
     return out + b"data: [DONE]\n\n"
 
@@ -42,7 +49,11 @@ async def test_e_pd_encodes_then_sends_a_metadata_only_request_to_pd():
         assert item["image_url"] == IMG_A["image_url"] and item["uuid"]
         [pd_req] = s.decodes[0].bodies()
         assert parts(pd_req)[0] == {"type": "text", "text": "what is this"}
-        assert parts(pd_req)[1] == {"type": "image_embeds", "image_embeds": {"image_grid_thw": [1, 16, 16]}, "uuid": item["uuid"]}
+        assert parts(pd_req)[1] == {
+            "type": "image_embeds",
+            "image_embeds": {"image_grid_thw": [1, 16, 16]},
+            "uuid": item["uuid"],
+        }
         assert pd_req["ec_transfer_params"][item["uuid"]]["metadata"] == {"image_grid_thw": [1, 16, 16]}
         assert pd_req["max_tokens"] == 8 and "kv_transfer_params" not in pd_req
 
@@ -86,9 +97,14 @@ async def test_e_p_d_prefills_with_remote_decode_and_hands_kv_params_to_decode()
         assert parts(p_req)[1]["type"] == "image_embeds"
         [d_req] = s.decodes[0].bodies()
         assert d_req["kv_transfer_params"] == {
-            "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [1, 2, 3],
-            "remote_engine_id": "engine-p0", "remote_request_id": "cmpl-p0-0",
-            "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1,
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [1, 2, 3],
+            "remote_engine_id": "engine-p0",
+            "remote_request_id": "cmpl-p0-0",
+            "remote_host": "127.0.0.1",
+            "remote_port": 5600,
+            "tp_size": 1,
         }
         assert d_req["stream"] is True and d_req["max_tokens"] == 16 and parts(d_req)[1]["type"] == "image_embeds"
 
@@ -120,7 +136,9 @@ async def test_audio_and_video_get_one_encoder_request_each():
 
 
 async def test_mooncake_picks_the_consumer_first_and_tells_the_encoder_where_to_push():
-    async with router_stack(encoders=1, decodes=2, ec_consumer_zmq_addrs=["tcp://10.0.0.1:14579", "tcp://10.0.0.2:14579"]) as s:
+    async with router_stack(
+        encoders=1, decodes=2, ec_consumer_zmq_addrs=["tcp://10.0.0.1:14579", "tcp://10.0.0.2:14579"]
+    ) as s:
         r = await s.post(CHAT, chat(IMG_A, IMG_B))
         assert r.status == 200
         consumer = next(i for i, d in enumerate(s.decodes) if d.received)
@@ -187,7 +205,17 @@ async def test_least_loaded_uses_scraped_queue_depth():
 async def test_prefix_aware_keeps_a_conversation_on_one_instance():
     async with router_stack(encoders=0, decodes=3, pd_policy="prefix-aware") as s:
         for turn in range(3):
-            await s.post(CHAT, chat(**{"messages": [{"role": "system", "content": "x" * 300}, {"role": "user", "content": f"turn {turn}"}]}))
+            await s.post(
+                CHAT,
+                chat(
+                    **{
+                        "messages": [
+                            {"role": "system", "content": "x" * 300},
+                            {"role": "user", "content": f"turn {turn}"},
+                        ]
+                    }
+                ),
+            )
         assert sorted(len(d.received) for d in s.decodes) == [0, 0, 3]
 
 

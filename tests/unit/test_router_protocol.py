@@ -27,7 +27,11 @@ VIDEO = {"type": "video_url", "video_url": {"url": "https://vid/v.mp4"}}
 
 
 def chat(*parts, **extra):
-    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "describe"}, *parts]}], **extra}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "describe"}, *parts]}],
+        **extra,
+    }
 
 
 def media(body):
@@ -67,7 +71,13 @@ def test_client_embeds_parts_are_refused_unless_allowed():
 
 
 def test_plain_string_content_and_text_parts_carry_no_media():
-    body = {"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ],
+    }
     assert media(body) == []
 
 
@@ -92,12 +102,18 @@ def test_encoder_request_is_text_stripped_uuid_tagged_and_keeps_processing_optio
         "priority": 3,
     }
     mooncake = encoder_request(body, items, "tcp://10.0.0.7:14579", ["t0", "t1"])
-    assert mooncake["ec_transfer_params"] == {"consumer_zmq": "tcp://10.0.0.7:14579", "ec_items": [{"transfer_id": "t0"}, {"transfer_id": "t1"}]}
+    assert mooncake["ec_transfer_params"] == {
+        "consumer_zmq": "tcp://10.0.0.7:14579",
+        "ec_items": [{"transfer_id": "t0"}, {"transfer_id": "t1"}],
+    }
 
 
 def test_reply_matching_uses_item_indices_for_batches_then_uuid_then_the_only_entry():
     items = media(chat(IMG_A, IMG_B))
-    batch_reply = {"h-b": {"metadata": {"g": [1]}, "item_indices": [1]}, "h-a": {"metadata": {"g": [2]}, "item_indices": [0]}}
+    batch_reply = {
+        "h-b": {"metadata": {"g": [1]}, "item_indices": [1]},
+        "h-a": {"metadata": {"g": [2]}, "item_indices": [0]},
+    }
     assert {i: h for i, (h, _) in match_encoder_reply(batch_reply, items).items()} == {0: "h-a", 1: "h-b"}
     single = items[:1]
     assert match_encoder_reply({items[0].uuid: {"metadata": {}}}, single)[0][0] == items[0].uuid
@@ -129,8 +145,16 @@ def test_rewrite_replaces_media_by_metadata_only_embeds_and_carries_the_handles(
     out = rewrite_for_decode(body, items, encoded)
     content = out["messages"][0]["content"]
     assert content[0] == {"type": "text", "text": "describe"}
-    assert content[1] == {"type": "image_embeds", "image_embeds": {"image_grid_thw": [1, 16, 16]}, "uuid": items[0].uuid}
-    assert content[2] == {"type": "video_embeds", "video_embeds": {"video_grid_thw": [2, 16, 16]}, "uuid": items[1].uuid}
+    assert content[1] == {
+        "type": "image_embeds",
+        "image_embeds": {"image_grid_thw": [1, 16, 16]},
+        "uuid": items[0].uuid,
+    }
+    assert content[2] == {
+        "type": "video_embeds",
+        "video_embeds": {"video_grid_thw": [2, 16, 16]},
+        "uuid": items[1].uuid,
+    }
     assert out["ec_transfer_params"] == {
         "client": 1,
         "h0": encoded[0].report,
@@ -160,7 +184,11 @@ def test_pinning_tags_raw_media_parts_with_their_uuid():
     body = chat(IMG_A, IMG_B)
     items = media(body)
     out = rewrite_for_decode(body, items, {}, pin_raw=True)
-    assert out["messages"][0]["content"] == [{"type": "text", "text": "describe"}, {**IMG_A, "uuid": items[0].uuid}, {**IMG_B, "uuid": items[1].uuid}]
+    assert out["messages"][0]["content"] == [
+        {"type": "text", "text": "describe"},
+        {**IMG_A, "uuid": items[0].uuid},
+        {**IMG_B, "uuid": items[1].uuid},
+    ]
     assert "ec_transfer_params" not in out
     assert rewrite_for_decode(body, items, {}) is body  # vLLM proxy semantics: nothing reported, nothing changed
 

@@ -1,6 +1,7 @@
 """The EPD wire protocol on worked examples: exact error messages and `param`s, uuids from sha256sum,
 whole rewritten bodies written out, and the inputs real traffic has that test_router_protocol.py does not
 (a text-only message before one with media, a prompt split over parts longer than the prefix limit)."""
+
 from __future__ import annotations
 
 import copy
@@ -60,9 +61,11 @@ def test_bad_request_defaults_to_400_without_param():
 
 def test_error_body_is_openai_shaped():
     assert orjson.loads(error_body("m", 413, param="p")) == {
-        "error": {"message": "m", "type": "invalid_request_error", "param": "p", "code": 413}}
+        "error": {"message": "m", "type": "invalid_request_error", "param": "p", "code": 413}
+    }
     assert orjson.loads(error_body("m", 503, "server_error")) == {
-        "error": {"message": "m", "type": "server_error", "param": None, "code": 503}}
+        "error": {"message": "m", "type": "server_error", "param": None, "code": 503}
+    }
 
 
 def test_parse_json_object_messages():
@@ -72,19 +75,31 @@ def test_parse_json_object_messages():
     assert str(bad(parse_json_object, b"[1]")) == "request body must be a JSON object"
 
 
-@pytest.mark.parametrize("body,message,param", [
-    ({}, "'messages' must be a non-empty list", "messages"),
-    ({"messages": []}, "'messages' must be a non-empty list", "messages"),
-    ({"messages": {"role": "user"}}, "'messages' must be a non-empty list", "messages"),
-    ({"messages": [{"role": "user"}, "x"]}, "messages[1] must be an object with a string 'role'", "messages[1]"),
-    ({"messages": [{"role": 1}]}, "messages[0] must be an object with a string 'role'", "messages[0]"),
-    ({"messages": [{"role": "user", "content": [{"type": "text"}, {"type": 3}]}]},
-     "messages[0].content[1] must be an object with a string 'type'", "messages[0].content[1]"),
-    ({"messages": [{"role": "user", "content": ["text"]}]},
-     "messages[0].content[0] must be an object with a string 'type'", "messages[0].content[0]"),
-    ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": {"type": "text"}}]},
-     "messages[1].content must be a string or a list of parts", "messages[1].content"),
-])
+@pytest.mark.parametrize(
+    "body,message,param",
+    [
+        ({}, "'messages' must be a non-empty list", "messages"),
+        ({"messages": []}, "'messages' must be a non-empty list", "messages"),
+        ({"messages": {"role": "user"}}, "'messages' must be a non-empty list", "messages"),
+        ({"messages": [{"role": "user"}, "x"]}, "messages[1] must be an object with a string 'role'", "messages[1]"),
+        ({"messages": [{"role": 1}]}, "messages[0] must be an object with a string 'role'", "messages[0]"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text"}, {"type": 3}]}]},
+            "messages[0].content[1] must be an object with a string 'type'",
+            "messages[0].content[1]",
+        ),
+        (
+            {"messages": [{"role": "user", "content": ["text"]}]},
+            "messages[0].content[0] must be an object with a string 'type'",
+            "messages[0].content[0]",
+        ),
+        (
+            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": {"type": "text"}}]},
+            "messages[1].content must be a string or a list of parts",
+            "messages[1].content",
+        ),
+    ],
+)
 def test_validate_chat_names_the_offending_message(body, message, param):
     err = bad(validate_chat, body)
     assert (str(err), err.status, err.param) == (message, 400, param)
@@ -143,15 +158,28 @@ def test_a_text_only_message_before_a_message_with_media():
     assert [i.batchable for i in items] == [True, False]
 
 
-@pytest.mark.parametrize("part,message,param", [
-    ({"type": "image_embeds", "image_embeds": {}}, "image_embeds parts are not accepted from clients by this router",
-     "image_embeds"),
-    ({"type": "image_url", "image_url": {}}, "image_url part needs a 'url'", "image_url"),
-    ({"type": "video_url", "video_url": ""}, "video_url part needs a 'url'", "video_url"),
-    ({"type": "audio_url", "audio_url": {"url": "FILE:///x"}}, "file:// media URLs are not allowed by this router",
-     "audio_url"),
-    ({"type": "input_audio", "input_audio": "AAAA"}, "input_audio part needs an 'input_audio' object", "input_audio"),
-])
+@pytest.mark.parametrize(
+    "part,message,param",
+    [
+        (
+            {"type": "image_embeds", "image_embeds": {}},
+            "image_embeds parts are not accepted from clients by this router",
+            "image_embeds",
+        ),
+        ({"type": "image_url", "image_url": {}}, "image_url part needs a 'url'", "image_url"),
+        ({"type": "video_url", "video_url": ""}, "video_url part needs a 'url'", "video_url"),
+        (
+            {"type": "audio_url", "audio_url": {"url": "FILE:///x"}},
+            "file:// media URLs are not allowed by this router",
+            "audio_url",
+        ),
+        (
+            {"type": "input_audio", "input_audio": "AAAA"},
+            "input_audio part needs an 'input_audio' object",
+            "input_audio",
+        ),
+    ],
+)
 def test_extract_media_refusals(part, message, param):
     err = bad(extract_media, chat([part]))
     assert (str(err), err.status, err.param) == (message, 400, param)
@@ -196,8 +224,7 @@ def test_grouping_batches_images_per_encoder_up_to_the_cap():
     e1, e2 = object(), object()
     items = [item(0), item(1), item(2, "audio_url"), item(3), item(4), item(5)]
     groups = group_for_encoders(items, [e1, e2, e1, e1, e1, e2], max_batch=2)
-    assert [(t, [i.index for i in batch]) for t, batch in groups] == [
-        (e1, [0, 3]), (e2, [1, 5]), (e1, [2]), (e1, [4])]
+    assert [(t, [i.index for i in batch]) for t, batch in groups] == [(e1, [0, 3]), (e2, [1, 5]), (e1, [2]), (e1, [4])]
     unlimited = group_for_encoders(items, [e1] * 6)
     assert [(t, [i.index for i in batch]) for t, batch in unlimited] == [(e1, [0, 1, 3, 4, 5]), (e1, [2])]
     with pytest.raises(ValueError):
@@ -205,35 +232,63 @@ def test_grouping_batches_images_per_encoder_up_to_the_cap():
 
 
 def test_encoder_request_by_hand():
-    body = {"model": "m", "messages": [], "max_tokens": 9, "mm_processor_kwargs": {"a": 1}, "priority": 2,
-            "media_io_kwargs": {"b": 2}, "session_id": "s", "stream": True}
+    body = {
+        "model": "m",
+        "messages": [],
+        "max_tokens": 9,
+        "mm_processor_kwargs": {"a": 1},
+        "priority": 2,
+        "media_io_kwargs": {"b": 2},
+        "session_id": "s",
+        "stream": True,
+    }
     items = [item(0), item(1)]
     assert encoder_request(body, items, "tcp://10.0.0.1:5", ["t0", "t1"]) == {
         "model": "m",
-        "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "https://m/0"}, "uuid": "u0"},
-            {"type": "image_url", "image_url": {"url": "https://m/1"}, "uuid": "u1"}]}],
-        "stream": False, "mm_processor_kwargs": {"a": 1}, "media_io_kwargs": {"b": 2}, "priority": 2, "session_id": "s",
-        "ec_transfer_params": {"consumer_zmq": "tcp://10.0.0.1:5", "ec_items": [{"transfer_id": "t0"},
-                                                                                {"transfer_id": "t1"}]},
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "https://m/0"}, "uuid": "u0"},
+                    {"type": "image_url", "image_url": {"url": "https://m/1"}, "uuid": "u1"},
+                ],
+            }
+        ],
+        "stream": False,
+        "mm_processor_kwargs": {"a": 1},
+        "media_io_kwargs": {"b": 2},
+        "priority": 2,
+        "session_id": "s",
+        "ec_transfer_params": {
+            "consumer_zmq": "tcp://10.0.0.1:5",
+            "ec_items": [{"transfer_id": "t0"}, {"transfer_id": "t1"}],
+        },
     }
     plain = encoder_request({"model": "m"}, [item(0)])
-    assert plain == {"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "https://m/0"}, "uuid": "u0"}]}], "stream": False}
+    assert plain == {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://m/0"}, "uuid": "u0"}]}
+        ],
+        "stream": False,
+    }
     assert encoder_request({}, [item(0)], "z")["ec_transfer_params"] == {"consumer_zmq": "z", "ec_items": []}
 
 
-@pytest.mark.parametrize("params,items,message", [
-    ([1], [item(0)], "ec_transfer_params is not an object"),
-    ({"h": 1, "k": {}}, [item(0), item(1)], "entry 'h' is not an object"),
-    ({"h": {"item_indices": [2]}}, [item(0), item(1)], "invalid item index 2"),
-    ({"h": {"item_indices": [-1]}}, [item(0), item(1)], "invalid item index -1"),
-    ({"h": {"item_indices": [True]}}, [item(0), item(1)], "invalid item index True"),
-    ({"h": {"item_indices": [0]}, "g": {"item_indices": [0, 1]}}, [item(0), item(1)], "duplicate item index 0"),
-    ({"h": {"item_indices": [0]}}, [item(0), item(1)], "no entry for item 1 (uuid u1)"),
-    ({"a": {}, "b": {}}, [item(0)], "no entry for item 0 (uuid u0)"),
-    ({"u0": 5}, [item(0)], "entry 'u0' is not an object"),
-])
+@pytest.mark.parametrize(
+    "params,items,message",
+    [
+        ([1], [item(0)], "ec_transfer_params is not an object"),
+        ({"h": 1, "k": {}}, [item(0), item(1)], "entry 'h' is not an object"),
+        ({"h": {"item_indices": [2]}}, [item(0), item(1)], "invalid item index 2"),
+        ({"h": {"item_indices": [-1]}}, [item(0), item(1)], "invalid item index -1"),
+        ({"h": {"item_indices": [True]}}, [item(0), item(1)], "invalid item index True"),
+        ({"h": {"item_indices": [0]}, "g": {"item_indices": [0, 1]}}, [item(0), item(1)], "duplicate item index 0"),
+        ({"h": {"item_indices": [0]}}, [item(0), item(1)], "no entry for item 1 (uuid u1)"),
+        ({"a": {}, "b": {}}, [item(0)], "no entry for item 0 (uuid u0)"),
+        ({"u0": 5}, [item(0)], "entry 'u0' is not an object"),
+    ],
+)
 def test_unmatchable_replies_say_why(params, items, message):
     with pytest.raises(EncoderReplyError) as caught:
         match_encoder_reply(params, items)
@@ -260,24 +315,41 @@ def enc(mm_hash: str, metadata: dict | None, transfer_id: str | None = None) -> 
 
 
 def test_rewrite_across_a_text_message_and_two_media_messages():
-    body = {"model": "m", "messages": [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, IMG_A]},
-        {"role": "user", "content": [AUDIO]}]}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, IMG_A]},
+            {"role": "user", "content": [AUDIO]},
+        ],
+    }
     original = copy.deepcopy(body)
     items = extract_media(copy.deepcopy(body)["messages"])
     encoded = {0: enc("hA", {"image_grid_thw": [[1, 2, 2]], "n": 3}, "t0"), 1: enc("hB", {"audio_len": [5]})}
     out = rewrite_for_decode(body, items, encoded)
     assert body == original
-    assert out == {"model": "m", "messages": [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"},
-                                     {"type": "image_embeds", "image_embeds": {"image_grid_thw": [1, 2, 2], "n": [3]},
-                                      "uuid": SHA_A}]},
-        {"role": "user", "content": [{"type": "audio_embeds", "audio_embeds": {"audio_len": [5]}, "uuid": SHA_AUDIO}]}],
-        "ec_transfer_params": {"hA": {"metadata": {"image_grid_thw": [[1, 2, 2]], "n": 3}},
-                               "hB": {"metadata": {"audio_len": [5]}},
-                               "ec_items": [{"mm_hash": "hA", "transfer_id": "t0"}]}}
+    assert out == {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "a"},
+                    {"type": "image_embeds", "image_embeds": {"image_grid_thw": [1, 2, 2], "n": [3]}, "uuid": SHA_A},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "audio_embeds", "audio_embeds": {"audio_len": [5]}, "uuid": SHA_AUDIO}],
+            },
+        ],
+        "ec_transfer_params": {
+            "hA": {"metadata": {"image_grid_thw": [[1, 2, 2]], "n": 3}},
+            "hB": {"metadata": {"audio_len": [5]}},
+            "ec_items": [{"mm_hash": "hA", "transfer_id": "t0"}],
+        },
+    }
 
 
 def test_rewrite_keeps_client_params_and_leaves_unencoded_items_raw():
@@ -298,7 +370,10 @@ def test_rewrite_without_embeds_sends_raw_media_but_the_handles():
     items = extract_media(copy.deepcopy(body)["messages"])
     out = rewrite_for_decode(body, items, {0: enc("h", {"g": [1]}, "t")}, embeds=False)
     assert out["messages"][0]["content"] == [IMG_A]
-    assert out["ec_transfer_params"] == {"h": {"metadata": {"g": [1]}}, "ec_items": [{"mm_hash": "h", "transfer_id": "t"}]}
+    assert out["ec_transfer_params"] == {
+        "h": {"metadata": {"g": [1]}},
+        "ec_items": [{"mm_hash": "h", "transfer_id": "t"}],
+    }
 
 
 def test_an_audio_item_without_metadata_pins_every_item_raw():
@@ -311,25 +386,46 @@ def test_an_audio_item_without_metadata_pins_every_item_raw():
 
 
 def test_prefill_request_by_hand():
-    body = {"model": "m", "stream": True, "max_tokens": 50, "max_completion_tokens": 50,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "m",
+        "stream": True,
+        "max_tokens": 50,
+        "max_completion_tokens": 50,
+        "stream_options": {"include_usage": True},
+    }
     req = prefill_request(body)
-    assert req == {"model": "m", "stream": False, "max_tokens": 1, "max_completion_tokens": 1,
-                   "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False,
-                                          "remote_engine_id": None, "remote_block_ids": None,
-                                          "remote_host": None, "remote_port": None}}
+    assert req == {
+        "model": "m",
+        "stream": False,
+        "max_tokens": 1,
+        "max_completion_tokens": 1,
+        "kv_transfer_params": {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        },
+    }
     assert body["stream"] is True and "kv_transfer_params" not in body
     req["kv_transfer_params"]["remote_host"] = "changed"
     assert PREFILL_KV_REQUEST["remote_host"] is None
-    assert prefill_request({"model": "m"}) == {"model": "m", "stream": False, "max_tokens": 1,
-                                               "kv_transfer_params": dict(PREFILL_KV_REQUEST)}
+    assert prefill_request({"model": "m"}) == {
+        "model": "m",
+        "stream": False,
+        "max_tokens": 1,
+        "kv_transfer_params": dict(PREFILL_KV_REQUEST),
+    }
 
 
 def test_prompt_prefix_of_a_prompt_split_over_parts_longer_than_the_limit():
-    messages = [{"role": "system", "content": "abc"},
-                {"role": "user", "content": [{"type": "text", "text": "defg"}, IMG_A, {"type": "text", "text": "hij"}]},
-                {"role": "user", "content": None},
-                {"role": "user", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "klm"}]}]
+    messages = [
+        {"role": "system", "content": "abc"},
+        {"role": "user", "content": [{"type": "text", "text": "defg"}, IMG_A, {"type": "text", "text": "hij"}]},
+        {"role": "user", "content": None},
+        {"role": "user", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "klm"}]},
+    ]
     body = {"messages": messages}
     items = extract_media(copy.deepcopy(messages))
     assert prompt_prefix(body, items, 5) == "abcde"
@@ -350,15 +446,23 @@ def test_prompt_prefix_of_completions():
 
 def test_rewrite_keeps_each_item_in_its_place_across_three_media_parts():
     img = [{"type": "image_url", "image_url": {"url": f"https://img/{i}.png"}} for i in range(3)]
-    body = {"messages": [{"role": "user", "content": [img[0], {"type": "text", "text": "and"}, img[1]]},
-                         {"role": "user", "content": [img[2]]}]}
+    body = {
+        "messages": [
+            {"role": "user", "content": [img[0], {"type": "text", "text": "and"}, img[1]]},
+            {"role": "user", "content": [img[2]]},
+        ]
+    }
     items = extract_media(copy.deepcopy(body)["messages"])
     encoded = {0: enc("h0", {"g": [0]}), 2: enc("h2", {"g": [2]})}
     out = rewrite_for_decode(body, items, encoded)
     assert out["messages"][0]["content"] == [
-        {"type": "image_embeds", "image_embeds": {"g": [0]}, "uuid": items[0].uuid}, {"type": "text", "text": "and"},
-        img[1]]
-    assert out["messages"][1]["content"] == [{"type": "image_embeds", "image_embeds": {"g": [2]}, "uuid": items[2].uuid}]
+        {"type": "image_embeds", "image_embeds": {"g": [0]}, "uuid": items[0].uuid},
+        {"type": "text", "text": "and"},
+        img[1],
+    ]
+    assert out["messages"][1]["content"] == [
+        {"type": "image_embeds", "image_embeds": {"g": [2]}, "uuid": items[2].uuid}
+    ]
 
 
 def test_which_items_carry_audio():
@@ -367,7 +471,10 @@ def test_which_items_carry_audio():
     img = MediaItem(2, "image_url", {"type": "image_url", "image_url": {"url": "u"}}, "i")
     with_audio = {"mm_processor_kwargs": {"use_audio_in_video": True}}
     assert (audio_in_video(with_audio), audio_in_video({}), audio_in_video({"mm_processor_kwargs": "x"})) == (
-        True, False, False)
+        True,
+        False,
+        False,
+    )
     assert audio_in_video({"mm_processor_kwargs": {"use_audio_in_video": False}}) is False
     assert [carries_audio({}, i) for i in (vid, aud, img)] == [False, True, False]
     assert [carries_audio(with_audio, i) for i in (vid, aud, img)] == [True, True, False]

@@ -21,8 +21,11 @@ from tests.support.router_stack import router_stack
 CHAT = "/v1/chat/completions"
 CHAT_SPAN = "POST /v1/chat/completions"
 IMG = {"type": "image_url", "image_url": {"url": "https://img/a.png"}}
-REQUEST = {"model": "fake-model", "max_tokens": 4,
-           "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"}, IMG]}]}
+REQUEST = {
+    "model": "fake-model",
+    "max_tokens": 4,
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"}, IMG]}],
+}
 
 
 def free_port() -> int:
@@ -54,9 +57,22 @@ async def router_process(*args: str):
     port = free_port()
     env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "epd_operator.router.main", "--host", "127.0.0.1", "--port", str(port),
-        "--health-interval", "0", "--log-level", "warning", *args,
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "epd_operator.router.main",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--health-interval",
+        "0",
+        "--log-level",
+        "warning",
+        *args,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
@@ -85,7 +101,10 @@ async def router_process(*args: str):
 
 async def post(url: str, doc: dict, headers: dict | None = None) -> tuple[int, bytes]:
     headers = {"Content-Type": "application/json", **(headers or {})}
-    async with aiohttp.ClientSession() as session, session.post(url + CHAT, data=orjson.dumps(doc), headers=headers) as r:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + CHAT, data=orjson.dumps(doc), headers=headers) as r,
+    ):
         return r.status, await r.read()
 
 
@@ -121,8 +140,9 @@ def joined(fake: FakeVLLM, span: ReceivedSpan, index: int = 0) -> None:
 
 async def test_an_e_pd_request_is_one_trace_with_encode_and_decode_spans_the_backends_join():
     async with fakes("encoder", "pd") as (enc, pd), receiver() as rx:
-        async with router_process("--encode-servers-urls", enc.url, "--decode-servers-urls", pd.url,
-                                  "--otlp-traces-endpoint", rx.url) as url:
+        async with router_process(
+            "--encode-servers-urls", enc.url, "--decode-servers-urls", pd.url, "--otlp-traces-endpoint", rx.url
+        ) as url:
             status, _ = await post(url, REQUEST)
             assert status == 200
             await rx.wait_for(lambda spans: len(spans) >= 3, "E+PD request trace")
@@ -143,13 +163,23 @@ async def test_an_e_pd_request_is_one_trace_with_encode_and_decode_spans_the_bac
 async def test_an_e_p_d_request_has_encode_prefill_and_decode_spans_under_the_clients_trace():
     client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     async with fakes("encoder", "prefill", "decode") as (enc, pre, dec), receiver() as rx:
-        async with router_process("--encode-servers-urls", enc.url, "--prefill-servers-urls", pre.url,
-                                  "--decode-servers-urls", dec.url, "--otlp-traces-endpoint", rx.url) as url:
+        async with router_process(
+            "--encode-servers-urls",
+            enc.url,
+            "--prefill-servers-urls",
+            pre.url,
+            "--decode-servers-urls",
+            dec.url,
+            "--otlp-traces-endpoint",
+            rx.url,
+        ) as url:
             status, _ = await post(url, REQUEST, {"traceparent": f"00-{client_trace}-{client_span}-01"})
             assert status == 200
             await rx.wait_for(lambda spans: len(spans) >= 4, "E/P/D request trace")
         server, children = tree(rx, {"encode", "prefill", "decode"})
-        assert (server.trace_id, server.parent_id) == (client_trace, client_span), "the client's traceparent was not continued"
+        assert (server.trace_id, server.parent_id) == (client_trace, client_span), (
+            "the client's traceparent was not continued"
+        )
         for fake, stage in ((enc, "encode"), (pre, "prefill"), (dec, "decode")):
             [span] = children[stage]
             joined(fake, span)
@@ -160,8 +190,9 @@ async def test_a_retry_is_an_event_and_each_attempt_a_span():
         # The first attempt (metadata-only) gets a 500; the retry, with the media, goes to the same
         # instance (it is alone) and is answered.
         pd.knobs.fail_next = 1
-        async with router_process("--encode-servers-urls", enc.url, "--decode-servers-urls", pd.url,
-                                  "--otlp-traces-endpoint", rx.url) as url:
+        async with router_process(
+            "--encode-servers-urls", enc.url, "--decode-servers-urls", pd.url, "--otlp-traces-endpoint", rx.url
+        ) as url:
             status, _ = await post(url, REQUEST)
             assert status == 200
             await rx.wait_for(lambda spans: len(spans) >= 4, "trace with a retried decode")
@@ -176,8 +207,16 @@ async def test_a_retry_is_an_event_and_each_attempt_a_span():
 
 async def test_unsampled_requests_export_nothing_and_tell_the_backends_so():
     async with fakes("encoder", "pd") as (enc, pd), receiver() as rx:
-        async with router_process("--encode-servers-urls", enc.url, "--decode-servers-urls", pd.url,
-                                  "--otlp-traces-endpoint", rx.url, "--trace-sample-ratio", "0") as url:
+        async with router_process(
+            "--encode-servers-urls",
+            enc.url,
+            "--decode-servers-urls",
+            pd.url,
+            "--otlp-traces-endpoint",
+            rx.url,
+            "--trace-sample-ratio",
+            "0",
+        ) as url:
             status, _ = await post(url, REQUEST)
             assert status == 200
         # The router has exited, so its exporter has flushed: nothing was sent.
@@ -195,17 +234,33 @@ async def test_tracing_off_sends_no_traceparent_and_builds_no_tracer():
 
 
 def test_the_router_refuses_the_endpoint_clearly_without_the_opentelemetry_packages():
-    code = ("import sys; sys.modules['opentelemetry.sdk.trace'] = None\n"
-            "from epd_operator.router.main import main\n"
-            "main(['--decode-servers-urls', 'http://127.0.0.1:1', '--otlp-traces-endpoint', 'http://127.0.0.1:1/v1/traces'])")
+    code = (
+        "import sys; sys.modules['opentelemetry.sdk.trace'] = None\n"
+        "from epd_operator.router.main import main\n"
+        "main(['--decode-servers-urls', 'http://127.0.0.1:1', '--otlp-traces-endpoint', 'http://127.0.0.1:1/v1/traces'])"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
-    assert "--otlp-traces-endpoint needs the OpenTelemetry SDK" in proc.stderr and "epd-operator[tracing]" in proc.stderr, proc.stderr
+    assert (
+        "--otlp-traces-endpoint needs the OpenTelemetry SDK" in proc.stderr and "epd-operator[tracing]" in proc.stderr
+    ), proc.stderr
 
 
 def test_the_endpoint_must_be_an_otlp_http_url():
-    proc = subprocess.run([sys.executable, "-m", "epd_operator.router.main", "--decode-servers-urls", "http://127.0.0.1:1",
-                           "--otlp-traces-endpoint", "collector:4317"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "epd_operator.router.main",
+            "--decode-servers-urls",
+            "http://127.0.0.1:1",
+            "--otlp-traces-endpoint",
+            "collector:4317",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "--otlp-traces-endpoint must be an http(s) URL" in proc.stderr, proc.stderr
 
 
@@ -218,7 +273,8 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_even_imported():
         "    server = await Router(RouterConfig(decode_urls=['http://127.0.0.1:1'], health_interval=0)).serve('127.0.0.1', 0)\n"
         "    await server.cleanup()\n"
         "asyncio.run(main())\n"
-        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", f"imported with tracing off: {proc.stdout}"

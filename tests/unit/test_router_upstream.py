@@ -24,7 +24,11 @@ async def scripted_backend(replies):
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
                 body = await reader.readexactly(length)
                 seen.append((me, head, body))
                 reply = replies[len(seen) - 1] if len(seen) <= len(replies) else replies[-1]
@@ -47,11 +51,19 @@ async def scripted_backend(replies):
 
 
 def ok(body: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        len(body),
+        extra,
+        body,
+    )
 
 
-CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-           b"7\r\ndata: a\r\n" b"9;ext=1\r\n\n\ndata: b\r\n" b"0\r\nX-Trailer: t\r\n\r\n")
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"7\r\ndata: a\r\n"
+    b"9;ext=1\r\n\n\ndata: b\r\n"
+    b"0\r\nX-Trailer: t\r\n\r\n"
+)
 
 
 async def test_a_content_length_reply_is_read_and_the_connection_reused():
@@ -87,7 +99,7 @@ async def test_a_chunked_reply_is_read_whole_or_streamed_without_framing():
 
 async def test_a_reply_without_length_is_read_until_close_and_not_reused():
     async def until_close(writer):
-        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"done\":")
+        writer.write(b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"done":')
         await writer.drain()
         writer.write(b"true}")
 
@@ -134,7 +146,7 @@ async def test_a_backend_closing_before_replying_is_a_connect_failure():
 
 async def test_a_backend_closing_mid_body_is_a_read_failure():
     async def half(writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"partial")
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial')
         await writer.drain()
 
     async with scripted_backend([half]) as (url, _):
@@ -159,7 +171,9 @@ async def test_deadline_and_idle_timeouts():
         await asyncio.sleep(5)
 
     async def trickle(writer):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+        )
         await writer.drain()
         await asyncio.sleep(5)
 
@@ -197,7 +211,7 @@ async def test_origins_must_be_http_urls():
 async def test_chunked_framing_split_at_every_byte_still_yields_the_exact_body():
     async def byte_by_byte(writer):
         for i in range(len(CHUNKED)):
-            writer.write(CHUNKED[i:i + 1])
+            writer.write(CHUNKED[i : i + 1])
             await writer.drain()
             await asyncio.sleep(0.001)
         await asyncio.sleep(1)

@@ -31,7 +31,11 @@ def audio(uuid: str = "a1", kind: str = "input_audio", index: int = 0) -> MediaI
 
 def test_each_part_type_has_vllms_modality():
     assert [video().modality, image().modality, audio().modality, audio(kind="audio_url").modality] == [
-        "video", "image", "audio", "audio"]
+        "video",
+        "image",
+        "audio",
+        "audio",
+    ]
 
 
 def test_a_videos_media_io_options_are_part_of_its_keys_but_not_of_an_images():
@@ -53,10 +57,18 @@ def test_audio_clips_take_the_audio_entry_of_media_io_options():
 
 
 def test_processor_and_media_io_options_together_and_in_a_stable_order():
-    body = {"model": "m", "mm_processor_kwargs": {"fps": 1, "max_pixels": 9}, "media_io_kwargs": {"video": {"num_frames": 4}}}
+    body = {
+        "model": "m",
+        "mm_processor_kwargs": {"fps": 1, "max_pixels": 9},
+        "media_io_kwargs": {"video": {"num_frames": 4}},
+    }
     assert reuse_key(body, video()) == 'm|v1|{"fps":1,"max_pixels":9}|io={"num_frames":4}'
     assert encoder_key(body, video()) == 'v1|{"fps":1,"max_pixels":9}|io={"num_frames":4}'
-    reordered = {"model": "m", "media_io_kwargs": {"video": {"num_frames": 4}}, "mm_processor_kwargs": {"max_pixels": 9, "fps": 1}}
+    reordered = {
+        "model": "m",
+        "media_io_kwargs": {"video": {"num_frames": 4}},
+        "mm_processor_kwargs": {"max_pixels": 9, "fps": 1},
+    }
     assert reuse_key(reordered, video()) == reuse_key(body, video())
 
 
@@ -80,7 +92,11 @@ def test_audio_in_video_is_the_processor_option_use_audio_in_video():
 
 
 def _chat(*parts, **extra) -> dict:
-    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, *parts]}], **extra}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, *parts]}],
+        **extra,
+    }
 
 
 def test_a_video_with_its_audio_keeps_the_whole_request_raw_and_pinned():
@@ -101,8 +117,10 @@ def test_a_video_with_its_audio_keeps_the_whole_request_raw_and_pinned():
 
 def test_without_audio_in_video_the_same_request_is_rewritten_to_embeds():
     body = _chat(VIDEO, IMAGE)
-    done = {0: EncodedItem("h-vid", {"metadata": {"video_grid_thw": [[2, 4, 4]]}}),
-            1: EncodedItem("h-img", {"metadata": {"image_grid_thw": [1, 4, 4]}})}
+    done = {
+        0: EncodedItem("h-vid", {"metadata": {"video_grid_thw": [[2, 4, 4]]}}),
+        1: EncodedItem("h-img", {"metadata": {"image_grid_thw": [1, 4, 4]}}),
+    }
     out = rewrite_for_decode(body, [video("v1", 0), image("i1", 1)], done)
     assert out["messages"][0]["content"][1:] == [
         {"type": "video_embeds", "video_embeds": {"video_grid_thw": [2, 4, 4]}, "uuid": "v1"},
@@ -128,7 +146,12 @@ async def test_each_video_frame_count_is_encoded_once_then_reused():
         assert sample_values(metrics, "epd_router_items_total", outcome="reused") == [2]
         # Each consumer request carries its own options next to the embedding it names.
         assert [b.get("media_io_kwargs") for b in s.decodes[0].bodies()] == [
-            four["media_io_kwargs"], two["media_io_kwargs"], four["media_io_kwargs"], two["media_io_kwargs"], None]
+            four["media_io_kwargs"],
+            two["media_io_kwargs"],
+            four["media_io_kwargs"],
+            two["media_io_kwargs"],
+            None,
+        ]
 
 
 async def test_cache_aware_picking_keys_a_video_by_its_options_too():

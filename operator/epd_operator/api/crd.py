@@ -5,6 +5,7 @@ needs a *structural* OpenAPI v3 schema: everything inlined, one type per node, `
 optionals, `x-kubernetes-*` markers for free-form objects. This module does that translation and
 places each cross-field CEL rule (`rules.py`) on the node of the model it belongs to.
 """
+
 from __future__ import annotations
 
 import re
@@ -96,8 +97,10 @@ def name_rules() -> list[dict[str, Any]]:
     for rule in rules_mod.rules_for(EPDDeployment):
         on_name, reads = _NAME.subn("self", rule.expression)
         if rule.field != ".metadata.name" or not reads or re.search(r"\bself\b", _NAME.sub("", rule.expression)):
-            raise ValueError(f"rule {rule.expression!r} of the whole EPDDeployment: only a rule on .metadata.name that "
-                             "reads nothing but self.metadata.name can be placed in the CRD")
+            raise ValueError(
+                f"rule {rule.expression!r} of the whole EPDDeployment: only a rule on .metadata.name that "
+                "reads nothing but self.metadata.name can be placed in the CRD"
+            )
         validation = rule.as_validation()
         del validation["fieldPath"]
         validation["rule"] = on_name
@@ -115,8 +118,10 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object", "properties": {
-                "name": {"type": "string", "x-kubernetes-validations": name_rules()}}},
+            "metadata": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "x-kubernetes-validations": name_rules()}},
+            },
             "spec": spec,
             "status": status,
         },

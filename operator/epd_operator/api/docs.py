@@ -5,6 +5,7 @@ Walks `EPDDeploymentSpec` field by field, so the README's reference cannot fall 
 `Tier` as the encoder) points back to its first path instead of repeating every row. The cross-field
 rules of `rules.py` are listed after the fields, with the path each one reports.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def _unwrap_optional(annotation: Any) -> Any:
 
 
 def _is_quantity(annotation: Any) -> bool:
-    return (typing.get_origin(annotation) is typing.Annotated and typing.get_args(annotation)[0] == _QUANTITY_ARGS) \
-        or annotation == _QUANTITY_ARGS
+    return (
+        typing.get_origin(annotation) is typing.Annotated and typing.get_args(annotation)[0] == _QUANTITY_ARGS
+    ) or annotation == _QUANTITY_ARGS
 
 
 def _kube_type(annotation: Any) -> KubeType | None:
@@ -118,8 +120,9 @@ def _rows(model: type[BaseModel], path: str, seen: dict[type[BaseModel], str]) -
         field_path = f"{path}.{name}"
         nested = _nested_model(info.annotation)
         kube = next((m for m in info.metadata if isinstance(m, KubeType)), None)
-        type_name = (kube_schemas.kubernetes_type(kube.name) if kube else _type_name(info.annotation)) \
-            + _constraints(info)
+        type_name = (kube_schemas.kubernetes_type(kube.name) if kube else _type_name(info.annotation)) + _constraints(
+            info
+        )
         description = info.description or ""
         if nested is not None and nested in seen:
             description = f"{description} Same fields as `{seen[nested]}`.".strip()
@@ -127,7 +130,9 @@ def _rows(model: type[BaseModel], path: str, seen: dict[type[BaseModel], str]) -
             continue
         yield [f"`{field_path}`", type_name, _default(info), description]
         if nested is not None:
-            child_path = f"{field_path}[]" if typing.get_origin(_unwrap_optional(info.annotation)) is list else field_path
+            child_path = (
+                f"{field_path}[]" if typing.get_origin(_unwrap_optional(info.annotation)) is list else field_path
+            )
             seen[nested] = child_path
             yield from _rows(nested, child_path, seen)
 
@@ -152,7 +157,7 @@ def _rule_path(model: type[BaseModel], field: str) -> str:
         differing = [i for i in range(len(paths[0])) if len({p[i] for p in paths}) > 1]
         if len(differing) == 1:
             i = differing[0]
-            paths = [[*paths[0][:i], "{" + ",".join(p[i] for p in paths) + "}", *paths[0][i + 1:]]]
+            paths = [[*paths[0][:i], "{" + ",".join(p[i] for p in paths) + "}", *paths[0][i + 1 :]]]
     return ", ".join(f"`{'.'.join(p)}{field}`" for p in paths)
 
 

@@ -22,6 +22,7 @@ whose values are a closed set, taken from the Kubernetes API reference of that r
 structural-schema validation does (unknown fields, types, enums, required fields, patterns, ranges),
 naming each problem with its path, so `epdctl validate` refuses what `kubectl apply` would.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,12 @@ ENUMS: dict[tuple[str, str], list[str]] = {
     ("io.k8s.api.core.v1.Toleration", "operator"): ["Equal", "Exists"],
     ("io.k8s.api.core.v1.Toleration", "effect"): ["NoExecute", "NoSchedule", "PreferNoSchedule"],
     ("io.k8s.api.core.v1.NodeSelectorRequirement", "operator"): ["DoesNotExist", "Exists", "Gt", "In", "Lt", "NotIn"],
-    ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", "operator"): ["DoesNotExist", "Exists", "In",
-                                                                                    "NotIn"],
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", "operator"): [
+        "DoesNotExist",
+        "Exists",
+        "In",
+        "NotIn",
+    ],
     ("io.k8s.api.core.v1.TopologySpreadConstraint", "whenUnsatisfiable"): ["DoNotSchedule", "ScheduleAnyway"],
     ("io.k8s.api.core.v1.TopologySpreadConstraint", "nodeAffinityPolicy"): ["Honor", "Ignore"],
     ("io.k8s.api.core.v1.TopologySpreadConstraint", "nodeTaintsPolicy"): ["Honor", "Ignore"],
@@ -70,8 +75,16 @@ ENUMS: dict[tuple[str, str], list[str]] = {
     ("io.k8s.api.core.v1.SecurityContext", "procMount"): ["Default", "Unmasked"],
     ("io.k8s.api.core.v1.VolumeMount", "mountPropagation"): ["Bidirectional", "HostToContainer", "None"],
     ("io.k8s.api.core.v1.VolumeMount", "recursiveReadOnly"): ["Disabled", "Enabled", "IfPossible"],
-    ("io.k8s.api.core.v1.HostPathVolumeSource", "type"): ["", "BlockDevice", "CharDevice", "Directory",
-                                                         "DirectoryOrCreate", "File", "FileOrCreate", "Socket"],
+    ("io.k8s.api.core.v1.HostPathVolumeSource", "type"): [
+        "",
+        "BlockDevice",
+        "CharDevice",
+        "Directory",
+        "DirectoryOrCreate",
+        "File",
+        "FileOrCreate",
+        "Socket",
+    ],
     ("io.k8s.api.core.v1.PersistentVolumeClaimSpec", "volumeMode"): ["Block", "Filesystem"],
 }
 
@@ -85,8 +98,10 @@ MAX_LENGTHS: dict[tuple[str, str], int] = {
 }
 
 # k8s.io/apimachinery resource.Quantity, sign included (metric targets may be negative).
-QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-                    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 _QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 _INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 _FORMATS = {"int32", "int64", "double", "byte", "date-time"}
@@ -116,8 +131,11 @@ def _structural(defs: dict[str, Any], name: str, stack: tuple[str, ...] = ()) ->
     if name in stack:
         raise ValueError(f"recursive Kubernetes type {' -> '.join(stack + (name,))}: cannot inline")
     if name == _QUANTITY:
-        return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
-                "pattern": QUANTITY_PATTERN}
+        return {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+        }
     if name == _INT_OR_STRING:
         return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
     return _convert(defs, defs[name], name, stack + (name,))
@@ -174,8 +192,11 @@ def generate(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
     for owner, prop in [*ENUMS, *MAX_LENGTHS]:
         if prop not in defs[owner].get("properties", {}):
             raise ValueError(f"ENUMS names {owner}.{prop}, which Kubernetes {version} does not have")
-    return {"kubernetesVersion": version, "generatedFrom": "kubernetes-validate _definitions.json",
-            "types": {short: {"kubernetesType": TYPES[short], "schema": schema} for short, schema in schemas.items()}}
+    return {
+        "kubernetesVersion": version,
+        "generatedFrom": "kubernetes-validate _definitions.json",
+        "types": {short: {"kubernetesType": TYPES[short], "schema": schema} for short, schema in schemas.items()},
+    }
 
 
 def dump(data: dict[str, Any]) -> str:
@@ -202,8 +223,14 @@ def kubernetes_type(name: str) -> str:
     return f"{'core' if group == 'core' else group}/{version} {kind}"
 
 
-_TYPE_NAMES = {"object": "an object", "array": "a list", "string": "a string", "integer": "an integer",
-               "number": "a number", "boolean": "a boolean"}
+_TYPE_NAMES = {
+    "object": "an object",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
+}
 _INT32 = (-(2**31), 2**31 - 1)
 
 

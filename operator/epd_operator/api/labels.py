@@ -3,6 +3,7 @@
 The router discovers its backends by these labels, the controller finds its children by them, and the
 API refuses them in users' pod overlays, so they are a contract between all three.
 """
+
 from __future__ import annotations
 
 NAME_LABEL = "app.kubernetes.io/name"

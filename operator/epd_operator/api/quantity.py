@@ -3,6 +3,7 @@
 The renderer needs real numbers from quantities (the CPU connector's `ec_cpu_bytes`, the janitor's
 `maxSize`, `/dev/shm` sizing), so quantities are parsed here once rather than passed through as strings.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,9 +19,18 @@ QUANTITY_PATTERN = r"^\+?(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-            "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
-            "P": Decimal(10**15), "E": Decimal(10**18)}
+_DECIMAL = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "P": Decimal(10**15),
+    "E": Decimal(10**18),
+}
 
 
 def _check_quantity(value: object) -> object:

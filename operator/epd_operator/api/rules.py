@@ -7,6 +7,7 @@ Each rule is attached to one model. The CRD generator places it in that model's 
 Only core CEL is used: Kubernetes' extension functions (`quantity()`, `isURL()`) do not exist outside
 the API server.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,8 +51,10 @@ class Rule:
 
     def __post_init__(self) -> None:
         if self.reason not in SUPPORTED_REASONS:
-            raise ValueError(f"rule {self.expression!r}: reason {self.reason!r} is not one kube-apiserver accepts "
-                             f"({', '.join(SUPPORTED_REASONS)})")
+            raise ValueError(
+                f"rule {self.expression!r}: reason {self.reason!r} is not one kube-apiserver accepts "
+                f"({', '.join(SUPPORTED_REASONS)})"
+            )
 
     @cached_property
     def program(self) -> Any:
@@ -97,10 +100,14 @@ def _dp_ports_fit(applies: str, first_port: str, tier: str, per_rank: str, field
     )
 
 
-_MOONCAKE_EC_PORT = ("(has(self.ecTransfer.mooncake) && has(self.ecTransfer.mooncake.ecPort)"
-                     f" ? self.ecTransfer.mooncake.ecPort : {Mooncake.model_fields['ecPort'].default})")
-_NIXL_PORT = ("(has(self.kvTransfer) && has(self.kvTransfer.nixl) && has(self.kvTransfer.nixl.sideChannelPort)"
-              f" ? self.kvTransfer.nixl.sideChannelPort : {Nixl.model_fields['sideChannelPort'].default})")
+_MOONCAKE_EC_PORT = (
+    "(has(self.ecTransfer.mooncake) && has(self.ecTransfer.mooncake.ecPort)"
+    f" ? self.ecTransfer.mooncake.ecPort : {Mooncake.model_fields['ecPort'].default})"
+)
+_NIXL_PORT = (
+    "(has(self.kvTransfer) && has(self.kvTransfer.nixl) && has(self.kvTransfer.nixl.sideChannelPort)"
+    f" ? self.kvTransfer.nixl.sideChannelPort : {Nixl.model_fields['sideChannelPort'].default})"
+)
 
 
 def _settings_only_for(connector: str, key: str) -> Rule:
@@ -147,22 +154,36 @@ RULES: tuple[Rule, ...] = (
         "the Mooncake EC connector needs an encoder pipelineParallelSize of 1 (vLLM refuses to start otherwise)",
     ),
     # Mooncake: the EC consumer (prefill in E/P/D, else decode) of DP rank d listens on ec_port + d*TP + r.
-    *(_dp_ports_fit(f"self.ecTransfer.connector == 'Mooncake' && {'' if tier == 'prefill' else '!'}has(self.prefill)",
-                    _MOONCAKE_EC_PORT, tier, _consumer_field(tier, "tensorParallelSize"), ".ecTransfer.mooncake.ecPort",
-                    "ecPort (one control port per data-parallel and tensor-parallel rank)")
-      for tier in ("prefill", "decode")),
+    *(
+        _dp_ports_fit(
+            f"self.ecTransfer.connector == 'Mooncake' && {'' if tier == 'prefill' else '!'}has(self.prefill)",
+            _MOONCAKE_EC_PORT,
+            tier,
+            _consumer_field(tier, "tensorParallelSize"),
+            ".ecTransfer.mooncake.ecPort",
+            "ecPort (one control port per data-parallel and tensor-parallel rank)",
+        )
+        for tier in ("prefill", "decode")
+    ),
     # NIXL: the side channel of DP rank d listens on VLLM_NIXL_SIDE_CHANNEL_PORT + d, on P and on D (E/P/D only).
-    *(_dp_ports_fit("has(self.prefill)", _NIXL_PORT, tier, "1", ".kvTransfer.nixl.sideChannelPort",
-                    "the NIXL side-channel port") for tier in ("prefill", "decode")),
-    *(Rule(
-        EPDDeploymentSpec,
-        f"self.ecTransfer.connector != 'Mooncake' || {'!' if tier == 'prefill' else ''}has(self.prefill)"
-        f" || {_consumer_field(tier, 'nodesPerReplica')} == 1",
-        f".{tier}.nodesPerReplica",
-        "the Mooncake EC connector's consumer binds a control port per rank on its own pod, which the router can only "
-        "address on a single-node replica; use nodesPerReplica 1 (or the SharedStorage or CPU connector)",
-        "FieldValueForbidden",
-    ) for tier in ("prefill", "decode")),
+    *(
+        _dp_ports_fit(
+            "has(self.prefill)", _NIXL_PORT, tier, "1", ".kvTransfer.nixl.sideChannelPort", "the NIXL side-channel port"
+        )
+        for tier in ("prefill", "decode")
+    ),
+    *(
+        Rule(
+            EPDDeploymentSpec,
+            f"self.ecTransfer.connector != 'Mooncake' || {'!' if tier == 'prefill' else ''}has(self.prefill)"
+            f" || {_consumer_field(tier, 'nodesPerReplica')} == 1",
+            f".{tier}.nodesPerReplica",
+            "the Mooncake EC connector's consumer binds a control port per rank on its own pod, which the router can only "
+            "address on a single-node replica; use nodesPerReplica 1 (or the SharedStorage or CPU connector)",
+            "FieldValueForbidden",
+        )
+        for tier in ("prefill", "decode")
+    ),
     Rule(
         ConsumerTier,
         "!has(self.nodesPerReplica) || self.nodesPerReplica == 1 || (has(self.tensorParallelSize)"

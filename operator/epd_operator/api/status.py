@@ -3,6 +3,7 @@
 Only the operator writes it; the CRD's status schema is generated from these models so that
 `kubectl get epd` columns and `kubectl explain epd.status` stay in step with the code.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -43,8 +44,11 @@ class TierStatus(_Status):
     availableReplicas: int = 0
     ready: str = Field("0/0", description="ready/desired, for printer columns.")
     autoscaling: TierAutoscaling | None = None
-    message: str | None = Field(None, description="Why pods of this tier are not ready, when known "
-                                   "(e.g. the scheduler's reason for pods it cannot place).")
+    message: str | None = Field(
+        None,
+        description="Why pods of this tier are not ready, when known "
+        "(e.g. the scheduler's reason for pods it cannot place).",
+    )
 
 
 class Tiers(_Status):
@@ -55,12 +59,17 @@ class Tiers(_Status):
 
 
 class GenerationStatus(_Status):
-    name: str = Field(description="The compatibility generation: a digest of the images, model and connectors "
-                                  "(the `serving.epd.dev/compat-generation` label of its pods).")
+    name: str = Field(
+        description="The compatibility generation: a digest of the images, model and connectors "
+        "(the `serving.epd.dev/compat-generation` label of its pods)."
+    )
     current: bool = Field(description="The generation the spec asks for; others are draining.")
     pods: dict[str, int] = Field(default_factory=dict, description="Pods of this generation by tier.")
-    readyPods: dict[str, int] = Field(default_factory=dict, description="Ready pods of this generation by tier: "
-                                      "the router pairs tiers within one generation, so this is its capacity.")
+    readyPods: dict[str, int] = Field(
+        default_factory=dict,
+        description="Ready pods of this generation by tier: "
+        "the router pairs tiers within one generation, so this is its capacity.",
+    )
 
 
 class EPDDeploymentStatus(_Status):
@@ -71,5 +80,7 @@ class EPDDeploymentStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list)
     tiers: Tiers = Field(default_factory=Tiers)
     generations: list[GenerationStatus] | None = Field(
-        None, description="vLLM pods by compatibility generation, the current one first: two "
-                                          "while a change of image, model or connector rolls the tiers.")
+        None,
+        description="vLLM pods by compatibility generation, the current one first: two "
+        "while a change of image, model or connector rolls the tiers.",
+    )

@@ -4,6 +4,7 @@ First the schema (types, ranges, enums, required and unknown fields) through the
 then the cross-field CEL rules of `rules.py`. Every problem is reported with its field path
 (`spec.encoder.replicas: ...`), all at once, so a user fixes a spec in one round.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -9,6 +9,7 @@ setting), or when the live object no longer carries what we applied (someone edi
 server-side apply would still be a write request, so "apply everything, let the server sort it
 out" is not an option.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,8 +35,14 @@ def key_of(obj: dict[str, Any]) -> ObjKey:
 
 def owner_reference(epd: dict[str, Any]) -> dict[str, Any]:
     meta = epd["metadata"]
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def applied_hash(obj: dict[str, Any]) -> str:
@@ -151,8 +158,11 @@ def manages_replicas(live: dict[str, Any], manager: str = FIELD_MANAGER) -> bool
     if entries is None:
         return True
     for entry in entries:
-        if (entry.get("manager") == manager and entry.get("operation") == "Apply"
-                and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})):
+        if (
+            entry.get("manager") == manager
+            and entry.get("operation") == "Apply"
+            and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
+        ):
             return True
     return False
 
@@ -162,17 +172,23 @@ def needs_replicas_handover(desired: dict[str, Any], live: dict[str, Any] | None
     removes the field if we were its only manager, and the Deployment falls back to 1 replica
     until the HPA reacts. So before that apply, a second manager applies the live value (the
     documented "transfer ownership to the HPA" recipe); the HPA's own writes take it from there."""
-    return (live is not None and desired["kind"] in ("Deployment", "LeaderWorkerSet")
-            and "replicas" not in desired.get("spec", {})
-            and "replicas" in live.get("spec", {})
-            and manages_replicas(live))
+    return (
+        live is not None
+        and desired["kind"] in ("Deployment", "LeaderWorkerSet")
+        and "replicas" not in desired.get("spec", {})
+        and "replicas" in live.get("spec", {})
+        and manages_replicas(live)
+    )
 
 
 def replicas_handover(live: dict[str, Any]) -> dict[str, Any]:
     meta = live["metadata"]
-    return {"apiVersion": live["apiVersion"], "kind": live["kind"],
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "spec": {"replicas": live["spec"]["replicas"]}}
+    return {
+        "apiVersion": live["apiVersion"],
+        "kind": live["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"replicas": live["spec"]["replicas"]},
+    }
 
 
 # ----------------------------------------------------------------------------- plan
@@ -212,7 +228,9 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
         handover = replicas_handover(current) if current and needs_replicas_handover(obj, current) else None
         if current is None:
             applies.append(Apply(obj, "create"))
-        elif current["metadata"].get("annotations", {}).get(APPLIED_HASH) != obj["metadata"]["annotations"][APPLIED_HASH]:
+        elif (
+            current["metadata"].get("annotations", {}).get(APPLIED_HASH) != obj["metadata"]["annotations"][APPLIED_HASH]
+        ):
             applies.append(Apply(obj, "update", handover=handover))
         else:
             paths = drift(obj, current)
@@ -248,8 +266,10 @@ async def refused_by_server(kube: Kube, todo: Plan) -> list[str]:
         except ApiError as exc:
             kind, name = key_of(step.desired)
             if exc.status == 404 and child_resource(step.desired).optional:
-                problems.append(f"{kind} {name}: this cluster does not serve {step.desired['apiVersion']} {kind} "
-                                f"(install its CRDs, or remove the field that asks for it)")
+                problems.append(
+                    f"{kind} {name}: this cluster does not serve {step.desired['apiVersion']} {kind} "
+                    f"(install its CRDs, or remove the field that asks for it)"
+                )
                 continue
             if not refusal(exc):
                 raise

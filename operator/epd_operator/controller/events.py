@@ -3,6 +3,7 @@
 Posted by the operator itself rather than through kopf's poster, so that exactly the meaningful
 transitions become Events and nothing is posted in steady state.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -27,15 +28,26 @@ def event_for(obj: dict[str, Any], type_: str, reason: str, message: str, *, ins
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 1] + "…"
     return {
-        "apiVersion": "v1", "kind": "Event",
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"],
-                           "namespace": meta["namespace"], "uid": meta.get("uid"),
-                           "resourceVersion": meta.get("resourceVersion")},
-        "type": type_, "reason": reason, "message": message,
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "involvedObject": {
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
         "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT, "reportingInstance": instance,
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance,
     }
 
 

@@ -12,6 +12,7 @@ that, every kind a pass reads is watched: each child kind, and the tiers' pods. 
 initial listing is in: the first pass after a start, queued by an EPDDeployment's first event,
 already sees all its children, instead of planning to create what exists.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,8 +63,12 @@ def build_registry(reconciler: Reconciler, kube: Kube) -> kopf.OperatorRegistry:
     return registry
 
 
-def _watch(registry: kopf.OperatorRegistry, reconciler: Reconciler, selector: tuple[str, str, str],
-           on_event: Callable[[str | None, dict[str, Any]], None]) -> None:
+def _watch(
+    registry: kopf.OperatorRegistry,
+    reconciler: Reconciler,
+    selector: tuple[str, str, str],
+    on_event: Callable[[str | None, dict[str, Any]], None],
+) -> None:
     labels = {MANAGED_BY_LABEL: MANAGED_BY}
     plural = selector[2]
 

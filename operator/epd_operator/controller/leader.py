@@ -10,6 +10,7 @@ with the Lease's resourceVersion, so of two candidates only one write wins. The 
 if it could not renew within `renew_deadline` (< lease duration) of its last renewal, i.e. before
 any candidate may take over.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,10 +53,18 @@ class LeaseElector:
         now = _micro_time()
         duration = max(1, math.ceil(self.lease_duration))
         if lease is None:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
-                             "acquireTime": now, "renewTime": now, "leaseTransitions": 0}}
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {
+                    "holderIdentity": self.identity,
+                    "leaseDurationSeconds": duration,
+                    "acquireTime": now,
+                    "renewTime": now,
+                    "leaseTransitions": 0,
+                },
+            }
             try:
                 await self.kube.create(LEASE, self.namespace, body)
             except ApiError as exc:
@@ -73,9 +82,14 @@ class LeaseElector:
             if not expired:
                 return False
         ours = holder == self.identity
-        lease["spec"] = {**spec, "holderIdentity": self.identity, "leaseDurationSeconds": duration, "renewTime": now,
-                         "acquireTime": spec.get("acquireTime") if ours else now,
-                         "leaseTransitions": (spec.get("leaseTransitions") or 0) + (0 if ours or not holder else 1)}
+        lease["spec"] = {
+            **spec,
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": duration,
+            "renewTime": now,
+            "acquireTime": spec.get("acquireTime") if ours else now,
+            "leaseTransitions": (spec.get("leaseTransitions") or 0) + (0 if ours or not holder else 1),
+        }
         try:
             await self.kube.replace(LEASE, self.namespace, lease)
         except ApiError as exc:
@@ -100,8 +114,12 @@ class LeaseElector:
             except REQUEST_ERRORS as exc:
                 log.warning("leader election: %s", exc)
             if not announced:
-                log.info("standing by: Lease %s/%s is held by %s", self.namespace, self.name,
-                         self._observed[0] if self._observed else "?")
+                log.info(
+                    "standing by: Lease %s/%s is held by %s",
+                    self.namespace,
+                    self.name,
+                    self._observed[0] if self._observed else "?",
+                )
                 announced = True
             await asyncio.sleep(self.renew_interval)
 
@@ -114,8 +132,12 @@ class LeaseElector:
                 try:
                     if await asyncio.wait_for(self._try_acquire_or_renew(), max(deadline - time.monotonic(), 0.01)):
                         break
-                    log.error("leadership lost: Lease %s/%s now held by %s", self.namespace, self.name,
-                              self._observed[0] if self._observed else "?")
+                    log.error(
+                        "leadership lost: Lease %s/%s now held by %s",
+                        self.namespace,
+                        self.name,
+                        self._observed[0] if self._observed else "?",
+                    )
                     self.is_leader = False
                     return
                 except (TimeoutError, *REQUEST_ERRORS) as exc:
@@ -135,7 +157,12 @@ class LeaseElector:
             lease = await self.kube.get(LEASE, self.namespace, self.name)
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
-            lease["spec"] = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _micro_time()}
+            lease["spec"] = {
+                **lease["spec"],
+                "holderIdentity": "",
+                "leaseDurationSeconds": 1,
+                "renewTime": _micro_time(),
+            }
             await self.kube.replace(LEASE, self.namespace, lease)
             log.info("released Lease %s/%s", self.namespace, self.name)
         except REQUEST_ERRORS as exc:

@@ -8,6 +8,7 @@ It serves liveness on `--liveness-port` (`/healthz`) and Prometheus metrics on `
 two replicas never both act), then runs kopf's watches and the reconciler until SIGTERM. A leader
 that loses its Lease stops acting at once and exits with status 1, so its pod restarts as a standby.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,37 +58,69 @@ class Options:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    parser = argparse.ArgumentParser(prog="epd-operator", description="Kubernetes operator for EPDDeployments "
-                                     "(vLLM Encoder/Prefill/Decode disaggregated serving).")
+    parser = argparse.ArgumentParser(
+        prog="epd-operator",
+        description="Kubernetes operator for EPDDeployments (vLLM Encoder/Prefill/Decode disaggregated serving).",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("-n", "--namespace", dest="namespaces", action="append", default=[], metavar="NS",
-                       help="watch EPDDeployments in this namespace (repeatable)")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        dest="namespaces",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch EPDDeployments in this namespace (repeatable)",
+    )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch EPDDeployments in every namespace")
     parser.add_argument("--liveness-port", type=int, default=8080, help="port of /healthz (default 8080)")
     parser.add_argument("--metrics-port", type=int, default=9090, help="port of /metrics (default 9090)")
     parser.add_argument("--bind-address", default="0.0.0.0", help="address of the probe and metrics servers")
-    parser.add_argument("--resync-seconds", type=float, default=120.0,
-                        help="re-check every EPDDeployment's children this often; drift is repaired (default 120)")
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=120.0,
+        help="re-check every EPDDeployment's children this often; drift is repaired (default 120)",
+    )
     parser.add_argument("--workers", type=int, default=4, help="EPDDeployments reconciled concurrently (default 4)")
-    parser.add_argument("--no-leader-election", dest="leader_election", action="store_false",
-                        help="act without holding the Lease (only for a single replica)")
-    parser.add_argument("--leader-election-namespace", help="namespace of the Lease (default: the pod's namespace, "
-                        "else the kubeconfig context's, else 'default')")
+    parser.add_argument(
+        "--no-leader-election",
+        dest="leader_election",
+        action="store_false",
+        help="act without holding the Lease (only for a single replica)",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        help="namespace of the Lease (default: the pod's namespace, else the kubeconfig context's, else 'default')",
+    )
     parser.add_argument("--leader-election-id", default="epd-operator", help="name of the Lease (default epd-operator)")
-    parser.add_argument("--lease-duration", type=float, default=15.0,
-                        help="seconds a standby waits on a silent leader before taking over (default 15)")
-    parser.add_argument("--identity", default="",
-                        help="this replica's name in the Lease (default: POD_NAME or host, plus a random suffix)")
-    parser.add_argument("--router-image", default=os.environ.get("EPD_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
-                        help="image of the router and cache-janitor pods when a spec names none "
-                             f"(default: $EPD_ROUTER_IMAGE, else {DEFAULT_ROUTER_IMAGE}); the chart passes the operator's own image")
+    parser.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds a standby waits on a silent leader before taking over (default 15)",
+    )
+    parser.add_argument(
+        "--identity",
+        default="",
+        help="this replica's name in the Lease (default: POD_NAME or host, plus a random suffix)",
+    )
+    parser.add_argument(
+        "--router-image",
+        default=os.environ.get("EPD_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
+        help="image of the router and cache-janitor pods when a spec names none "
+        f"(default: $EPD_ROUTER_IMAGE, else {DEFAULT_ROUTER_IMAGE}); the chart passes the operator's own image",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     if any(not ns.strip() for ns in args.namespaces):
         parser.error("--namespace needs a non-empty name")
-    for flag, value in (("--resync-seconds", args.resync_seconds), ("--lease-duration", args.lease_duration),
-                        ("--workers", args.workers)):
+    for flag, value in (
+        ("--resync-seconds", args.resync_seconds),
+        ("--lease-duration", args.lease_duration),
+        ("--workers", args.workers),
+    ):
         if value <= 0:
             parser.error(f"{flag} must be positive, got {value}")
     return Options(**vars(args))
@@ -122,7 +155,12 @@ class Health:
 
     async def healthz(self, _: web.Request) -> web.Response:
         problems = self.problems()
-        body = {"status": "fail" if problems else "ok", "role": self.role, "identity": self.identity, "problems": problems}
+        body = {
+            "status": "fail" if problems else "ok",
+            "role": self.role,
+            "identity": self.identity,
+            "problems": problems,
+        }
         return web.json_response(body, status=503 if problems else 200, dumps=json.dumps)
 
 
@@ -141,8 +179,13 @@ async def serve_endpoints(options: Options, health: Health, metrics: Metrics) ->
     return runner
 
 
-async def run(options: Options, *, stop: asyncio.Event | None = None,
-              credentials: CredentialSource = load_credentials, metrics: Metrics | None = None) -> int:
+async def run(
+    options: Options,
+    *,
+    stop: asyncio.Event | None = None,
+    credentials: CredentialSource = load_credentials,
+    metrics: Metrics | None = None,
+) -> int:
     """Run until `stop` is set (or kopf sees SIGTERM/SIGINT); returns the process exit status.
     In-process callers (tests) pass their own credentials and metrics."""
     stop = stop or asyncio.Event()
@@ -155,8 +198,9 @@ async def run(options: Options, *, stop: asyncio.Event | None = None,
     try:
         await kube.login()  # no credentials: say so now, not from inside a retry loop
         if options.leader_election:
-            elector = LeaseElector(kube, await lease_namespace(options, kube), options.leader_election_id, identity,
-                                   options.lease_duration)
+            elector = LeaseElector(
+                kube, await lease_namespace(options, kube), options.leader_election_id, identity, options.lease_duration
+            )
             health.role = "standby"
             if not await _until_stopped(elector.acquire(), stop):
                 return 0
@@ -187,19 +231,44 @@ async def _until_stopped(work: Awaitable[object], stop: asyncio.Event) -> bool:
     return False
 
 
-async def _act(options: Options, kube: Kube, metrics: Metrics, health: Health, identity: str,
-               elector: LeaseElector | None, stop: asyncio.Event) -> int:
-    reconciler = Reconciler(kube, metrics, identity=identity, resync_seconds=options.resync_seconds,
-                            workers=options.workers, router_image=options.router_image)
+async def _act(
+    options: Options,
+    kube: Kube,
+    metrics: Metrics,
+    health: Health,
+    identity: str,
+    elector: LeaseElector | None,
+    stop: asyncio.Event,
+) -> int:
+    reconciler = Reconciler(
+        kube,
+        metrics,
+        identity=identity,
+        resync_seconds=options.resync_seconds,
+        workers=options.workers,
+        router_image=options.router_image,
+    )
     kopf_stop, kopf_ready = asyncio.Event(), asyncio.Event()
     reconciling = asyncio.create_task(reconciler.run(), name="reconciler")
     health.reconciler_task = reconciling
-    watching = asyncio.create_task(kopf.operator(
-        registry=build_registry(reconciler, kube), settings=build_settings(), standalone=True,
-        clusterwide=options.all_namespaces, namespaces=options.namespaces, stop_flag=kopf_stop,
-        ready_flag=kopf_ready), name="kopf")
-    guards = {reconciling, watching, asyncio.create_task(stop.wait(), name="stop"),
-              asyncio.create_task(_reclaim_signals(kopf_ready, stop), name="signals")}
+    watching = asyncio.create_task(
+        kopf.operator(
+            registry=build_registry(reconciler, kube),
+            settings=build_settings(),
+            standalone=True,
+            clusterwide=options.all_namespaces,
+            namespaces=options.namespaces,
+            stop_flag=kopf_stop,
+            ready_flag=kopf_ready,
+        ),
+        name="kopf",
+    )
+    guards = {
+        reconciling,
+        watching,
+        asyncio.create_task(stop.wait(), name="stop"),
+        asyncio.create_task(_reclaim_signals(kopf_ready, stop), name="signals"),
+    }
     holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
     if holding:
         guards.add(holding)
@@ -217,8 +286,10 @@ async def _act(options: Options, kube: Kube, metrics: Metrics, health: Health, i
     if lost:
         return 1
     crashed = reconciling in done and not reconciling.cancelled()
-    for what, error in (("the reconciler", reconciling.exception() if crashed else None),
-                        ("kopf", watch_error if isinstance(watch_error, Exception) else None)):
+    for what, error in (
+        ("the reconciler", reconciling.exception() if crashed else None),
+        ("kopf", watch_error if isinstance(watch_error, Exception) else None),
+    ):
         if error is not None:
             log.error("%s crashed", what, exc_info=error)
             return 1
@@ -247,8 +318,10 @@ def _forget_signal_handlers() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     options = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if options.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if not options.verbose:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 

@@ -4,6 +4,7 @@ Each operator instance owns its registry, so two operators in one test process n
 Label names never collide with Prometheus Operator's target labels (`namespace`, `pod`, ...): an
 EPDDeployment is `epd_namespace`/`epd_name`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,40 +34,66 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.reconciles = Counter(
-            "epd_operator_reconciles", "Reconcile passes over one EPDDeployment, by kind (full|status) and result.",
-            ["kind", "result"], registry=self.registry)
+            "epd_operator_reconciles",
+            "Reconcile passes over one EPDDeployment, by kind (full|status) and result.",
+            ["kind", "result"],
+            registry=self.registry,
+        )
         self.errors = Counter(
-            "epd_operator_reconcile_errors", "Reconcile passes that failed and were queued for a retry.",
-            ["kind"], registry=self.registry)
+            "epd_operator_reconcile_errors",
+            "Reconcile passes that failed and were queued for a retry.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.duration = Histogram(
-            "epd_operator_reconcile_duration_seconds", "Duration of one reconcile pass.", ["kind"],
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=self.registry)
+            "epd_operator_reconcile_duration_seconds",
+            "Duration of one reconcile pass.",
+            ["kind"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
         self.writes = Counter(
-            "epd_operator_api_writes", "Mutating API requests sent (zero in steady state, Lease renewals aside).",
-            ["verb", "kind"], registry=self.registry)
+            "epd_operator_api_writes",
+            "Mutating API requests sent (zero in steady state, Lease renewals aside).",
+            ["verb", "kind"],
+            registry=self.registry,
+        )
         self.drift = Counter(
-            "epd_operator_drift_repairs", "Children restored because someone changed what the operator applies.",
-            ["kind"], registry=self.registry)
-        self.leader = Gauge("epd_operator_leader", "1 while this replica holds the leader Lease and acts.",
-                            registry=self.registry)
-        self.managed = Gauge("epd_operator_epddeployments", "EPDDeployments this operator currently watches.",
-                             registry=self.registry)
+            "epd_operator_drift_repairs",
+            "Children restored because someone changed what the operator applies.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "epd_operator_leader", "1 while this replica holds the leader Lease and acts.", registry=self.registry
+        )
+        self.managed = Gauge(
+            "epd_operator_epddeployments", "EPDDeployments this operator currently watches.", registry=self.registry
+        )
         # Read from the reconciler's cache at each scrape (set_function): what its memory holds.
-        self.cache_objects = Gauge("epd_operator_cache_objects",
-                                   "Objects in the reconciler's watch-fed cache (EPDDeployments, children, pods).",
-                                   registry=self.registry)
-        self.cache_bytes = Gauge("epd_operator_cache_bytes",
-                                 "Size of the objects in the reconciler's cache, as the compact JSON it keeps.",
-                                 registry=self.registry)
+        self.cache_objects = Gauge(
+            "epd_operator_cache_objects",
+            "Objects in the reconciler's watch-fed cache (EPDDeployments, children, pods).",
+            registry=self.registry,
+        )
+        self.cache_bytes = Gauge(
+            "epd_operator_cache_bytes",
+            "Size of the objects in the reconciler's cache, as the compact JSON it keeps.",
+            registry=self.registry,
+        )
         self.phase = Gauge(
             "epd_operator_deployment_phase",
             "Phase of each EPDDeployment: one series per phase, 1 for the current one (set by the leader).",
-            ["epd_namespace", "epd_name", "phase"], registry=self.registry)
+            ["epd_namespace", "epd_name", "phase"],
+            registry=self.registry,
+        )
         self.generation_ready_pods = Gauge(
             "epd_operator_generation_ready_pods",
             "Ready vLLM pods per compatibility generation and tier: a generation's capacity, since the router pairs "
             "tiers only within one (two generations while a change of image, model or connector rolls out).",
-            ["epd_namespace", "epd_name", "generation", "tier"], registry=self.registry)
+            ["epd_namespace", "epd_name", "generation", "tier"],
+            registry=self.registry,
+        )
         self._generation_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self.registry.register(_BuildInfo())
         ProcessCollector(registry=self.registry)

@@ -8,6 +8,7 @@ Degraded), or when the Deployment controller gave up (ProgressDeadlineExceeded):
 deployment still loading its model, and a Ready tier scaling up, are Progressing. (New pods count
 as "updated" at once on a scale-up, so the Deployment's status alone cannot tell the two apart.)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +68,15 @@ def tier_state(tier: TierInput) -> TierState:
     generation = dep.get("metadata", {}).get("generation")
     seen = generation is None or st.get("observedGeneration", 0) >= generation
     settled = seen and updated >= desired and replicas <= updated
-    status = TierStatus(replicas=replicas, readyReplicas=ready, updatedReplicas=updated, availableReplicas=available,
-                        ready=f"{ready}/{desired}", autoscaling=_autoscaling(tier.hpa), message=tier.unschedulable)
+    status = TierStatus(
+        replicas=replicas,
+        readyReplicas=ready,
+        updatedReplicas=updated,
+        availableReplicas=available,
+        ready=f"{ready}/{desired}",
+        autoscaling=_autoscaling(tier.hpa),
+        message=tier.unschedulable,
+    )
     stuck = _condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
     return TierState(status, settled, settled and ready >= desired and available >= desired, stuck)
 
@@ -77,17 +85,28 @@ def _autoscaling(hpa: dict[str, Any] | None) -> TierAutoscaling | None:
     if hpa is None:
         return None
     spec, st = hpa.get("spec") or {}, hpa.get("status") or {}
-    return TierAutoscaling(minReplicas=spec.get("minReplicas", 1), maxReplicas=spec.get("maxReplicas"),
-                           desiredReplicas=st.get("desiredReplicas"), currentReplicas=st.get("currentReplicas"))
+    return TierAutoscaling(
+        minReplicas=spec.get("minReplicas", 1),
+        maxReplicas=spec.get("maxReplicas"),
+        desiredReplicas=st.get("desiredReplicas"),
+        currentReplicas=st.get("currentReplicas"),
+    )
 
 
-def _set_condition(previous: list[Condition], type_: str, status: bool, reason: str, message: str,
-                   generation: int | None, now: str) -> Condition:
+def _set_condition(
+    previous: list[Condition], type_: str, status: bool, reason: str, message: str, generation: int | None, now: str
+) -> Condition:
     value = "True" if status else "False"
     before = next((c for c in previous if c.type == type_), None)
     since = before.lastTransitionTime if before is not None and before.status == value else now
-    return Condition(type=type_, status=value, reason=reason, message=message,
-                     lastTransitionTime=since, observedGeneration=generation)
+    return Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        lastTransitionTime=since,
+        observedGeneration=generation,
+    )
 
 
 def parse_status(raw: dict[str, Any] | None) -> EPDDeploymentStatus | None:
@@ -108,14 +127,23 @@ def _lost_pods(name: str, state: TierState, previous: EPDDeploymentStatus | None
     if before is None:
         return False
     degraded_before = previous.phase == "Degraded" and any(
-        c.type == "Degraded" and c.status == "True" and f"{name} " in c.message for c in previous.conditions)
+        c.type == "Degraded" and c.status == "True" and f"{name} " in c.message for c in previous.conditions
+    )
     return state.status.readyReplicas < before.readyReplicas or degraded_before
 
 
-def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint: str | None,
-                  observed_generation: int | None, spec_errors: list[FieldError] | None,
-                  previous: EPDDeploymentStatus | None, now: str, refused: list[str] | None = None,
-                  generations: list[GenerationStatus] | None = None) -> EPDDeploymentStatus:
+def derive_status(
+    *,
+    tiers: dict[str, TierInput],
+    topology: str | None,
+    endpoint: str | None,
+    observed_generation: int | None,
+    spec_errors: list[FieldError] | None,
+    previous: EPDDeploymentStatus | None,
+    now: str,
+    refused: list[str] | None = None,
+    generations: list[GenerationStatus] | None = None,
+) -> EPDDeploymentStatus:
     """`spec_errors`: our rules refused the spec; `refused`: the API server refused objects rendered
     from it (its messages). Either way nothing was applied, and the spec is reported invalid."""
     states = {name: tier_state(tiers[name]) for name in TIERS if name in tiers}
@@ -143,8 +171,9 @@ def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint
     old = previous.conditions if previous is not None else []
     gen = observed_generation
     if spec_errors:
-        spec_valid = _set_condition(old, "SpecValid", False, INVALID_SPEC,
-                                    "; ".join(str(e) for e in spec_errors), gen, now)
+        spec_valid = _set_condition(
+            old, "SpecValid", False, INVALID_SPEC, "; ".join(str(e) for e in spec_errors), gen, now
+        )
     elif refused:
         spec_valid = _set_condition(old, "SpecValid", False, REFUSED_BY_API_SERVER, "; ".join(refused), gen, now)
     else:
@@ -155,22 +184,43 @@ def derive_status(*, tiers: dict[str, TierInput], topology: str | None, endpoint
     elif unplaced:
         ready_reason = "Unschedulable"
         ready_message = f"not ready: {summary(not_ready)}; " + "; ".join(
-            f"{n} pods cannot be scheduled: {tiers[n].unschedulable}" for n in unplaced)
+            f"{n} pods cannot be scheduled: {tiers[n].unschedulable}" for n in unplaced
+        )
     else:
         ready_reason, ready_message = "TiersNotReady", f"not ready: {summary(not_ready)}"
     conditions = [
         _set_condition(old, "Ready", all_ready, ready_reason, ready_message, gen, now),
-        _set_condition(old, "Progressing", bool(rolling), "RollingOut" if rolling else "RolloutComplete",
-                       f"rolling out: {summary(rolling)}" if rolling else "every tier runs its latest template", gen, now),
-        _set_condition(old, "Degraded", phase == "Degraded",
-                       ("ProgressDeadlineExceeded" if stuck else "ReplicasUnavailable") if phase == "Degraded" else "AsExpected",
-                       (f"rollout stuck: {summary(stuck)}" if stuck else f"pods lost: {summary(lost)}")
-                       if phase == "Degraded" else "", gen, now),
+        _set_condition(
+            old,
+            "Progressing",
+            bool(rolling),
+            "RollingOut" if rolling else "RolloutComplete",
+            f"rolling out: {summary(rolling)}" if rolling else "every tier runs its latest template",
+            gen,
+            now,
+        ),
+        _set_condition(
+            old,
+            "Degraded",
+            phase == "Degraded",
+            ("ProgressDeadlineExceeded" if stuck else "ReplicasUnavailable") if phase == "Degraded" else "AsExpected",
+            (f"rollout stuck: {summary(stuck)}" if stuck else f"pods lost: {summary(lost)}")
+            if phase == "Degraded"
+            else "",
+            gen,
+            now,
+        ),
         spec_valid,
     ]
     return EPDDeploymentStatus(
-        observedGeneration=observed_generation, phase=phase, topology=topology, endpoint=endpoint,
-        conditions=conditions, tiers=Tiers(**{n: s.status for n, s in states.items()}), generations=generations or None)
+        observedGeneration=observed_generation,
+        phase=phase,
+        topology=topology,
+        endpoint=endpoint,
+        conditions=conditions,
+        tiers=Tiers(**{n: s.status for n, s in states.items()}),
+        generations=generations or None,
+    )
 
 
 def generations(pods: list[dict[str, Any]], current: str | None) -> list[GenerationStatus]:
@@ -247,6 +297,11 @@ def transitions(previous: EPDDeploymentStatus | None, current: EPDDeploymentStat
         elif current.phase == "Degraded":
             out.append(Transition("Warning", "Degraded", after["Degraded"].message))
         elif current.phase == "Progressing" and old_phase is not None:
-            out.append(Transition("Normal", "Progressing", after["Progressing"].message
-                                  if after["Progressing"].status == "True" else after["Ready"].message))
+            out.append(
+                Transition(
+                    "Normal",
+                    "Progressing",
+                    after["Progressing"].message if after["Progressing"].status == "True" else after["Ready"].message,
+                )
+            )
     return out

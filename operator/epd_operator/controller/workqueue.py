@@ -6,6 +6,7 @@ queue at most once; a key is handled by one worker at a time; a key added while 
 handled is queued again when that pass finishes. Work comes in two levels, and a pending full
 reconcile absorbs a status refresh.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,6 +45,7 @@ class WorkQueue(Generic[K]):
         def fire() -> None:
             self._timers.discard(handle)
             self.add(key, level)
+
         handle = loop.call_later(delay, fire)
         self._timers.add(handle)
 

@@ -46,6 +46,7 @@ that can free a little more than strictly needed, never anything younger than th
 Each sweep logs one line (entries, bytes, what it deleted). `--metrics-port` serves Prometheus
 metrics. SIGTERM or SIGINT ends the loop after the current sweep; the exit status is 0.
 """
+
 from __future__ import annotations
 
 from .deletion import TRASH_MARK, delete_entry
@@ -53,6 +54,19 @@ from .entries import CACHE_FILE, Entry, Plan, Policy, plan, scan
 from .sidecar import Metrics, StopRequest, SweepResult, build_parser, main, run_once, sweep
 
 __all__ = [
-    "CACHE_FILE", "TRASH_MARK", "Entry", "Metrics", "Plan", "Policy", "StopRequest", "SweepResult",
-    "build_parser", "delete_entry", "main", "plan", "run_once", "scan", "sweep",
+    "CACHE_FILE",
+    "TRASH_MARK",
+    "Entry",
+    "Metrics",
+    "Plan",
+    "Policy",
+    "StopRequest",
+    "SweepResult",
+    "build_parser",
+    "delete_entry",
+    "main",
+    "plan",
+    "run_once",
+    "scan",
+    "sweep",
 ]

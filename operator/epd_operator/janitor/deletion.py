@@ -1,5 +1,6 @@
 """Deleting an expired entry without losing a write vLLM makes meanwhile: rename, check the mtime
 on the renamed inode, put back what a writer touched (the package docstring says why)."""
+
 from __future__ import annotations
 
 import errno

@@ -1,5 +1,6 @@
 """What the janitor sees and decides: cache entries measured on the volume, and which of them a
 policy (TTL as a minimum lifetime, an optional size bound) deletes."""
+
 from __future__ import annotations
 
 import errno
@@ -38,7 +39,6 @@ class Policy:
 class Plan:
     victims: list[Entry]
     over_limit: bool  # the size bound cannot be met without touching entries younger than the TTL
-
 
 
 def gone(exc: OSError) -> bool:

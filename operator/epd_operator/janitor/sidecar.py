@@ -1,5 +1,6 @@
 """The sidecar `epdctl janitor` runs: sweeps on an interval, their Prometheus metrics, a clean stop
 on SIGTERM/SIGINT, and the command line."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,10 @@ class SweepResult:
     kept_fresh: int  # chosen for deletion but written to meanwhile, so kept
 
     def summary(self) -> str:
-        line = (f"sweep: deleted {self.deleted_entries} entries ({_human(self.deleted_bytes)}); "
-                f"{self.entries} entries ({_human(self.bytes)}) remain")
+        line = (
+            f"sweep: deleted {self.deleted_entries} entries ({_human(self.deleted_bytes)}); "
+            f"{self.entries} entries ({_human(self.bytes)}) remain"
+        )
         if self.kept_fresh:
             line += f"; kept {self.kept_fresh} written to during the sweep"
         return line
@@ -48,8 +51,9 @@ def _human(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def sweep(root: Path, policy: Policy, now: float | None = None,
-          stopping: Callable[[], bool] = lambda: False) -> SweepResult:
+def sweep(
+    root: Path, policy: Policy, now: float | None = None, stopping: Callable[[], bool] = lambda: False
+) -> SweepResult:
     """One pass: scan, plan, delete. `now` is read before scanning, so anything written during the
     sweep is younger than the cutoff and survives. `stopping()` cuts a long sweep short on SIGTERM."""
     now = time.time() if now is None else now
@@ -82,16 +86,19 @@ class Metrics:
 
         self.registry = CollectorRegistry()
         prefix = "epd_cache_janitor"
-        self.entries = Gauge(f"{prefix}_entries", "Cache entries holding data after the last sweep",
-                             registry=self.registry)
+        self.entries = Gauge(
+            f"{prefix}_entries", "Cache entries holding data after the last sweep", registry=self.registry
+        )
         self.bytes = Gauge(f"{prefix}_bytes", "Bytes held by the cache after the last sweep", registry=self.registry)
         self.sweeps = Counter(f"{prefix}_sweeps", "Sweeps run", registry=self.registry)
         self.errors = Counter(f"{prefix}_sweep_errors", "Sweeps that failed", registry=self.registry)
         self.deleted_entries = Counter(f"{prefix}_deleted_entries", "Entries deleted", registry=self.registry)
         self.deleted_bytes = Counter(f"{prefix}_deleted_bytes", "Bytes deleted", registry=self.registry)
-        self.over_limit = Counter(f"{prefix}_over_limit_sweeps",
-                                  "Sweeps that ended above --max-size because the rest is younger than the TTL",
-                                  registry=self.registry)
+        self.over_limit = Counter(
+            f"{prefix}_over_limit_sweeps",
+            "Sweeps that ended above --max-size because the rest is younger than the TTL",
+            registry=self.registry,
+        )
 
     def record(self, result: SweepResult) -> None:
         self.sweeps.inc()
@@ -113,8 +120,9 @@ class Metrics:
 # ----------------------------------------------------------------------------- the loop
 
 
-def run_once(root: Path, policy: Policy, metrics: Metrics, now: float | None = None,
-             stopping: Callable[[], bool] = lambda: False) -> SweepResult | None:
+def run_once(
+    root: Path, policy: Policy, metrics: Metrics, now: float | None = None, stopping: Callable[[], bool] = lambda: False
+) -> SweepResult | None:
     try:
         result = sweep(root, policy, now, stopping)
     except OSError as exc:  # a flaky volume must not kill the sidecar; the next sweep retries
@@ -124,9 +132,13 @@ def run_once(root: Path, policy: Policy, metrics: Metrics, now: float | None = N
     metrics.record(result)
     log.info(result.summary())
     if result.over_limit:
-        log.warning("cache holds %s, above --max-size %s, and everything left is younger than the TTL "
-                    "(%ss): raise maxSize or lower ttlSeconds", _human(result.bytes),
-                    _human(policy.max_bytes or 0), policy.ttl_seconds)
+        log.warning(
+            "cache holds %s, above --max-size %s, and everything left is younger than the TTL "
+            "(%ss): raise maxSize or lower ttlSeconds",
+            _human(result.bytes),
+            _human(policy.max_bytes or 0),
+            policy.ttl_seconds,
+        )
     return result
 
 
@@ -182,13 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="epdctl janitor",
         description="Bound a SharedStorage encoder cache: delete entries older than the TTL, or (with "
-                    "--max-size) the oldest entries older than the TTL while the cache is over the size.")
+        "--max-size) the oldest entries older than the TTL while the cache is over the size.",
+    )
     parser.add_argument("--path", required=True, type=Path, help="the connector's shared_storage_path")
-    parser.add_argument("--ttl-seconds", required=True, type=_positive_int,
-                        help="minimum lifetime of an entry: none younger is ever deleted")
+    parser.add_argument(
+        "--ttl-seconds",
+        required=True,
+        type=_positive_int,
+        help="minimum lifetime of an entry: none younger is ever deleted",
+    )
     parser.add_argument("--max-size", type=_size, help="size bound as a Kubernetes quantity (e.g. 50Gi)")
-    parser.add_argument("--interval", type=_positive_int,
-                        help="seconds between sweeps (default: half the TTL, at most 60)")
+    parser.add_argument(
+        "--interval", type=_positive_int, help="seconds between sweeps (default: half the TTL, at most 60)"
+    )
     parser.add_argument("--once", action="store_true", help="sweep once and exit")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     return parser
@@ -196,8 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s janitor: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s janitor: %(message)s", stream=sys.stderr)
     if not args.path.is_dir():
         log.error("--path %s is not a directory (is the shared volume mounted?)", args.path)
         sys.exit(1)
@@ -209,8 +226,13 @@ def main(argv: list[str] | None = None) -> None:
     stop = StopRequest()
     if not args.once:
         stop.install()
-        log.info("watching %s: ttl %ss, max size %s, every %ss", args.path, policy.ttl_seconds,
-                 _human(policy.max_bytes) if policy.max_bytes is not None else "unbounded", interval)
+        log.info(
+            "watching %s: ttl %ss, max size %s, every %ss",
+            args.path,
+            policy.ttl_seconds,
+            _human(policy.max_bytes) if policy.max_bytes is not None else "unbounded",
+            interval,
+        )
     while True:
         result = run_once(args.path, policy, metrics, stopping=stop.requested)
         if args.once:

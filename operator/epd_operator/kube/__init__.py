@@ -5,6 +5,7 @@
 - `client`: `Kube` (get/list/apply/create/replace/patch_status/delete) and its one `ApiError`.
 - `watch`: `ListWatch`, list then watch with re-lists on 410 Gone.
 """
+
 from .client import FIELD_MANAGER, REQUEST_ERRORS, ApiError, Kube
 from .credentials import (
     SERVICE_ACCOUNT_CA,
@@ -21,8 +22,27 @@ from .resources import CHILD_RESOURCES, ENDPOINT_SLICE, EPD, EVENT, LEASE, POD, 
 from .watch import ListWatch
 
 __all__ = [
-    "CHILD_RESOURCES", "ENDPOINT_SLICE", "EPD", "EVENT", "FIELD_MANAGER", "LEASE", "POD", "REQUEST_ERRORS",
-    "SERVICE_ACCOUNT_CA", "SERVICE_ACCOUNT_DIR", "SERVICE_ACCOUNT_NAMESPACE", "SERVICE_ACCOUNT_TOKEN",
-    "ApiError", "CredentialSource", "Credentials", "CredentialsError", "Kube", "ListWatch", "Resource",
-    "child_resource", "connection_info", "load_credentials", "resource_of",
+    "CHILD_RESOURCES",
+    "ENDPOINT_SLICE",
+    "EPD",
+    "EVENT",
+    "FIELD_MANAGER",
+    "LEASE",
+    "POD",
+    "REQUEST_ERRORS",
+    "SERVICE_ACCOUNT_CA",
+    "SERVICE_ACCOUNT_DIR",
+    "SERVICE_ACCOUNT_NAMESPACE",
+    "SERVICE_ACCOUNT_TOKEN",
+    "ApiError",
+    "CredentialSource",
+    "Credentials",
+    "CredentialsError",
+    "Kube",
+    "ListWatch",
+    "Resource",
+    "child_resource",
+    "connection_info",
+    "load_credentials",
+    "resource_of",
 ]

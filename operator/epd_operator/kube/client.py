@@ -5,6 +5,7 @@ from its `Configuration`, including token refresh hooks); answers stay plain dic
 compare and apply whole objects and the generated model classes would drop fields they do not know.
 Every failure is one `ApiError` with the server's status, reason and message.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,8 +61,13 @@ class Kube:
     `credentials` logs in; it is called again when the server answers 401 (a rotated or expired
     token), once per request."""
 
-    def __init__(self, credentials: CredentialSource = load_credentials, *,
-                 on_write: Callable[[str, str], None] | None = None, timeout: float = 30.0):
+    def __init__(
+        self,
+        credentials: CredentialSource = load_credentials,
+        *,
+        on_write: Callable[[str, str], None] | None = None,
+        timeout: float = 30.0,
+    ):
         self.credentials = credentials
         self._on_write = on_write or (lambda verb, kind: None)
         self.timeout = timeout
@@ -115,9 +121,18 @@ class Kube:
         assert self._client is not None
         return self._client
 
-    async def request(self, method: str, resource: Resource, *, namespace: str | None = None, name: str | None = None,
-                      subresource: str | None = None, query: dict[str, str] | None = None, body: Any = None,
-                      content_type: str = "application/json") -> Any:
+    async def request(
+        self,
+        method: str,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: str | None = None,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
         """One request; the decoded answer, or ApiError."""
         query = query or {}
         if method != "GET" and not query.get("dryRun"):  # a dry run persists nothing
@@ -125,8 +140,15 @@ class Kube:
         path = resource.path(namespace, name, subresource)
         for attempt in (1, 2):
             client = await self._dynamic()
-            answer = await client.request(method, path, body=body, serialize=False, content_type=content_type,
-                                          query_params=list(query.items()), _request_timeout=self.timeout)
+            answer = await client.request(
+                method,
+                path,
+                body=body,
+                serialize=False,
+                content_type=content_type,
+                query_params=list(query.items()),
+                _request_timeout=self.timeout,
+            )
             try:
                 status, text = answer.status, await answer.read()
             finally:
@@ -154,8 +176,9 @@ class Kube:
             raise
         return found
 
-    async def list_with_version(self, resource: Resource, namespace: str | None, *,
-                                label_selector: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    async def list_with_version(
+        self, resource: Resource, namespace: str | None, *, label_selector: str | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
         """Every object (complete: list items omit their type) and the list's resourceVersion, from
         which a watch continues."""
         query = {"labelSelector": label_selector} if label_selector else None
@@ -171,16 +194,18 @@ class Kube:
             item.setdefault("kind", resource.kind)
         return items, str((result.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def list(self, resource: Resource, namespace: str | None, *,
-                   labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    async def list(
+        self, resource: Resource, namespace: str | None, *, labels: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in labels.items()) if labels else None
         items, _ = await self.list_with_version(resource, namespace, label_selector=selector)
         return items
 
     # ---------------------------------------------------------------- writes
 
-    async def apply(self, obj: dict[str, Any], *, field_manager: str = FIELD_MANAGER, force: bool = True,
-                    dry_run: bool = False) -> dict[str, Any]:
+    async def apply(
+        self, obj: dict[str, Any], *, field_manager: str = FIELD_MANAGER, force: bool = True, dry_run: bool = False
+    ) -> dict[str, Any]:
         """Server-side apply; `force` takes over fields another manager changed (drift repair).
         Strict field validation: a field the server does not know fails the apply instead of being
         dropped silently."""
@@ -189,30 +214,45 @@ class Kube:
         if dry_run:  # validated and admitted like a real apply, then not persisted
             query["dryRun"] = "All"
         applied: dict[str, Any] = await self.request(
-            "PATCH", resource_of(obj), namespace=meta.get("namespace"), name=meta["name"], query=query, body=obj,
-            content_type="application/apply-patch+yaml")
+            "PATCH",
+            resource_of(obj),
+            namespace=meta.get("namespace"),
+            name=meta["name"],
+            query=query,
+            body=obj,
+            content_type="application/apply-patch+yaml",
+        )
         return applied
 
-    async def create(self, resource: Resource, namespace: str | None, obj: dict[str, Any], *,
-                     dry_run: bool = False) -> dict[str, Any]:
+    async def create(
+        self, resource: Resource, namespace: str | None, obj: dict[str, Any], *, dry_run: bool = False
+    ) -> dict[str, Any]:
         query = {"fieldValidation": "Strict", **({"dryRun": "All"} if dry_run else {})}
         created: dict[str, Any] = await self.request("POST", resource, namespace=namespace, body=obj, query=query)
         return created
 
     async def replace(self, resource: Resource, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
         """PUT: fails with 409 when `metadata.resourceVersion` is stale (optimistic concurrency)."""
-        replaced: dict[str, Any] = await self.request("PUT", resource, namespace=namespace,
-                                                      name=obj["metadata"]["name"], body=obj)
+        replaced: dict[str, Any] = await self.request(
+            "PUT", resource, namespace=namespace, name=obj["metadata"]["name"], body=obj
+        )
         return replaced
 
-    async def patch_status(self, resource: Resource, namespace: str | None, name: str,
-                           status: dict[str, Any]) -> dict[str, Any]:
+    async def patch_status(
+        self, resource: Resource, namespace: str | None, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
         # Replace the whole status (JSON patch `add` replaces): a merge patch would keep the keys we
         # dropped, e.g. a removed prefill tier would linger in `.status.tiers`.
         body = [{"op": "add", "path": "/status", "value": status}]
-        patched: dict[str, Any] = await self.request("PATCH", resource, namespace=namespace, name=name,
-                                                     subresource="status", body=body,
-                                                     content_type="application/json-patch+json")
+        patched: dict[str, Any] = await self.request(
+            "PATCH",
+            resource,
+            namespace=namespace,
+            name=name,
+            subresource="status",
+            body=body,
+            content_type="application/json-patch+json",
+        )
         return patched
 
     async def delete(self, resource: Resource, namespace: str | None, name: str, *, uid: str | None = None) -> bool:

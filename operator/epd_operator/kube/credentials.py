@@ -9,6 +9,7 @@ from a file keeps its trailing newline (an invalid header) where kubectl trims i
 relative command path (`./bin/plugin`) is run from the working directory where kubectl resolves it
 against the kubeconfig's folder.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +68,9 @@ class Credentials:
         return (scheme, credential) if credential else ("Bearer", scheme)
 
     @classmethod
-    def from_token(cls, server: str, token: str, *, ca_path: str | None = None,
-                   namespace: str | None = None) -> Credentials:
+    def from_token(
+        cls, server: str, token: str, *, ca_path: str | None = None, namespace: str | None = None
+    ) -> Credentials:
         """Fixed credentials (tests in front of a proxy, tools that minted a token themselves)."""
         configuration = Configuration(host=server.rstrip("/"))
         configuration.api_key["BearerToken"] = f"Bearer {token}"
@@ -97,8 +99,9 @@ def _load_in_cluster() -> Credentials:
     configuration = Configuration()
     try:
         # try_refresh_token: the library re-reads the projected token (it rotates) once a minute.
-        InClusterConfigLoader(token_filename=SERVICE_ACCOUNT_TOKEN, cert_filename=SERVICE_ACCOUNT_CA,
-                              try_refresh_token=True).load_and_set(configuration)
+        InClusterConfigLoader(
+            token_filename=SERVICE_ACCOUNT_TOKEN, cert_filename=SERVICE_ACCOUNT_CA, try_refresh_token=True
+        ).load_and_set(configuration)
     except ConfigException as exc:
         raise CredentialsError(f"in-cluster service account: {exc}") from exc
     namespace = None
@@ -111,11 +114,19 @@ def _load_in_cluster() -> Credentials:
 async def _load_kubeconfig(paths: str, context: str | None) -> Credentials:
     merged = KubeConfigMerger(paths)
     if merged.config is None:
-        raise CredentialsError("no Kubernetes credentials: not in a pod, and no kubeconfig at "
-                               f"{paths!r} ($KUBECONFIG, else {DEFAULT_KUBECONFIG})")
+        raise CredentialsError(
+            "no Kubernetes credentials: not in a pod, and no kubeconfig at "
+            f"{paths!r} ($KUBECONFIG, else {DEFAULT_KUBECONFIG})"
+        )
     source = "kubeconfig " + ENV_KUBECONFIG_PATH_SEPARATOR.join(merged.paths)
-    current = next((merged.config_files[p].get("current-context") for p in merged.paths
-                    if (merged.config_files[p] or {}).get("current-context")), None)
+    current = next(
+        (
+            merged.config_files[p].get("current-context")
+            for p in merged.paths
+            if (merged.config_files[p] or {}).get("current-context")
+        ),
+        None,
+    )
     if current:  # kubectl: the first file that sets it wins
         merged.config.value["current-context"] = current
     _anchor_exec_commands(merged)
@@ -140,6 +151,7 @@ async def _load_kubeconfig(paths: str, context: str | None) -> Credentials:
 
 def _trimmed(configuration: Configuration) -> Configuration:
     """Tokens without surrounding whitespace, also after each refresh by the library's hook."""
+
     def trim(config: Configuration) -> None:
         token = config.api_key.get("BearerToken")
         if isinstance(token, str) and token != token.strip():
@@ -149,6 +161,7 @@ def _trimmed(configuration: Configuration) -> Configuration:
     # Typed by the library as a coroutine or a callable; in practice always called with the configuration.
     hook = cast("Callable[[Configuration], Any] | None", configuration.refresh_api_key_hook)
     if hook is not None:
+
         async def refresh(config: Configuration) -> None:
             result = hook(config)
             if inspect.isawaitable(result):
@@ -174,6 +187,7 @@ def _anchor_exec_commands(merged: KubeConfigMerger) -> None:
 def _exec_refresher(loader: KubeConfigLoader) -> Callable[[Configuration], Awaitable[None]]:
     """Run the exec plugin again once its token expires (the library's loader knows when; its own
     `refresh_token()` would poll in a task of its own instead)."""
+
     async def refresh(configuration: Configuration) -> None:
         try:
             await loader.load_from_exec_plugin()  # a no-op until the expiry (less 5 minutes' skew)
@@ -210,7 +224,15 @@ def connection_info(credentials: Credentials) -> Any:
     elif auth is not None:
         scheme, token = auth
     return kopf.ConnectionInfo(
-        server=credentials.server, ca_path=configuration.ssl_ca_cert, insecure=not configuration.verify_ssl,
-        scheme=scheme, token=token, username=username, password=password,
-        certificate_path=configuration.cert_file, private_key_path=configuration.key_file,
-        default_namespace=credentials.default_namespace, expiration=credentials.expiration)
+        server=credentials.server,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme,
+        token=token,
+        username=username,
+        password=password,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        default_namespace=credentials.default_namespace,
+        expiration=credentials.expiration,
+    )

@@ -4,6 +4,7 @@ A static table instead of API discovery: the operator knows which kinds it rende
 discovery round trips at start (nor a discovery cache to invalidate when a CRD appears later). Each
 entry becomes the client library's own `dynamic.Resource`, which builds the request paths.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,15 @@ class Resource:
 
     def for_library(self, client: dynamic.DynamicClient | None = None) -> dynamic.Resource:
         group, _, version = self.api_version.rpartition("/")
-        return dynamic.Resource(prefix="apis" if group else "api", group=group or None, api_version=version,
-                                kind=self.kind, namespaced=self.namespaced, name=self.plural, client=client)
+        return dynamic.Resource(
+            prefix="apis" if group else "api",
+            group=group or None,
+            api_version=version,
+            kind=self.kind,
+            namespaced=self.namespaced,
+            name=self.plural,
+            client=client,
+        )
 
     def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
         if self.namespaced and namespace is None and name is not None:
@@ -49,19 +57,22 @@ ENDPOINT_SLICE = Resource("discovery.k8s.io/v1", "EndpointSlice", "endpointslice
 
 # Every kind the renderer may emit. Pruning lists each of them, so a kind missing here would leave
 # its objects behind when a feature is switched off; a unit test renders the examples against it.
-CHILD_RESOURCES: dict[str, Resource] = {r.kind: r for r in (
-    Resource("v1", "ConfigMap", "configmaps"),
-    Resource("v1", "Service", "services"),
-    Resource("v1", "ServiceAccount", "serviceaccounts"),
-    Resource("apps/v1", "Deployment", "deployments"),
-    Resource("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
-    Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
-    Resource("rbac.authorization.k8s.io/v1", "Role", "roles"),
-    Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
-    Resource("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", optional=True),
-    # Multi-node tiers only (sigs.k8s.io/lws): served where the LeaderWorkerSet CRD is installed.
-    Resource("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", optional=True),
-)}
+CHILD_RESOURCES: dict[str, Resource] = {
+    r.kind: r
+    for r in (
+        Resource("v1", "ConfigMap", "configmaps"),
+        Resource("v1", "Service", "services"),
+        Resource("v1", "ServiceAccount", "serviceaccounts"),
+        Resource("apps/v1", "Deployment", "deployments"),
+        Resource("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+        Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+        Resource("rbac.authorization.k8s.io/v1", "Role", "roles"),
+        Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+        Resource("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", optional=True),
+        # Multi-node tiers only (sigs.k8s.io/lws): served where the LeaderWorkerSet CRD is installed.
+        Resource("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", optional=True),
+    )
+}
 
 
 def child_resource(obj: dict[str, Any]) -> Resource:

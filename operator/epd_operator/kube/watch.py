@@ -5,6 +5,7 @@ turns an ERROR event into an `ApiException` carrying its code. What is left here
 it: a 410 Gone (the version fell out of the server's window) or any other failure lists again, a
 watch the server ended (`timeoutSeconds`) resumes from the last version seen.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,9 +26,18 @@ class ListWatch:
     """Keep `on_sync(objects)` (after each list: the whole state) and `on_event(type, object)`
     (ADDED, MODIFIED, DELETED) informed about the objects `label_selector` picks."""
 
-    def __init__(self, kube: Kube, resource: Resource, namespace: str | None, *, label_selector: str | None = None,
-                 on_sync: Callable[[list[dict[str, Any]]], None], on_event: Callable[[str, dict[str, Any]], None],
-                 server_timeout: int = 300, retry_delay: float = 1.0):
+    def __init__(
+        self,
+        kube: Kube,
+        resource: Resource,
+        namespace: str | None,
+        *,
+        label_selector: str | None = None,
+        on_sync: Callable[[list[dict[str, Any]]], None],
+        on_event: Callable[[str, dict[str, Any]], None],
+        server_timeout: int = 300,
+        retry_delay: float = 1.0,
+    ):
         self.kube = kube
         self.resource = resource
         self.namespace = namespace
@@ -41,7 +51,8 @@ class ListWatch:
 
     async def list(self) -> None:
         items, self.resource_version = await self.kube.list_with_version(
-            self.resource, self.namespace, label_selector=self.label_selector)
+            self.resource, self.namespace, label_selector=self.label_selector
+        )
         self.lists += 1
         self.on_sync(items)
 
@@ -92,8 +103,9 @@ class ListWatch:
         # timeout_seconds given: the library's Watch ends with the server's stream instead of
         # reconnecting by itself, so a 410 comes here (and is answered with a list).
         async with Watch() as watch:
-            async for event in watch.stream(open_stream, resource_version=self.resource_version,
-                                            timeout_seconds=self.server_timeout):
+            async for event in watch.stream(
+                open_stream, resource_version=self.resource_version, timeout_seconds=self.server_timeout
+            ):
                 if not isinstance(event, dict):  # the library hands on a line that is not JSON as it is
                     raise ValueError(f"not a watch event: {str(event)[:200]}")
                 self.resource_version = watch.resource_version or self.resource_version

@@ -1,5 +1,6 @@
 """Command-line text as the kubelet and argparse read it: `$(VAR)` expansion, and flags matched in
 both `--flag value` and `--flag=value` forms (argparse keeps a flag's last occurrence)."""
+
 from __future__ import annotations
 
 import re
@@ -26,7 +27,7 @@ def flag_value(args: list[str], flag: str) -> str | None:
         if arg == flag and i + 1 < len(args):
             value = args[i + 1]
         elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
+            value = arg[len(flag) + 1 :]
     return value
 
 
@@ -36,7 +37,7 @@ def map_flag_values(args: list[str], flag: str, fn: Callable[[str], str]) -> lis
         if arg == flag and i + 1 < len(out):
             out[i + 1] = fn(out[i + 1])
         elif arg.startswith(flag + "="):
-            out[i] = f"{flag}={fn(arg[len(flag) + 1:])}"
+            out[i] = f"{flag}={fn(arg[len(flag) + 1 :])}"
     return out
 
 

@@ -4,6 +4,7 @@ Standard library only, so `make demo` and the e2e tests need nothing beyond the 
 The tiny model's answers are random tokens: callers look at structure (token counts, which
 tier did what), never at wording.
 """
+
 from __future__ import annotations
 
 import base64
@@ -36,7 +37,12 @@ def png(width: int, height: int, seed: int) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+        + chunk(b"IEND", b"")
+    )
 
 
 def image_url(seed: int, side: int = IMAGE_SIDE) -> str:
@@ -105,9 +111,7 @@ class Reply:
 
 
 def post(url: str, body: dict, timeout: float = 120) -> Reply:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     started = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -13,6 +13,7 @@ The tests use :class:`LocalCluster` directly (``tests/support/cluster.py``). Eve
 is tied to it: they get SIGKILL when the supervising Python process dies (``PR_SET_PDEATHSIG``), so
 a crashed run leaves nothing listening.
 """
+
 from __future__ import annotations
 
 import base64
@@ -46,12 +47,32 @@ __all__ = ["NEWEST", "OLDEST", "ClusterError", "FakeNode", "LocalCluster", "bina
 
 # The controllers a test cluster needs; the rest (node lifecycle, cloud, certificates...) only slow it
 # down or act on things that do not exist here.
-CONTROLLERS = tuple(f"{name}-controller" for name in (
-    "deployment", "replicaset", "endpointslice", "endpointslice-mirroring", "garbage-collector",
-    "horizontal-pod-autoscaler", "namespace", "serviceaccount", "serviceaccount-token",
-    "root-ca-certificate-publisher", "persistentvolume-binder", "persistentvolume-protection",
-    "persistentvolumeclaim-protection", "disruption", "statefulset", "job", "pod-garbage-collector",
-    "resourcequota", "clusterrole-aggregation", "node-lifecycle", "taint-eviction"))
+CONTROLLERS = tuple(
+    f"{name}-controller"
+    for name in (
+        "deployment",
+        "replicaset",
+        "endpointslice",
+        "endpointslice-mirroring",
+        "garbage-collector",
+        "horizontal-pod-autoscaler",
+        "namespace",
+        "serviceaccount",
+        "serviceaccount-token",
+        "root-ca-certificate-publisher",
+        "persistentvolume-binder",
+        "persistentvolume-protection",
+        "persistentvolumeclaim-protection",
+        "disruption",
+        "statefulset",
+        "job",
+        "pod-garbage-collector",
+        "resourcequota",
+        "clusterrole-aggregation",
+        "node-lifecycle",
+        "taint-eviction",
+    )
+)
 
 
 class ClusterError(RuntimeError):
@@ -84,8 +105,14 @@ class Component:
 
     def start(self, env: dict[str, str] | None = None) -> None:
         out = self.log.open("ab")
-        self.process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        preexec_fn=_die_with_parent, env=env)
+        self.process = subprocess.Popen(
+            self.argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+            env=env,
+        )
         out.close()
 
     def check_alive(self) -> None:
@@ -104,12 +131,18 @@ class Component:
             self.process.wait()
 
 
-
 class LocalCluster:
     """Start, use and stop one local control plane. Use as a context manager."""
 
-    def __init__(self, workdir: Path | None = None, *, version: str = NEWEST, apiserver_only: bool = False,
-                 nodes: Sequence[FakeNode] = DEFAULT_NODES, hpa_sync_seconds: float = 1.0):
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        *,
+        version: str = NEWEST,
+        apiserver_only: bool = False,
+        nodes: Sequence[FakeNode] = DEFAULT_NODES,
+        hpa_sync_seconds: float = 1.0,
+    ):
         self.version = version
         self.apiserver_only = apiserver_only
         self.nodes = tuple(nodes)
@@ -178,68 +211,185 @@ class LocalCluster:
     def _start_etcd(self) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        self._component("etcd", [
-            self._exe("etcd"), "--data-dir", str(self.dir / "etcd"), "--name", "epd-local",
-            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"epd-local=http://127.0.0.1:{peer}",
-            "--unsafe-no-fsync", "--log-level", "warn", "--quota-backend-bytes", str(2 << 30)])
+        self._component(
+            "etcd",
+            [
+                self._exe("etcd"),
+                "--data-dir",
+                str(self.dir / "etcd"),
+                "--name",
+                "epd-local",
+                "--listen-client-urls",
+                self.etcd_url,
+                "--advertise-client-urls",
+                self.etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"epd-local=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+                "--quota-backend-bytes",
+                str(2 << 30),
+            ],
+        )
 
     def _start_apiserver(self) -> None:
         p = self.pki
-        self._component("kube-apiserver", [
-            self._exe("kube-apiserver"), "--etcd-servers", self.etcd_url,
-            "--bind-address", "127.0.0.1", "--secure-port", str(self.port), "--advertise-address", "127.0.0.1",
-            # Its endpoint reconciler refuses a loopback advertise address; nothing here needs the
-            # `kubernetes` Service's endpoints.
-            "--endpoint-reconciler-type", "none",
-            "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
-            "--client-ca-file", str(p / "ca.crt"), "--token-auth-file", str(p / "tokens.csv"),
-            "--authorization-mode", "RBAC",
-            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-            "--service-account-key-file", str(p / "sa.pub"), "--service-account-signing-key-file", str(p / "sa.key"),
-            "--api-audiences", "https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged=true",
-            "--cert-dir", str(self.dir / "apiserver-certs"), "--storage-media-type", "application/json",
-            "-v", "1"])
+        self._component(
+            "kube-apiserver",
+            [
+                self._exe("kube-apiserver"),
+                "--etcd-servers",
+                self.etcd_url,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(self.port),
+                "--advertise-address",
+                "127.0.0.1",
+                # Its endpoint reconciler refuses a loopback advertise address; nothing here needs the
+                # `kubernetes` Service's endpoints.
+                "--endpoint-reconciler-type",
+                "none",
+                "--tls-cert-file",
+                str(p / "apiserver.crt"),
+                "--tls-private-key-file",
+                str(p / "apiserver.key"),
+                "--client-ca-file",
+                str(p / "ca.crt"),
+                "--token-auth-file",
+                str(p / "tokens.csv"),
+                "--authorization-mode",
+                "RBAC",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file",
+                str(p / "sa.pub"),
+                "--service-account-signing-key-file",
+                str(p / "sa.key"),
+                "--api-audiences",
+                "https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range",
+                "10.96.0.0/16",
+                "--allow-privileged=true",
+                "--cert-dir",
+                str(self.dir / "apiserver-certs"),
+                "--storage-media-type",
+                "application/json",
+                "-v",
+                "1",
+            ],
+        )
 
     def _kubeconfig_for_components(self) -> Path:
         return self.kubeconfig_path
 
     def _start_controllers(self) -> None:
         kc = str(self._kubeconfig_for_components())
-        self._component("kube-controller-manager", [
-            self._exe("kube-controller-manager"), "--kubeconfig", kc, "--authentication-kubeconfig", kc,
-            "--authorization-kubeconfig", kc, "--leader-elect=false", "--bind-address", "127.0.0.1",
-            "--secure-port", str(free_port()), "--controllers", ",".join(CONTROLLERS),
-            "--service-account-private-key-file", str(self.pki / "sa.key"), "--root-ca-file", str(self.pki / "ca.crt"),
-            "--use-service-account-credentials=false",
-            "--horizontal-pod-autoscaler-sync-period", f"{self.hpa_sync_seconds}s",
-            "--concurrent-deployment-syncs", "10", "--concurrent-replicaset-syncs", "10",
-            "--cluster-signing-cert-file", str(self.pki / "ca.crt"), "--cluster-signing-key-file", str(self.pki / "ca.key"),
-            "-v", "1"])
-        self._component("kube-scheduler", [
-            self._exe("kube-scheduler"), "--kubeconfig", kc, "--authentication-kubeconfig", kc,
-            "--authorization-kubeconfig", kc, "--leader-elect=false", "--bind-address", "127.0.0.1",
-            "--secure-port", str(free_port()), "-v", "1"])
-        self._component("kwok", [
-            self._exe("kwok"), "--kubeconfig", kc, "--manage-all-nodes=false",
-            f"--manage-nodes-with-label-selector={FAKE_NODE_LABEL}=true",
-            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
-            "--node-ip", "10.244.0.1", "--cidr", "10.244.0.0/16",
-            "--node-lease-duration-seconds", "40", "--server-address", f"127.0.0.1:{free_port()}"])
+        self._component(
+            "kube-controller-manager",
+            [
+                self._exe("kube-controller-manager"),
+                "--kubeconfig",
+                kc,
+                "--authentication-kubeconfig",
+                kc,
+                "--authorization-kubeconfig",
+                kc,
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(free_port()),
+                "--controllers",
+                ",".join(CONTROLLERS),
+                "--service-account-private-key-file",
+                str(self.pki / "sa.key"),
+                "--root-ca-file",
+                str(self.pki / "ca.crt"),
+                "--use-service-account-credentials=false",
+                "--horizontal-pod-autoscaler-sync-period",
+                f"{self.hpa_sync_seconds}s",
+                "--concurrent-deployment-syncs",
+                "10",
+                "--concurrent-replicaset-syncs",
+                "10",
+                "--cluster-signing-cert-file",
+                str(self.pki / "ca.crt"),
+                "--cluster-signing-key-file",
+                str(self.pki / "ca.key"),
+                "-v",
+                "1",
+            ],
+        )
+        self._component(
+            "kube-scheduler",
+            [
+                self._exe("kube-scheduler"),
+                "--kubeconfig",
+                kc,
+                "--authentication-kubeconfig",
+                kc,
+                "--authorization-kubeconfig",
+                kc,
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(free_port()),
+                "-v",
+                "1",
+            ],
+        )
+        self._component(
+            "kwok",
+            [
+                self._exe("kwok"),
+                "--kubeconfig",
+                kc,
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-label-selector={FAKE_NODE_LABEL}=true",
+                "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
+                "--node-ip",
+                "10.244.0.1",
+                "--cidr",
+                "10.244.0.0/16",
+                "--node-lease-duration-seconds",
+                "40",
+                "--server-address",
+                f"127.0.0.1:{free_port()}",
+            ],
+        )
 
     # -------------------------------------------------------------- API helpers (admin)
 
     def _ssl(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
 
-    def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                token: str | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        token: str | None = None,
+    ) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token or self.admin_token}", "Content-Type": content_type,
-            "Accept": "application/json"})
+        req = urllib.request.Request(
+            self.server + path,
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {token or self.admin_token}",
+                "Content-Type": content_type,
+                "Accept": "application/json",
+            },
+        )
         with urllib.request.urlopen(req, context=self._ssl(), timeout=30) as resp:
             text = resp.read()
         return json.loads(text) if text else None
@@ -250,7 +400,9 @@ class LocalCluster:
         while time.monotonic() < deadline:
             self.check_alive()
             try:
-                req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {self.admin_token}"})
+                req = urllib.request.Request(
+                    self.server + path, headers={"Authorization": f"Bearer {self.admin_token}"}
+                )
                 with urllib.request.urlopen(req, context=self._ssl(), timeout=5) as resp:
                     if resp.status == 200:
                         return
@@ -278,7 +430,8 @@ class LocalCluster:
             self.check_alive()
             nodes = [n for n in self.request("GET", "/api/v1/nodes")["items"] if n["metadata"]["name"] in names]
             if len(nodes) == len(names) and not any(
-                    t["key"].startswith("node.kubernetes.io/") for n in nodes for t in n["spec"].get("taints") or []):
+                t["key"].startswith("node.kubernetes.io/") for n in nodes for t in n["spec"].get("taints") or []
+            ):
                 return
             time.sleep(0.2)
         raise ClusterError(f"the fake nodes were not Ready and untainted after {timeout:.0f} s")
@@ -290,15 +443,23 @@ class LocalCluster:
         plural = {"Node": "nodes", "Namespace": "namespaces"}.get(obj["kind"]) or obj["kind"].lower() + "s"
         ns = obj["metadata"].get("namespace")
         path = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
-        return self.request("PATCH", f"{path}/{obj['metadata']['name']}?fieldManager={field_manager}&force=true", obj,
-                            content_type="application/apply-patch+yaml")
+        return self.request(
+            "PATCH",
+            f"{path}/{obj['metadata']['name']}?fieldManager={field_manager}&force=true",
+            obj,
+            content_type="application/apply-patch+yaml",
+        )
 
     def add_nodes(self, *nodes: FakeNode) -> None:
         for node in nodes:
             self.apply(node.manifest())
             # Capacity is status: a node's own status is set by its kubelet (here: kwok keeps it, we seed it).
-            self.request("PATCH", f"/api/v1/nodes/{node.name}/status", {"status": node.manifest()["status"]},
-                         content_type="application/merge-patch+json")
+            self.request(
+                "PATCH",
+                f"/api/v1/nodes/{node.name}/status",
+                {"status": node.manifest()["status"]},
+                content_type="application/merge-patch+json",
+            )
 
     def remove_node(self, name: str) -> None:
         with contextlib.suppress(urllib.error.HTTPError):
@@ -306,14 +467,17 @@ class LocalCluster:
 
     def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
         """A bound token for a ServiceAccount (TokenRequest), as a pod would mount it."""
-        review = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-                              {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                               "spec": {"expirationSeconds": seconds}})
+        review = self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}},
+        )
         return str(review["status"]["token"])
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
-        path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", token, user=user,
-                                                  namespace=namespace)))
+        path.write_text(
+            yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", token, user=user, namespace=namespace))
+        )
         return path
 
     @property

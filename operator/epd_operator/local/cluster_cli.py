@@ -1,5 +1,6 @@
 """``python -m epd_operator.local.cluster up [--detach] | down | build``: a local control plane for a
 person (``make cluster``), kept running in the background until ``down``."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,13 @@ def _up(args: argparse.Namespace) -> int:
             print("a local cluster is already running; stop it with `make cluster-down`", file=sys.stderr)
             return 1
         with log.open("wb") as out:
-            child = subprocess.Popen([sys.executable, "-m", "epd_operator.local.cluster", "up", "--version", args.version],
-                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            child = subprocess.Popen(
+                [sys.executable, "-m", "epd_operator.local.cluster", "up", "--version", args.version],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + args.timeout
         ready = STATE_DIR / "ready"
         while time.monotonic() < deadline and not ready.exists():
@@ -56,11 +62,13 @@ def _up(args: argparse.Namespace) -> int:
         kc = STATE_DIR / "kubeconfig"
         shutil.copy(cluster.kubeconfig_path, kc)
         (STATE_DIR / "pid").write_text(str(os.getpid()))
-        message = (f"Kubernetes {cluster.version} is running at {cluster.server} "
-                   f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}.\n"
-                   f"  export KUBECONFIG={kc}\n"
-                   f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
-                   f"  stop it with: make cluster-down   (or: python -m epd_operator.local.cluster down)\n")
+        message = (
+            f"Kubernetes {cluster.version} is running at {cluster.server} "
+            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}.\n"
+            f"  export KUBECONFIG={kc}\n"
+            f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
+            f"  stop it with: make cluster-down   (or: python -m epd_operator.local.cluster down)\n"
+        )
         (STATE_DIR / "ready").write_text(message)
         print(message, end="", flush=True)
         while not stop:
@@ -99,8 +107,10 @@ def _down(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m epd_operator.local.cluster",
-                                     description="A real Kubernetes control plane on this machine, with fake GPU nodes.")
+    parser = argparse.ArgumentParser(
+        prog="python -m epd_operator.local.cluster",
+        description="A real Kubernetes control plane on this machine, with fake GPU nodes.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a local control plane with fake GPU nodes")
     up.add_argument("--version", default=NEWEST, help=f"Kubernetes version (default {NEWEST})")

@@ -1,5 +1,6 @@
 """The local control plane's credentials: a CA, the apiserver's serving certificate, the
 service-account signing keys (openssl), and kubeconfigs that trust that CA."""
+
 from __future__ import annotations
 
 import base64
@@ -17,29 +18,83 @@ def _openssl(*args: str, cwd: Path) -> None:
 def make_pki(pki: Path) -> None:
     """A CA, the apiserver's serving certificate for 127.0.0.1/localhost, and the service-account keys."""
     pki.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
-             "-subj", "/CN=epd-local-ca", cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=epd-local-ca",
+        cwd=pki,
+    )
     (pki / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost,"
         "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
-        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
-             "-subj", "/CN=kube-apiserver", cwd=pki)
-    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "apiserver.crt", "-days", "3650", "-extfile", "san.cnf", "-extensions", "ext", cwd=pki)
+        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "apiserver.key",
+        "-out",
+        "apiserver.csr",
+        "-subj",
+        "/CN=kube-apiserver",
+        cwd=pki,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "apiserver.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "apiserver.crt",
+        "-days",
+        "3650",
+        "-extfile",
+        "san.cnf",
+        "-extensions",
+        "ext",
+        cwd=pki,
+    )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
-def kubeconfig(server: str, ca_file: Path, token: str, *, user: str = ADMIN_TOKEN_USER,
-               namespace: str | None = None) -> dict[str, Any]:
+def kubeconfig(
+    server: str, ca_file: Path, token: str, *, user: str = ADMIN_TOKEN_USER, namespace: str | None = None
+) -> dict[str, Any]:
     context: dict[str, Any] = {"cluster": "epd-local", "user": user}
     if namespace:
         context["namespace"] = namespace
     return {
-        "apiVersion": "v1", "kind": "Config", "current-context": "epd-local",
-        "clusters": [{"name": "epd-local", "cluster": {
-            "server": server, "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode()}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "epd-local",
+        "clusters": [
+            {
+                "name": "epd-local",
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode(),
+                },
+            }
+        ],
         "users": [{"name": user, "user": {"token": token}}],
         "contexts": [{"name": "epd-local", "context": context}],
     }

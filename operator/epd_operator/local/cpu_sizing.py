@@ -6,6 +6,7 @@ cores that turns a 30 s start into minutes. Rather than editing rendered flags, 
 changes the spec the way a user would (`maxModelLen`, `maxNumBatchedTokens`, `extraArgs`), so
 `render()` still produces every flag and the result says exactly what was changed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,7 +17,8 @@ MAX_MODEL_LEN = 2048
 MAX_NUM_BATCHED_TOKENS = 2048
 TIER_ARGS = [
     "--enforce-eager",  # no torch.compile warm-up (a minute on two cores)
-    "--max-num-seqs", "4",
+    "--max-num-seqs",
+    "4",
 ]
 MAX_IMAGES = 4
 
@@ -25,6 +27,8 @@ def media_limit(videos: int) -> list[str]:
     # Every video allowed is profiled at start with a dummy video as long as the token budget
     # permits: none unless asked for.
     return ["--limit-mm-per-prompt", f'{{"image":{MAX_IMAGES},"video":{videos}}}']
+
+
 TIERS = ("encoder", "prefill", "decode")
 
 

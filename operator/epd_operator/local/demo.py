@@ -7,6 +7,7 @@ and stops everything.
 
     python -m epd_operator.local.demo [--example examples/epd-nixl-autoscaled.yaml] [--keep-logs]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,14 @@ def step(n: int, total: int, msg: str) -> None:
 
 def _wrapped(argv: list[str], indent: str) -> str:
     text = " ".join(a if " " not in a else repr(a) for a in argv)
-    return textwrap.fill(text, width=110, initial_indent=indent, subsequent_indent=" " * (len(indent) + 4),
-                         break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill(
+        text,
+        width=110,
+        initial_indent=indent,
+        subsequent_indent=" " * (len(indent) + 4),
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def show_topology(plan: LocalPlan, changes: list[str]) -> None:
@@ -64,14 +71,8 @@ class StageClock:
 
     def _read(self) -> dict[str, float]:
         samples = metrics(self.epd.router_url)
-        sums = {
-            labels.get("stage"): value
-            for name, labels, value in samples
-            if name == "epd_router_stage_seconds_sum"
-        }
-        items = {
-            labels.get("outcome"): value for name, labels, value in samples if name == "epd_router_items_total"
-        }
+        sums = {labels.get("stage"): value for name, labels, value in samples if name == "epd_router_stage_seconds_sum"}
+        items = {labels.get("outcome"): value for name, labels, value in samples if name == "epd_router_items_total"}
         return {**{s: sums.get(s, 0.0) for s in STAGES}, **{o: items.get(o, 0.0) for o in OUTCOMES}}
 
     def lap(self) -> dict[str, float]:
@@ -137,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     say("  cached" if tiny_model.is_ready() else "  building it once (seconds)")
     tiny_model.ensure()
 
-    step(3, total, f"render {args.example.relative_to(REPO) if args.example.is_relative_to(REPO) else args.example}"
-         " with the operator's render()")
+    step(
+        3,
+        total,
+        f"render {args.example.relative_to(REPO) if args.example.is_relative_to(REPO) else args.example}"
+        " with the operator's render()",
+    )
     spec, changes = fit_to_cpu(load_spec(args.example))
     workdir = Path(tempfile.mkdtemp(prefix="epd-demo-"))
     ok = False

@@ -1,6 +1,7 @@
 """The control-plane binaries: pinned versions, built once from the official Go modules by
 ``hack/k8s-binaries.sh`` into ``~/.cache/epd-operator/k8s/<version>/``, or taken from
 ``KUBEBUILDER_ASSETS`` (the envtest convention) for what that folder holds."""
+
 from __future__ import annotations
 
 import os

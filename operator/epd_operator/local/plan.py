@@ -17,6 +17,7 @@ same on one CPU machine is substituted, and every substitution is recorded as a 
 One process per tier whatever the replica count; sidecars (the cache janitor) are not run.
 This module only plans (no processes, no I/O besides choosing free ports): see `runner`.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,9 +51,18 @@ LOCAL_EC_CONNECTORS = {"ECExampleConnector"}
 LOCAL_KV_CONNECTOR = "ExampleConnector"
 # Router flags that configure Kubernetes discovery; locally the router gets static URLs instead.
 ROUTER_DISCOVERY_FLAGS = {
-    "--discovery", "--namespace", "--kubeconfig", "--encoder-selector", "--prefill-selector",
-    "--decode-selector", "--backend-port-name", "--backend-port", "--ec-consumer-port",
-    "--encode-servers-urls", "--prefill-servers-urls", "--decode-servers-urls",
+    "--discovery",
+    "--namespace",
+    "--kubeconfig",
+    "--encoder-selector",
+    "--prefill-selector",
+    "--decode-selector",
+    "--backend-port-name",
+    "--backend-port",
+    "--ec-consumer-port",
+    "--encode-servers-urls",
+    "--prefill-servers-urls",
+    "--decode-servers-urls",
 }
 
 JSON = dict[str, Any]
@@ -126,8 +136,10 @@ def _deployments(objects: list[JSON]) -> dict[str, JSON]:
     found: dict[str, JSON] = {}
     for obj in objects:
         if obj.get("kind") == "LeaderWorkerSet":
-            raise PlanError(f"{obj['metadata']['name']} spans several nodes (a LeaderWorkerSet): this machine "
-                            "runs single-node tiers only; set nodesPerReplica: 1 to run it here")
+            raise PlanError(
+                f"{obj['metadata']['name']} spans several nodes (a LeaderWorkerSet): this machine "
+                "runs single-node tiers only; set nodesPerReplica: 1 to run it here"
+            )
         if obj.get("kind") != "Deployment":
             continue
         role = obj["metadata"].get("labels", {}).get(ROLE_LABEL)
@@ -319,9 +331,12 @@ def _router_process(pod: _Pod, router: list[str], vllm_processes: list[LocalProc
         args = drop_flags(args, ["--metrics-port"])
         notes.append("/metrics on the API port instead of --metrics-port")
     args = drop_flags(args, ROUTER_DISCOVERY_FLAGS) + [
-        "--encode-servers-urls", urls[ENCODER],
-        "--prefill-servers-urls", urls[PREFILL] or "disable",
-        "--decode-servers-urls", urls[DECODE],
+        "--encode-servers-urls",
+        urls[ENCODER],
+        "--prefill-servers-urls",
+        urls[PREFILL] or "disable",
+        "--decode-servers-urls",
+        urls[DECODE],
     ]
     return LocalProcess(
         name=pod.name,

@@ -8,6 +8,7 @@ Deployments into local command lines (see its docstring for the few substitution
 process starts in its own process group, so stopping a tier also stops the engine and worker
 processes vLLM forks; everything started is stopped on exit, on errors and on Ctrl-C.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -227,5 +228,3 @@ def run_local(
     with local:
         local.start(timeout_s)
         yield local
-
-

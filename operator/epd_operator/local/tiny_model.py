@@ -14,6 +14,7 @@ the build script, run with that venv's python. The result is cached under
 
 Usage: ``python -m epd_operator.local.tiny_model`` -- prints the model directory.
 """
+
 from __future__ import annotations
 
 import os

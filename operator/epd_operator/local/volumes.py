@@ -1,5 +1,6 @@
 """Pod volumes on this machine: which storage a volume names, and container paths under its mount
 rewritten to the volume's local directory (in plain arguments and inside JSON arguments)."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ class PathMap:
     def path(self, value: str) -> str:
         for mount, local in self.mounts:
             if value == mount or value.startswith(mount.rstrip("/") + "/"):
-                return str(local) + value[len(mount.rstrip("/")):]
+                return str(local) + value[len(mount.rstrip("/")) :]
         return value
 
     def json(self, node: Any) -> Any:

@@ -2,6 +2,7 @@
 
 `render(epd)` is what the operator applies and `epdctl render` prints; it does no I/O.
 """
+
 from .manifests import config_hash, render, tier_hashes
 from .vllm import serve_command
 

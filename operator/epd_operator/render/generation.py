@@ -6,6 +6,7 @@ change of any of these makes old and new pods unable to talk. Every vLLM pod car
 label; the router pairs encoder, prefill and decode only within one generation, so tiers may roll at
 their own pace. Anything else (resources, replicas, probes, placement) leaves the generation alone.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,11 @@ def compatibility_inputs(epd: EPDDeployment) -> dict[str, object]:
         "source": spec.model.source.model_dump(mode="json") if spec.model.source else None,
         "images": {role: tier_of(epd, role).image or spec.image for role in vllm_roles(epd)},
         "ecTransfer": spec.ecTransfer.model_dump(mode="json", exclude_none=True, exclude=EC_SETTINGS_OUTSIDE_HANDSHAKE),
-        "kvTransfer": (spec.kvTransfer.model_dump(mode="json", exclude_none=True, exclude=KV_SETTINGS_OUTSIDE_HANDSHAKE)
-                       if spec.kvTransfer else None),
+        "kvTransfer": (
+            spec.kvTransfer.model_dump(mode="json", exclude_none=True, exclude=KV_SETTINGS_OUTSIDE_HANDSHAKE)
+            if spec.kvTransfer
+            else None
+        ),
     }
 
 

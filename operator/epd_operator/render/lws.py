@@ -7,6 +7,7 @@ environment. The single-node rendering of the tier (its Deployment) is the start
 template becomes the leader's, and the worker's is derived from it, so placement, volumes, env and
 transfer settings stay identical on every node of a replica.
 """
+
 from __future__ import annotations
 
 import copy
@@ -57,7 +58,9 @@ def leader_worker_set(epd: EPDDeployment, role: str, deployment: JSON) -> JSON:
     leader_pod["containers"][0]["ports"].append(container_port("rendezvous", MULTI_NODE_MASTER_PORT))
     return render_one(
         "leaderworkerset.yaml.j2",
-        name=meta["name"], namespace=meta["namespace"], labels=meta["labels"],
+        name=meta["name"],
+        namespace=meta["namespace"],
+        labels=meta["labels"],
         replicas=deployment["spec"].get("replicas"),
         size=tier.nodesPerReplica,
         template_metadata=template["metadata"],

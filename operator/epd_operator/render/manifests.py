@@ -3,6 +3,7 @@
 Pure: the same spec always gives the same objects in the same order, with no I/O, clock or
 randomness, so the controller's server-side apply is a no-op in steady state.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,7 +79,10 @@ RUNTIME_DEFAULT_SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
 # worker processes share their metrics through (prometheus_client's multiprocess mode).
 ROUTER_SCRATCH_VOLUME = "tmp"
 ROUTER_SCRATCH_PATH = "/tmp"
-ROUTER_SCRATCH_ENV = {"TMPDIR": ROUTER_SCRATCH_PATH, "PROMETHEUS_MULTIPROC_DIR": ROUTER_SCRATCH_PATH + "/epd-router-metrics"}
+ROUTER_SCRATCH_ENV = {
+    "TMPDIR": ROUTER_SCRATCH_PATH,
+    "PROMETHEUS_MULTIPROC_DIR": ROUTER_SCRATCH_PATH + "/epd-router-metrics",
+}
 DEFAULT_HPA_METRICS = [
     {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}},
 ]
@@ -123,13 +127,28 @@ def _gateway_route(epd: EPDDeployment) -> list[JSON]:
     gateway = epd.spec.router.gateway
     if gateway is None:
         return []
-    parents = [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": p.name,
-                **({"namespace": p.namespace} if p.namespace else {}),
-                **({"sectionName": p.sectionName} if p.sectionName else {})} for p in gateway.parentRefs]
+    parents = [
+        {
+            "group": "gateway.networking.k8s.io",
+            "kind": "Gateway",
+            "name": p.name,
+            **({"namespace": p.namespace} if p.namespace else {}),
+            **({"sectionName": p.sectionName} if p.sectionName else {}),
+        }
+        for p in gateway.parentRefs
+    ]
     matches = [{"path": {"type": "PathPrefix", "value": prefix}} for prefix in gateway.pathPrefixes]
-    return [render_one("httproute.yaml.j2", **_meta(epd, router_service_name(epd), ROUTER), parent_refs=parents,
-                       hostnames=gateway.hostnames, matches=matches, service=router_service_name(epd),
-                       port=epd.spec.router.service.port)]
+    return [
+        render_one(
+            "httproute.yaml.j2",
+            **_meta(epd, router_service_name(epd), ROUTER),
+            parent_refs=parents,
+            hostnames=gateway.hostnames,
+            matches=matches,
+            service=router_service_name(epd),
+            port=epd.spec.router.service.port,
+        )
+    ]
 
 
 def tier_hashes(objects: list[JSON]) -> dict[str, str]:
@@ -156,13 +175,25 @@ def _meta(epd: EPDDeployment, name: str, role: str) -> JSON:
 
 def config_hash(pod_labels: dict[str, str], pod_spec: JSON, config: dict[str, str]) -> str:
     """A digest of everything a tier's pods run with: their template and the ConfigMap keys they mount."""
-    payload = json.dumps({"labels": pod_labels, "spec": pod_spec, "config": config}, sort_keys=True,
-                         separators=(",", ":"), ensure_ascii=False)
+    payload = json.dumps(
+        {"labels": pod_labels, "spec": pod_spec, "config": config},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, config: dict[str, str],
-              service: JSON, pdb: bool = True, own_pod_labels: dict[str, str] | None = None) -> Workload:
+def _workload(
+    epd: EPDDeployment,
+    role: str,
+    placement: Placement,
+    pod: JSON,
+    config: dict[str, str],
+    service: JSON,
+    pdb: bool = True,
+    own_pod_labels: dict[str, str] | None = None,
+) -> Workload:
     name = object_name(epd, role)
     meta = _meta(epd, name, role)
     autoscaling = placement.autoscaling
@@ -171,7 +202,8 @@ def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, co
     pod_annotations = dict(placement.podAnnotations)
     pod_annotations[CONFIG_HASH_ANNOTATION] = config_hash(pod_labels, {"annotations": pod_annotations, **pod}, config)
     deployment = render_one(
-        "deployment.yaml.j2", **meta,
+        "deployment.yaml.j2",
+        **meta,
         replicas=None if autoscaling else placement.replicas,  # the HPA owns replicas when present
         progress_deadline=VLLM_PROGRESS_DEADLINE_S if role in vllm_roles(epd) else None,
         selector=selector_labels(epd, role),
@@ -189,7 +221,8 @@ def _workload(epd: EPDDeployment, role: str, placement: Placement, pod: JSON, co
 
 def _hpa(meta: JSON, autoscaling: Autoscaling) -> JSON:
     return render_one(
-        "hpa.yaml.j2", **meta,
+        "hpa.yaml.j2",
+        **meta,
         min_replicas=autoscaling.minReplicas,
         max_replicas=autoscaling.maxReplicas,
         metrics=autoscaling.metrics or DEFAULT_HPA_METRICS,
@@ -197,9 +230,15 @@ def _hpa(meta: JSON, autoscaling: Autoscaling) -> JSON:
     )
 
 
-def _pod(placement: Placement | MooncakeMaster, containers: list[JSON], volumes: list[JSON],
-         image_pull_secrets: list[str], security_context: JSON, service_account: str | None = None,
-         termination_grace_seconds: int | None = None) -> JSON:
+def _pod(
+    placement: Placement | MooncakeMaster,
+    containers: list[JSON],
+    volumes: list[JSON],
+    image_pull_secrets: list[str],
+    security_context: JSON,
+    service_account: str | None = None,
+    termination_grace_seconds: int | None = None,
+) -> JSON:
     """A pod spec: our containers and volumes, then the tier's placement and overlay fields."""
     user_security = getattr(placement, "podSecurityContext", None) or {}
     return render_one(
@@ -275,32 +314,47 @@ def _vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router
     capabilities: JSON = {"drop": ["ALL"]}
     if transfer.add_capabilities:
         capabilities["add"] = transfer.add_capabilities
-    containers = [_overlay_container(render_one(
-        "vllm-container.yaml.j2",
-        image=tier.image or spec.image,
-        args=serve_args(epd, role, transfer),
-        env=env + transfer.env + vllm_tracing_env(epd, role),
-        ports=[container_port("http", VLLM_PORT), *transfer.ports],
-        resources=_resources(tier),
-        mounts=mounts,
-        startup_failures=STARTUP_PROBE_FAILURES,
-        pre_stop_seconds=PRE_STOP_SECONDS,
-        capabilities=capabilities,
-    ), tier)]
+    containers = [
+        _overlay_container(
+            render_one(
+                "vllm-container.yaml.j2",
+                image=tier.image or spec.image,
+                args=serve_args(epd, role, transfer),
+                env=env + transfer.env + vllm_tracing_env(epd, role),
+                ports=[container_port("http", VLLM_PORT), *transfer.ports],
+                resources=_resources(tier),
+                mounts=mounts,
+                startup_failures=STARTUP_PROBE_FAILURES,
+                pre_stop_seconds=PRE_STOP_SECONDS,
+                capabilities=capabilities,
+            ),
+            tier,
+        )
+    ]
     if role == ENCODER and spec.ecTransfer.connector == "SharedStorage":
         containers.append(_janitor_container(epd, router_image))
-    pod = _pod(tier, containers, volumes, spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP,
-               termination_grace_seconds=vllm_termination_grace_seconds(spec))
+    pod = _pod(
+        tier,
+        containers,
+        volumes,
+        spec.imagePullSecrets,
+        RUNTIME_DEFAULT_SECCOMP,
+        termination_grace_seconds=vllm_termination_grace_seconds(spec),
+    )
     name = object_name(epd, role)
     service = render_one(
-        "service.yaml.j2", **_meta(epd, name, role), annotations={}, headless=True,
+        "service.yaml.j2",
+        **_meta(epd, name, role),
+        annotations={},
+        headless=True,
         selector=selector_labels(epd, role),
         ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}, *transfer.service_ports],
     )
     mounted = {key: config[key] for key in transfer.configmap_keys}
     # Pod labels, not the Deployment's selector (immutable): a new generation rolls the pods.
-    return _workload(epd, role, tier, pod, mounted, service,
-                     own_pod_labels={GENERATION_LABEL: compatibility_generation(epd)})
+    return _workload(
+        epd, role, tier, pod, mounted, service, own_pod_labels={GENERATION_LABEL: compatibility_generation(epd)}
+    )
 
 
 def vllm_termination_grace_seconds(spec: EPDDeploymentSpec) -> int:
@@ -314,7 +368,9 @@ def _vllm_volumes(epd: EPDDeployment, role: str, transfer: TierTransfer) -> tupl
     mounts: list[JSON] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     source = epd.spec.model.source
     if source is not None:
-        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": source.pvc.claimName, "readOnly": True}})
+        volumes.append(
+            {"name": "models", "persistentVolumeClaim": {"claimName": source.pvc.claimName, "readOnly": True}}
+        )
         mounts.append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
     return volumes + transfer.volumes, mounts + transfer.mounts
 
@@ -336,25 +392,32 @@ def _janitor_container(epd: EPDDeployment, router_image: str) -> JSON:
 
 def _router_workload(epd: EPDDeployment, router_image: str) -> Workload:
     router = epd.spec.router
-    container = _overlay_container(render_one(
-        "router-container.yaml.j2",
-        image=router_image,
-        args=router_args(epd),
-        resources=_resources(router),
-        env=_router_env(router),
-        health_path=ROUTER_HEALTH_PATH,
-        liveness_path=ROUTER_LIVENESS_PATH,
-        metrics_port=ROUTER_METRICS_PORT,
-        scratch_volume=ROUTER_SCRATCH_VOLUME,
-        scratch_path=ROUTER_SCRATCH_PATH,
-    ), router)  # envFrom, volumeMounts, securityContext (its env, already in, is replaced in place)
+    container = _overlay_container(
+        render_one(
+            "router-container.yaml.j2",
+            image=router_image,
+            args=router_args(epd),
+            resources=_resources(router),
+            env=_router_env(router),
+            health_path=ROUTER_HEALTH_PATH,
+            liveness_path=ROUTER_LIVENESS_PATH,
+            metrics_port=ROUTER_METRICS_PORT,
+            scratch_volume=ROUTER_SCRATCH_VOLUME,
+            scratch_path=ROUTER_SCRATCH_PATH,
+        ),
+        router,
+    )  # envFrom, volumeMounts, securityContext (its env, already in, is replaced in place)
     security = {"runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID, **RUNTIME_DEFAULT_SECCOMP}
     scratch = {"name": ROUTER_SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}
-    pod = _pod(router, [container], [scratch], epd.spec.imagePullSecrets, security,
-               service_account=object_name(epd, ROUTER))
+    pod = _pod(
+        router, [container], [scratch], epd.spec.imagePullSecrets, security, service_account=object_name(epd, ROUTER)
+    )
     service = render_one(
-        "service.yaml.j2", **_meta(epd, router_service_name(epd), ROUTER),
-        annotations=router.service.annotations, headless=False, type=router.service.type,
+        "service.yaml.j2",
+        **_meta(epd, router_service_name(epd), ROUTER),
+        annotations=router.service.annotations,
+        headless=False,
+        type=router.service.type,
         selector=selector_labels(epd, ROUTER),
         ports=[{"name": "http", "port": router.service.port, "targetPort": "http", "protocol": "TCP"}],
     )
@@ -385,10 +448,15 @@ def _mooncake_master_workload(epd: EPDDeployment) -> Workload:
     placement = Placement(replicas=1)
     pod = _pod(master, [container], [], spec.imagePullSecrets, RUNTIME_DEFAULT_SECCOMP)
     service = render_one(
-        "service.yaml.j2", **_meta(epd, object_name(epd, MOONCAKE_MASTER), MOONCAKE_MASTER),
-        annotations={}, headless=False, type="ClusterIP",
+        "service.yaml.j2",
+        **_meta(epd, object_name(epd, MOONCAKE_MASTER), MOONCAKE_MASTER),
+        annotations={},
+        headless=False,
+        type="ClusterIP",
         selector=selector_labels(epd, MOONCAKE_MASTER),
-        ports=[{"name": "rpc", "port": MOONCAKE_MASTER_RPC_PORT, "targetPort": "rpc", "protocol": "TCP"},
-               {"name": "metrics", "port": MOONCAKE_MASTER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+        ports=[
+            {"name": "rpc", "port": MOONCAKE_MASTER_RPC_PORT, "targetPort": "rpc", "protocol": "TCP"},
+            {"name": "metrics", "port": MOONCAKE_MASTER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+        ],
     )
     return _workload(epd, MOONCAKE_MASTER, placement, pod, {}, service, pdb=False)

@@ -3,6 +3,7 @@
 The router discovers its backends by these labels and the controller finds its children by these
 names, so they are a contract: change them only together with both.
 """
+
 from __future__ import annotations
 
 from ..api.labels import (

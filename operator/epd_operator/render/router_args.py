@@ -3,6 +3,7 @@
 The flag names are those of `epd_operator.router.main`'s parser; a test renders every example
 and parses these args with that very parser.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,27 +35,43 @@ def reuse_ttl_seconds(janitor_ttl_seconds: int) -> int:
 def router_args(epd: EPDDeployment) -> list[str]:
     spec = epd.spec
     args = [
-        "--host", "0.0.0.0",
-        "--port", str(ROUTER_PORT),
-        "--metrics-port", str(ROUTER_METRICS_PORT),
-        "--discovery", "kubernetes",
-        "--namespace", epd.namespace,
-        "--encoder-selector", label_selector(epd, ENCODER),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ROUTER_PORT),
+        "--metrics-port",
+        str(ROUTER_METRICS_PORT),
+        "--discovery",
+        "kubernetes",
+        "--namespace",
+        epd.namespace,
+        "--encoder-selector",
+        label_selector(epd, ENCODER),
     ]
     if spec.prefill is not None:
         args += ["--prefill-selector", label_selector(epd, PREFILL)]
     else:
         args += ["--prefill-servers-urls", "disable"]  # E+PD: the decode tier prefills itself
     args += [
-        "--decode-selector", label_selector(epd, DECODE),
-        "--encoder-policy", spec.router.encoderPolicy,
-        "--pd-policy", spec.router.pdPolicy,
+        "--decode-selector",
+        label_selector(epd, DECODE),
+        "--encoder-policy",
+        spec.router.encoderPolicy,
+        "--pd-policy",
+        spec.router.pdPolicy,
     ]
     args += data_parallel_hints(epd)
     args += connector_hints(epd)
     trust = spec.router.trust
-    args += [flag for on, flag in ((trust.clientEmbeds, "--allow-client-embeds"), (trust.clientUUIDs, "--trust-client-uuids"),
-                                   (trust.immutableMediaURLs, "--immutable-media-urls")) if on]
+    args += [
+        flag
+        for on, flag in (
+            (trust.clientEmbeds, "--allow-client-embeds"),
+            (trust.clientUUIDs, "--trust-client-uuids"),
+            (trust.immutableMediaURLs, "--immutable-media-urls"),
+        )
+        if on
+    ]
     args += router_tracing_args(spec)
     workers = router_workers(epd)
     if workers > 1:
@@ -79,7 +96,11 @@ def data_parallel_hints(epd: EPDDeployment) -> list[str]:
             args += [f"--{role}-dp-size", str(tier.dataParallelSize)]
     consumer = spec.prefill or spec.decode
     stride = consumer.tensorParallelSize
-    if spec.ecTransfer.connector == "Mooncake" and consumer.dataParallelSize > 1 and stride != RouterConfig.ec_consumer_tp_size:
+    if (
+        spec.ecTransfer.connector == "Mooncake"
+        and consumer.dataParallelSize > 1
+        and stride != RouterConfig.ec_consumer_tp_size
+    ):
         args += ["--ec-consumer-tp-size", str(stride)]
     return args
 
@@ -92,8 +113,7 @@ def connector_hints(epd: EPDDeployment) -> list[str]:
         # shared store (evicted by the janitor, or never re-saved by an encoder that served it from
         # its memory cache) kills its engine in vLLM 0.32. Raw media plus the uuid lets it load the
         # stored embedding when present and encode locally when not.
-        return ["--rewrite", "pinned",
-                "--reuse-ttl", str(reuse_ttl_seconds(cache_ttl_seconds(ec.sharedStorage)))]
+        return ["--rewrite", "pinned", "--reuse-ttl", str(reuse_ttl_seconds(cache_ttl_seconds(ec.sharedStorage)))]
     if ec.connector == "Mooncake":
         # The router addresses each consumer's control socket as tcp://<pod IP>:<ec_port>.
         return ["--ec-consumer-port", str((ec.mooncake or Mooncake()).ecPort)]

@@ -3,6 +3,7 @@
 Templates produce YAML; structured values go in through the `json` filter (JSON is YAML flow
 syntax), so no value is ever re-indented or re-quoted by hand.
 """
+
 from __future__ import annotations
 
 import json

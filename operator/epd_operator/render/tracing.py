@@ -6,6 +6,7 @@ too, so the one endpoint serves all. vLLM's tracer provider reads the standard s
 variables; `parentbased_traceidratio` makes a tier follow the router's sampling decision (the
 traceparent the router sends) and sample requests that come without one at the same ratio.
 """
+
 from __future__ import annotations
 
 from ..api.spec import EPDDeployment, EPDDeploymentSpec

@@ -8,6 +8,7 @@ Which tier plays which role:
 Every address a peer must reach is the pod's own IP, passed as `$(POD_IP)` (the downward-API env
 the vLLM container declares first) so Kubernetes expands it in args and env alike.
 """
+
 from __future__ import annotations
 
 import json
@@ -206,7 +207,9 @@ def _add_ec_connector(epd: EPDDeployment, role: str, out: TierTransfer) -> None:
     producer = role == ENCODER
     if ec.connector == "SharedStorage":
         assert ec.sharedStorage is not None
-        out.volumes.append({"name": EC_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": ec.sharedStorage.claimName}})
+        out.volumes.append(
+            {"name": EC_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": ec.sharedStorage.claimName}}
+        )
         out.mounts.append({"name": EC_CACHE_VOLUME, "mountPath": ec.sharedStorage.path})
     elif ec.connector == "Mooncake":
         _add_mooncake(epd, role, producer, out)
@@ -214,8 +217,10 @@ def _add_ec_connector(epd: EPDDeployment, role: str, out: TierTransfer) -> None:
         assert ec.cpu is not None
         out.env.append(env_value("VLLM_USE_V2_MODEL_RUNNER", "1"))  # ECCPUConnector runs on Model Runner V2 only
         if producer:
-            out.env += [env_value("VLLM_EC_SIDE_CHANNEL_HOST", POD_IP),
-                        env_value("VLLM_EC_SIDE_CHANNEL_PORT", str(ec.cpu.sideChannelPort))]
+            out.env += [
+                env_value("VLLM_EC_SIDE_CHANNEL_HOST", POD_IP),
+                env_value("VLLM_EC_SIDE_CHANNEL_PORT", str(ec.cpu.sideChannelPort)),
+            ]
             out.ports.append(container_port("ec-side", ec.cpu.sideChannelPort))
         # The connector's region is an mmap under /dev/shm.
         out.shm_bytes = quantity_bytes(ec.cpu.bytes)
@@ -232,19 +237,36 @@ def _add_mooncake(epd: EPDDeployment, role: str, producer: bool, out: TierTransf
         out.env.append(env_value("VLLM_HOST_IP", POD_IP))
         if mooncake.crossEncoderCache:
             out.args += ["--mm-processor-cache-gb", str(MM_PROCESSOR_CACHE_GB)]
-            out.env += [env_value("VLLM_USE_V2_MODEL_RUNNER", "1"),
-                        env_value("MOONCAKE_CONFIG_PATH", f"{MOONCAKE_STORE_DIR}/{MOONCAKE_STORE_KEY}")]
-            out.volumes.append({"name": "mooncake-store", "configMap": {
-                "name": transfer_configmap_name(epd), "items": [{"key": MOONCAKE_STORE_KEY, "path": MOONCAKE_STORE_KEY}]}})
+            out.env += [
+                env_value("VLLM_USE_V2_MODEL_RUNNER", "1"),
+                env_value("MOONCAKE_CONFIG_PATH", f"{MOONCAKE_STORE_DIR}/{MOONCAKE_STORE_KEY}"),
+            ]
+            out.volumes.append(
+                {
+                    "name": "mooncake-store",
+                    "configMap": {
+                        "name": transfer_configmap_name(epd),
+                        "items": [{"key": MOONCAKE_STORE_KEY, "path": MOONCAKE_STORE_KEY}],
+                    },
+                }
+            )
             out.mounts.append({"name": "mooncake-store", "mountPath": MOONCAKE_STORE_DIR, "readOnly": True})
             out.configmap_keys.append(MOONCAKE_STORE_KEY)
     else:
-        out.ports += [container_port(f"mooncake-{i}", port) for i, port in enumerate(mooncake_consumer_ports(epd, role))]
+        out.ports += [
+            container_port(f"mooncake-{i}", port) for i, port in enumerate(mooncake_consumer_ports(epd, role))
+        ]
         # The router reads each DP rank's control address (its TP rank 0 port) from the EndpointSlices.
         tp = tier_of(epd, role).tensorParallelSize
-        out.service_ports += [{"name": f"{EC_RANK_PORT_PREFIX}{d}", "port": mooncake.ecPort + d * tp,
-                               "targetPort": f"mooncake-{d * tp}", "protocol": "TCP"}
-                              for d in range(data_parallel_size(epd, role))]
+        out.service_ports += [
+            {
+                "name": f"{EC_RANK_PORT_PREFIX}{d}",
+                "port": mooncake.ecPort + d * tp,
+                "targetPort": f"mooncake-{d * tp}",
+                "protocol": "TCP",
+            }
+            for d in range(data_parallel_size(epd, role))
+        ]
 
 
 def data_parallel_size(epd: EPDDeployment, role: str) -> int:
@@ -271,4 +293,3 @@ def _add_nixl(spec: EPDDeploymentSpec, out: TierTransfer, dp: int) -> None:
     ]
     # Each DP engine's side channel listens on the base port plus its DP index.
     out.ports += [container_port("nixl" if d == 0 else f"nixl-{d}", nixl.sideChannelPort + d) for d in range(dp)]
-

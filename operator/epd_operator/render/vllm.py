@@ -4,6 +4,7 @@ Order of the arguments: model and port, what every tier shares, the role's own f
 configs, then the user's `extraArgs` last so they win over anything generated (argparse keeps the
 last occurrence of a flag).
 """
+
 from __future__ import annotations
 
 import json
@@ -76,11 +77,14 @@ def encoder_args(epd: EPDDeployment, transfer: TierTransfer | None = None) -> li
     """E: an encode-only EC producer; it never samples, and its cache is the connector's, not prefix caching."""
     spec, tier = epd.spec, epd.spec.encoder
     transfer = transfer or tier_transfer(epd, ENCODER)
-    return (_common_args(spec, tier, ENCODER_GPU_MEMORY_UTILIZATION)
-            + ["--mm-encoder-only", "--no-enable-prefix-caching"]
-            + _max_num_batched_tokens(tier, ENCODER_MAX_NUM_BATCHED_TOKENS)
-            + encoder_performance_args(tier)
-            + transfer.args + tier.extraArgs)
+    return (
+        _common_args(spec, tier, ENCODER_GPU_MEMORY_UTILIZATION)
+        + ["--mm-encoder-only", "--no-enable-prefix-caching"]
+        + _max_num_batched_tokens(tier, ENCODER_MAX_NUM_BATCHED_TOKENS)
+        + encoder_performance_args(tier)
+        + transfer.args
+        + tier.extraArgs
+    )
 
 
 def encoder_performance_args(tier: EncoderTier) -> list[str]:
@@ -120,16 +124,26 @@ def parallel_args(tier: ConsumerTier, node: str | None = LEADER) -> list[str]:
         if node not in (LEADER, WORKER):
             raise ValueError(f"a node of a multi-node replica is {LEADER!r} or {WORKER!r}, not {node!r}")
         # The multiprocessing executor is the one vLLM spans nodes with given --nnodes (Ray needs a cluster).
-        args += ["--distributed-executor-backend", "mp", "--nnodes", str(tier.nodesPerReplica),
-                 "--node-rank", "0" if node == LEADER else f"$({LWS_WORKER_INDEX_ENV})",
-                 "--master-addr", f"$({LWS_LEADER_ADDRESS_ENV})", "--master-port", str(MULTI_NODE_MASTER_PORT)]
+        args += [
+            "--distributed-executor-backend",
+            "mp",
+            "--nnodes",
+            str(tier.nodesPerReplica),
+            "--node-rank",
+            "0" if node == LEADER else f"$({LWS_WORKER_INDEX_ENV})",
+            "--master-addr",
+            f"$({LWS_LEADER_ADDRESS_ENV})",
+            "--master-port",
+            str(MULTI_NODE_MASTER_PORT),
+        ]
         if node == WORKER:
             args.append("--headless")
     return args
 
 
-def consumer_args(epd: EPDDeployment, role: str, transfer: TierTransfer | None = None,
-                  node: str | None = None) -> list[str]:
+def consumer_args(
+    epd: EPDDeployment, role: str, transfer: TierTransfer | None = None, node: str | None = None
+) -> list[str]:
     """PD (E+PD), P and D (E/P/D): they take metadata-only `*_embeds` parts from the router.
 
     The EC and KV roles (and so the transfer flags) come from the topology: see `transfer`.
@@ -138,15 +152,19 @@ def consumer_args(epd: EPDDeployment, role: str, transfer: TierTransfer | None =
     tier = tier_of(epd, role)
     assert isinstance(tier, ConsumerTier)
     transfer = transfer or tier_transfer(epd, role)
-    return (_common_args(spec, tier)
-            + parallel_args(tier, node or LEADER)
-            + ["--enable-mm-embeds"]
-            + _max_num_batched_tokens(tier, None)
-            + transfer.args + tier.extraArgs)
+    return (
+        _common_args(spec, tier)
+        + parallel_args(tier, node or LEADER)
+        + ["--enable-mm-embeds"]
+        + _max_num_batched_tokens(tier, None)
+        + transfer.args
+        + tier.extraArgs
+    )
 
 
-def serve_args(epd: EPDDeployment, role: str, transfer: TierTransfer | None = None,
-               node: str | None = None) -> list[str]:
+def serve_args(
+    epd: EPDDeployment, role: str, transfer: TierTransfer | None = None, node: str | None = None
+) -> list[str]:
     """The container `args` of a vLLM tier (what follows `vllm serve`); `node` only for a multi-node tier."""
     if role == ENCODER:
         return encoder_args(epd, transfer)

@@ -45,11 +45,34 @@ DP_RANK_HEADER = "X-data-parallel-rank"
 class Endpoint:
     """One instance work is sent to: a backend, or one data-parallel rank (engine) of a backend."""
 
-    __slots__ = ("url", "role", "key", "origin", "prefix", "pod", "ready", "healthy", "failures", "inflight", "external_load",
-                 "ec_zmq", "generation", "rank", "rank_header", "_gauge")
+    __slots__ = (
+        "url",
+        "role",
+        "key",
+        "origin",
+        "prefix",
+        "pod",
+        "ready",
+        "healthy",
+        "failures",
+        "inflight",
+        "external_load",
+        "ec_zmq",
+        "generation",
+        "rank",
+        "rank_header",
+        "_gauge",
+    )
 
-    def __init__(self, url: str, role: str, pod: str = "", ec_zmq: str | None = None, generation: str | None = None,
-                 rank: int | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        role: str,
+        pod: str = "",
+        ec_zmq: str | None = None,
+        generation: str | None = None,
+        rank: int | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.role = role
         parts = urlsplit(self.url)
@@ -87,8 +110,9 @@ class Endpoint:
 class Pool:
     """The endpoints of one tier. `available` is a cached list: the hot path only reads it."""
 
-    def __init__(self, role: str, metrics: RouterMetrics, eject_after: int = 3, dp_size: int = 1,
-                 zmq_rank_stride: int = 1) -> None:
+    def __init__(
+        self, role: str, metrics: RouterMetrics, eject_after: int = 3, dp_size: int = 1, zmq_rank_stride: int = 1
+    ) -> None:
         self.role = role
         self.metrics = metrics
         self.eject_after = eject_after
@@ -113,8 +137,11 @@ class Pool:
                 if rank is None:
                     ec_zmq = d.ec_zmq
                 else:
-                    ec_zmq = (d.ec_zmq_ranks[rank] if rank < len(d.ec_zmq_ranks)
-                              else rank_zmq(d.ec_zmq, rank, self.zmq_rank_stride))
+                    ec_zmq = (
+                        d.ec_zmq_ranks[rank]
+                        if rank < len(d.ec_zmq_ranks)
+                        else rank_zmq(d.ec_zmq, rank, self.zmq_rank_stride)
+                    )
                 key = url if rank is None else f"{url}#dp{rank}"
                 ep = self.endpoints.get(key) or fresh.get(key)
                 if ep is None:
@@ -205,8 +232,16 @@ class Pool:
 
     def describe(self) -> list[dict]:
         return [
-            {"url": ep.url, "pod": ep.pod, "generation": ep.generation, "ready": ep.ready, "healthy": ep.healthy, "inflight": ep.inflight, "load": ep.load,
-             **({} if ep.rank is None else {"rank": ep.rank})}
+            {
+                "url": ep.url,
+                "pod": ep.pod,
+                "generation": ep.generation,
+                "ready": ep.ready,
+                "healthy": ep.healthy,
+                "inflight": ep.inflight,
+                "load": ep.load,
+                **({} if ep.rank is None else {"rank": ep.rank}),
+            }
             for ep in self.endpoints.values()
         ]
 
@@ -249,7 +284,11 @@ def scraped_queue_depths(text: bytes) -> dict[str | None, int]:
             value = float(line.rsplit(b" ", 1)[1])
         except (IndexError, ValueError):
             continue
-        engine = _ENGINE_LABEL.search(line[name_end:line.rfind(b"}") + 1]) if line[name_end:name_end + 1] == b"{" else None
+        engine = (
+            _ENGINE_LABEL.search(line[name_end : line.rfind(b"}") + 1])
+            if line[name_end : name_end + 1] == b"{"
+            else None
+        )
         key = engine.group(1).decode() if engine else None
         totals[key] = totals.get(key, 0.0) + value
     return {key: int(value) for key, value in totals.items()}
@@ -262,7 +301,12 @@ class HealthChecker:
     """Probes every endpoint's /health (ejecting and re-admitting) and scrapes /metrics for load."""
 
     def __init__(
-        self, pools: list[Pool], session: aiohttp.ClientSession, interval: float = 5.0, timeout: float = 2.0, scrape_load: bool = True
+        self,
+        pools: list[Pool],
+        session: aiohttp.ClientSession,
+        interval: float = 5.0,
+        timeout: float = 2.0,
+        scrape_load: bool = True,
     ) -> None:
         self.pools = pools
         self.session = session

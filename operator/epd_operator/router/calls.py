@@ -28,15 +28,31 @@ class BackendCalls:
         self.metrics = metrics
         self.upstream = upstream
 
-    async def exchange(self, pool: Pool, ep: Endpoint, path: str, data: bytes, headers: bytes, timeout: float, weight: int,
-                       tolerate_400: bool = False) -> bytes:
+    async def exchange(
+        self,
+        pool: Pool,
+        ep: Endpoint,
+        path: str,
+        data: bytes,
+        headers: bytes,
+        timeout: float,
+        weight: int,
+        tolerate_400: bool = False,
+    ) -> bytes:
         """POST and read a whole JSON reply (encoder, prefill) within `timeout` seconds. `weight`
         in-flight units were acquired by the caller and are released here. With `tolerate_400`
         (a metadata-only body) a 400 is retryable, not final."""
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            r = await self.upstream.request(ep.origin, "POST", ep.prefix + path, headers + ep.rank_header, data,
-                                            connect_timeout=min(self.cfg.connect_timeout, timeout), deadline=deadline)
+            r = await self.upstream.request(
+                ep.origin,
+                "POST",
+                ep.prefix + path,
+                headers + ep.rank_header,
+                data,
+                connect_timeout=min(self.cfg.connect_timeout, timeout),
+                deadline=deadline,
+            )
             try:
                 payload = await r.read(deadline)
             finally:
@@ -58,8 +74,9 @@ class BackendCalls:
         pool.record_success(ep)
         return payload
 
-    async def stream(self, ctx: RequestContext, pool: Pool, ep: Endpoint, data: bytes, headers: bytes,
-                     tolerate_400: bool) -> Reply:
+    async def stream(
+        self, ctx: RequestContext, pool: Pool, ep: Endpoint, data: bytes, headers: bytes, tolerate_400: bool
+    ) -> Reply:
         """One attempt at a generating backend, relayed to the client as it comes. Raises
         RetryableFailure only before the first byte reached the client."""
         td = time.perf_counter()
@@ -67,8 +84,15 @@ class BackendCalls:
         resp = None
         try:
             try:
-                resp = await self.upstream.request(ep.origin, "POST", ep.prefix + ctx.route, headers + ep.rank_header, data,
-                                                   connect_timeout=self.cfg.connect_timeout, idle=self.cfg.decode_timeout)
+                resp = await self.upstream.request(
+                    ep.origin,
+                    "POST",
+                    ep.prefix + ctx.route,
+                    headers + ep.rank_header,
+                    data,
+                    connect_timeout=self.cfg.connect_timeout,
+                    idle=self.cfg.decode_timeout,
+                )
             except TransportError as exc:
                 kind = "timeout" if exc.kind == "timeout" else "connect"
                 pool.record_failure(ep, kind)
@@ -107,7 +131,9 @@ class BackendCalls:
         except TransportError:
             pool.record_failure(ep, "read")
             raise RetryableFailure("read", pool.role) from None
-        out = StreamResponse(status=resp.status, headers={"Content-Type": ct, "Cache-Control": "no-cache", "x-request-id": ctx.rid})
+        out = StreamResponse(
+            status=resp.status, headers={"Content-Type": ct, "Cache-Control": "no-cache", "x-request-id": ctx.rid}
+        )
         await out.prepare(ctx.request)
         if first:
             await out.write(first)

@@ -114,8 +114,12 @@ class RouterConfig:
     def http_limits(self) -> Limits:
         from .http_messages import Limits
 
-        return Limits(head_timeout=self.header_timeout, body_timeout=self.body_timeout, keepalive=self.keepalive_timeout,
-                      send_timeout=self.send_timeout)
+        return Limits(
+            head_timeout=self.header_timeout,
+            body_timeout=self.body_timeout,
+            keepalive=self.keepalive_timeout,
+            send_timeout=self.send_timeout,
+        )
 
     def validate(self) -> None:
         problems = []
@@ -123,9 +127,14 @@ class RouterConfig:
             if not self.decode_urls:
                 problems.append("--decode-servers-urls is required")
             consumers = self.prefill_urls if self.disaggregated_prefill else self.decode_urls
-            if self.ec_consumer_zmq_addrs and len(self.ec_consumer_zmq_addrs) != len(consumers or []) * self.ec_consumer_dp_size:
-                problems.append("--ec-consumer-zmq-addrs needs one address per EC consumer (prefill in E/P/D, decode in E+PD) "
-                                "and data-parallel rank, rank-major within each consumer")
+            if (
+                self.ec_consumer_zmq_addrs
+                and len(self.ec_consumer_zmq_addrs) != len(consumers or []) * self.ec_consumer_dp_size
+            ):
+                problems.append(
+                    "--ec-consumer-zmq-addrs needs one address per EC consumer (prefill in E/P/D, decode in E+PD) "
+                    "and data-parallel rank, rank-major within each consumer"
+                )
         elif self.discovery == "kubernetes":
             if not self.decode_selector:
                 problems.append("--decode-selector is required with --discovery kubernetes")
@@ -153,7 +162,9 @@ class RouterConfig:
             from .tracing import MISSING, tracing_available
 
             if not self.otlp_traces_endpoint.startswith(("http://", "https://")):
-                problems.append("--otlp-traces-endpoint must be an http(s) URL (OTLP/HTTP), e.g. http://collector:4318/v1/traces")
+                problems.append(
+                    "--otlp-traces-endpoint must be an http(s) URL (OTLP/HTTP), e.g. http://collector:4318/v1/traces"
+                )
             elif not tracing_available():
                 problems.append(MISSING)
         if not 0 <= self.trace_sample_ratio <= 1:

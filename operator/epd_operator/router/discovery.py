@@ -27,7 +27,6 @@ from .config import EC_RANK_PORT_PREFIX, RouterConfig
 log = logging.getLogger("epd_router.discovery")
 
 
-
 def normalize_url(url: str) -> str:
     url = url.strip().rstrip("/")
     return url if "://" in url else f"http://{url}"
@@ -46,9 +45,16 @@ def static_endpoints(cfg: RouterConfig) -> dict[str, list[DiscoveredEndpoint]]:
     for role, urls in roles.items():
         addrs = cfg.ec_consumer_zmq_addrs if role == consumer_role else []
         dp = cfg.ec_consumer_dp_size
-        out[role] = [DiscoveredEndpoint(normalize_url(u), True, "", addrs[i * dp] if addrs else None,
-                                        ec_zmq_ranks=tuple(addrs[i * dp:(i + 1) * dp]) if addrs and dp > 1 else ())
-                     for i, u in enumerate(urls)]
+        out[role] = [
+            DiscoveredEndpoint(
+                normalize_url(u),
+                True,
+                "",
+                addrs[i * dp] if addrs else None,
+                ec_zmq_ranks=tuple(addrs[i * dp : (i + 1) * dp]) if addrs and dp > 1 else (),
+            )
+            for i, u in enumerate(urls)
+        ]
     return out
 
 
@@ -74,7 +80,9 @@ def slice_endpoints(eps: dict, port_name: str, default_port: int, ec_port: int |
         pod = ref.get("name", "") if ref.get("kind", "Pod") == "Pod" else ""
         zmq = f"tcp://{host}:{ec_port}" if ec_port is not None else None
         ranks = tuple(f"tcp://{host}:{p}" for p in rank_ports) if ec_port is not None else ()
-        out.append(DiscoveredEndpoint(f"http://{host}:{port}", ready, pod, ranks[0] if ranks else zmq, ec_zmq_ranks=ranks))
+        out.append(
+            DiscoveredEndpoint(f"http://{host}:{port}", ready, pod, ranks[0] if ranks else zmq, ec_zmq_ranks=ranks)
+        )
     return out
 
 
@@ -84,8 +92,8 @@ def _rank_ports(ports: list[dict]) -> list[int]:
     by_rank = {}
     for p in ports:
         name = p.get("name") or ""
-        if name.startswith(EC_RANK_PORT_PREFIX) and name[len(EC_RANK_PORT_PREFIX):].isdigit() and p.get("port"):
-            by_rank[int(name[len(EC_RANK_PORT_PREFIX):])] = p["port"]
+        if name.startswith(EC_RANK_PORT_PREFIX) and name[len(EC_RANK_PORT_PREFIX) :].isdigit() and p.get("port"):
+            by_rank[int(name[len(EC_RANK_PORT_PREFIX) :])] = p["port"]
     return [by_rank[d] for d in range(len(by_rank))] if set(by_rank) == set(range(len(by_rank))) else []
 
 
@@ -136,8 +144,16 @@ class KubernetesDiscovery:
         selectors = {role: sel for role, sel in wanted.items() if sel and role in pools}
         consumer = "prefill" if cfg.disaggregated_prefill else "decode"
         kube = Kube(lambda: load_credentials(cfg.kubeconfig))
-        return cls(kube, cfg.namespace, selectors, pools, cfg.backend_port_name, cfg.backend_port, consumer,
-                   cfg.ec_consumer_port)
+        return cls(
+            kube,
+            cfg.namespace,
+            selectors,
+            pools,
+            cfg.backend_port_name,
+            cfg.backend_port,
+            consumer,
+            cfg.ec_consumer_port,
+        )
 
     async def start(self) -> None:
         """Log in (no credentials: fail now) and list once, so the router starts with endpoints."""
@@ -146,13 +162,23 @@ class KubernetesDiscovery:
             self.namespace = login.default_namespace or "default"
         for role, selector in self.selectors.items():
             self.watches[role] = ListWatch(
-                self.kube, ENDPOINT_SLICE, self.namespace, label_selector=selector,
-                on_sync=functools.partial(self._sync, role), on_event=functools.partial(self._apply, role),
-                retry_delay=self.retry_delay)
+                self.kube,
+                ENDPOINT_SLICE,
+                self.namespace,
+                label_selector=selector,
+                on_sync=functools.partial(self._sync, role),
+                on_event=functools.partial(self._apply, role),
+                retry_delay=self.retry_delay,
+            )
             self.pod_watches[role] = ListWatch(
-                self.kube, POD, self.namespace, label_selector=selector,
-                on_sync=functools.partial(self._sync_pods, role), on_event=functools.partial(self._apply_pod, role),
-                retry_delay=self.retry_delay)
+                self.kube,
+                POD,
+                self.namespace,
+                label_selector=selector,
+                on_sync=functools.partial(self._sync_pods, role),
+                on_event=functools.partial(self._apply_pod, role),
+                retry_delay=self.retry_delay,
+            )
             for what, watch in (("Pod", self.pod_watches[role]), ("EndpointSlice", self.watches[role])):
                 try:
                     await watch.list()
@@ -207,4 +233,3 @@ class KubernetesDiscovery:
         self.pools[role].update(endpoints)
         if self.on_change is not None:
             self.on_change(role)
-

@@ -42,8 +42,15 @@ CHAT = "/v1/chat/completions"  # encoders are always called on chat: media only 
 
 
 class EncoderStage:
-    def __init__(self, config: RouterConfig, metrics: RouterMetrics, pool: Pool, picker: Picker, calls: BackendCalls,
-                 reuse: ReuseCache) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        metrics: RouterMetrics,
+        pool: Pool,
+        picker: Picker,
+        calls: BackendCalls,
+        reuse: ReuseCache,
+    ) -> None:
         self.cfg = config
         self.metrics = metrics
         self.pool = pool
@@ -85,20 +92,31 @@ class EncoderStage:
         if failed:
             self.metrics.retries.labels("encode", "encoder_failed").inc()
             if ctx.trace is not None:
-                ctx.trace.event("retry", {"epd.stage": "encode", "epd.reason": "encoder_failed", "epd.items": len(failed)})
-            failed = await self._round(ctx, [item for item, _ in failed], encoded, {item.index: ep for item, ep in failed})
+                ctx.trace.event(
+                    "retry", {"epd.stage": "encode", "epd.reason": "encoder_failed", "epd.items": len(failed)}
+                )
+            failed = await self._round(
+                ctx, [item for item, _ in failed], encoded, {item.index: ep for item, ep in failed}
+            )
         if failed:
             self.metrics.fallback_requests.labels("encoder_failed").inc()
         self.metrics.count_items("encoded", sum(1 for i in todo if i.index in encoded and encoded[i.index].metadata))
-        self.metrics.count_items("fallback", sum(1 for i in todo if not (i.index in encoded and encoded[i.index].metadata)))
+        self.metrics.count_items(
+            "fallback", sum(1 for i in todo if not (i.index in encoded and encoded[i.index].metadata))
+        )
         if self.reuse.enabled:
             for item in todo:
                 if item.index in encoded and item.content_addressed:
                     self.reuse.remember(reuse_key(body, item), encoded[item.index])
         return encoded
 
-    async def _round(self, ctx: RequestContext, items: list[MediaItem], encoded: dict[int, EncodedItem],
-                     avoid: dict[int, Endpoint | None]) -> list[tuple[MediaItem, Endpoint | None]]:
+    async def _round(
+        self,
+        ctx: RequestContext,
+        items: list[MediaItem],
+        encoded: dict[int, EncodedItem],
+        avoid: dict[int, Endpoint | None],
+    ) -> list[tuple[MediaItem, Endpoint | None]]:
         """Encode items concurrently, avoiding each one's failed encoder; returns (item, encoder) pairs that failed."""
         pool = self.pool
         targets: list[Endpoint] = []
@@ -110,14 +128,15 @@ class EncoderStage:
             if ep is None:
                 ep = self.picker.pick(ready, key)
             if ep is None:  # every encoder was ejected meanwhile: send what is left raw
-                rest: list[tuple[MediaItem, Endpoint | None]] = [(i, None) for i in items[len(targets):]]
+                rest: list[tuple[MediaItem, Endpoint | None]] = [(i, None) for i in items[len(targets) :]]
                 return rest + await self._groups(ctx, items[: len(targets)], targets, encoded)
             pool.acquire(ep)  # count it now so the next item of this request sees the load
             targets.append(ep)
         return await self._groups(ctx, items, targets, encoded)
 
-    async def _groups(self, ctx: RequestContext, items: list[MediaItem], targets: list[Endpoint],
-                      encoded: dict[int, EncodedItem]) -> list[tuple[MediaItem, Endpoint | None]]:
+    async def _groups(
+        self, ctx: RequestContext, items: list[MediaItem], targets: list[Endpoint], encoded: dict[int, EncodedItem]
+    ) -> list[tuple[MediaItem, Endpoint | None]]:
         groups = group_for_encoders(items, targets, self.cfg.encoder_max_batch)
         if len(groups) == 1:  # the usual case: awaited in place, no task per call
             ep, group = groups[0]
@@ -126,7 +145,9 @@ class EncoderStage:
             except (RetryableFailure, BackendRejection) as exc:
                 results = [exc]
         else:
-            results = await asyncio.gather(*(self._call(ctx, ep, group) for ep, group in groups), return_exceptions=True)
+            results = await asyncio.gather(
+                *(self._call(ctx, ep, group) for ep, group in groups), return_exceptions=True
+            )
         failed: list[tuple[MediaItem, Endpoint | None]] = []
         for (ep, group), result in zip(groups, results, strict=True):
             if isinstance(result, BackendRejection):
@@ -147,11 +168,15 @@ class EncoderStage:
         with ctx.trace.call("encode", ep, CHAT, {"epd.items": len(group)}) as call:
             return await self._encoder_call(ctx, ep, group, headers + call.headers)
 
-    async def _encoder_call(self, ctx: RequestContext, ep: Endpoint, group: list[MediaItem], headers: bytes) -> dict[int, EncodedItem]:
+    async def _encoder_call(
+        self, ctx: RequestContext, ep: Endpoint, group: list[MediaItem], headers: bytes
+    ) -> dict[int, EncodedItem]:
         pool = self.pool
         transfer_ids = [new_id() for _ in group]
         req = encoder_request(ctx.body, group, ctx.consumer_zmq, transfer_ids)
-        payload = await self.calls.exchange(pool, ep, CHAT, orjson.dumps(req), headers, self.cfg.encode_timeout, len(group))
+        payload = await self.calls.exchange(
+            pool, ep, CHAT, orjson.dumps(req), headers, self.cfg.encode_timeout, len(group)
+        )
         try:
             matched = match_encoder_reply(orjson.loads(payload).get("ec_transfer_params"), group)
         except (orjson.JSONDecodeError, AttributeError, EncoderReplyError) as exc:

@@ -30,7 +30,9 @@ class RetryableFailure(Exception):
     def response(self, rid: str) -> Response:
         """What the client gets once no retry is left."""
         if self.kind == "status" and self.body:
-            return Response(body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid})
+            return Response(
+                body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid}
+            )
         status = 504 if self.kind == "timeout" else 502
         return json_error(status, f"{self.role} failed ({self.kind})", rid, "upstream_error")
 
@@ -45,11 +47,14 @@ class BackendRejection(Exception):
         self.content_type = content_type
 
     def response(self, rid: str) -> Response:
-        return Response(body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid})
+        return Response(
+            body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid}
+        )
 
 
-def json_error(status: int, message: str, rid: str | None = None, err_type: str = "invalid_request_error",
-               param: str | None = None) -> Response:
+def json_error(
+    status: int, message: str, rid: str | None = None, err_type: str = "invalid_request_error", param: str | None = None
+) -> Response:
     headers = {"Content-Type": JSON}
     if rid:
         headers["x-request-id"] = rid

@@ -37,8 +37,17 @@ class BodyTooLarge(Exception):
 class HttpRequest:
     __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "http10", "_conn")
 
-    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes | None, conn: HttpConnection,
-                 keep_alive: bool = True, http10: bool = False) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        conn: HttpConnection,
+        keep_alive: bool = True,
+        http10: bool = False,
+    ) -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -59,7 +68,13 @@ class Response:
 
     __slots__ = ("status", "body", "headers")
 
-    def __init__(self, body: bytes = b"", status: int = 200, headers: dict[str, str] | None = None, content_type: str | None = None) -> None:
+    def __init__(
+        self,
+        body: bytes = b"",
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> None:
         self.status = status
         self.body = body
         self.headers = headers if headers is not None else {}

@@ -44,7 +44,9 @@ from .http_messages import render_head as _head
 log = logging.getLogger("epd_router.http")
 
 # Fields a request may carry once only: repeated, the recipients could disagree on which counts.
-_SINGLETONS = frozenset({"host", "content-length", "transfer-encoding", "content-type", "authorization", "x-request-id", "expect"})
+_SINGLETONS = frozenset(
+    {"host", "content-length", "transfer-encoding", "content-type", "authorization", "x-request-id", "expect"}
+)
 _IDLE, _HEAD, _BODY = 0, 1, 2
 
 
@@ -173,7 +175,13 @@ class HttpConnection(asyncio.Protocol):
             return
         except httptools.HttpParserError as exc:
             self.dead = True
-            status = 414 if isinstance(exc, httptools.HttpParserInvalidURLError) and self.state == _HEAD and len(self.url) > self.limits.max_line else 400
+            status = (
+                414
+                if isinstance(exc, httptools.HttpParserInvalidURLError)
+                and self.state == _HEAD
+                and len(self.url) > self.limits.max_line
+                else 400
+            )
             self._refuse(status, f"malformed request: {exc}")
             return
         state = self.state
@@ -253,8 +261,9 @@ class HttpConnection(asyncio.Protocol):
             raise _Refuse(405, "CONNECT is not served")
         target = self.url.decode("latin-1")
         path, _, query = target.partition("?")
-        self.request = request = HttpRequest(method, path, query, headers, None, self,
-                                             parser.should_keep_alive(), http10)
+        self.request = request = HttpRequest(
+            method, path, query, headers, None, self, parser.should_keep_alive(), http10
+        )
         self.state = _BODY
         self.body = None
         self.body_raw = 0
@@ -359,7 +368,9 @@ class HttpConnection(asyncio.Protocol):
                 try:
                     self._write_response(response, request.keep_alive, request.http10, request.method == "HEAD")
                 except ValueError:
-                    log.error("refused to write a reply with CR or LF in a header to %s %s", request.method, request.path)
+                    log.error(
+                        "refused to write a reply with CR or LF in a header to %s %s", request.method, request.path
+                    )
                     self._write_response(_error(500, "internal router error"), False, request.http10)
                     request.keep_alive = False
             if self.drained is not None:
@@ -453,9 +464,15 @@ class HttpConnection(asyncio.Protocol):
 __all__ = ["BodyTooLarge", "HttpConnection", "HttpRequest", "Limits", "Response", "StreamResponse", "start_server"]
 
 
-async def start_server(handler: Handler, max_body: int, *, host: str | None = None, port: int | None = None,
-                       sock: socket.socket | None = None,
-                       limits: Limits | None = None) -> asyncio.Server:
+async def start_server(
+    handler: Handler,
+    max_body: int,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    sock: socket.socket | None = None,
+    limits: Limits | None = None,
+) -> asyncio.Server:
     """Serve on `sock` (a listening socket, e.g. shared by workers) or on `host`:`port`."""
     loop = asyncio.get_running_loop()
     limits = limits or Limits()

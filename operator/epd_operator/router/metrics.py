@@ -145,7 +145,9 @@ class MultiProcessView:
                 key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "pid"))
                 per_series[key].append(s.value)
             out = Metric(family.name, family.documentation, family.type)
-            out.samples = [Sample(family.name, dict(key), float(combine(vals))) for key, vals in sorted(per_series.items())]
+            out.samples = [
+                Sample(family.name, dict(key), float(combine(vals))) for key, vals in sorted(per_series.items())
+            ]
             yield out
 
 
@@ -162,7 +164,9 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
-        self.requests = Counter("epd_router_requests", "Requests answered, by route and HTTP status", ["route", "status"], registry=reg)
+        self.requests = Counter(
+            "epd_router_requests", "Requests answered, by route and HTTP status", ["route", "status"], registry=reg
+        )
         self.stage_seconds = Histogram(
             "epd_router_stage_seconds",
             "Latency per stage: encode, prefill, decode, total, ttfb (time to first byte to the client)",
@@ -191,9 +195,14 @@ class RouterMetrics:
             multiprocess_mode="liveall",  # combined without `pid` by MultiProcessView
         )
         self.backend_errors = Counter(
-            "epd_router_backend_errors", "Failed backend calls by role, backend and kind", ["role", "backend", "kind"], registry=reg
+            "epd_router_backend_errors",
+            "Failed backend calls by role, backend and kind",
+            ["role", "backend", "kind"],
+            registry=reg,
         )
-        self.ejections = Counter("epd_router_ejections", "Backends ejected after consecutive failures", ["role", "backend"], registry=reg)
+        self.ejections = Counter(
+            "epd_router_ejections", "Backends ejected after consecutive failures", ["role", "backend"], registry=reg
+        )
         self.endpoint_up = _BackendGauge(
             AVAILABLE,
             "1 while the backend is ready and not ejected",

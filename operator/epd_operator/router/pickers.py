@@ -84,8 +84,13 @@ def _candidates(endpoints: Sequence[E], exclude: Collection[E]) -> Sequence[E]:
 class BoundedHashPicker:
     """cache-aware (key = media uuid) and prefix-aware (key = prompt prefix)."""
 
-    def __init__(self, load_factor: float = DEFAULT_LOAD_FACTOR, vnodes: int = 64, work_window: int = 1000,
-                 remembered_keys: int = 65536) -> None:
+    def __init__(
+        self,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
+        vnodes: int = 64,
+        work_window: int = 1000,
+        remembered_keys: int = 65536,
+    ) -> None:
         if load_factor < 1:
             raise ValueError("load_factor must be >= 1")
         if work_window < 1:
@@ -128,8 +133,9 @@ class BoundedHashPicker:
         key_hash = stable_hash(key or "")
         by_key = {e.key: e for e in cands}
         home = by_key.get(self._homes.get(key_hash, ""))
-        if home is not None and (len(cands) == 1 or home.load + 1 <= load_bound(
-                sum(e.load for e in cands), len(cands), self.load_factor)):
+        if home is not None and (
+            len(cands) == 1 or home.load + 1 <= load_bound(sum(e.load for e in cands), len(cands), self.load_factor)
+        ):
             self._homes.move_to_end(key_hash)
             return home
         chosen = cands[0] if len(cands) == 1 else self._place(cands, by_key, key_hash)

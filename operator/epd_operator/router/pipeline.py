@@ -66,8 +66,18 @@ class RequestContext:
 
 
 class Pipeline:
-    def __init__(self, config: RouterConfig, metrics: RouterMetrics, encoders: Pool, prefills: Pool | None, decodes: Pool,
-                 encoder_picker: Picker, pd_picker: Picker, calls: BackendCalls, reuse: ReuseCache) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        metrics: RouterMetrics,
+        encoders: Pool,
+        prefills: Pool | None,
+        decodes: Pool,
+        encoder_picker: Picker,
+        pd_picker: Picker,
+        calls: BackendCalls,
+        reuse: ReuseCache,
+    ) -> None:
         self.cfg = config
         self.metrics = metrics
         self.prefills = prefills
@@ -83,7 +93,9 @@ class Pipeline:
     async def run(self, ctx: RequestContext) -> Reply:
         auth = ctx.request.headers.get("authorization")
         # Values were decoded as latin-1 by http_server, so they go back out byte for byte.
-        ctx.common_headers = UPSTREAM_HEADERS + b"Authorization: %s\r\n" % auth.encode("latin-1") if auth else UPSTREAM_HEADERS
+        ctx.common_headers = (
+            UPSTREAM_HEADERS + b"Authorization: %s\r\n" % auth.encode("latin-1") if auth else UPSTREAM_HEADERS
+        )
         ctx.headers = ctx.common_headers + b"x-request-id: %s\r\n" % ctx.rid.encode("latin-1")
         consumers = self.prefills if self.prefills is not None else self.decodes
         ctx.key = prompt_prefix(ctx.body, ctx.items, self.cfg.prefix_chars) if self.prefix_keys else None
@@ -106,8 +118,9 @@ class Pipeline:
             # Raw items carry their uuid (SharedStorage finds a stored embedding under it); not
             # with Mooncake, whose consumer would wait for a push that nobody sends.
             if ctx.items:
-                ctx.prepared = rewrite_for_decode(ctx.body, ctx.items, ctx.encoded, pin_raw=not self.mooncake,
-                                                  embeds=self.rewrite_embeds)
+                ctx.prepared = rewrite_for_decode(
+                    ctx.body, ctx.items, ctx.encoded, pin_raw=not self.mooncake, embeds=self.rewrite_embeds
+                )
             if self.prefills is not None:
                 return await self._prefill_then_decode(ctx, self.prefills, consumer)
             return await self._pd(ctx, consumer)
@@ -142,9 +155,15 @@ class Pipeline:
         except RetryableFailure as failure:
             return failure.response(ctx.rid)
 
-    async def retry_once(self, ctx: RequestContext, pool: Pool, ep: Endpoint,
-                         attempt: Callable[[RequestContext, Endpoint, bool], Awaitable[T]], metadata_only: bool,
-                         before_retry: Callable[[], Awaitable[None]] | None = None) -> T:
+    async def retry_once(
+        self,
+        ctx: RequestContext,
+        pool: Pool,
+        ep: Endpoint,
+        attempt: Callable[[RequestContext, Endpoint, bool], Awaitable[T]],
+        metadata_only: bool,
+        before_retry: Callable[[], Awaitable[None]] | None = None,
+    ) -> T:
         """The retry policy. `attempt(ctx, ep, metadata_only)` on `ep`; after a RetryableFailure,
         once more on another instance of `pool` (or `ep` again when it is alone), after
         `before_retry`. A 400 to a metadata-only body counts as retryable, and the second
@@ -186,8 +205,16 @@ class Pipeline:
         pool = self.prefills
         assert pool is not None, "prefill in E+PD"
         pool.acquire(ep)
-        payload = await self.calls.exchange(pool, ep, ctx.route, orjson.dumps(prefill_request(ctx.prepared)), headers,
-                                            self.cfg.prefill_timeout, 1, metadata_only)
+        payload = await self.calls.exchange(
+            pool,
+            ep,
+            ctx.route,
+            orjson.dumps(prefill_request(ctx.prepared)),
+            headers,
+            self.cfg.prefill_timeout,
+            1,
+            metadata_only,
+        )
         try:
             ctx.kv = orjson.loads(payload).get("kv_transfer_params")
         except (orjson.JSONDecodeError, AttributeError):
@@ -201,8 +228,9 @@ class Pipeline:
         elif ctx._payload is not None:
             data = ctx._payload
         else:
-            data = ctx._payload = (ctx.raw if ctx.prepared is ctx.body and ctx.raw is not None
-                                   else orjson.dumps(ctx.prepared))
+            data = ctx._payload = (
+                ctx.raw if ctx.prepared is ctx.body and ctx.raw is not None else orjson.dumps(ctx.prepared)
+            )
         if ctx.trace is None:
             return await self.calls.stream(ctx, self.decodes, ep, data, ctx.headers, metadata_only)
         with ctx.trace.call("decode", ep, ctx.route) as call:

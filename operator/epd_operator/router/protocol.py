@@ -123,7 +123,9 @@ def validate_chat(body: dict) -> list:
                         param=f"messages[{i}].content[{j}]",
                     )
         elif content is not None and not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content")
+            raise BadRequest(
+                f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content"
+            )
     return messages
 
 
@@ -163,8 +165,15 @@ def refuse_router_fields(body: dict) -> None:
             raise BadRequest(f"'{key}' is set by the router, not by clients", param=key)
 
 
-def extract_media(messages: list, allow_file_urls: bool = False, *, allow_embeds: bool = False, trust_uuids: bool = False,
-                  immutable_urls: bool = False, stripped: list | None = None) -> list[MediaItem]:
+def extract_media(
+    messages: list,
+    allow_file_urls: bool = False,
+    *,
+    allow_embeds: bool = False,
+    trust_uuids: bool = False,
+    immutable_urls: bool = False,
+    stripped: list | None = None,
+) -> list[MediaItem]:
     """The request's media items. Untrusted by default: `*_embeds` parts are refused (a
     metadata-only part whose embedding is absent kills a vLLM 0.32 consumer) and a client's
     `uuid` is removed from every part (it would name the EC cache entry, so one client could
@@ -208,7 +217,9 @@ def extract_media(messages: list, allow_file_urls: bool = False, *, allow_embeds
     return items
 
 
-def group_for_encoders(items: list[MediaItem], targets: list[Any], max_batch: int = 0) -> list[tuple[Any, list[MediaItem]]]:
+def group_for_encoders(
+    items: list[MediaItem], targets: list[Any], max_batch: int = 0
+) -> list[tuple[Any, list[MediaItem]]]:
     """Batch images that share an encoder into one sub-request (at most max_batch, 0 = unlimited)."""
     groups: list[tuple[Any, list[MediaItem]]] = []
     open_batches: dict[int, list[MediaItem]] = {}
@@ -315,7 +326,9 @@ def rewrite_for_decode(
     """
     if not encoded and not (pin_raw and items):
         return body
-    audio_missing = any(carries_audio(body, i) and not (encoded.get(i.index) and encoded[i.index].metadata) for i in items)
+    audio_missing = any(
+        carries_audio(body, i) and not (encoded.get(i.index) and encoded[i.index].metadata) for i in items
+    )
     ec_items: list[dict] = []
     new_messages = []
     idx = 0

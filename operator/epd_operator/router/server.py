@@ -55,8 +55,11 @@ class Router:
         m = self.metrics
         self.encoders = Pool("encoder", m, config.eject_after)
         stride = config.ec_consumer_tp_size
-        self.prefills = (Pool("prefill", m, config.eject_after, config.prefill_dp_size, stride)
-                         if config.disaggregated_prefill else None)
+        self.prefills = (
+            Pool("prefill", m, config.eject_after, config.prefill_dp_size, stride)
+            if config.disaggregated_prefill
+            else None
+        )
         self.decodes = Pool("decode", m, config.eject_after, config.decode_dp_size, stride)
         self.pools = [p for p in (self.encoders, self.prefills, self.decodes) if p is not None]
         self.encoder_picker = make_picker(config.encoder_policy, config.load_factor)
@@ -68,8 +71,17 @@ class Router:
         # vLLM closes idle keep-alive connections after 5 s; retire ours first so a reused
         # connection is never one the server already closed.
         self.upstream = Upstream(keepalive=2.5)
-        self.pipeline = Pipeline(config, m, self.encoders, self.prefills, self.decodes, self.encoder_picker, self.pd_picker,
-                                 BackendCalls(config, m, self.upstream), self.reuse)
+        self.pipeline = Pipeline(
+            config,
+            m,
+            self.encoders,
+            self.prefills,
+            self.decodes,
+            self.encoder_picker,
+            self.pd_picker,
+            BackendCalls(config, m, self.upstream),
+            self.reuse,
+        )
         self.health: HealthChecker | None = None
         self.tracing: Tracing | None = None  # built in start() when an OTLP endpoint is set
         self._tasks: list[asyncio.Task] = []
@@ -99,8 +111,14 @@ class Router:
             return json_error(404, f"no route {request.path}")
 
         try:
-            server = await start_server(dispatch, self.cfg.max_body_bytes, host=None if sock else host, port=None if sock else port,
-                                        sock=sock, limits=self.cfg.http_limits())
+            server = await start_server(
+                dispatch,
+                self.cfg.max_body_bytes,
+                host=None if sock else host,
+                port=None if sock else port,
+                sock=sock,
+                limits=self.cfg.http_limits(),
+            )
         except BaseException:
             await self.stop()
             raise
@@ -164,8 +182,14 @@ class Router:
 
     def _chat_media(self, body: dict, stripped: list) -> list[MediaItem]:
         cfg = self.cfg
-        return extract_media(validate_chat(body), cfg.allow_file_urls, allow_embeds=cfg.allow_client_embeds,
-                             trust_uuids=cfg.trust_client_uuids, immutable_urls=cfg.immutable_media_urls, stripped=stripped)
+        return extract_media(
+            validate_chat(body),
+            cfg.allow_file_urls,
+            allow_embeds=cfg.allow_client_embeds,
+            trust_uuids=cfg.trust_client_uuids,
+            immutable_urls=cfg.immutable_media_urls,
+            stripped=stripped,
+        )
 
     def _completion_media(self, body: dict, stripped: list) -> list[MediaItem]:
         validate_completion(body)
@@ -173,13 +197,17 @@ class Router:
             raise BadRequest("prompt_embeds are not accepted from clients by this router", param="prompt_embeds")
         return []  # /v1/completions carries text only: no encoder work
 
-    async def _serve(self, request: HttpRequest, route: str, media_of: Callable[[dict, list], list[MediaItem]]) -> Reply:
+    async def _serve(
+        self, request: HttpRequest, route: str, media_of: Callable[[dict, list], list[MediaItem]]
+    ) -> Reply:
         t0 = time.perf_counter()
         rid = request.headers.get("x-request-id")
         if rid is None:
             rid = new_id()
         elif not _REQUEST_ID(rid):
-            return self._answered(route, json_error(400, "x-request-id must be 1 to 256 visible ASCII characters", new_id()))
+            return self._answered(
+                route, json_error(400, "x-request-id must be 1 to 256 visible ASCII characters", new_id())
+            )
         trace = self.tracing.start(request, route, rid) if self.tracing is not None else None
         stripped: list = []
         try:
@@ -205,8 +233,9 @@ class Router:
                 trace.end(500, "router_error")
             raise
 
-    def _answered(self, route: str, response: Reply, t0: float | None = None,
-                  trace: RequestTrace | None = None) -> Reply:
+    def _answered(
+        self, route: str, response: Reply, t0: float | None = None, trace: RequestTrace | None = None
+    ) -> Reply:
         self.metrics.count_request(route, response.status)
         if trace is not None:
             trace.end(response.status)
@@ -214,7 +243,9 @@ class Router:
             elapsed = time.perf_counter() - t0
             self.metrics.observe_stage("total", elapsed)
             if self.cfg.log_requests:
-                log.info("%s %s %d %.1f ms", response.headers.get("x-request-id"), route, response.status, elapsed * 1e3)
+                log.info(
+                    "%s %s %d %.1f ms", response.headers.get("x-request-id"), route, response.status, elapsed * 1e3
+                )
         return response
 
     async def models(self, request: HttpRequest) -> Reply:
@@ -223,7 +254,9 @@ class Router:
             rid = new_id()
         pool = self.decodes
         if not pool.available:
-            return self._answered("/v1/models", json_error(503, "no decode endpoint available", rid, "service_unavailable"))
+            return self._answered(
+                "/v1/models", json_error(503, "no decode endpoint available", rid, "service_unavailable")
+            )
         ep = pool.available[0]
         headers = {"x-request-id": rid, "Accept-Encoding": "identity"}
         if "authorization" in request.headers:
@@ -237,8 +270,12 @@ class Router:
                 status = r.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             pool.record_failure(ep, "connect")
-            return self._answered("/v1/models", json_error(502, f"decode /v1/models failed: {exc}", rid, "upstream_error"))
-        return self._answered("/v1/models", Response(body=data, status=status, headers={"Content-Type": ct, "x-request-id": rid}))
+            return self._answered(
+                "/v1/models", json_error(502, f"decode /v1/models failed: {exc}", rid, "upstream_error")
+            )
+        return self._answered(
+            "/v1/models", Response(body=data, status=status, headers={"Content-Type": ct, "x-request-id": rid})
+        )
 
     async def health_report(self, request: HttpRequest) -> Response:
         report = {

@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 _TRACE_HEADERS = ("traceparent", "tracestate")
 # OpenAI routes as GenAI operations (semantic conventions: gen_ai.operation.name).
 _OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}
-MISSING = ("--otlp-traces-endpoint needs the OpenTelemetry SDK and its OTLP/HTTP exporter: "
-           "pip install 'epd-operator[tracing]' (the operator image has them)")
+MISSING = (
+    "--otlp-traces-endpoint needs the OpenTelemetry SDK and its OTLP/HTTP exporter: "
+    "pip install 'epd-operator[tracing]' (the operator image has them)"
+)
 
 
 def tracing_available() -> bool:
@@ -57,8 +59,10 @@ class Tracing:
         except ImportError as exc:
             raise RuntimeError(MISSING) from exc
         # A client's sampling decision stands; requests without one are sampled at `sample_ratio`.
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name, "service.version": __version__}),
-                                       sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": service_name, "service.version": __version__}),
+            sampler=ParentBased(TraceIdRatioBased(sample_ratio)),
+        )
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
         self.tracer = self.provider.get_tracer("epd_operator.router", __version__)
         self.propagator = TraceContextTextMapPropagator()
@@ -70,9 +74,19 @@ class Tracing:
         headers = request.headers
         carrier = {name: headers[name] for name in _TRACE_HEADERS if name in headers}
         parent = self.propagator.extract(carrier) if carrier else None
-        span = self.tracer.start_span(f"{request.method} {route}", context=parent, kind=self.SERVER, attributes={
-            "http.request.method": request.method, "http.route": route, "url.path": request.path, "url.scheme": "http",
-            "gen_ai.operation.name": _OPERATIONS.get(route, route), "epd.request_id": rid})
+        span = self.tracer.start_span(
+            f"{request.method} {route}",
+            context=parent,
+            kind=self.SERVER,
+            attributes={
+                "http.request.method": request.method,
+                "http.route": route,
+                "url.path": request.path,
+                "url.scheme": "http",
+                "gen_ai.operation.name": _OPERATIONS.get(route, route),
+                "epd.request_id": rid,
+            },
+        )
         return RequestTrace(self, span)
 
     def shutdown(self) -> None:
@@ -126,8 +140,14 @@ class CallSpan:
     def __init__(self, trace: RequestTrace, stage: str, ep: Endpoint, path: str, attributes: dict) -> None:
         tracing = trace.tracing
         origin = urlsplit(ep.origin)
-        attrs = {"http.request.method": "POST", "server.address": origin.hostname or "", "server.port": origin.port or 80,
-                 "url.full": ep.origin + ep.prefix + path, "epd.stage": stage, **attributes}
+        attrs = {
+            "http.request.method": "POST",
+            "server.address": origin.hostname or "",
+            "server.port": origin.port or 80,
+            "url.full": ep.origin + ep.prefix + path,
+            "epd.stage": stage,
+            **attributes,
+        }
         if trace.model is not None:
             attrs["gen_ai.request.model"] = trace.model
         self.span = tracing.tracer.start_span(stage, context=trace.context, kind=tracing.CLIENT, attributes=attrs)

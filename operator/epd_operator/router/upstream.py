@@ -44,8 +44,27 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection. llhttp parses in data_received; the reader coroutine
     waits for the head, then takes body bytes from `body`."""
 
-    __slots__ = ("loop", "transport", "eof", "error", "waiter", "paused", "idle_since", "parser", "status", "headers",
-                 "head_done", "head_bytes", "body", "complete", "keep_alive", "interim", "bad", "stray", "received")
+    __slots__ = (
+        "loop",
+        "transport",
+        "eof",
+        "error",
+        "waiter",
+        "paused",
+        "idle_since",
+        "parser",
+        "status",
+        "headers",
+        "head_done",
+        "head_bytes",
+        "body",
+        "complete",
+        "keep_alive",
+        "interim",
+        "bad",
+        "stray",
+        "received",
+    )
 
     # Set by connection_made, which create_connection runs before it hands the connection out.
     transport: asyncio.Transport
@@ -213,7 +232,9 @@ class BackendReply:
 
     __slots__ = ("status", "headers", "_conn", "_pool", "_until_close", "_done", "_idle")
 
-    def __init__(self, status: int, headers: dict[str, str], conn: _Connection, pool: _OriginPool, idle: float | None) -> None:
+    def __init__(
+        self, status: int, headers: dict[str, str], conn: _Connection, pool: _OriginPool, idle: float | None
+    ) -> None:
         self.status = status
         self.headers = headers  # lower-case names
         self._conn: _Connection | None = conn  # None once released or closed
@@ -221,7 +242,9 @@ class BackendReply:
         self._idle = idle  # longest silence while reading, None = wait forever
         # No length and not chunked: the body runs until the backend closes (llhttp cannot
         # tell that end from a cut, so this reply's connection is never reused).
-        self._until_close = "content-length" not in headers and "transfer-encoding" not in headers and status not in (204, 304)
+        self._until_close = (
+            "content-length" not in headers and "transfer-encoding" not in headers and status not in (204, 304)
+        )
         self._done = False
 
     @property
@@ -282,7 +305,14 @@ class BackendReply:
         if conn is None:
             return
         pool = self._pool
-        if self._done and conn.complete and conn.keep_alive and not self._until_close and conn.usable and not pool.closed:
+        if (
+            self._done
+            and conn.complete
+            and conn.keep_alive
+            and not self._until_close
+            and conn.usable
+            and not pool.closed
+        ):
             conn.parser = None
             now = conn.idle_since = conn.loop.time()
             idle = pool.idle
@@ -342,23 +372,39 @@ class Upstream:
                 conn.abort()
         try:
             async with asyncio.timeout(connect_timeout):
-                _, conn = await loop.create_connection(lambda: _Connection(loop), pool.host, pool.port,
-                                                       ssl=_tls_context() if pool.tls else None)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop), pool.host, pool.port, ssl=_tls_context() if pool.tls else None
+                )
         except TimeoutError:
             raise TransportError("timeout", f"connecting to {pool.host}:{pool.port}") from None
         except OSError as exc:
             raise TransportError("connect", str(exc)) from None
         return conn
 
-    async def request(self, origin: str, method: str, path: str, headers: bytes, body: bytes = b"", *,
-                      connect_timeout: float | None = None, deadline: float | None = None, idle: float | None = None) -> BackendReply:
+    async def request(
+        self,
+        origin: str,
+        method: str,
+        path: str,
+        headers: bytes,
+        body: bytes = b"",
+        *,
+        connect_timeout: float | None = None,
+        deadline: float | None = None,
+        idle: float | None = None,
+    ) -> BackendReply:
         """Send a request and wait for the reply's head. `headers`: preformatted `Name: value\\r\\n`
         lines (no Host, no Content-Length). `deadline` (loop time) bounds the wait for the head;
         `idle` bounds each silence while reading the head and, later, the body."""
         pool = self._pool(origin)
         conn = await self._connection(pool, connect_timeout)
         head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
-            method.encode(), path.encode(), pool.host_header, len(body), headers)
+            method.encode(),
+            path.encode(),
+            pool.host_header,
+            len(body),
+            headers,
+        )
         conn.begin()
         try:
             if len(body) < 65536:

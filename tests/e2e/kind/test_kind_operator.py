@@ -6,6 +6,7 @@ otherwise. `EPD_KIND_CLUSTER=<name>` reuses an existing kind cluster instead of 
 deleting) a throwaway one. vLLM pods cannot become ready without GPUs and model weights, so the
 checks stop at what the operator controls: objects, owner references, status and events.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,11 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.kind, pytest.mark.timeout(1800),
-              pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
+pytestmark = [
+    pytest.mark.kind,
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(_missing() is not None, reason=_missing() or ""),
+]
 
 
 def sh(*cmd: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 600) -> str:
@@ -79,9 +83,25 @@ def operator_installed(kube_env: dict[str, str]) -> Iterator[dict[str, str]]:
     sh("docker", "build", "-t", IMAGE, "-f", "images/operator/Dockerfile", str(REPO), timeout=1200)
     sh("kind", "load", "docker-image", IMAGE, "--name", kube_env["_KIND_CLUSTER"], timeout=600)
     repository, tag = IMAGE.split(":")
-    sh(helm, "install", "epd-operator", str(REPO / "charts" / "epd-operator"), "--namespace", "epd-system",
-       "--create-namespace", "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-       "--set", "image.pullPolicy=Never", "--wait", "--timeout", "5m", env=kube_env)
+    sh(
+        helm,
+        "install",
+        "epd-operator",
+        str(REPO / "charts" / "epd-operator"),
+        "--namespace",
+        "epd-system",
+        "--create-namespace",
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
+        "--set",
+        "image.pullPolicy=Never",
+        "--wait",
+        "--timeout",
+        "5m",
+        env=kube_env,
+    )
     sh("kubectl", "create", "namespace", NAMESPACE, env=kube_env)
     yield kube_env
     subprocess.run([helm, "uninstall", "epd-operator", "--namespace", "epd-system"], env=kube_env, capture_output=True)
@@ -107,13 +127,16 @@ def test_an_example_becomes_owned_tiers_with_status_and_is_collected_on_delete(o
 
     def status() -> dict:
         return get_json(env, "epd", name).get("status", {})
+
     wait_for(lambda: status().get("observedGeneration") == 1, what="the operator to reconcile the example")
     epd = get_json(env, "epd", name)
     assert status()["topology"] == "E/P/D"
     assert {c["type"] for c in status()["conditions"]} == {"Ready", "Progressing", "Degraded", "SpecValid"}
 
     deployments = get_json(env, "deployments", "-l", f"app.kubernetes.io/instance={name}")["items"]
-    assert {d["metadata"]["name"] for d in deployments} == {f"{name}-{t}" for t in ("encoder", "prefill", "decode", "router")}
+    assert {d["metadata"]["name"] for d in deployments} == {
+        f"{name}-{t}" for t in ("encoder", "prefill", "decode", "router")
+    }
     for dep in deployments:
         assert dep["metadata"]["ownerReferences"][0]["uid"] == epd["metadata"]["uid"]
     hpa = get_json(env, "hpa", f"{name}-encoder")
@@ -122,5 +145,7 @@ def test_an_example_becomes_owned_tiers_with_status_and_is_collected_on_delete(o
     assert table.split()[:6] == ["NAME", "TOPOLOGY", "ENCODER", "PREFILL", "DECODE", "PHASE"]
 
     sh("kubectl", "delete", "epd", name, "-n", NAMESPACE, "--wait=true", env=env)
-    wait_for(lambda: not get_json(env, "deployments", "-l", f"app.kubernetes.io/instance={name}")["items"],
-             what="garbage collection of the tiers")
+    wait_for(
+        lambda: not get_json(env, "deployments", "-l", f"app.kubernetes.io/instance={name}")["items"],
+        what="garbage collection of the tiers",
+    )
