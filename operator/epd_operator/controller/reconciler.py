@@ -12,6 +12,7 @@ it), and writes only differences. Watch events, the resync timer and a restart a
   child Deployment or HPA gets a FULL pass at once;
 - every `resync_seconds` -> a FULL pass for every known EPDDeployment.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -77,15 +78,29 @@ def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> di
         hpa = live_by_key.get(("HorizontalPodAutoscaler", name))
         planned = obj.get("spec", {}).get("replicas")
         if planned is None:
-            planned = next((o["spec"].get("minReplicas", 1) for o in objects
-                            if apply.key_of(o) == ("HorizontalPodAutoscaler", name)), 1)
+            planned = next(
+                (
+                    o["spec"].get("minReplicas", 1)
+                    for o in objects
+                    if apply.key_of(o) == ("HorizontalPodAutoscaler", name)
+                ),
+                1,
+            )
         tiers[role] = status_rules.TierInput(live_by_key.get((obj["kind"], name)), hpa, planned)
     return tiers
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, metrics: Metrics, *, identity: str, resync_seconds: float = 120.0,
-                 workers: int = 4, router_image: str = DEFAULT_ROUTER_IMAGE):
+    def __init__(
+        self,
+        kube: Kube,
+        metrics: Metrics,
+        *,
+        identity: str,
+        resync_seconds: float = 120.0,
+        workers: int = 4,
+        router_image: str = DEFAULT_ROUTER_IMAGE,
+    ):
         self.kube = kube
         self.router_image = router_image
         self.metrics = metrics
@@ -124,7 +139,9 @@ class Reconciler:
         self.cache.observe(event_type, body)
         meta = body["metadata"]
         instance = meta.get("labels", {}).get(INSTANCE_LABEL)
-        owned = any(ref.get("kind") == KIND and ref.get("name") == instance for ref in meta.get("ownerReferences") or [])
+        owned = any(
+            ref.get("kind") == KIND and ref.get("name") == instance for ref in meta.get("ownerReferences") or []
+        )
         if owned and (meta["namespace"], instance) in self.known:
             self.queue.add((meta["namespace"], instance), FULL if event_type == "DELETED" else STATUS)
 
@@ -194,8 +211,13 @@ class Reconciler:
                 delay = self.queue.retry(key, level)
                 self.metrics.errors.labels(kind=kind).inc()
                 self.metrics.reconciles.labels(kind=kind, result="error").inc()
-                log.warning("reconcile of %s/%s failed (retry in %.1fs): %s", *key, delay, failure(exc),
-                            exc_info=not isinstance(exc, REQUEST_ERRORS))
+                log.warning(
+                    "reconcile of %s/%s failed (retry in %.1fs): %s",
+                    *key,
+                    delay,
+                    failure(exc),
+                    exc_info=not isinstance(exc, REQUEST_ERRORS),
+                )
                 await self._report_failure(key, exc)
             else:
                 self.queue.succeeded(key)
@@ -261,15 +283,25 @@ class Reconciler:
             refused = status_rules.standing_refusal(previous, meta.get("generation"))
         tiers = tier_inputs(objects, live)
         self._explain_unready(namespace, name, tiers)
-        generations = status_rules.generations(self.cache.pods(namespace, name, {}),
-                                               compatibility_generation(epd) if errors is None else None)
+        generations = status_rules.generations(
+            self.cache.pods(namespace, name, {}), compatibility_generation(epd) if errors is None else None
+        )
         new = status_rules.derive_status(
-            tiers=tiers, topology=topology, endpoint=endpoint, observed_generation=observed,
-            spec_errors=errors, previous=previous, now=utcnow(), refused=refused, generations=generations)
+            tiers=tiers,
+            topology=topology,
+            endpoint=endpoint,
+            observed_generation=observed,
+            spec_errors=errors,
+            previous=previous,
+            now=utcnow(),
+            refused=refused,
+            generations=generations,
+        )
         await self._publish(body, previous, new)
         self.metrics.set_phase(namespace, name, new.phase)
-        self.metrics.set_generations(namespace, name, {g.name: {tier: g.readyPods.get(tier, 0) for tier in g.pods}
-                                                       for g in generations})
+        self.metrics.set_generations(
+            namespace, name, {g.name: {tier: g.readyPods.get(tier, 0) for tier in g.pods} for g in generations}
+        )
         if full:
             self._reconciled[key] = (meta["uid"], meta.get("generation"))
         return "invalid" if errors else "success"
@@ -287,7 +319,9 @@ class Reconciler:
             if reason:
                 tiers[role] = dataclasses.replace(tier, unschedulable=reason)
 
-    async def _converge(self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _converge(
+        self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         meta = body["metadata"]
         for step in todo.applies:
             if step.why == "drift":
@@ -306,8 +340,9 @@ class Reconciler:
             await post_event(self.kube, body, "Normal", "Applied", "; ".join(applied), instance=self.identity)
         if todo.prunes:
             pruned = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in todo.prunes)
-            await post_event(self.kube, body, "Normal", "Pruned", f"{pruned} deleted (no longer in the spec)",
-                             instance=self.identity)
+            await post_event(
+                self.kube, body, "Normal", "Pruned", f"{pruned} deleted (no longer in the spec)", instance=self.identity
+            )
         merged = {apply.key_of(obj): obj for obj in live}
         for obj_key, current in touched.items():
             if current is None:
@@ -316,8 +351,9 @@ class Reconciler:
                 merged[obj_key] = current
         return list(merged.values())
 
-    async def _publish(self, body: dict[str, Any], previous: EPDDeploymentStatus | None,
-                       new: EPDDeploymentStatus) -> None:
+    async def _publish(
+        self, body: dict[str, Any], previous: EPDDeploymentStatus | None, new: EPDDeploymentStatus
+    ) -> None:
         document = status_rules.status_document(new)
         if previous is not None and status_rules.status_document(previous) == document:
             return  # steady state: nothing changed, nothing written
