@@ -39,8 +39,12 @@ THRESHOLD = 90.0
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "render": (
         ["render/transfer.py", "render/vllm.py"],
-        ["tests/unit/test_render.py", "tests/unit/test_render_transfer.py", "tests/unit/test_render_vllm.py",
-         "tests/unit/test_render_parallel.py"],
+        [
+            "tests/unit/test_render.py",
+            "tests/unit/test_render_transfer.py",
+            "tests/unit/test_render_vllm.py",
+            "tests/unit/test_render_parallel.py",
+        ],
     ),
     "router": (
         ["router/pickers.py", "router/protocol.py", "router/reuse.py"],
@@ -55,8 +59,13 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "controller": (
         ["controller/apply.py", "controller/status.py"],
-        ["tests/unit/test_operator_apply.py", "tests/unit/test_operator_status.py", "tests/unit/test_controller_apply.py",
-         "tests/unit/test_controller_status.py", "tests/unit/test_operator_generations.py"],
+        [
+            "tests/unit/test_operator_apply.py",
+            "tests/unit/test_operator_status.py",
+            "tests/unit/test_controller_apply.py",
+            "tests/unit/test_controller_status.py",
+            "tests/unit/test_operator_generations.py",
+        ],
     ),
     "api": (
         ["api/rules.py", "api/validation.py"],
@@ -177,7 +186,8 @@ def explain(module: str, name: str, diff: str, explanations: list[dict]) -> dict
         if entry["module"] != module or entry["function"] != func:
             continue
         if ("line" in entry and entry["line"].strip() in removed) or (
-                "mutated" in entry and entry["mutated"].strip() in added):
+            "mutated" in entry and entry["mutated"].strip() in added
+        ):
             return entry
     return None
 
@@ -188,8 +198,10 @@ def score(killed: int, total: int) -> float:
 
 def source_state(groups: list[str]) -> dict:
     """The commit the mutated code was copied at, and whether the working tree differed from it there."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
     modules = [f"operator/epd_operator/{m}" for g in groups for m in GROUPS[g][0]]
     return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", *modules))}
 
@@ -251,8 +263,11 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
                 out += ["  ```", ""]
     if unexplained:
         ok = False
-    out.insert(4, f"Per group: {'; '.join(summary)}. Survivors: {kinds['equivalent']} equivalent, {kinds['gap']} known "
-                  f"gaps, {unexplained} unexplained.")
+    out.insert(
+        4,
+        f"Per group: {'; '.join(summary)}. Survivors: {kinds['equivalent']} equivalent, {kinds['gap']} known "
+        f"gaps, {unexplained} unexplained.",
+    )
     out.insert(5, "")
     return "\n".join(out).rstrip() + "\n", ok
 
