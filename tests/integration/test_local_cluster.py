@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from epd_operator.kube import ApiError
 from epd_operator.local import k8s_binaries
 from epd_operator.local.cluster import NEWEST, LocalCluster
 
@@ -97,3 +100,19 @@ def test_fake_nodes_carry_gpu_capacity_labels_and_taints_a_test_chooses(k8s: Loc
         assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in got["spec"]["taints"]
     finally:
         k8s.remove_node("a100-node")
+
+
+def test_requests_go_as_the_admin_unless_they_name_a_service_accounts_token(k8s: LocalCluster, kube):
+    # A bound token from a real TokenRequest, then the same read as that account and as the admin:
+    # the account has no RBAC grants, so the server refuses it and says who asked.
+    kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody"}})
+    token = k8s.service_account_token(kube.ns, "nobody")
+    path = f"/api/v1/namespaces/{kube.ns}/configmaps"
+    status, body = kube.request("GET", path, token=token)
+    assert status == 403
+    assert body["reason"] == "Forbidden"
+    assert f"system:serviceaccount:{kube.ns}:nobody" in body["message"]
+    with pytest.raises(ApiError) as refused:
+        k8s.request("GET", path, token=token)
+    assert refused.value.status == 403 and refused.value.reason == "Forbidden"
+    assert k8s.request("GET", path)["kind"] == "ConfigMapList"

@@ -15,7 +15,6 @@ import os
 import subprocess
 import tempfile
 import time
-import urllib.error
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_operator.kube import Credentials, load_credentials
+from epd_operator.kube import ApiError, Credentials, load_credentials
 from epd_operator.local.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,12 +88,8 @@ class KubeView:
         """One request; returns (HTTP status, decoded body) whatever the status."""
         try:
             return 200, self.cluster.request(method, path, body, content_type=content_type, token=token)
-        except urllib.error.HTTPError as exc:
-            text = exc.read()
-            try:
-                return exc.code, json.loads(text)
-            except ValueError:
-                return exc.code, text.decode(errors="replace")
+        except ApiError as exc:
+            return exc.status, exc.body
 
     def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         status, answer = self.request(method, path, body, **kw)

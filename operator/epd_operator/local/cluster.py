@@ -17,27 +17,22 @@ a crashed run leaves nothing listening.
 from __future__ import annotations
 
 import base64
-import contextlib
 import ctypes
 import dataclasses
-import json
 import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from .cluster_api import ClusterApi, ClusterError
 from .cluster_pki import ADMIN_TOKEN_USER, kubeconfig, make_pki
 from .fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, FakeNode
 from .k8s_binaries import NEWEST, OLDEST, binaries, log
@@ -75,10 +70,6 @@ CONTROLLERS = tuple(
 )
 
 
-class ClusterError(RuntimeError):
-    pass
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -88,11 +79,13 @@ def free_port() -> int:
 # ------------------------------------------------------------------------------------ processes
 
 _PR_SET_PDEATHSIG = 1
+# Loaded here, not in the child: the client library's thread may be running when we fork, and a
+# dlopen in the child could wait forever on a lock that thread held at the fork.
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.setpgrp()  # a Ctrl-C in the terminal reaches the supervisor, which stops us in order
 
 
@@ -131,7 +124,7 @@ class Component:
             self.process.wait()
 
 
-class LocalCluster:
+class LocalCluster(ClusterApi):
     """Start, use and stop one local control plane. Use as a context manager."""
 
     def __init__(
@@ -150,9 +143,9 @@ class LocalCluster:
         self._owned_dir = workdir is None
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="epd-cluster-"))
         self.pki = self.dir / "pki"
-        self.admin_token = base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
         self.port = free_port()
-        self.server = f"https://127.0.0.1:{self.port}"
+        admin_token = base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
+        super().__init__(f"https://127.0.0.1:{self.port}", self.pki / "ca.crt", admin_token)
         self.kubeconfig_path = self.dir / "kubeconfig"
         self.components: list[Component] = []
         self.bin: Path | None = None
@@ -184,10 +177,11 @@ class LocalCluster:
             self._start_controllers()
             self.add_nodes(*self.nodes)
             self._wait_for_service_account("default", "default", 30)
-            self._wait_for_schedulable_nodes(30)
+            self._wait_for_schedulable_nodes((n.name for n in self.nodes), 30)
         log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
 
     def stop(self) -> None:
+        self.close_api()
         for component in reversed(self.components):
             component.stop()
         self.components.clear()
@@ -364,115 +358,6 @@ class LocalCluster:
                 f"127.0.0.1:{free_port()}",
             ],
         )
-
-    # -------------------------------------------------------------- API helpers (admin)
-
-    def _ssl(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        content_type: str = "application/json",
-        token: str | None = None,
-    ) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.server + path,
-            data=data,
-            method=method,
-            headers={
-                "Authorization": f"Bearer {token or self.admin_token}",
-                "Content-Type": content_type,
-                "Accept": "application/json",
-            },
-        )
-        with urllib.request.urlopen(req, context=self._ssl(), timeout=30) as resp:
-            text = resp.read()
-        return json.loads(text) if text else None
-
-    def _wait_ready(self, path: str, what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                req = urllib.request.Request(
-                    self.server + path, headers={"Authorization": f"Bearer {self.admin_token}"}
-                )
-                with urllib.request.urlopen(req, context=self._ssl(), timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError) as exc:
-                last = str(exc)
-            time.sleep(0.2)
-        raise ClusterError(f"{what} not ready after {timeout:.0f} s: {last}")
-
-    def _wait_for_service_account(self, namespace: str, name: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.check_alive()
-            with contextlib.suppress(urllib.error.HTTPError):
-                self.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}")
-                return
-            time.sleep(0.2)
-        raise ClusterError(f"the serviceaccount controller did not create {namespace}/{name} in {timeout:.0f} s")
-
-    def _wait_for_schedulable_nodes(self, timeout: float) -> None:
-        """Nodes are created with the not-ready taint; the node lifecycle controller lifts it once
-        kwok reports them Ready."""
-        deadline = time.monotonic() + timeout
-        names = {n.name for n in self.nodes}
-        while time.monotonic() < deadline:
-            self.check_alive()
-            nodes = [n for n in self.request("GET", "/api/v1/nodes")["items"] if n["metadata"]["name"] in names]
-            if len(nodes) == len(names) and not any(
-                t["key"].startswith("node.kubernetes.io/") for n in nodes for t in n["spec"].get("taints") or []
-            ):
-                return
-            time.sleep(0.2)
-        raise ClusterError(f"the fake nodes were not Ready and untainted after {timeout:.0f} s")
-
-    def apply(self, obj: dict[str, Any], *, field_manager: str = "epd-local-cluster") -> Any:
-        """Server-side apply of a cluster-scoped or namespaced core/apps object (admin)."""
-        api = obj["apiVersion"]
-        prefix = f"/api/{api}" if "/" not in api else f"/apis/{api}"
-        plural = {"Node": "nodes", "Namespace": "namespaces"}.get(obj["kind"]) or obj["kind"].lower() + "s"
-        ns = obj["metadata"].get("namespace")
-        path = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
-        return self.request(
-            "PATCH",
-            f"{path}/{obj['metadata']['name']}?fieldManager={field_manager}&force=true",
-            obj,
-            content_type="application/apply-patch+yaml",
-        )
-
-    def add_nodes(self, *nodes: FakeNode) -> None:
-        for node in nodes:
-            self.apply(node.manifest())
-            # Capacity is status: a node's own status is set by its kubelet (here: kwok keeps it, we seed it).
-            self.request(
-                "PATCH",
-                f"/api/v1/nodes/{node.name}/status",
-                {"status": node.manifest()["status"]},
-                content_type="application/merge-patch+json",
-            )
-
-    def remove_node(self, name: str) -> None:
-        with contextlib.suppress(urllib.error.HTTPError):
-            self.request("DELETE", f"/api/v1/nodes/{name}")
-
-    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
-        """A bound token for a ServiceAccount (TokenRequest), as a pod would mount it."""
-        review = self.request(
-            "POST",
-            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}},
-        )
-        return str(review["status"]["token"])
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
         path.write_text(
