@@ -1,6 +1,6 @@
 """The `epd-router` command line: where its backends are and what it must know about the connectors.
 
-The flag names are those of `epd_operator.router.main`'s parser; a test renders every example
+The flag names are those of `epd_operator.router.flags`'s parser; a test renders every example
 and parses these args with that very parser.
 """
 

@@ -1,4 +1,4 @@
-"""Router settings, filled from the command line (main.py) or directly by tests."""
+"""Router settings, filled from the command line (flags.py) or directly by tests."""
 
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
-"""`epd-router`: command line, event loop, worker processes.
+"""`epd-router`: the process, its event loop and, with `--workers` > 1, the supervisor of its workers.
 
-The flags of vLLM's `disagg_epd_proxy.py` work unchanged (`--host`, `--port`,
-`--encode-servers-urls`, `--prefill-servers-urls`, `--decode-servers-urls`,
-`--ec-consumer-zmq-addrs`); the rest is ours.
+The flags and the `RouterConfig` they give are `router.flags` (`build_parser` and `config_from_args`,
+re-exported here for the tests and benchmarks that build a router's config from a command line).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import multiprocessing
@@ -21,271 +19,17 @@ import tempfile
 import types
 import typing
 
-from .. import __version__
 from .config import RouterConfig
-from .pickers import ENCODER_POLICIES, PD_POLICIES
+from .flags import build_parser, config_from_args
 
 if typing.TYPE_CHECKING:
     # Not imported at run time here: prometheus_client picks its multiprocess value class at import,
     # which must happen after main sets PROMETHEUS_MULTIPROC_DIR.
     from prometheus_client import CollectorRegistry
 
-D = RouterConfig  # the router's defaults live there, once
+__all__ = ["build_parser", "config_from_args", "main", "metrics_run_dir", "run_worker"]
 
 MULTIPROC_ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="epd-router", description="Endpoint-picker router for vLLM Encoder/Prefill/Decode serving."
-    )
-    a = p.add_argument
-    a("--version", action="version", version=f"%(prog)s {__version__}")
-    a("--host", default=D.host)
-    a("--port", type=int, default=D.port)
-    a(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="serve /metrics on this port only (default: on --port, beside the API)",
-    )
-    g = p.add_argument_group("static endpoints (vLLM proxy compatible)")
-    g.add_argument("--encode-servers-urls", default="", help="comma-separated encoder URLs")
-    g.add_argument(
-        "--prefill-servers-urls", default="none", help="comma-separated prefill URLs; 'disable'/'none' = E+PD"
-    )
-    g.add_argument("--decode-servers-urls", default="", help="comma-separated decode (or PD) URLs")
-    g.add_argument(
-        "--ec-consumer-zmq-addrs",
-        default="",
-        help="Mooncake EC: consumer control addresses, one per consumer URL and data-parallel rank",
-    )
-    g.add_argument(
-        "--ec-consumer-dp-size",
-        type=int,
-        default=None,
-        help="data-parallel size of the EC consumer tier (prefill in E/P/D, decode in E+PD)",
-    )
-    k = p.add_argument_group("Kubernetes discovery")
-    k.add_argument("--discovery", choices=("static", "kubernetes"), default=D.discovery)
-    k.add_argument("--namespace", default=None, help="default: the pod's own namespace")
-    k.add_argument("--encoder-selector", default=None, help="label selector of the encoder EndpointSlices")
-    k.add_argument(
-        "--prefill-selector", default=None, help="label selector of the prefill EndpointSlices (absent = E+PD)"
-    )
-    k.add_argument("--decode-selector", default=None, help="label selector of the decode EndpointSlices")
-    k.add_argument(
-        "--backend-port-name", default=D.backend_port_name, help="EndpointSlice port name of vLLM's HTTP port"
-    )
-    k.add_argument("--backend-port", type=int, default=D.backend_port, help="port used when a slice names none")
-    k.add_argument("--kubeconfig", default=None, help="default: in-cluster credentials, else $KUBECONFIG")
-    k.add_argument(
-        "--ec-consumer-port",
-        type=int,
-        default=None,
-        help="Mooncake EC: consumer ec_port; address = tcp://<pod IP>:PORT",
-    )
-    k.add_argument(
-        "--ec-consumer-tp-size",
-        type=int,
-        default=D.ec_consumer_tp_size,
-        help="Mooncake EC: the consumer's tensor-parallel size; DP rank d listens on PORT + d * this",
-    )
-    r = p.add_argument_group("picking")
-    r.add_argument(
-        "--prefill-dp-size",
-        type=int,
-        default=D.prefill_dp_size,
-        help="engines per prefill instance: requests are pinned to one (X-data-parallel-rank), balanced by load",
-    )
-    r.add_argument(
-        "--decode-dp-size",
-        type=int,
-        default=D.decode_dp_size,
-        help="engines per decode (or PD) instance: requests are pinned to one, balanced by load",
-    )
-    r.add_argument("--encoder-policy", choices=ENCODER_POLICIES, default=D.encoder_policy)
-    r.add_argument("--pd-policy", choices=PD_POLICIES, default=D.pd_policy)
-    r.add_argument(
-        "--load-factor",
-        type=float,
-        default=D.load_factor,
-        help=f"hash pickers: max load relative to the mean (>= 1; default {D.load_factor})",
-    )
-    r.add_argument(
-        "--prefix-chars", type=int, default=D.prefix_chars, help="prefix-aware: characters of the prompt hashed"
-    )
-    r.add_argument(
-        "--encoder-max-batch",
-        type=int,
-        default=int(os.environ.get("ENCODER_MAX_BATCH_SIZE", "0")),
-        help="images per encoder sub-request, 0 = unlimited (env ENCODER_MAX_BATCH_SIZE)",
-    )
-    t = p.add_argument_group("timeouts (seconds)")
-    t.add_argument("--connect-timeout", type=float, default=D.connect_timeout)
-    t.add_argument("--encode-timeout", type=float, default=D.encode_timeout)
-    t.add_argument("--prefill-timeout", type=float, default=D.prefill_timeout)
-    t.add_argument("--decode-timeout", type=float, default=D.decode_timeout, help="longest silence from decode")
-    i = p.add_argument_group("input, reuse, health")
-    i.add_argument("--max-body-bytes", type=int, default=D.max_body_bytes)
-    i.add_argument(
-        "--allow-file-urls", action="store_true", help="pass file:// media through (the router never reads them)"
-    )
-    c = p.add_argument_group("client connections (seconds)")
-    c.add_argument(
-        "--header-timeout", type=float, default=D.header_timeout, help="a request head must arrive within this"
-    )
-    c.add_argument(
-        "--body-timeout",
-        type=float,
-        default=D.body_timeout,
-        help="a request body gets this plus 1 s per 64 KiB received",
-    )
-    c.add_argument(
-        "--keepalive-timeout",
-        type=float,
-        default=D.keepalive_timeout,
-        help="idle keep-alive connections close after this",
-    )
-    c.add_argument(
-        "--send-timeout",
-        type=float,
-        default=D.send_timeout,
-        help="a client that stops reading replies is cut after this",
-    )
-    b = p.add_argument_group("trust boundary (clients are untrusted unless these say otherwise)")
-    b.add_argument(
-        "--allow-client-embeds",
-        action="store_true",
-        help="accept *_embeds content parts and prompt_embeds from clients (refused by default)",
-    )
-    b.add_argument(
-        "--trust-client-uuids",
-        action="store_true",
-        help="a client's media uuid names the item in the encoder cache and the reuse cache "
-        "(by default it is removed: clients could alias each other's media)",
-    )
-    b.add_argument(
-        "--immutable-media-urls",
-        action="store_true",
-        help="the content behind a media URL never changes: reuse encoder results by URL "
-        "(by default only data: URLs and inline audio, which name their content, are reused)",
-    )
-    i.add_argument(
-        "--reuse-ttl",
-        type=float,
-        default=D.reuse_ttl,
-        help="SharedStorage connector: reuse an encoded item for this many seconds (keep it well below the janitor TTL); 0 = off",
-    )
-    i.add_argument("--reuse-max-items", type=int, default=D.reuse_max_items)
-    i.add_argument(
-        "--rewrite",
-        choices=("metadata", "pinned"),
-        default=D.rewrite,
-        help="metadata: encoded items reach the consumer as metadata-only *_embeds parts (vLLM 0.32 proxy); "
-        "pinned: raw media + uuid, the consumer loads the stored embedding or encodes locally "
-        "(SharedStorage; safe when a janitor deletes cache files)",
-    )
-    i.add_argument(
-        "--reuse-mode",
-        choices=("pinned", "metadata"),
-        default=D.reuse_mode,
-        help="pinned: send a reused item raw with its uuid (the consumer loads the stored embedding, "
-        "or encodes if it was evicted); metadata: metadata-only, faster, but a vLLM 0.32 consumer "
-        "crashes if the stored embedding is gone — only when the cache evicts by age alone",
-    )
-    i.add_argument("--health-interval", type=float, default=D.health_interval)
-    i.add_argument("--health-timeout", type=float, default=D.health_timeout)
-    i.add_argument(
-        "--eject-after", type=int, default=D.eject_after, help="consecutive failures before an endpoint is ejected"
-    )
-    o = p.add_argument_group("traces (OpenTelemetry; needs epd-operator[tracing])")
-    o.add_argument(
-        "--otlp-traces-endpoint",
-        default=D.otlp_traces_endpoint,
-        help="export a trace per request to this OTLP/HTTP URL (e.g. http://collector:4318/v1/traces) and "
-        "send traceparent to every backend; default: off",
-    )
-    o.add_argument(
-        "--trace-sample-ratio",
-        type=float,
-        default=D.trace_sample_ratio,
-        help="share of requests traced when the client sent no sampling decision (traceparent)",
-    )
-    a("--workers", type=int, default=D.workers, help="processes sharing the port (SO_REUSEPORT)")
-    a("--log-level", default="info")
-    a("--log-requests", action="store_true", help="one log line per request: id, route, status, latency")
-    return p
-
-
-def config_from_args(args: argparse.Namespace) -> RouterConfig:
-    from .discovery import split_urls
-
-    prefill = (
-        None
-        if args.prefill_servers_urls.strip().lower() in ("", "none", "disable")
-        else split_urls(args.prefill_servers_urls)
-    )
-    cfg = RouterConfig(
-        host=args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        encode_urls=split_urls(args.encode_servers_urls),
-        prefill_urls=prefill,
-        decode_urls=split_urls(args.decode_servers_urls),
-        discovery=args.discovery,
-        namespace=args.namespace,
-        encoder_selector=args.encoder_selector,
-        prefill_selector=args.prefill_selector,
-        decode_selector=args.decode_selector,
-        backend_port_name=args.backend_port_name,
-        backend_port=args.backend_port,
-        kubeconfig=args.kubeconfig,
-        encoder_policy=args.encoder_policy,
-        pd_policy=args.pd_policy,
-        load_factor=args.load_factor,
-        prefix_chars=args.prefix_chars,
-        encoder_max_batch=args.encoder_max_batch,
-        connect_timeout=args.connect_timeout,
-        encode_timeout=args.encode_timeout,
-        prefill_timeout=args.prefill_timeout,
-        decode_timeout=args.decode_timeout,
-        max_body_bytes=args.max_body_bytes,
-        allow_file_urls=args.allow_file_urls,
-        header_timeout=args.header_timeout,
-        body_timeout=args.body_timeout,
-        keepalive_timeout=args.keepalive_timeout,
-        send_timeout=args.send_timeout,
-        allow_client_embeds=args.allow_client_embeds,
-        trust_client_uuids=args.trust_client_uuids,
-        immutable_media_urls=args.immutable_media_urls,
-        reuse_ttl=args.reuse_ttl,
-        reuse_max_items=args.reuse_max_items,
-        reuse_mode=args.reuse_mode,
-        rewrite=args.rewrite,
-        ec_consumer_zmq_addrs=[a.strip() for a in args.ec_consumer_zmq_addrs.split(",") if a.strip()],
-        ec_consumer_port=args.ec_consumer_port,
-        ec_consumer_tp_size=args.ec_consumer_tp_size,
-        **_dp_sizes(args),
-        health_interval=args.health_interval,
-        health_timeout=args.health_timeout,
-        eject_after=args.eject_after,
-        workers=args.workers,
-        log_requests=args.log_requests,
-        otlp_traces_endpoint=args.otlp_traces_endpoint,
-        trace_sample_ratio=args.trace_sample_ratio,
-    )
-    cfg.validate()
-    return cfg
-
-
-def _dp_sizes(args: argparse.Namespace) -> dict[str, int]:
-    """The DP size of each consumer tier; vLLM's --ec-consumer-dp-size names the EC consumer's."""
-    sizes = {"prefill_dp_size": args.prefill_dp_size, "decode_dp_size": args.decode_dp_size}
-    if args.ec_consumer_dp_size is not None:
-        e_pd = args.prefill_servers_urls.strip().lower() in ("", "none", "disable") and not args.prefill_selector
-        sizes["decode_dp_size" if e_pd else "prefill_dp_size"] = args.ec_consumer_dp_size
-    return sizes
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
