@@ -1,5 +1,8 @@
 """vLLM 0.32 EPD proxy wire protocol: pure functions over request/response bodies.
 
+About 400 lines on purpose: the one home of the wire format (mutation-tested as one module);
+split, a request's shape would be spread over files that must change together.
+
 Everything here follows reference/vllm-epd.md §4 so that encoders and consumers
 cannot tell this router from vLLM's own `disagg_epd_proxy.py`.
 """
