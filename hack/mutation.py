@@ -244,6 +244,7 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
     out += ["", "## Surviving mutants", ""]
     unexplained = 0
     kinds: Counter[str] = Counter()
+    used: set[int] = set()
     for group in groups:
         for module in GROUPS[group][0]:
             r = results[module]
@@ -256,6 +257,7 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
                     unexplained += 1
                     why = "**unexplained**"
                 else:
+                    used.add(id(entry))
                     kinds[entry["kind"]] += 1
                     why = f"**{entry['kind']}**: {entry['why']}"
                 out += [f"- `{name.rpartition('.')[2]}` ({r.status[name]}) {why}", "", "  ```diff"]
@@ -263,6 +265,11 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
                 out += ["  ```", ""]
     if unexplained:
         ok = False
+    # explanations of mutants that now die (or of code that changed) would hide a future survivor
+    stale = [e for e in explanations if id(e) not in used and e["module"] in results]
+    if stale:
+        out += ["## Explanations no survivor matched (remove them from hack/mutation_survivors.toml)", ""]
+        out += [f"- {e['module']} {e['function']}: `{e.get('line') or e.get('mutated')}`" for e in stale] + [""]
     out.insert(
         4,
         f"Per group: {'; '.join(summary)}. Survivors: {kinds['equivalent']} equivalent, {kinds['gap']} known "
