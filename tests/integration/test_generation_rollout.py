@@ -23,12 +23,11 @@ from epd_operator.controller.metrics import Metrics
 from epd_operator.render import render
 from epd_operator.render.generation import compatibility_generation
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
-from epd_operator.router.config import RouterConfig
 from epd_operator.router.server import Router
 from tests.support.cluster import KubeView, volumes
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.operator_run import create, epd, epd_doc, operator_in_process, patch_spec, phase, wait_until
-from tests.support.router_stack import serve_router
+from tests.support.router_stack import discovering_router
 
 GENERATION = "serving.epd.dev/compat-generation"
 NEW_IMAGE = "vllm/vllm-openai:v0.33.1"
@@ -61,6 +60,11 @@ class LoopbackPods:
     async def stop(self) -> None:
         for fake in self.fakes:
             await fake.stop()
+
+    def serve_all(self, router: Router) -> None:
+        """Route every pool of `router` to loopback fakes (before it discovers anything)."""
+        for pool in router.pools:
+            self.serve(pool)
 
     def serve(self, pool: Pool) -> None:
         """Route `pool`'s discovered pods to loopback fakes from now on."""
@@ -146,8 +150,6 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
     new = compatibility_generation(parse_epd({**doc, "spec": {**doc["spec"], "image": NEW_IMAGE}}))
     assert old != new
     objects = {(o["kind"], o["metadata"]["name"]): o for o in render(parse_epd(doc))}
-    args = objects[("Deployment", "vl-router")]["spec"]["template"]["spec"]["containers"][0]["args"]
-    selectors = {flag: args[i + 1] for i, flag in enumerate(args) if flag.endswith("-selector")}
 
     pods = LoopbackPods()
     await pods.start({"encoder": "encoder", "decode": "pd"}, [old, new])
@@ -157,19 +159,7 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
         ) as metrics:
             await create(kube, doc)
             await phase(kube, "Ready", timeout=60)
-            cfg = RouterConfig(
-                discovery="kubernetes",
-                kubeconfig=str(kube.kubeconfig),
-                namespace=kube.ns,
-                encoder_selector=selectors["--encoder-selector"],
-                decode_selector=selectors["--decode-selector"],
-                health_interval=0,
-            )
-            router = Router(cfg)
-            for pool in router.pools:
-                pods.serve(pool)
-            server, url = await serve_router(router)
-            try:
+            async with discovering_router(kube, objects, prepare=pods.serve_all) as (router, url):
                 await wait_until(
                     lambda: available(router) == Counter({("encoder", old): 1, ("decode", old): 2}),
                     30,
@@ -216,8 +206,6 @@ async def test_an_image_change_rolls_every_tier_and_no_request_crosses_generatio
                     30,
                     lambda: epd(kube)["status"].get("generations"),
                 )
-            finally:
-                await server.cleanup()
     finally:
         await pods.stop()
 

@@ -9,17 +9,12 @@ loopback backends in tests/unit/test_router_*).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 from epd_operator.api.validation import parse_epd
 from epd_operator.render import render
-from epd_operator.router.config import RouterConfig
-from epd_operator.router.server import Router
 from tests.support.cluster import KubeView, volumes
 from tests.support.operator_run import epd_doc, wait_until
 from tests.support.render_examples import MOONCAKE
-from tests.support.router_stack import serve_router
+from tests.support.router_stack import discovering_router
 
 
 def rendered(kube: KubeView) -> dict[tuple[str, str], dict]:
@@ -27,27 +22,6 @@ def rendered(kube: KubeView) -> dict[tuple[str, str], dict]:
     doc = epd_doc(namespace=kube.ns)
     objects = render(parse_epd(doc))
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
-
-
-@asynccontextmanager
-async def discovering_router(kube: KubeView, objects: dict, **extra) -> AsyncIterator[Router]:
-    router_args = objects[("Deployment", "vl-router")]["spec"]["template"]["spec"]["containers"][0]["args"]
-    selector = {flag: router_args[i + 1] for i, flag in enumerate(router_args) if flag.endswith("-selector")}
-    cfg = RouterConfig(
-        discovery="kubernetes",
-        kubeconfig=str(kube.kubeconfig),
-        namespace=kube.ns,
-        encoder_selector=selector["--encoder-selector"],
-        decode_selector=selector["--decode-selector"],
-        health_interval=0,
-        **extra,
-    )
-    router = Router(cfg)
-    runner, _url = await serve_router(router)
-    try:
-        yield router
-    finally:
-        await runner.cleanup()
 
 
 def pool_view(pool) -> dict[str, tuple[str, bool]]:
@@ -84,7 +58,7 @@ async def test_router_follows_the_endpointslices_the_controller_builds(kube):
         60,
         lambda: [p["status"] for p in kube.pods()],
     )
-    async with discovering_router(kube, objects) as router:
+    async with discovering_router(kube, objects) as (router, _url):
         await wait_until(
             lambda: pool_view(router.encoders) == {p: (u, True) for p, u in pod_urls(kube, "encoder").items()},
             30,
@@ -121,7 +95,7 @@ async def test_mooncake_consumer_address_comes_from_the_pod_ip(kube):
     kube.apply(objects[("Service", "vl-decode")])
     kube.apply(objects[("Deployment", "vl-decode")])
     await wait_until(lambda: len(pod_urls(kube, "decode")) == 2, 60)
-    async with discovering_router(kube, objects, ec_consumer_port=14579) as router:
+    async with discovering_router(kube, objects, ec_consumer_port=14579) as (router, _url):
         await wait_until(lambda: len(router.decodes.endpoints) == 2, 30)
         ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in kube.pods(**{"serving.epd.dev/role": "decode"})}
         assert {(ep.pod, ep.url, ep.ec_zmq) for ep in router.decodes.endpoints.values()} == {
@@ -148,7 +122,7 @@ async def test_each_dp_ranks_mooncake_address_comes_from_the_endpointslice(kube)
     kube.apply(objects[("Service", "vl-decode")])
     kube.apply(objects[("Deployment", "vl-decode")])
     await wait_until(lambda: len(pod_urls(kube, "decode")) == 1, 60, lambda: [p.get("status") for p in kube.pods()])
-    async with discovering_router(kube, objects, ec_consumer_port=14579, decode_dp_size=2) as router:
+    async with discovering_router(kube, objects, ec_consumer_port=14579, decode_dp_size=2) as (router, _url):
         await wait_until(lambda: len(router.decodes.available) == 2, 30, lambda: router.decodes.describe())
         (ip,) = [p["status"]["podIP"] for p in kube.pods(**{"serving.epd.dev/role": "decode"})]
         assert sorted((ep.key, ep.rank, ep.ec_zmq) for ep in router.decodes.endpoints.values()) == [

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import orjson
@@ -82,3 +84,31 @@ async def router_stack(encoders: int = 2, prefills: int = 0, decodes: int = 1, p
             await runner.cleanup()
         for fake in started:
             await fake.stop()
+
+
+@asynccontextmanager
+async def discovering_router(
+    kube: Any, objects: dict, prepare: Callable[[Router], None] | None = None, **extra: Any
+) -> AsyncIterator[tuple[Router, str]]:
+    """A router discovering the rendered tiers of `objects` (keyed by (kind, name)) in `kube`'s
+    namespace through the real API server, with the selectors the operator renders into its args.
+    `prepare(router)` runs before it serves (and so before discovery starts); yields (router, url)."""
+    router_args = objects[("Deployment", "vl-router")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    selector = {flag: router_args[i + 1] for i, flag in enumerate(router_args) if flag.endswith("-selector")}
+    cfg = RouterConfig(
+        discovery="kubernetes",
+        kubeconfig=str(kube.kubeconfig),
+        namespace=kube.ns,
+        encoder_selector=selector["--encoder-selector"],
+        decode_selector=selector["--decode-selector"],
+        health_interval=0,
+        **extra,
+    )
+    router = Router(cfg)
+    if prepare is not None:
+        prepare(router)
+    runner, url = await serve_router(router)
+    try:
+        yield router, url
+    finally:
+        await runner.cleanup()
