@@ -288,17 +288,7 @@ class LocalCluster(ClusterApi):
             "kube-controller-manager",
             [
                 self._exe("kube-controller-manager"),
-                "--kubeconfig",
-                kc,
-                "--authentication-kubeconfig",
-                kc,
-                "--authorization-kubeconfig",
-                kc,
-                "--leader-elect=false",
-                "--bind-address",
-                "127.0.0.1",
-                "--secure-port",
-                str(free_port()),
+                *_component_flags(kc),
                 "--controllers",
                 ",".join(CONTROLLERS),
                 "--service-account-private-key-file",
@@ -324,17 +314,7 @@ class LocalCluster(ClusterApi):
             "kube-scheduler",
             [
                 self._exe("kube-scheduler"),
-                "--kubeconfig",
-                kc,
-                "--authentication-kubeconfig",
-                kc,
-                "--authorization-kubeconfig",
-                kc,
-                "--leader-elect=false",
-                "--bind-address",
-                "127.0.0.1",
-                "--secure-port",
-                str(free_port()),
+                *_component_flags(kc),
                 "-v",
                 "1",
             ],
@@ -384,3 +364,21 @@ if __name__ == "__main__":
     from .cluster_cli import main
 
     sys.exit(main())
+
+
+def _component_flags(kubeconfig: str) -> list[str]:
+    """What kube-controller-manager and kube-scheduler both take here: one kubeconfig for the API and
+    for delegated authn/authz, no leader election (one of each), a free loopback port for /healthz."""
+    return [
+        "--kubeconfig",
+        kubeconfig,
+        "--authentication-kubeconfig",
+        kubeconfig,
+        "--authorization-kubeconfig",
+        kubeconfig,
+        "--leader-elect=false",
+        "--bind-address",
+        "127.0.0.1",
+        "--secure-port",
+        str(free_port()),
+    ]
