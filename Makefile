@@ -18,27 +18,27 @@ install: $(STAMP)
 # The real vLLM CPU venv and the tiny model the e2e tests and the parser checks run on: built once
 # (minutes, with progress) into ~/.cache/epd-operator, then reused by every run and fresh clone.
 vllm-env: install
-	$(BIN)/python -m epd_operator.local.venv
-	$(BIN)/python -m epd_operator.local.tiny_model
+	$(BIN)/python -m dev.venv
+	$(BIN)/python -m dev.tiny_model
 
 # The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok), built once from the official Go modules into ~/.cache/epd-operator/k8s
 # (cold: tens of minutes on 2 cores, with progress), plus the oldest supported kube-apiserver.
 k8s: install
-	$(BIN)/python -m epd_operator.local.cluster build
-	$(BIN)/python -m epd_operator.local.cluster build --oldest
+	$(BIN)/python -m dev.cluster build
+	$(BIN)/python -m dev.cluster build --oldest
 
 # A local control plane with fake GPU nodes, in the background: prints the kubeconfig and how to stop it.
 cluster: k8s
-	$(BIN)/python -m epd_operator.local.cluster up --detach
+	$(BIN)/python -m dev.cluster up --detach
 
 cluster-down: install
-	$(BIN)/python -m epd_operator.local.cluster down
+	$(BIN)/python -m dev.cluster down
 
 # ruff (lint and format) over the code and tests, mypy over the package (it ships py.typed).
 lint: install
-	$(BIN)/ruff check operator tests bench
-	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/ruff check operator dev tests bench
+	$(BIN)/ruff format --check operator dev tests bench
 	$(BIN)/mypy
 
 test: vllm-env k8s lint
@@ -48,7 +48,7 @@ test-fast: vllm-env k8s
 	$(BIN)/pytest -m "not e2e"
 
 demo: install
-	$(BIN)/python -m epd_operator.local.demo
+	$(BIN)/python -m dev.demo
 
 crds: install
 	$(BIN)/python -m epd_operator.api.kube_schemas
@@ -79,7 +79,7 @@ bench-e2e: vllm-env
 # GROUP=router runs one group (its report goes to build/mutation/mutation.md).
 mutation: install
 	@$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q -e '.[test,mutation]'
-	$(BIN)/python hack/mutation.py $(if $(GROUP),--group $(GROUP))
+	$(BIN)/python dev/mutation.py $(if $(GROUP),--group $(GROUP))
 
 images:
 	docker build -t epd-operator:dev -f images/operator/Dockerfile .

@@ -6,7 +6,7 @@ the report's wording sits beside the measurement it describes, so neither change
 The deployment is `examples/epd-shared-storage.yaml` (E+PD, SharedStorage EC connector),
 sized for this CPU the way `make demo` sizes it (`cpu_sizing.fit_to_cpu`), with
 `encoder.replicas: 2` and `decode.replicas: 1`, rendered by the operator's `render()` and
-planned by `epd_operator.local.plan` (the same machinery as `make demo` and the e2e tests).
+planned by `dev.plan` (the same machinery as `make demo` and the e2e tests).
 The plan runs one process per tier; the second encoder replica is the planned encoder's
 command line on another port (both write to the same local "claim" directory).
 
@@ -121,8 +121,8 @@ def _log(msg: str) -> None:
 
 
 def _spec() -> tuple[dict, list[str]]:
-    from epd_operator.local.cpu_sizing import fit_to_cpu
-    from epd_operator.local.runner import load_spec
+    from dev.cpu_sizing import fit_to_cpu
+    from dev.runner import load_spec
 
     spec, changes = fit_to_cpu(load_spec(EXAMPLE))
     spec["spec"]["encoder"]["replicas"] = 2
@@ -132,15 +132,15 @@ def _spec() -> tuple[dict, list[str]]:
 
 
 def _set(argv: list[str], flag: str, value: str) -> list[str]:
-    from epd_operator.local.plan import set_flag
+    from dev.plan import set_flag
 
     return set_flag(argv, flag, value)
 
 
 def build_plan(workdir: Path):
     """The local plan of the rendered deployment, with the encoder Deployment's 2 replicas as 2 processes."""
-    from epd_operator.local.plan import ENCODER, ROUTER, free_port
-    from epd_operator.local.runner import local_plan
+    from dev.plan import ENCODER, ROUTER, free_port
+    from dev.runner import local_plan
 
     spec, changes = _spec()
     plan = local_plan(spec, workdir)
@@ -174,8 +174,8 @@ class Deployment:
         self.changes: list[str] = []
 
     def start(self) -> Deployment:
-        from epd_operator.local.plan import DECODE, ROUTER
-        from epd_operator.local.runner import LocalEPD
+        from dev.plan import DECODE, ROUTER
+        from dev.runner import LocalEPD
 
         self.plan, self.changes = build_plan(self.workdir)
         self.local = LocalEPD(self.plan, self.workdir, progress=_log)
@@ -282,7 +282,7 @@ ROUTER_COUNTERS = (
 
 
 def _scrape(url: str, counters) -> dict[str, float]:
-    from epd_operator.local.client import metrics
+    from dev.client import metrics
 
     try:
         samples = metrics(url)
@@ -802,7 +802,7 @@ Ablation (per-repeat ratios, median and range; TTFT below 1× is faster, req/s a
 
 - **Deployment**: `examples/epd-shared-storage.yaml` (E+PD, SharedStorage EC connector) sized for this CPU as
   `make demo` sizes it ({"; ".join(dep.changes)}), rendered by the operator's `render()` and planned by
-  `epd_operator.local.plan`: **two encoder processes (the encoder Deployment's 2 replicas) and one PD process** on
+  `dev.plan`: **two encoder processes (the encoder Deployment's 2 replicas) and one PD process** on
   the 2 cores, sharing one local directory as the RWX claim. Tiny random-weight Qwen2-VL (2 layers, hidden 128; a
   224 px image is 64 tokens), `OMP_NUM_THREADS=1` per vLLM process.
 {proc_lines}

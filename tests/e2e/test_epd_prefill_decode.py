@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from epd_operator.local.client import image_part, text_part
-from epd_operator.local.cpu_sizing import fit_to_cpu
-from epd_operator.local.runner import load_spec, run_local
+from dev.client import image_part, text_part
+from dev.cpu_sizing import fit_to_cpu
+from dev.runner import load_spec, run_local
 from tests.support.vllm_pipeline import MAX_TOKENS, ask, prompt_tokens, requests_served
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first run also builds the vLLM venv

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epd_operator.local.cluster import NEWEST, OLDEST, LocalCluster
+from dev.cluster import NEWEST, OLDEST, LocalCluster
 from tests.support.cluster import CRD_FILE, KubeView, new_namespace, wait_for
 from tests.support.operator_run import epd_doc
 

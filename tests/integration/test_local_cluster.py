@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from dev import k8s_binaries
+from dev.cluster import NEWEST, LocalCluster
 from epd_operator.kube import ApiError
-from epd_operator.local import k8s_binaries
-from epd_operator.local.cluster import NEWEST, LocalCluster
 
 STARTER = """
 import json, sys, time
-from epd_operator.local.cluster import LocalCluster
+from dev.cluster import LocalCluster
 c = LocalCluster(apiserver_only=True)
 c.start()
 print(json.dumps({"port": c.port, "pids": [x.process.pid for x in c.components]}), flush=True)
@@ -84,7 +84,7 @@ def test_kubebuilder_assets_are_honoured_for_what_they_hold(tmp_path, monkeypatc
 
 
 def test_fake_nodes_carry_gpu_capacity_labels_and_taints_a_test_chooses(k8s: LocalCluster, kube):
-    from epd_operator.local.cluster import FakeNode
+    from dev.cluster import FakeNode
 
     node = FakeNode(
         "a100-node",

@@ -1,4 +1,4 @@
-"""pytest fixtures around a REAL Kubernetes control plane (``epd_operator.local.cluster``).
+"""pytest fixtures around a REAL Kubernetes control plane (``dev.cluster``).
 
 - ``k8s`` (session): etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok fake GPU
   nodes, started once per test session, with the EPDDeployment CRD from ``crds/`` installed.
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dev.cluster import LocalCluster
 from epd_operator.kube import ApiError, Credentials, load_credentials
-from epd_operator.local.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"

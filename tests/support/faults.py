@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from dev.cluster import LocalCluster
 from epd_operator.kube import Credentials
-from epd_operator.local.cluster import LocalCluster
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
 WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
+from dev.argv import expand_vars
 from epd_operator.api import EPDDeployment, parse_epd
-from epd_operator.local.argv import expand_vars
 from epd_operator.render import render
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"

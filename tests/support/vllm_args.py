@@ -126,7 +126,7 @@ class _Checker:
     """One long-lived checker process in the vLLM venv, shared by every caller in this process."""
 
     def __init__(self) -> None:
-        from epd_operator.local import tiny_model, venv
+        from dev import tiny_model, venv
 
         python = venv.ensure()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

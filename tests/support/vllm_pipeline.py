@@ -1,8 +1,8 @@
-"""What the e2e tests ask a locally running EPD pipeline (`epd_operator.local.runner.LocalEPD`)."""
+"""What the e2e tests ask a locally running EPD pipeline (`dev.runner.LocalEPD`)."""
 
 from __future__ import annotations
 
-from epd_operator.local.client import Reply, chat, chat_body, metric_sum
+from dev.client import Reply, chat, chat_body, metric_sum
 
 MAX_TOKENS = 8
 

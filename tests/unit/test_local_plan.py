@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epd_operator.api import parse_epd
-from epd_operator.local.cpu_sizing import fit_to_cpu
-from epd_operator.local.plan import (
+from dev.cpu_sizing import fit_to_cpu
+from dev.plan import (
     CPU_KV_BLOCK_SIZE,
     LocalPlan,
     PlanError,
@@ -22,6 +21,7 @@ from epd_operator.local.plan import (
     flag_value,
     plan,
 )
+from epd_operator.api import parse_epd
 from epd_operator.render import render
 
 EXAMPLES = Path(__file__).parents[2] / "examples"

@@ -1,4 +1,4 @@
-"""hack/mutation.py's matching of surviving mutants to their recorded explanations (the mutation run
+"""dev/mutation.py's matching of surviving mutants to their recorded explanations (the mutation run
 itself is `make mutation`, not part of the test suite)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("mutation_harness", ROOT / "hack" / "mutation.py")
+_spec = importlib.util.spec_from_file_location("mutation_harness", ROOT / "dev" / "mutation.py")
 mutation = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = mutation  # its dataclasses look their module up there
 _spec.loader.exec_module(mutation)
@@ -49,7 +49,7 @@ def test_a_survivor_matches_by_the_line_it_mutates_or_the_line_it_writes():
 
 def test_every_recorded_explanation_is_complete_and_names_a_module_of_a_group():
     modules = {m for mods, _ in mutation.GROUPS.values() for m in mods}
-    entries = tomllib.loads((ROOT / "hack" / "mutation_survivors.toml").read_text())["survivor"]
+    entries = tomllib.loads((ROOT / "dev" / "mutation_survivors.toml").read_text())["survivor"]
     for entry in entries:
         assert entry["module"] in modules, entry
         assert entry["kind"] in ("equivalent", "gap"), entry

@@ -6,7 +6,7 @@ The venv is ~6 GB and takes minutes to build, so it lives outside the repo in
 A ``.ready`` marker is written only after every fix-up succeeded, so an interrupted
 build is redone rather than trusted.
 
-Usage: ``python -m epd_operator.local.venv [ensure|path]`` -- prints the venv's python.
+Usage: ``python -m dev.venv [ensure|path]`` -- prints the venv's python.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Sets up what it needs on first use (the vLLM CPU venv and a tiny Qwen2-VL, cache
 sends an image, the same image again and a text-only request, prints what each stage did,
 and stops everything.
 
-    python -m epd_operator.local.demo [--example examples/epd-nixl-autoscaled.yaml] [--keep-logs]
+    python -m dev.demo [--example examples/epd-nixl-autoscaled.yaml] [--keep-logs]
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import textwrap
 import time
 from pathlib import Path
 
-from ..api import SpecError
+from epd_operator.api import SpecError
+
 from . import tiny_model, venv
 from .client import chat, chat_body, image_part, metric_sum, metrics, text_part
 from .cpu_sizing import fit_to_cpu
 from .plan import LocalPlan, PlanError
 from .runner import LocalEPD, LocalRunError, load_spec, local_plan
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXAMPLE = REPO / "examples" / "epd-shared-storage.yaml"
 STAGES = ("encode", "prefill", "decode", "total")
 OUTCOMES = ("encoded", "reused", "fallback")

@@ -1,4 +1,4 @@
-"""``python -m epd_operator.local.cluster up [--detach] | down | build``: a local control plane for a
+"""``python -m dev.cluster up [--detach] | down | build``: a local control plane for a
 person (``make cluster``), kept running in the background until ``down``."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _up(args: argparse.Namespace) -> int:
             return 1
         with log.open("wb") as out:
             child = subprocess.Popen(
-                [sys.executable, "-m", "epd_operator.local.cluster", "up", "--version", args.version],
+                [sys.executable, "-m", "dev.cluster", "up", "--version", args.version],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -67,7 +67,7 @@ def _up(args: argparse.Namespace) -> int:
             f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}.\n"
             f"  export KUBECONFIG={kc}\n"
             f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
-            f"  stop it with: make cluster-down   (or: python -m epd_operator.local.cluster down)\n"
+            f"  stop it with: make cluster-down   (or: python -m dev.cluster down)\n"
         )
         (STATE_DIR / "ready").write_text(message)
         print(message, end="", flush=True)
@@ -108,7 +108,7 @@ def _down(_: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m epd_operator.local.cluster",
+        prog="python -m dev.cluster",
         description="A real Kubernetes control plane on this machine, with fake GPU nodes.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

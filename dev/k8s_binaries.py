@@ -1,5 +1,5 @@
 """The control-plane binaries: pinned versions, built once from the official Go modules by
-``hack/k8s-binaries.sh`` into ``~/.cache/epd-operator/k8s/<version>/``, or taken from
+``dev/k8s-binaries.sh`` into ``~/.cache/epd-operator/k8s/<version>/``, or taken from
 ``KUBEBUILDER_ASSETS`` (the envtest convention) for what that folder holds."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 CACHE = Path(os.environ.get("EPD_CACHE", Path.home() / ".cache" / "epd-operator"))
-REPO = Path(__file__).resolve().parents[3]
-BUILD_SCRIPT = REPO / "hack" / "k8s-binaries.sh"
+REPO = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = REPO / "dev" / "k8s-binaries.sh"
 # The newest minor is what the tests run on; the oldest minor the CRD claims is checked by installing
 # the CRD into its apiserver (tests/integration/test_crd_install.py).
 NEWEST = "v1.37.2"

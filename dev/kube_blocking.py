@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 from kubernetes_asyncio.client import ApiClient
 
-from .client import ApiError
-from .credentials import Credentials
+from epd_operator.kube.client import ApiError
+from epd_operator.kube.credentials import Credentials
 
 T = TypeVar("T")
 

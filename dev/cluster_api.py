@@ -1,7 +1,7 @@
 """The admin side of a local cluster: its API requests, the waits that tell it is ready, and what
 bootstraps it (fake nodes and their capacity, TokenRequests for service accounts).
 
-Requests go through the project's Kubernetes library (`kube.blocking`), as the admin user of the
+Requests go through the project's Kubernetes library (`dev/kube_blocking.py`), as the admin user of the
 cluster's static token file unless a request names another token.
 """
 
@@ -16,9 +16,10 @@ from typing import Any
 
 import aiohttp
 
-from ..kube import ApiError, Credentials
-from ..kube.blocking import BlockingKube
+from epd_operator.kube import ApiError, Credentials
+
 from .fake_nodes import FakeNode
+from .kube_blocking import BlockingKube
 
 # No answer at all: the server is not listening yet, or not answering in time.
 UNREACHABLE = (aiohttp.ClientError, OSError, asyncio.TimeoutError)

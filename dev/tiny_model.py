@@ -12,7 +12,7 @@ Building needs torch/transformers/tokenizers, which only the vLLM venv has: this
 the build script, run with that venv's python. The result is cached under
 ``$EPD_CACHE/models/tiny-qwen2-vl-<RECIPE>`` with a ``.ready`` marker.
 
-Usage: ``python -m epd_operator.local.tiny_model`` -- prints the model directory.
+Usage: ``python -m dev.tiny_model`` -- prints the model directory.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def ensure() -> Path:
     """Return the tiny model's directory, building it (a few seconds) in the vLLM venv if needed."""
     if is_ready():
         return MODEL_DIR
-    from epd_operator.local import venv
+    from dev import venv
 
     python = venv.ensure()
     _log(f"building a tiny random-weight Qwen2-VL into {MODEL_DIR}")

@@ -5,7 +5,7 @@
 # the staging modules at ./staging with replace lines a dependent ignores), so a wrapper module
 # re-pins each staging module to its published v0.<minor>.<patch> tag (kubernetes issue 79384).
 #
-# usage: hack/k8s-binaries.sh [K8S_VERSION] [what...]   (what: apiserver-only | all; default all)
+# usage: dev/k8s-binaries.sh [K8S_VERSION] [what...]   (what: apiserver-only | all; default all)
 # Prints the directory holding the binaries on its last line.
 set -euo pipefail
 
@@ -22,7 +22,7 @@ log() { printf '[k8s %s] %s\n' "$K8S_VERSION" "$*" >&2; }
 # wait_for PID SECONDS: true once PID has exited, false if it still runs after SECONDS.
 wait_for() { local i; for ((i = 0; i < $2; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; ! kill -0 "$1" 2>/dev/null; }
 
-command -v go >/dev/null || { echo "hack/k8s-binaries.sh: Go >= 1.24 is needed to build the Kubernetes control plane (https://go.dev/dl)" >&2; exit 1; }
+command -v go >/dev/null || { echo "dev/k8s-binaries.sh: Go >= 1.24 is needed to build the Kubernetes control plane (https://go.dev/dl)" >&2; exit 1; }
 
 case "$WHAT" in
   apiserver-only) components=(kube-apiserver) ;;

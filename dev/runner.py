@@ -202,8 +202,8 @@ def local_plan(source: str | Path | dict, workdir: Path) -> LocalPlan:
 
     Prepares the vLLM venv and the tiny model first (cached; minutes the first time).
     """
-    from ..api import parse_epd
-    from ..render import render
+    from epd_operator.api import parse_epd
+    from epd_operator.render import render
 
     objects = render(parse_epd(load_spec(source)))
     python = venv.ensure()

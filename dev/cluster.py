@@ -2,12 +2,12 @@
 
 etcd + kube-apiserver (RBAC enforced, service-account tokens) + kube-controller-manager (deployment,
 replicaset, endpointslice, garbage collector, HPA, ...) + kube-scheduler, all built from the official Go
-modules by ``hack/k8s-binaries.sh`` and cached in ``~/.cache/epd-operator/k8s/<version>/``, plus
+modules by ``dev/k8s-binaries.sh`` and cached in ``~/.cache/epd-operator/k8s/<version>/``, plus
 kwok, SIG Scheduling's fake kubelet, for nodes with ``nvidia.com/gpu`` capacity on which pods are
 scheduled for real and become Running/Ready (they run nothing: their IPs are for reading only).
 
-    python -m epd_operator.local.cluster up [--detach]   # prints the kubeconfig path and how to stop
-    python -m epd_operator.local.cluster down
+    python -m dev.cluster up [--detach]   # prints the kubeconfig path and how to stop
+    python -m dev.cluster down
 
 The tests use :class:`LocalCluster` directly (``tests/support/cluster.py``). Every process it starts
 is tied to it: they get SIGKILL when the supervising Python process dies (``PR_SET_PDEATHSIG``), so

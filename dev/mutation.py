@@ -9,7 +9,7 @@ pyproject.toml with the [tool.mutmut] section for the chosen groups; the reposit
 
 Only the fast unit tests of each group run inside the loop (no real control plane, no vLLM): the test
 files are listed per group below. The report (bench/results/mutation.md) lists every surviving mutant with
-the explanation recorded in hack/mutation_survivors.toml (equivalent, or a known gap) or says that it has
+the explanation recorded in dev/mutation_survivors.toml (equivalent, or a known gap) or says that it has
 none. The exit status is 1 when a group scores under 90% or a survivor is unexplained.
 """
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "operator" / "epd_operator"
 WORK = ROOT / "build" / "mutation"
 REPORT = ROOT / "bench" / "results" / "mutation.md"
-SURVIVORS = ROOT / "hack" / "mutation_survivors.toml"
+SURVIVORS = ROOT / "dev" / "mutation_survivors.toml"
 THRESHOLD = 90.0
 
 # module (relative to epd_operator/) per group, and the unit-test files that may kill its mutants
@@ -212,15 +212,15 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
     out = [
         "# Mutation score of the pure core",
         "",
-        f"`make mutation` (hack/mutation.py, mutmut {version('mutmut')}) on the code of commit `{run['commit']}`"
+        f"`make mutation` (dev/mutation.py, mutmut {version('mutmut')}) on the code of commit `{run['commit']}`"
         + (" plus uncommitted changes in the mutated modules" if run["dirty"] else "")
         + f"; {len(results)} modules, {sum(r.total for r in results.values())} mutants, "
         f"{run['elapsed_s'] / 60:.1f} min with {run['jobs']} workers on {os.cpu_count()} cores "
         f"(load average {run['load']:.1f} at the end: other work shared the machine).",
         "",
         "One mutmut run covers all groups: each mutant ran those of the unit tests listed per group in",
-        "hack/mutation.py that reach the mutated function (no real control plane, no vLLM). Killed includes",
-        "timeouts. Every survivor is listed below with why it is left (hack/mutation_survivors.toml).",
+        "dev/mutation.py that reach the mutated function (no real control plane, no vLLM). Killed includes",
+        "timeouts. Every survivor is listed below with why it is left (dev/mutation_survivors.toml).",
         "",
         "| group | module | mutants | killed | survived | no tests | score |",
         "|---|---|---|---|---|---|---|",
@@ -268,7 +268,7 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
     # explanations of mutants that now die (or of code that changed) would hide a future survivor
     stale = [e for e in explanations if id(e) not in used and e["module"] in results]
     if stale:
-        out += ["## Explanations no survivor matched (remove them from hack/mutation_survivors.toml)", ""]
+        out += ["## Explanations no survivor matched (remove them from dev/mutation_survivors.toml)", ""]
         out += [f"- {e['module']} {e['function']}: `{e.get('line') or e.get('mutated')}`" for e in stale] + [""]
     out.insert(
         4,

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..api.labels import ROLE_LABEL
+from epd_operator.api.labels import ROLE_LABEL
+
 from .argv import drop_flags, expand_vars, flag_value, map_flag_values, set_flag
 from .volumes import PathMap, volume_key
 
