@@ -11,6 +11,8 @@ from epd_operator.controller.status import (
     TierInput,
     derive_status,
     generations,
+    last_described,
+    observed_by_status_pass,
     parse_status,
     standing_refusal,
     status_document,
@@ -326,6 +328,17 @@ def test_standing_refusal_only_for_the_same_generation_and_reason():
     assert standing_refusal(refusal_status(2), 3) == []
     assert standing_refusal(refusal_status(3, reason="InvalidSpec"), 3) == []
     assert standing_refusal(EPDDeploymentStatus(phase="Ready"), 3) == []
+
+
+def test_a_status_pass_observes_the_generation_the_last_full_pass_acted_on():
+    assert observed_by_status_pass(None) is None
+    assert observed_by_status_pass(EPDDeploymentStatus(phase="Ready", observedGeneration=3)) == 3
+
+
+def test_a_refused_spec_keeps_the_topology_and_endpoint_of_the_last_status():
+    assert last_described(None) == (None, None)
+    previous = EPDDeploymentStatus(phase="Ready", topology="E/P/D", endpoint="http://x.ns.svc")
+    assert last_described(previous) == ("E/P/D", "http://x.ns.svc")
 
 
 def pod(name, status="False", reason="Unschedulable", message="0/3 nodes are available") -> dict:

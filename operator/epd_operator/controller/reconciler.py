@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from ..api.labels import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL
-from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND
+from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND, EPDDeployment
 from ..api.status import EPDDeploymentStatus
 from ..api.validation import FieldError, SpecError, parse_epd
 from ..kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube
@@ -88,6 +88,25 @@ def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> di
             )
         tiers[role] = status_rules.TierInput(live_by_key.get((obj["kind"], name)), hpa, planned)
     return tiers
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """What a pass starts from: the EPDDeployment as cached, its spec parsed and rendered (or the
+    fields that refuse it), and the status it last published."""
+
+    body: dict[str, Any]
+    namespace: str
+    name: str
+    epd: EPDDeployment | None  # None: the spec is refused (`errors`)
+    objects: list[dict[str, Any]]  # rendered; empty for a refused spec
+    errors: list[FieldError] | None
+    previous: EPDDeploymentStatus | None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = self.body["metadata"]
+        return meta
 
 
 class Reconciler:
@@ -204,7 +223,7 @@ class Reconciler:
             kind = "full" if level == FULL else "status"
             started = time.monotonic()
             try:
-                result = await self.reconcile(key, full=level == FULL)
+                result = await (self.full_pass(key) if level == FULL else self.status_pass(key))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a failed pass is retried; one bad object must not stop the others
@@ -238,73 +257,102 @@ class Reconciler:
 
     # ---------------------------------------------------------------- one pass
 
-    async def reconcile(self, key: Key, *, full: bool) -> str:
-        """One pass; returns the result label for metrics (success | invalid | gone)."""
+    async def full_pass(self, key: Key) -> str:
+        """Validate, render, apply what drifted, prune, then report. Returns the result label for
+        metrics (success | invalid | gone)."""
+        seen = self._read(key)
+        if seen is None:
+            return "gone"
+        refused: list[str] = []
+        if seen.errors is None:
+            live, refused = await self._apply(seen)
+        else:  # nothing is applied for a refused spec: report on what still runs
+            live = self.cache.owned(seen.namespace, seen.name, STATUS_KINDS)
+        result = await self._report(seen, live, observed=seen.meta.get("generation"), refused=refused)
+        self._reconciled[key] = (seen.meta["uid"], seen.meta.get("generation"))
+        return result
+
+    async def status_pass(self, key: Key) -> str:
+        """Report on the children as they are: no apply, no dry run, only `.status` (and the Events of
+        its transitions) is written. Returns the result label for metrics (success | invalid | gone)."""
+        seen = self._read(key)
+        if seen is None:
+            return "gone"
+        live = self.cache.owned(seen.namespace, seen.name, STATUS_KINDS)
+        # Without a dry run, a refusal the API server gave this generation still stands.
+        return await self._report(
+            seen,
+            live,
+            observed=status_rules.observed_by_status_pass(seen.previous),
+            refused=status_rules.standing_refusal(seen.previous, seen.meta.get("generation")),
+        )
+
+    def _read(self, key: Key) -> Seen | None:
+        """The EPDDeployment as cached, parsed and rendered; None when it is gone or going."""
         body = self.cache.get(KIND, *key)
         if body is None:
             self.known.pop(key, None)
             self.metrics.forget(*key)
-            return "gone"
-        meta = body["metadata"]
-        if meta.get("deletionTimestamp"):
-            return "gone"  # garbage collection removes the children
-        namespace, name = key
+            return None
+        if body["metadata"].get("deletionTimestamp"):
+            return None  # garbage collection removes the children
+        epd: EPDDeployment | None
         try:
             epd = parse_epd({k: v for k, v in body.items() if k != "status"})
             objects = render(epd, default_router_image=self.router_image)
             errors: list[FieldError] | None = None
         except SpecError as exc:
-            objects, errors = [], exc.errors
+            epd, objects, errors = None, [], exc.errors
+        namespace, name = key
+        return Seen(body, namespace, name, epd, objects, errors, status_rules.parse_status(body.get("status")))
 
-        refused: list[str] = []
-        if full and errors is None:
-            owner = apply.owner_reference(body)
-            desired = [apply.adopt(obj, owner) for obj in objects]
-            live = self.cache.owned(namespace, name, CHILD_RESOURCES)
-            todo = apply.plan(desired, live, meta["uid"])
-            if todo:
-                refused = await apply.refused_by_server(self.kube, todo)
-                if not refused:
-                    live = await self._converge(body, todo, live)
-        else:
-            live = self.cache.owned(namespace, name, STATUS_KINDS)
+    async def _apply(self, seen: Seen) -> tuple[list[dict[str, Any]], list[str]]:
+        """Plan the rendered objects against the owned children and execute the plan unless the API
+        server refuses it on a dry run: the children as they now are, and the refusals."""
+        owner = apply.owner_reference(seen.body)
+        desired = [apply.adopt(obj, owner) for obj in seen.objects]
+        live = self.cache.owned(seen.namespace, seen.name, CHILD_RESOURCES)
+        todo = apply.plan(desired, live, seen.meta["uid"])
+        if not todo:
+            return live, []
+        refused = await apply.refused_by_server(self.kube, todo)
+        if not refused:
+            live = await self._converge(seen.body, todo, live)
+        return live, refused
 
-        previous = status_rules.parse_status(body.get("status"))
-        # A status pass reports on the children but has not acted on a newer generation.
-        observed = meta.get("generation") if full else (previous.observedGeneration if previous else None)
+    async def _report(self, seen: Seen, live: list[dict[str, Any]], *, observed: int | None, refused: list[str]) -> str:
+        """Derive the status from `live` children, publish it if it changed, and export the phase
+        and generations as metrics; returns success, or invalid for a refused spec."""
+        namespace, name = seen.namespace, seen.name
         topology: str | None
         endpoint: str | None
-        if errors is None:
-            topology, endpoint = epd.spec.topology, router_endpoint(objects, name)
+        if seen.epd is not None:
+            topology, endpoint = seen.epd.spec.topology, router_endpoint(seen.objects, name)
         else:  # the children of the last accepted spec keep running: keep describing them
-            topology, endpoint = (previous.topology, previous.endpoint) if previous else (None, None)
-        if not full:
-            # A status pass does not dry-run: a refusal of this generation still stands.
-            refused = status_rules.standing_refusal(previous, meta.get("generation"))
-        tiers = tier_inputs(objects, live)
+            topology, endpoint = status_rules.last_described(seen.previous)
+        tiers = tier_inputs(seen.objects, live)
         self._explain_unready(namespace, name, tiers)
         generations = status_rules.generations(
-            self.cache.pods(namespace, name, {}), compatibility_generation(epd) if errors is None else None
+            self.cache.pods(namespace, name, {}),
+            compatibility_generation(seen.epd) if seen.epd is not None else None,
         )
         new = status_rules.derive_status(
             tiers=tiers,
             topology=topology,
             endpoint=endpoint,
             observed_generation=observed,
-            spec_errors=errors,
-            previous=previous,
+            spec_errors=seen.errors,
+            previous=seen.previous,
             now=utcnow(),
             refused=refused,
             generations=generations,
         )
-        await self._publish(body, previous, new)
+        await self._publish(seen.body, seen.previous, new)
         self.metrics.set_phase(namespace, name, new.phase)
         self.metrics.set_generations(
             namespace, name, {g.name: {tier: g.readyPods.get(tier, 0) for tier in g.pods} for g in generations}
         )
-        if full:
-            self._reconciled[key] = (meta["uid"], meta.get("generation"))
-        return "invalid" if errors else "success"
+        return "invalid" if seen.errors else "success"
 
     def _explain_unready(self, namespace: str, name: str, tiers: dict[str, status_rules.TierInput]) -> None:
         """For tiers short of ready pods, the scheduler's reason for any pod it cannot place."""

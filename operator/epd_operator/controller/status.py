@@ -256,6 +256,18 @@ def standing_refusal(previous: EPDDeploymentStatus | None, generation: int | Non
     return [spec_valid.message]
 
 
+def observed_by_status_pass(previous: EPDDeploymentStatus | None) -> int | None:
+    """The generation a status pass reports as observed: the last one a full pass acted on, since a
+    status pass reports on the children without acting on a newer spec."""
+    return previous.observedGeneration if previous else None
+
+
+def last_described(previous: EPDDeploymentStatus | None) -> tuple[str | None, str | None]:
+    """(topology, endpoint) as the last status gave them: what a refused spec's status keeps saying,
+    since the children of the last accepted spec keep running."""
+    return (previous.topology, previous.endpoint) if previous else (None, None)
+
+
 def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
     """The scheduler's message on the first pod it could not place (PodScheduled=False, Unschedulable)."""
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
