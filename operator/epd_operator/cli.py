@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -135,10 +136,17 @@ def cmd_crd(_: argparse.Namespace) -> None:
     sys.stdout.write(dump_yaml([build_crd()]))
 
 
-def cmd_docs(_: argparse.Namespace) -> None:
-    from .api.docs import reference
+def cmd_docs(args: argparse.Namespace) -> None:
+    from .api.docs import reference, with_reference
 
-    sys.stdout.write(reference())
+    if args.output is None:
+        sys.stdout.write(reference())
+        return
+    page = Path(args.output)
+    try:
+        page.write_text(with_reference(page.read_text(encoding="utf-8")), encoding="utf-8")
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"epdctl docs: {page}: {error}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,7 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=cmd_validate)
     crd = sub.add_parser("crd", help="print the generated CustomResourceDefinition")
     crd.set_defaults(func=cmd_crd)
-    docs = sub.add_parser("docs", help="print the Markdown reference of every spec field (the README's API reference)")
+    docs = sub.add_parser(
+        "docs", help="print the Markdown reference of every spec field (docs/api.md's field reference)"
+    )
+    docs.add_argument(
+        "-o",
+        "--output",
+        help="rewrite the reference in this Markdown file, between its api-reference markers (docs/api.md)",
+    )
     docs.set_defaults(func=cmd_docs)
     # Listed for --help only: main() hands `epdctl janitor ...` to the janitor's own parser.
     sub.add_parser(

@@ -83,7 +83,7 @@ def test_kv_transfer_without_prefill_is_refused_by_the_api_server_naming_the_fie
 
 
 def test_a_rendered_chart_is_checked_before_install_with_a_server_side_dry_run(helm: Helm, kube: KubeView):
-    """What the README offers instead of the chart's own checks: nothing is created, no release recorded."""
+    """What docs/helm.md offers instead of the chart's own checks: nothing is created, no release recorded."""
     rendered = helm.run(
         "template",
         "kv",

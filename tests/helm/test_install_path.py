@@ -36,7 +36,7 @@ CRD_NAME = "epddeployments.serving.epd.dev"
 def cluster(helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A cluster per helm major: `helm install` must be the one that creates the CRD. (Helm 4
     installs CRDs with server-side apply and conflicts on `.spec.versions` with a CRD helm 3
-    created; the README's upgrade notes say how to take it over.)"""
+    created; docs/helm.md's CRD upgrade notes say how to take it over.)"""
     with LocalCluster(tmp_path_factory.mktemp(f"helm{helm.major}-k8s")) as c:
         yield c
 
@@ -180,7 +180,7 @@ async def test_helm_install_upgrade_uninstall_with_the_charts_rbac(helm: Helm, c
 
     helm_on(helm, cluster, "uninstall", release, "-n", OPERATOR_NAMESPACE)
     assert not system.list("apps/v1", "Deployment", labels={"app.kubernetes.io/instance": release})
-    # Helm never deletes CRDs it installed from crds/ (documented in the README's upgrade section).
+    # Helm never deletes CRDs it installed from crds/ (documented in docs/helm.md, "CRD upgrades").
     assert system.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME) is not None
     listing = json.loads(helm_on(helm, cluster, "list", "-A", "-o", "json"))
     assert [r["name"] for r in listing] == []

@@ -1,5 +1,5 @@
 """Every rendered pod of every example, checked against the Pod Security Standards (tests/support/pod_security.py),
-and the README's install section stating the level each example meets."""
+and docs/install.md stating the level each example meets."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.support.render_examples import (
     rendered_examples,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+INSTALL_PAGE = Path(__file__).resolve().parents[2] / "docs" / "install.md"
 START, END = "<!-- pod-security:start -->", "<!-- pod-security:end -->"
 ROLES = ("encoder", "prefill", "decode", "router", "mooncake-master")
 
@@ -162,10 +162,10 @@ def test_the_checker_follows_the_standard(pod, expected):
     assert level(pod) == expected
 
 
-# ----------------------------------------------------------------------------- README
+# ----------------------------------------------------------------------------- docs/install.md
 
 
-def readme_table(examples: dict[str, list[dict]]) -> str:
+def install_page_table(examples: dict[str, list[dict]]) -> str:
     def cell(levels: dict[str, str], role: str) -> str:
         return levels.get(role, "—")
 
@@ -183,12 +183,12 @@ def readme_table(examples: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def test_readme_states_the_level_of_every_example(examples):
-    text = README.read_text(encoding="utf-8")
-    assert START in text and END in text, f"README.md lost the {START} ... {END} markers"
+def test_install_page_states_the_level_of_every_example(examples):
+    text = INSTALL_PAGE.read_text(encoding="utf-8")
+    assert START in text and END in text, f"docs/install.md lost the {START} ... {END} markers"
     shown = text.split(START, 1)[1].split(END, 1)[0].strip()
-    expected = readme_table(examples)
-    assert shown == expected, f"README.md's Pod Security table is stale; it should read:\n{expected}"
+    expected = install_page_table(examples)
+    assert shown == expected, f"docs/install.md's Pod Security table is stale; it should read:\n{expected}"
 
 
 def test_levels_order():

@@ -1,7 +1,7 @@
 """The Markdown API reference of `EPDDeployment.spec` (`epdctl docs`), generated from the models.
 
-Walks `EPDDeploymentSpec` field by field, so the README's reference cannot fall behind the code
-(a unit test compares the two). A model met a second time (the prefill and decode tiers are the same
+Walks `EPDDeploymentSpec` field by field, so the reference in docs/api.md cannot fall behind the code
+(`epdctl docs --output docs/api.md` rewrites it between its markers; a unit test fails when it is stale). A model met a second time (the prefill and decode tiers are the same
 `Tier` as the encoder) points back to its first path instead of repeating every row. The cross-field
 rules of `rules.py` are listed after the fields, with the path each one reports.
 """
@@ -161,6 +161,9 @@ def _rule_path(model: type[BaseModel], field: str) -> str:
     return ", ".join(f"`{'.'.join(p)}{field}`" for p in paths)
 
 
+START, END = "<!-- api-reference:start -->", "<!-- api-reference:end -->"
+
+
 def reference() -> str:
     """The Markdown reference: one table row per spec field, then the cross-field rules."""
     seen: dict[type[BaseModel], str] = {}
@@ -180,3 +183,15 @@ def reference() -> str:
         *(f"- {_rule_path(rule.model, rule.field)}: {rule.message}" for rule in RULES),
     ]
     return "\n".join(lines) + "\n"
+
+
+def with_reference(page: str) -> str:
+    """`page` (a Markdown document) with the text between its api-reference markers replaced by `reference()`.
+
+    Raises ValueError naming the markers when the page does not hold them once each, in order.
+    """
+    if page.count(START) != 1 or page.count(END) != 1 or page.index(START) > page.index(END):
+        raise ValueError(f"the page needs one {START} line before one {END} line around the API reference")
+    before, rest = page.split(START, 1)
+    after = rest.split(END, 1)[1]
+    return f"{before}{START}\n{reference()}{END}{after}"
