@@ -1,7 +1,7 @@
 """The `epd-router` command line: where its backends are and what it must know about the connectors.
 
-The flag names are those of `epd_operator.router.flags`'s parser; a test renders every example
-and parses these args with that very parser.
+The flag names and defaults are the router's contract (router/contract.py), which its parser reads
+too; a test renders every example and parses these args with that very parser.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 
 from ..api.quantity import parse_quantity
 from ..api.spec import EPDDeployment, Mooncake
-from ..router.config import RouterConfig
+from ..router import contract
 from .naming import DECODE, ENCODER, PREFILL, label_selector
 from .tracing import router_tracing_args
 from .transfer import cache_ttl_seconds
@@ -35,29 +35,29 @@ def reuse_ttl_seconds(janitor_ttl_seconds: int) -> int:
 def router_args(epd: EPDDeployment) -> list[str]:
     spec = epd.spec
     args = [
-        "--host",
+        contract.HOST,
         "0.0.0.0",
-        "--port",
+        contract.PORT,
         str(ROUTER_PORT),
-        "--metrics-port",
+        contract.METRICS_PORT,
         str(ROUTER_METRICS_PORT),
-        "--discovery",
-        "kubernetes",
-        "--namespace",
+        contract.DISCOVERY,
+        contract.DISCOVERY_KUBERNETES,
+        contract.NAMESPACE,
         epd.namespace,
-        "--encoder-selector",
+        contract.ENCODER_SELECTOR,
         label_selector(epd, ENCODER),
     ]
     if spec.prefill is not None:
-        args += ["--prefill-selector", label_selector(epd, PREFILL)]
+        args += [contract.PREFILL_SELECTOR, label_selector(epd, PREFILL)]
     else:
-        args += ["--prefill-servers-urls", "disable"]  # E+PD: the decode tier prefills itself
+        args += [contract.PREFILL_SERVERS_URLS, contract.NO_PREFILL]  # E+PD: the decode tier prefills itself
     args += [
-        "--decode-selector",
+        contract.DECODE_SELECTOR,
         label_selector(epd, DECODE),
-        "--encoder-policy",
+        contract.ENCODER_POLICY,
         spec.router.encoderPolicy,
-        "--pd-policy",
+        contract.PD_POLICY,
         spec.router.pdPolicy,
     ]
     args += data_parallel_hints(epd)
@@ -66,16 +66,16 @@ def router_args(epd: EPDDeployment) -> list[str]:
     args += [
         flag
         for on, flag in (
-            (trust.clientEmbeds, "--allow-client-embeds"),
-            (trust.clientUUIDs, "--trust-client-uuids"),
-            (trust.immutableMediaURLs, "--immutable-media-urls"),
+            (trust.clientEmbeds, contract.ALLOW_CLIENT_EMBEDS),
+            (trust.clientUUIDs, contract.TRUST_CLIENT_UUIDS),
+            (trust.immutableMediaURLs, contract.IMMUTABLE_MEDIA_URLS),
         )
         if on
     ]
     args += router_tracing_args(spec)
     workers = router_workers(epd)
     if workers > 1:
-        args += ["--workers", str(workers)]
+        args += [contract.WORKERS, str(workers)]
     return args + spec.router.extraArgs
 
 
@@ -91,17 +91,17 @@ def data_parallel_hints(epd: EPDDeployment) -> list[str]:
     balances ranks by load; for Mooncake, the stride between ranks' control ports (the consumer's TP)."""
     spec = epd.spec
     args: list[str] = []
-    for role, tier in ((PREFILL, spec.prefill), (DECODE, spec.decode)):
-        if tier is not None and tier.dataParallelSize != getattr(RouterConfig, f"{role}_dp_size"):
-            args += [f"--{role}-dp-size", str(tier.dataParallelSize)]
+    for tier, flag in ((spec.prefill, contract.PREFILL_DP_SIZE), (spec.decode, contract.DECODE_DP_SIZE)):
+        if tier is not None and tier.dataParallelSize != contract.DEFAULT_DP_SIZE:
+            args += [flag, str(tier.dataParallelSize)]
     consumer = spec.prefill or spec.decode
     stride = consumer.tensorParallelSize
     if (
         spec.ecTransfer.connector == "Mooncake"
         and consumer.dataParallelSize > 1
-        and stride != RouterConfig.ec_consumer_tp_size
+        and stride != contract.DEFAULT_EC_CONSUMER_TP_SIZE
     ):
-        args += ["--ec-consumer-tp-size", str(stride)]
+        args += [contract.EC_CONSUMER_TP_SIZE, str(stride)]
     return args
 
 
@@ -113,8 +113,9 @@ def connector_hints(epd: EPDDeployment) -> list[str]:
         # shared store (evicted by the janitor, or never re-saved by an encoder that served it from
         # its memory cache) kills its engine in vLLM 0.32. Raw media plus the uuid lets it load the
         # stored embedding when present and encode locally when not.
-        return ["--rewrite", "pinned", "--reuse-ttl", str(reuse_ttl_seconds(cache_ttl_seconds(ec.sharedStorage)))]
+        ttl = reuse_ttl_seconds(cache_ttl_seconds(ec.sharedStorage))
+        return [contract.REWRITE, "pinned", contract.REUSE_TTL, str(ttl)]
     if ec.connector == "Mooncake":
         # The router addresses each consumer's control socket as tcp://<pod IP>:<ec_port>.
-        return ["--ec-consumer-port", str((ec.mooncake or Mooncake()).ecPort)]
+        return [contract.EC_CONSUMER_PORT, str((ec.mooncake or Mooncake()).ecPort)]
     return []

@@ -10,6 +10,7 @@ traceparent the router sends) and sample requests that come without one at the s
 from __future__ import annotations
 
 from ..api.spec import EPDDeployment, EPDDeploymentSpec
+from ..router import contract
 
 
 def vllm_tracing_args(spec: EPDDeploymentSpec) -> list[str]:
@@ -32,4 +33,9 @@ def router_tracing_args(spec: EPDDeploymentSpec) -> list[str]:
     tracing = spec.tracing
     if tracing is None:
         return []
-    return ["--otlp-traces-endpoint", tracing.otlpEndpoint, "--trace-sample-ratio", str(tracing.sampleRatio)]
+    return [
+        contract.OTLP_TRACES_ENDPOINT,
+        tracing.otlpEndpoint,
+        contract.TRACE_SAMPLE_RATIO,
+        str(tracing.sampleRatio),
+    ]

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..api.quantity import quantity_bytes
 from ..api.spec import EPDDeployment, EPDDeploymentSpec, KVTransfer, Mooncake, SharedStorage
-from ..router.config import EC_RANK_PORT_PREFIX
+from ..router.contract import EC_RANK_PORT_PREFIX
 from .naming import DECODE, ENCODER, MOONCAKE_MASTER, PREFILL, object_name, tier_of, transfer_configmap_name
 
 POD_IP = "$(POD_IP)"

@@ -5,15 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import contract
 from .pickers import DEFAULT_LOAD_FACTOR
 
 if TYPE_CHECKING:
     from .http_messages import Limits
-
-
-# The Service (and so EndpointSlice) port the router reads a Mooncake EC consumer's DP rank d's control
-# address from: `<prefix><d>`. The renderer declares them; the router falls back to ec_port + d * TP.
-EC_RANK_PORT_PREFIX = "ec-dp"
 
 
 @dataclass
@@ -83,9 +79,9 @@ class RouterConfig:
     # Data-parallel backends: each prefill/decode instance runs this many engines; every request is
     # pinned to one (X-data-parallel-rank), ranks balanced by their own in-flight load. A Mooncake
     # consumer's rank d listens on its ec_port + d * ec_consumer_tp_size (vLLM: ec_port + d*TP + r).
-    prefill_dp_size: int = 1
-    decode_dp_size: int = 1
-    ec_consumer_tp_size: int = 1
+    prefill_dp_size: int = contract.DEFAULT_DP_SIZE
+    decode_dp_size: int = contract.DEFAULT_DP_SIZE
+    ec_consumer_tp_size: int = contract.DEFAULT_EC_CONSUMER_TP_SIZE
     # Health.
     health_interval: float = 5.0
     health_timeout: float = 2.0

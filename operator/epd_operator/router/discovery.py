@@ -22,7 +22,8 @@ from typing import Any
 from ..api.labels import GENERATION_LABEL
 from ..kube import ENDPOINT_SLICE, POD, REQUEST_ERRORS, Kube, ListWatch, load_credentials
 from .backends import DiscoveredEndpoint, Pool
-from .config import EC_RANK_PORT_PREFIX, RouterConfig
+from .config import RouterConfig
+from .contract import EC_RANK_PORT_PREFIX
 
 log = logging.getLogger("epd_router.discovery")
 

@@ -3,6 +3,7 @@
 The flags of vLLM's `disagg_epd_proxy.py` work unchanged (`--host`, `--port`,
 `--encode-servers-urls`, `--prefill-servers-urls`, `--decode-servers-urls`,
 `--ec-consumer-zmq-addrs`); the rest is ours. `router.main` runs the process with what they give.
+The flags the operator writes are named in contract.py, which the renderer reads too.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import argparse
 import os
 
 from .. import __version__
+from . import contract
 from .config import RouterConfig
 from .pickers import ENCODER_POLICIES, PD_POLICIES
 
 D = RouterConfig  # the router's defaults live there, once
+# --prefill-servers-urls values that mean E+PD (no prefill tier).
+NO_PREFILL = ("", "none", contract.NO_PREFILL)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,10 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("--version", action="version", version=f"%(prog)s {__version__}")
-    a("--host", default=D.host)
-    a("--port", type=int, default=D.port)
+    a(contract.HOST, default=D.host)
+    a(contract.PORT, type=int, default=D.port)
     a(
-        "--metrics-port",
+        contract.METRICS_PORT,
         type=int,
         default=None,
         help="serve /metrics on this port only (default: on --port, beside the API)",
@@ -34,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("static endpoints (vLLM proxy compatible)")
     g.add_argument("--encode-servers-urls", default="", help="comma-separated encoder URLs")
     g.add_argument(
-        "--prefill-servers-urls", default="none", help="comma-separated prefill URLs; 'disable'/'none' = E+PD"
+        contract.PREFILL_SERVERS_URLS, default="none", help="comma-separated prefill URLs; 'disable'/'none' = E+PD"
     )
     g.add_argument("--decode-servers-urls", default="", help="comma-separated decode (or PD) URLs")
     g.add_argument(
@@ -49,45 +53,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="data-parallel size of the EC consumer tier (prefill in E/P/D, decode in E+PD)",
     )
     k = p.add_argument_group("Kubernetes discovery")
-    k.add_argument("--discovery", choices=("static", "kubernetes"), default=D.discovery)
-    k.add_argument("--namespace", default=None, help="default: the pod's own namespace")
-    k.add_argument("--encoder-selector", default=None, help="label selector of the encoder EndpointSlices")
+    k.add_argument(contract.DISCOVERY, choices=("static", contract.DISCOVERY_KUBERNETES), default=D.discovery)
+    k.add_argument(contract.NAMESPACE, default=None, help="default: the pod's own namespace")
+    k.add_argument(contract.ENCODER_SELECTOR, default=None, help="label selector of the encoder EndpointSlices")
     k.add_argument(
-        "--prefill-selector", default=None, help="label selector of the prefill EndpointSlices (absent = E+PD)"
+        contract.PREFILL_SELECTOR, default=None, help="label selector of the prefill EndpointSlices (absent = E+PD)"
     )
-    k.add_argument("--decode-selector", default=None, help="label selector of the decode EndpointSlices")
+    k.add_argument(contract.DECODE_SELECTOR, default=None, help="label selector of the decode EndpointSlices")
     k.add_argument(
         "--backend-port-name", default=D.backend_port_name, help="EndpointSlice port name of vLLM's HTTP port"
     )
     k.add_argument("--backend-port", type=int, default=D.backend_port, help="port used when a slice names none")
     k.add_argument("--kubeconfig", default=None, help="default: in-cluster credentials, else $KUBECONFIG")
     k.add_argument(
-        "--ec-consumer-port",
+        contract.EC_CONSUMER_PORT,
         type=int,
         default=None,
         help="Mooncake EC: consumer ec_port; address = tcp://<pod IP>:PORT",
     )
     k.add_argument(
-        "--ec-consumer-tp-size",
+        contract.EC_CONSUMER_TP_SIZE,
         type=int,
         default=D.ec_consumer_tp_size,
         help="Mooncake EC: the consumer's tensor-parallel size; DP rank d listens on PORT + d * this",
     )
     r = p.add_argument_group("picking")
     r.add_argument(
-        "--prefill-dp-size",
+        contract.PREFILL_DP_SIZE,
         type=int,
         default=D.prefill_dp_size,
         help="engines per prefill instance: requests are pinned to one (X-data-parallel-rank), balanced by load",
     )
     r.add_argument(
-        "--decode-dp-size",
+        contract.DECODE_DP_SIZE,
         type=int,
         default=D.decode_dp_size,
         help="engines per decode (or PD) instance: requests are pinned to one, balanced by load",
     )
-    r.add_argument("--encoder-policy", choices=ENCODER_POLICIES, default=D.encoder_policy)
-    r.add_argument("--pd-policy", choices=PD_POLICIES, default=D.pd_policy)
+    r.add_argument(contract.ENCODER_POLICY, choices=ENCODER_POLICIES, default=D.encoder_policy)
+    r.add_argument(contract.PD_POLICY, choices=PD_POLICIES, default=D.pd_policy)
     r.add_argument(
         "--load-factor",
         type=float,
@@ -137,31 +141,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b = p.add_argument_group("trust boundary (clients are untrusted unless these say otherwise)")
     b.add_argument(
-        "--allow-client-embeds",
+        contract.ALLOW_CLIENT_EMBEDS,
         action="store_true",
         help="accept *_embeds content parts and prompt_embeds from clients (refused by default)",
     )
     b.add_argument(
-        "--trust-client-uuids",
+        contract.TRUST_CLIENT_UUIDS,
         action="store_true",
         help="a client's media uuid names the item in the encoder cache and the reuse cache "
         "(by default it is removed: clients could alias each other's media)",
     )
     b.add_argument(
-        "--immutable-media-urls",
+        contract.IMMUTABLE_MEDIA_URLS,
         action="store_true",
         help="the content behind a media URL never changes: reuse encoder results by URL "
         "(by default only data: URLs and inline audio, which name their content, are reused)",
     )
     i.add_argument(
-        "--reuse-ttl",
+        contract.REUSE_TTL,
         type=float,
         default=D.reuse_ttl,
         help="SharedStorage connector: reuse an encoded item for this many seconds (keep it well below the janitor TTL); 0 = off",
     )
     i.add_argument("--reuse-max-items", type=int, default=D.reuse_max_items)
     i.add_argument(
-        "--rewrite",
+        contract.REWRITE,
         choices=("metadata", "pinned"),
         default=D.rewrite,
         help="metadata: encoded items reach the consumer as metadata-only *_embeds parts (vLLM 0.32 proxy); "
@@ -183,18 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o = p.add_argument_group("traces (OpenTelemetry; needs epd-operator[tracing])")
     o.add_argument(
-        "--otlp-traces-endpoint",
+        contract.OTLP_TRACES_ENDPOINT,
         default=D.otlp_traces_endpoint,
         help="export a trace per request to this OTLP/HTTP URL (e.g. http://collector:4318/v1/traces) and "
         "send traceparent to every backend; default: off",
     )
     o.add_argument(
-        "--trace-sample-ratio",
+        contract.TRACE_SAMPLE_RATIO,
         type=float,
         default=D.trace_sample_ratio,
         help="share of requests traced when the client sent no sampling decision (traceparent)",
     )
-    a("--workers", type=int, default=D.workers, help="processes sharing the port (SO_REUSEPORT)")
+    a(contract.WORKERS, type=int, default=D.workers, help="processes sharing the port (SO_REUSEPORT)")
     a("--log-level", default="info")
     a("--log-requests", action="store_true", help="one log line per request: id, route, status, latency")
     return p
@@ -203,11 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     from .discovery import split_urls
 
-    prefill = (
-        None
-        if args.prefill_servers_urls.strip().lower() in ("", "none", "disable")
-        else split_urls(args.prefill_servers_urls)
-    )
+    prefill = None if args.prefill_servers_urls.strip().lower() in NO_PREFILL else split_urls(args.prefill_servers_urls)
     cfg = RouterConfig(
         host=args.host,
         port=args.port,
@@ -265,6 +265,6 @@ def _dp_sizes(args: argparse.Namespace) -> dict[str, int]:
     """The DP size of each consumer tier; vLLM's --ec-consumer-dp-size names the EC consumer's."""
     sizes = {"prefill_dp_size": args.prefill_dp_size, "decode_dp_size": args.decode_dp_size}
     if args.ec_consumer_dp_size is not None:
-        e_pd = args.prefill_servers_urls.strip().lower() in ("", "none", "disable") and not args.prefill_selector
+        e_pd = args.prefill_servers_urls.strip().lower() in NO_PREFILL and not args.prefill_selector
         sizes["decode_dp_size" if e_pd else "prefill_dp_size"] = args.ec_consumer_dp_size
     return sizes
