@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             f"needs cores {overhead.ROUTER_CORE} and {overhead.LOAD_CORE} (the router gets one of its own); "
             f"this process may use {cores}"
         )
-    # The harness (API emulator, routing client) waits most of the time; keep it off the router's core.
+    # The harness (this process and what it starts unpinned: backends, routing client) waits most of the time;
+    # keep it off the router's core.
     prioritised = isolate(overhead.LOAD_CORE)
 
     started = time.monotonic()

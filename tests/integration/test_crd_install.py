@@ -1,5 +1,5 @@
 """The CRD as real API servers take it: the newest minor the project tests and the oldest minor it
-claims (README, Chart.yaml `kubeVersion`). Each gets an apiserver of its own (etcd + kube-apiserver),
+claims (docs/install.md, Chart.yaml `kubeVersion`). Each gets an apiserver of its own (etcd + kube-apiserver),
 `kubectl apply -f crds/` and a bad spec refused with its field path in the server's words."""
 
 from __future__ import annotations

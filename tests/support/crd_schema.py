@@ -1,8 +1,9 @@
 """
 Structural-schema semantics of CustomResourceDefinitions, as the API server applies them.
 
-The same code serves the API emulator (every write of a custom object) and tests that check
-example CRs against the project's generated CRD, so both agree on what a valid object is.
+It lets tests check example CRs and the API's own validation against the project's generated CRD
+offline, without an API server, so the models and the CRD agree on what a valid object is; the
+integration tests check the same CRD in a real kube-apiserver.
 
 Order of processing mirrors kube-apiserver: prune unknown fields, apply defaults, then validate
 (OpenAPI v3 via ``jsonschema``, then ``x-kubernetes-validations`` CEL rules via ``cel``).

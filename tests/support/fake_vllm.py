@@ -1,7 +1,8 @@
 """Scripted vLLM-shaped backends for router tests and benchmarks.
 
 One aiohttp server per instance, speaking just enough of vLLM 0.32's OpenAI server and
-EPD behaviour (reference/vllm-epd.md §4, vllm-cpu.md "Observed protocol facts"):
+EPD behaviour (what vLLM's own EPD proxy, `disagg_epd_proxy.py`, exchanges with the tiers, and what
+real vLLM 0.32 on CPU answers in the e2e tests):
 
 - encoder: replies with empty content and top-level `ec_transfer_params` keyed by mm_hash
   (`metadata`, `item_indices`, and `transfer_id` when the request carried Mooncake `ec_items`);

@@ -1,5 +1,5 @@
-"""The real kubectl as tests run it: async (the API emulator shares the test's event loop), failing
-with kubectl's own error text."""
+"""The real kubectl as tests run it: async (an operator run in-process shares the test's event loop),
+failing with kubectl's own error text."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@
         ...                                   # op.metric("epd_operator_reconciles_total", kind="full")
 
 The subprocess listens on free loopback ports, and is stopped with SIGTERM (then SIGKILL after a
-timeout) on exit; its output is kept for assertion messages. Everything is async because the API
-emulator usually runs in the test's own event loop, which a blocking wait would freeze.
+timeout) on exit; its output is kept for assertion messages. Everything is async because an operator
+run in-process (`operator_in_process`) shares the test's own event loop, which a blocking wait would freeze.
 """
 
 from __future__ import annotations

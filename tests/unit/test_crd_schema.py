@@ -1,4 +1,4 @@
-"""The CRD structural-schema semantics shared by the API emulator and the CRD tests."""
+"""The CRD structural-schema semantics (tests/support/crd_schema.py) that the offline CRD tests rely on."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """render/transfer: the EC and KV configs, env, ports, volumes and ConfigMap keys of every tier, for every
-connector and both topologies, written out by hand from the connector docs (reference/vllm-epd.md) — not
-only for the examples' one variant each."""
+connector and both topologies, written out by hand from vLLM 0.32's connector docs and EPD examples
+(examples/disaggregated/disaggregated_encoder/ in vLLM's repository) — not only for the examples' one
+variant each."""
 
 from __future__ import annotations
 

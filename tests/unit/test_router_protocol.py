@@ -1,4 +1,4 @@
-"""The EPD wire protocol as pure functions (reference/vllm-epd.md §4)."""
+"""The EPD wire protocol as pure functions: what vLLM 0.32's own EPD proxy (`disagg_epd_proxy.py`) sends and expects."""
 
 import hashlib
 import json

@@ -3,8 +3,10 @@
 About 400 lines on purpose: the one home of the wire format (mutation-tested as one module);
 split, a request's shape would be spread over files that must change together.
 
-Everything here follows reference/vllm-epd.md §4 so that encoders and consumers
-cannot tell this router from vLLM's own `disagg_epd_proxy.py`.
+Everything here follows the wire protocol of vLLM's own EPD proxy (`disagg_epd_proxy.py` in vLLM
+0.32's examples/disaggregated/disaggregated_encoder/: media extraction, the encoder fan-out, the
+metadata-only rewrite, the prefill and decode bodies) so that encoders and consumers cannot tell this
+router from it.
 """
 
 from __future__ import annotations
