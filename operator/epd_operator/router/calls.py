@@ -7,17 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from .backends import Endpoint, Pool
 from .config import RouterConfig
+from .context import RequestContext
 from .failures import BackendRejection, RetryableFailure, is_client_error
 from .http_messages import Reply, Response, StreamResponse
 from .metrics import RouterMetrics
 from .upstream import BackendReply, TransportError, Upstream
-
-if TYPE_CHECKING:
-    from .pipeline import RequestContext
 
 log = logging.getLogger("epd_router")
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 import orjson
 
 from .backends import Endpoint, Pool
 from .calls import BackendCalls
 from .config import RouterConfig
+from .context import RequestContext
 from .failures import BackendRejection, RetryableFailure
 from .metrics import RouterMetrics
 from .pickers import Picker
@@ -32,9 +32,6 @@ from .protocol import (
     new_id,
 )
 from .reuse import ReuseCache, encoder_key, reuse_key
-
-if TYPE_CHECKING:
-    from .pipeline import RequestContext
 
 log = logging.getLogger("epd_router")
 

@@ -1,4 +1,4 @@
-"""The EPD pipeline: one generation request through E → (P) → D, carried by a `RequestContext`.
+"""The EPD pipeline: one generation request through E → (P) → D, carried by a `RequestContext` (context.py).
 
     pick the EC consumer ─ encode media (encoding.py) ─ rewrite the body for the consumer
       E+PD:  the PD instance answers                       (retry_once on the decode pool)
@@ -16,53 +16,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 
 from .backends import Endpoint, Pool, finishing_consumers
 from .calls import BackendCalls
 from .config import RouterConfig
+from .context import RequestContext
 from .encoding import EncoderStage
 from .failures import BackendRejection, RetryableFailure, json_error
-from .http_messages import HttpRequest, Reply
+from .http_messages import Reply
 from .metrics import RouterMetrics
 from .pickers import Picker
-from .protocol import EncodedItem, MediaItem, prefill_request, prompt_prefix, rewrite_for_decode
+from .protocol import prefill_request, prompt_prefix, rewrite_for_decode
 from .reuse import ReuseCache, reuse_key
-from .tracing import RequestTrace
 
 T = TypeVar("T")
 UPSTREAM_HEADERS = b"Content-Type: application/json\r\nAccept-Encoding: identity\r\n"
-
-
-@dataclass(slots=True, eq=False)
-class RequestContext:
-    """One generation request on its way through the router: what the client sent, what the
-    router decided about it, where it went. server.py fills the first block; the pipeline the rest."""
-
-    request: HttpRequest
-    route: str  # the OpenAI path; every tier is called on it (encoders on chat)
-    rid: str  # x-request-id, the client's or ours; sent to every tier
-    t0: float  # perf_counter() at arrival: ttfb and total count from here
-    body: dict
-    raw: bytes | None  # the client's bytes, forwarded as they are while the body is unchanged; None once altered
-    items: list[MediaItem]  # media to encode, in order
-    prepared: dict[str, Any]  # the body the consumer gets: the client's until media are rewritten for it
-    # Filled by the pipeline:
-    common_headers: bytes = b""  # header lines every backend call carries (content type, the client's auth)
-    headers: bytes = b""  # common_headers + x-request-id: prefill and decode calls
-    key: str | None = None  # prompt prefix for the prefill/decode picker (prefix-aware policy)
-    consumer: Endpoint | None = None  # the EC consumer, chosen before encoding: P in E/P/D, PD in E+PD
-    generation: str | None = None  # the consumer's compatibility generation: every other tier is picked within it
-    consumer_zmq: str | None = None  # where a Mooncake encoder pushes to (the consumer's); None: SharedStorage
-    encoded: dict[int, EncodedItem] = field(default_factory=dict)  # EC handles by item index; missing items go raw
-    metadata_only: bool = False  # the consumer body references encoder output without the media itself
-    kv: dict | None = None  # kv_transfer_params from the prefill that answered
-    prefill_ep: Endpoint | None = None  # the prefill instance that answered
-    _payload: bytes | None = None  # `prepared` serialized, kept for a retry
-    trace: RequestTrace | None = None  # this request's spans; None while tracing is off
 
 
 class Pipeline:
@@ -190,7 +161,7 @@ class Pipeline:
             self.reuse.forget(reuse_key(ctx.body, item))
         ctx.prepared = rewrite_for_decode(ctx.body, ctx.items, {}, pin_raw=not self.mooncake)
         ctx.metadata_only = False
-        ctx._payload = None
+        ctx.payload = None
 
     async def _prefill_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> Endpoint:
         """Prefill on `ep`, keeping its KV handle in the context; returns `ep`, the P that answered."""
@@ -225,10 +196,10 @@ class Pipeline:
     async def _decode_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> Reply:
         if self.prefills is not None:
             data = orjson.dumps({**ctx.prepared, "kv_transfer_params": ctx.kv} if ctx.kv else ctx.prepared)
-        elif ctx._payload is not None:
-            data = ctx._payload
+        elif ctx.payload is not None:
+            data = ctx.payload
         else:
-            data = ctx._payload = (
+            data = ctx.payload = (
                 ctx.raw if ctx.prepared is ctx.body and ctx.raw is not None else orjson.dumps(ctx.prepared)
             )
         if ctx.trace is None:

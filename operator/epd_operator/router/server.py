@@ -1,7 +1,7 @@
 """The router's routes and lifecycle: which handler answers which path, starting and stopping
 discovery, health checks and connection pools. A generation request is checked here (body,
 x-request-id, what the client may send) and handed to the pipeline (pipeline.py) as a
-`RequestContext`; the other routes are answered here."""
+`RequestContext` (context.py); the other routes are answered here."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ import orjson
 from .backends import HealthChecker, Pool
 from .calls import BackendCalls
 from .config import RouterConfig
+from .context import RequestContext
 from .failures import JSON, json_error
 from .http_messages import BodyTooLarge, HttpRequest, Reply, Response
 from .http_server import start_server
 from .metrics import RouterMetrics
 from .pickers import make_picker
-from .pipeline import Pipeline, RequestContext
+from .pipeline import Pipeline
 from .protocol import (
     BadRequest,
     MediaItem,
