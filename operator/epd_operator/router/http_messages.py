@@ -1,18 +1,17 @@
 """What the router's HTTP/1.1 server hands its handlers and takes back: the parsed request, a
 whole reply or a streamed one, and the limits a connection is held to (http_server.py parses
-and writes; the handlers in server.py and pipeline.py only see these)."""
+and writes; the handlers in server.py and pipeline.py only see these). A streamed reply writes
+through `Connection`, the part of a client connection this module relies on."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .protocol import error_body
-
-if TYPE_CHECKING:
-    from .http_server import HttpConnection
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
@@ -34,8 +33,26 @@ class BodyTooLarge(Exception):
     pass
 
 
+class Connection(Protocol):
+    """The client connection a request came on, as a streamed reply writes through it
+    (http_server.HttpConnection is the one implementation)."""
+
+    closed: bool  # the client is gone: nothing more reaches it
+    drained: asyncio.Future | None  # set while the transport's buffer is full
+
+    def begin_stream(self) -> None:
+        """A streamed reply starts: from here, a handler's failure can only cut the connection."""
+
+    def send(self, data: bytes) -> None:
+        """Queue `data` for the client (dropped once it is gone)."""
+
+    async def wait_drained(self) -> None:
+        """Wait until the client took what the transport holds; raises ConnectionResetError for a
+        client that stopped reading."""
+
+
 class HttpRequest:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "http10", "_conn")
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "http10", "connection")
 
     def __init__(
         self,
@@ -44,7 +61,7 @@ class HttpRequest:
         query: str,
         headers: dict[str, str],
         body: bytes | None,
-        conn: HttpConnection,
+        connection: Connection,
         keep_alive: bool = True,
         http10: bool = False,
     ) -> None:
@@ -55,7 +72,7 @@ class HttpRequest:
         self.body = body  # None: over the size limit, not read
         self.keep_alive = keep_alive
         self.http10 = http10
-        self._conn = conn
+        self.connection = connection  # where a streamed reply to this request is written
 
     async def read(self) -> bytes:
         if self.body is None:
@@ -90,13 +107,18 @@ class StreamResponse:
     def __init__(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.headers = headers if headers is not None else {}
-        self._conn: HttpConnection | None = None
+        self._conn: Connection | None = None
         self._chunked = True
         self._ended = False
 
+    @property
+    def prepared(self) -> bool:
+        """Whether the head was sent (`prepare`)."""
+        return self._conn is not None
+
     async def prepare(self, request: HttpRequest) -> None:
-        conn = self._conn = request._conn
-        conn.streaming = True
+        conn = self._conn = request.connection
+        conn.begin_stream()
         self._chunked = not request.http10
         if not self._chunked:
             request.keep_alive = False

@@ -21,7 +21,8 @@ Replies go out in request order (pipelining); the next request is parsed only on
 previous reply is written and the client has drained what the transport holds (backpressure
 on every reply, streamed or whole); a client that stops reading for `send_timeout` is cut.
 Each request runs as its own task, cancelled when the client disconnects, so every backend
-call it has open is aborted too. The objects handlers see are in http_messages.py.
+call it has open is aborted too. The objects handlers see are in http_messages.py; a streamed
+reply writes through its request's connection by the `Connection` interface declared there.
 
 Over 400 lines on purpose: it is one connection's state machine (parse, queue, answer, time
 out), and its states are easier to check read in one place than spread over modules.
@@ -315,6 +316,9 @@ class HttpConnection(asyncio.Protocol):
 
     # ---- answering ----
 
+    def begin_stream(self) -> None:
+        self.streaming = True
+
     def send(self, data: bytes) -> None:
         if not self.closed:
             self.transport.write(data)
@@ -361,7 +365,7 @@ class HttpConnection(asyncio.Protocol):
             response = _error(500, "internal router error")
         try:
             if isinstance(response, StreamResponse):
-                if response._conn is None:  # never prepared: nothing was sent yet
+                if not response.prepared:  # nothing was sent yet
                     await response.prepare(request)
                 await response.write_eof()
             else:
