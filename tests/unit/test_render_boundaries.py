@@ -1,13 +1,15 @@
-"""The renderer depends on the router's interface (router/contract.py), never on its runtime."""
+"""The renderer and the API depend on the router's interface (router/contract.py), never on its runtime."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import epd_operator.api
 import epd_operator.render
 
 RENDER = Path(epd_operator.render.__file__).parent
+API = Path(epd_operator.api.__file__).parent
 
 
 def router_modules(path: Path) -> set[str]:
@@ -31,3 +33,8 @@ def test_render_imports_nothing_of_the_router_but_its_contract():
     imports = {path.name: router_modules(path) for path in sorted(RENDER.glob("*.py"))}
     assert {name: found for name, found in imports.items() if found - {"router.contract"}} == {}
     assert {name for name, found in imports.items() if found} == {"router_args.py", "tracing.py", "transfer.py"}
+
+
+def test_the_api_imports_nothing_of_the_router_but_its_contract():
+    imports = {path.name: router_modules(path) for path in sorted(API.glob("*.py"))}
+    assert {name: found for name, found in imports.items() if found} == {"spec.py": {"router.contract"}}

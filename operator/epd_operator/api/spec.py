@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJson
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
+from ..router.contract import EncoderPolicy, PdPolicy
 from . import kube_schemas
 from .quantity import Quantity
 
@@ -36,6 +37,8 @@ SHORT_NAME = "epd"
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 DEFAULT_ROUTER_IMAGE = "ghcr.io/epd-operator/epd-operator:0.1.0"
 VLLM_PORT = 8000
+# E+PD: encoders and one prefill+decode tier; E/P/D: encoders, prefill and decode tiers.
+Topology = Literal["E+PD", "E/P/D"]
 
 # A free-form Kubernetes object kept as is (the status, which only the operator writes).
 KubeObject = dict[str, Any]
@@ -510,12 +513,12 @@ class Router(Placement):
     service: RouterService = Field(
         default_factory=RouterService, description="The Service clients call: the deployment's one endpoint."
     )
-    encoderPolicy: Literal["cache-aware", "round-robin", "least-loaded"] = Field(
+    encoderPolicy: EncoderPolicy = Field(
         "cache-aware",
         description="Which encoder gets an image: `cache-aware` hashes the item so repeats land where "
         "it was encoded (bounded load), `least-loaded` picks the fewest in-flight requests.",
     )
-    pdPolicy: Literal["least-loaded", "prefix-aware", "round-robin"] = Field(
+    pdPolicy: PdPolicy = Field(
         "least-loaded",
         description="Which prefill/decode instance gets a request: `prefix-aware` hashes the prompt's "
         "prefix for KV prefix-cache hits (bounded load), `least-loaded` picks the fewest in-flight.",
@@ -585,7 +588,7 @@ class EPDDeploymentSpec(Strict):
     )
 
     @property
-    def topology(self) -> str:
+    def topology(self) -> Topology:
         return "E/P/D" if self.prefill is not None else "E+PD"
 
 

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .spec import Topology
+
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid"]
 # SpecValid reasons: the spec broke our rules, or the API server refused an object rendered from it.
@@ -75,7 +77,7 @@ class GenerationStatus(_Status):
 class EPDDeploymentStatus(_Status):
     observedGeneration: int | None = None
     phase: Phase = "Pending"
-    topology: Literal["E+PD", "E/P/D"] | None = None
+    topology: Topology | None = None
     endpoint: str | None = Field(None, description="The router Service URL clients talk to.")
     conditions: list[Condition] = Field(default_factory=list)
     tiers: Tiers = Field(default_factory=Tiers)

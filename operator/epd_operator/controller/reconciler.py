@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from ..api.labels import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL
-from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND, EPDDeployment
+from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND, EPDDeployment, Topology
 from ..api.status import EPDDeploymentStatus
 from ..api.validation import FieldError, SpecError, parse_epd
 from ..kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube
@@ -324,7 +324,7 @@ class Reconciler:
         """Derive the status from `live` children, publish it if it changed, and export the phase
         and generations as metrics; returns success, or invalid for a refused spec."""
         namespace, name = seen.namespace, seen.name
-        topology: str | None
+        topology: Topology | None
         endpoint: str | None
         if seen.epd is not None:
             topology, endpoint = seen.epd.spec.topology, router_endpoint(seen.objects, name)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..api.labels import GENERATION_LABEL, ROLE_LABEL
+from ..api.spec import Topology
 from ..api.status import (
     INVALID_SPEC,
     REFUSED_BY_API_SERVER,
@@ -135,7 +136,7 @@ def _lost_pods(name: str, state: TierState, previous: EPDDeploymentStatus | None
 def derive_status(
     *,
     tiers: dict[str, TierInput],
-    topology: str | None,
+    topology: Topology | None,
     endpoint: str | None,
     observed_generation: int | None,
     spec_errors: list[FieldError] | None,
@@ -262,7 +263,7 @@ def observed_by_status_pass(previous: EPDDeploymentStatus | None) -> int | None:
     return previous.observedGeneration if previous else None
 
 
-def last_described(previous: EPDDeploymentStatus | None) -> tuple[str | None, str | None]:
+def last_described(previous: EPDDeploymentStatus | None) -> tuple[Topology | None, str | None]:
     """(topology, endpoint) as the last status gave them: what a refused spec's status keeps saying,
     since the children of the last accepted spec keep running."""
     return (previous.topology, previous.endpoint) if previous else (None, None)

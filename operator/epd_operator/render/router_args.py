@@ -114,7 +114,7 @@ def connector_hints(epd: EPDDeployment) -> list[str]:
         # its memory cache) kills its engine in vLLM 0.32. Raw media plus the uuid lets it load the
         # stored embedding when present and encode locally when not.
         ttl = reuse_ttl_seconds(cache_ttl_seconds(ec.sharedStorage))
-        return [contract.REWRITE, "pinned", contract.REUSE_TTL, str(ttl)]
+        return [contract.REWRITE, contract.REWRITE_PINNED, contract.REUSE_TTL, str(ttl)]
     if ec.connector == "Mooncake":
         # The router addresses each consumer's control socket as tcp://<pod IP>:<ec_port>.
         return [contract.EC_CONSUMER_PORT, str((ec.mooncake or Mooncake()).ecPort)]

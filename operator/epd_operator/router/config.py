@@ -23,7 +23,7 @@ class RouterConfig:
     prefill_urls: list[str] | None = None
     decode_urls: list[str] = field(default_factory=list)
     # Kubernetes discovery instead of static URLs.
-    discovery: str = "static"  # static | kubernetes
+    discovery: contract.Discovery = "static"
     namespace: str | None = None
     encoder_selector: str | None = None
     prefill_selector: str | None = None
@@ -32,8 +32,8 @@ class RouterConfig:
     backend_port: int = 8000
     kubeconfig: str | None = None
     # Picking.
-    encoder_policy: str = "cache-aware"
-    pd_policy: str = "least-loaded"
+    encoder_policy: contract.EncoderPolicy = "cache-aware"
+    pd_policy: contract.PdPolicy = "least-loaded"
     load_factor: float = DEFAULT_LOAD_FACTOR
     prefix_chars: int = 256
     encoder_max_batch: int = 0
@@ -65,13 +65,13 @@ class RouterConfig:
     # ECExampleConnector encoder does not rewrite a file it still holds in its in-memory encoder
     # cache, so once a janitor deleted it a metadata-only request kills the consumer's engine;
     # "pinned" is the safe choice beside a janitor.
-    rewrite: str = "metadata"
+    rewrite: contract.Rewrite = "metadata"
     # How a reused item reaches the consumer. "pinned": raw media + uuid, the consumer loads the
     # stored embedding (or encodes locally if it is gone): safe. "metadata": metadata-only, no
     # preprocessing on the consumer, but vLLM 0.32's engine dies if the stored embedding is gone
     # (seen on CPU: "Expected number of multimodal embeddings to match…"), so only with a cache
     # that evicts by age alone.
-    reuse_mode: str = "pinned"
+    reuse_mode: contract.ReuseMode = "pinned"
     # Mooncake EC: consumer control addresses, either static (aligned with the consumer
     # tier's URLs) or derived from each discovered consumer's IP and this port.
     ec_consumer_zmq_addrs: list[str] = field(default_factory=list)
@@ -140,11 +140,11 @@ class RouterConfig:
             problems.append(f"unknown --discovery {self.discovery!r}")
         if self.mooncake and self.reuse_ttl > 0:
             problems.append("--reuse-ttl works with the SharedStorage connector only, not Mooncake push")
-        if self.rewrite not in ("pinned", "metadata"):
+        if self.rewrite not in contract.REWRITES:
             problems.append("--rewrite must be metadata or pinned")
         if self.rewrite == "pinned" and self.mooncake:
             problems.append("--rewrite pinned works with the SharedStorage connector only, not Mooncake push")
-        if self.reuse_mode not in ("pinned", "metadata"):
+        if self.reuse_mode not in contract.REUSE_MODES:
             problems.append("--reuse-mode must be pinned or metadata")
         for name in ("header_timeout", "body_timeout", "keepalive_timeout", "send_timeout"):
             if not getattr(self, name) > 0:

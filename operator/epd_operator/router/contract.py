@@ -2,12 +2,27 @@
 the defaults at which the renderer leaves a flag out, and the Service port names the router reads
 from EndpointSlices.
 
-One home for both sides: render/router_args.py writes these names and router/flags.py parses them.
-Plain constants with no imports, so the renderer depends on the router's interface only, never on
-its runtime configuration (router/config.py).
+One home for both sides: render/router_args.py writes these names and router/flags.py parses them,
+and the EPDDeployment API (api/spec.py) offers the same policies. Constants and types only, importing
+nothing of the router, so the renderer and the API depend on the router's interface, never on its
+runtime configuration (router/config.py).
 """
 
 from __future__ import annotations
+
+from typing import Literal, get_args
+
+# The values of the options that take one of a few words.
+Discovery = Literal["static", "kubernetes"]
+EncoderPolicy = Literal["cache-aware", "round-robin", "least-loaded"]
+PdPolicy = Literal["least-loaded", "prefix-aware", "round-robin"]
+Rewrite = Literal["metadata", "pinned"]  # how an encoded item reaches the consumer
+ReuseMode = Literal["pinned", "metadata"]  # how a reused item reaches the consumer
+DISCOVERIES: tuple[Discovery, ...] = get_args(Discovery)
+ENCODER_POLICIES: tuple[EncoderPolicy, ...] = get_args(EncoderPolicy)
+PD_POLICIES: tuple[PdPolicy, ...] = get_args(PdPolicy)
+REWRITES: tuple[Rewrite, ...] = get_args(Rewrite)
+REUSE_MODES: tuple[ReuseMode, ...] = get_args(ReuseMode)
 
 # Serving.
 HOST = "--host"
@@ -16,7 +31,7 @@ METRICS_PORT = "--metrics-port"
 WORKERS = "--workers"
 # Backends: Kubernetes discovery, or E+PD (no prefill tier).
 DISCOVERY = "--discovery"
-DISCOVERY_KUBERNETES = "kubernetes"
+DISCOVERY_KUBERNETES: Discovery = "kubernetes"
 NAMESPACE = "--namespace"
 ENCODER_SELECTOR = "--encoder-selector"
 PREFILL_SELECTOR = "--prefill-selector"
@@ -37,6 +52,7 @@ DEFAULT_EC_CONSUMER_TP_SIZE = 1
 # The EC connector.
 EC_CONSUMER_PORT = "--ec-consumer-port"
 REWRITE = "--rewrite"
+REWRITE_PINNED: Rewrite = "pinned"
 REUSE_TTL = "--reuse-ttl"
 # The trust boundary (switches, off by default).
 ALLOW_CLIENT_EMBEDS = "--allow-client-embeds"

@@ -14,7 +14,6 @@ import os
 from .. import __version__
 from . import contract
 from .config import RouterConfig
-from .pickers import ENCODER_POLICIES, PD_POLICIES
 
 D = RouterConfig  # the router's defaults live there, once
 # --prefill-servers-urls values that mean E+PD (no prefill tier).
@@ -53,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="data-parallel size of the EC consumer tier (prefill in E/P/D, decode in E+PD)",
     )
     k = p.add_argument_group("Kubernetes discovery")
-    k.add_argument(contract.DISCOVERY, choices=("static", contract.DISCOVERY_KUBERNETES), default=D.discovery)
+    k.add_argument(contract.DISCOVERY, choices=contract.DISCOVERIES, default=D.discovery)
     k.add_argument(contract.NAMESPACE, default=None, help="default: the pod's own namespace")
     k.add_argument(contract.ENCODER_SELECTOR, default=None, help="label selector of the encoder EndpointSlices")
     k.add_argument(
@@ -90,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=D.decode_dp_size,
         help="engines per decode (or PD) instance: requests are pinned to one, balanced by load",
     )
-    r.add_argument(contract.ENCODER_POLICY, choices=ENCODER_POLICIES, default=D.encoder_policy)
-    r.add_argument(contract.PD_POLICY, choices=PD_POLICIES, default=D.pd_policy)
+    r.add_argument(contract.ENCODER_POLICY, choices=contract.ENCODER_POLICIES, default=D.encoder_policy)
+    r.add_argument(contract.PD_POLICY, choices=contract.PD_POLICIES, default=D.pd_policy)
     r.add_argument(
         "--load-factor",
         type=float,
@@ -166,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--reuse-max-items", type=int, default=D.reuse_max_items)
     i.add_argument(
         contract.REWRITE,
-        choices=("metadata", "pinned"),
+        choices=contract.REWRITES,
         default=D.rewrite,
         help="metadata: encoded items reach the consumer as metadata-only *_embeds parts (vLLM 0.32 proxy); "
         "pinned: raw media + uuid, the consumer loads the stored embedding or encodes locally "
@@ -174,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument(
         "--reuse-mode",
-        choices=("pinned", "metadata"),
+        choices=contract.REUSE_MODES,
         default=D.reuse_mode,
         help="pinned: send a reused item raw with its uuid (the consumer loads the stored embedding, "
         "or encodes if it was evicted); metadata: metadata-only, faster, but a vLLM 0.32 consumer "

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
 from typing import Protocol, TypeVar
 
+from .contract import EncoderPolicy, PdPolicy
+
 # Below the 1.25x-of-mean balance we promise: the bound is rounded up to whole items, and a
 # repeated key returning home while its first request is still encoding adds work the bound did
 # not see, so the factor keeps that slack in hand.
@@ -181,11 +183,7 @@ class RoundRobinPicker:
         return cands[next(self._cursor) % len(cands)]
 
 
-ENCODER_POLICIES = ("cache-aware", "round-robin", "least-loaded")
-PD_POLICIES = ("least-loaded", "prefix-aware", "round-robin")
-
-
-def make_picker(policy: str, load_factor: float = DEFAULT_LOAD_FACTOR) -> Picker:
+def make_picker(policy: EncoderPolicy | PdPolicy, load_factor: float = DEFAULT_LOAD_FACTOR) -> Picker:
     if policy in ("cache-aware", "prefix-aware"):
         return BoundedHashPicker(load_factor)
     if policy == "least-loaded":
