@@ -14,7 +14,7 @@ import copy
 from typing import Any
 
 from ..api.spec import MULTI_NODE_MASTER_PORT, ConsumerTier, EPDDeployment
-from .naming import DECODE, PREFILL, tier_of
+from .naming import DECODE, PREFILL, VllmRole, tier_of
 from .templating import render_one
 from .transfer import container_port, tier_transfer
 from .vllm import WORKER, serve_args
@@ -31,12 +31,12 @@ WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 _API_ONLY = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
-def multi_node(epd: EPDDeployment, role: str) -> bool:
+def multi_node(epd: EPDDeployment, role: VllmRole) -> bool:
     tier = tier_of(epd, role) if role in (PREFILL, DECODE) else None
     return isinstance(tier, ConsumerTier) and tier.nodesPerReplica > 1
 
 
-def worker_pod(epd: EPDDeployment, role: str, leader_pod: JSON) -> JSON:
+def worker_pod(epd: EPDDeployment, role: VllmRole, leader_pod: JSON) -> JSON:
     """The worker's pod spec: the leader's, with the headless command line and without the API port."""
     pod = copy.deepcopy(leader_pod)
     vllm = pod["containers"][0]
@@ -48,7 +48,7 @@ def worker_pod(epd: EPDDeployment, role: str, leader_pod: JSON) -> JSON:
     return pod
 
 
-def leader_worker_set(epd: EPDDeployment, role: str, deployment: JSON) -> JSON:
+def leader_worker_set(epd: EPDDeployment, role: VllmRole, deployment: JSON) -> JSON:
     """The LeaderWorkerSet that replaces the tier's single-node `deployment` (same name, labels, pods)."""
     tier = tier_of(epd, role)
     assert isinstance(tier, ConsumerTier)
@@ -76,7 +76,7 @@ def leaders_only(service: JSON) -> JSON:
     return service
 
 
-def multi_node_workload(epd: EPDDeployment, role: str, workload: Any) -> Any:
+def multi_node_workload(epd: EPDDeployment, role: VllmRole, workload: Any) -> Any:
     """A tier's `Workload` as rendered for one node, or its multi-node form (LeaderWorkerSet) when asked for."""
     if multi_node(epd, role):
         workload.deployment = leader_worker_set(epd, role, workload.deployment)

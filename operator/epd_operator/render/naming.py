@@ -6,6 +6,8 @@ names, so they are a contract: change them only together with both.
 
 from __future__ import annotations
 
+from typing import Final, Literal
+
 from ..api.labels import (
     APP_NAME,
     COMPONENT_LABEL,
@@ -18,12 +20,16 @@ from ..api.labels import (
 )
 from ..api.spec import EPDDeployment, Tier
 
-ENCODER, PREFILL, DECODE, ROUTER, MOONCAKE_MASTER = "encoder", "prefill", "decode", "router", "mooncake-master"
+VllmRole = Literal["encoder", "prefill", "decode"]  # the tiers that run vLLM
+ENCODER: Final = "encoder"
+PREFILL: Final = "prefill"
+DECODE: Final = "decode"
+ROUTER, MOONCAKE_MASTER = "router", "mooncake-master"
 # The role label of the `{name}-transfer` ConfigMap, which serves every tier and belongs to none.
 TRANSFER = "transfer"
 
 
-def vllm_roles(epd: EPDDeployment) -> list[str]:
+def vllm_roles(epd: EPDDeployment) -> list[VllmRole]:
     """The vLLM tiers in pipeline order: encoder, prefill (E/P/D only), decode."""
     return [ENCODER, PREFILL, DECODE] if epd.spec.prefill is not None else [ENCODER, DECODE]
 
@@ -61,7 +67,7 @@ def label_selector(epd: EPDDeployment, role: str) -> str:
     return ",".join(f"{key}={value}" for key, value in selector_labels(epd, role).items())
 
 
-def tier_of(epd: EPDDeployment, role: str) -> Tier:
+def tier_of(epd: EPDDeployment, role: VllmRole) -> Tier:
     """The spec of a vLLM tier by role."""
     tier = {ENCODER: epd.spec.encoder, PREFILL: epd.spec.prefill, DECODE: epd.spec.decode}.get(role)
     if tier is None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from ..api.spec import EPDDeployment, EPDDeploymentSpec
 from ..router import contract
+from .naming import VllmRole
 
 
 def vllm_tracing_args(spec: EPDDeploymentSpec) -> list[str]:
     return ["--otlp-traces-endpoint", spec.tracing.otlpEndpoint] if spec.tracing is not None else []
 
 
-def vllm_tracing_env(epd: EPDDeployment, role: str) -> list[dict[str, str]]:
+def vllm_tracing_env(epd: EPDDeployment, role: VllmRole) -> list[dict[str, str]]:
     tracing = epd.spec.tracing
     if tracing is None:
         return []

@@ -18,7 +18,16 @@ from typing import Any
 from ..api.quantity import quantity_bytes
 from ..api.spec import EPDDeployment, EPDDeploymentSpec, KVTransfer, Mooncake, SharedStorage
 from ..router.contract import EC_RANK_PORT_PREFIX
-from .naming import DECODE, ENCODER, MOONCAKE_MASTER, PREFILL, object_name, tier_of, transfer_configmap_name
+from .naming import (
+    DECODE,
+    ENCODER,
+    MOONCAKE_MASTER,
+    PREFILL,
+    VllmRole,
+    object_name,
+    tier_of,
+    transfer_configmap_name,
+)
 
 POD_IP = "$(POD_IP)"
 
@@ -58,7 +67,7 @@ def ec_consumer_role(spec: EPDDeploymentSpec) -> str:
     return PREFILL if spec.prefill is not None else DECODE
 
 
-def ec_role(spec: EPDDeploymentSpec, role: str) -> str | None:
+def ec_role(spec: EPDDeploymentSpec, role: VllmRole) -> str | None:
     if role == ENCODER:
         return "ec_producer"
     if role == ec_consumer_role(spec):
@@ -73,7 +82,7 @@ def kv_transfer(spec: EPDDeploymentSpec) -> KVTransfer | None:
     return spec.kvTransfer or KVTransfer()
 
 
-def kv_role(spec: EPDDeploymentSpec, role: str) -> str | None:
+def kv_role(spec: EPDDeploymentSpec, role: VllmRole) -> str | None:
     if kv_transfer(spec) is None:
         return None
     return {PREFILL: "kv_producer", DECODE: "kv_consumer"}.get(role)
@@ -82,7 +91,7 @@ def kv_role(spec: EPDDeploymentSpec, role: str) -> str | None:
 # ----------------------------------------------------------------------------- configs
 
 
-def ec_transfer_config(spec: EPDDeploymentSpec, role: str) -> dict[str, Any] | None:
+def ec_transfer_config(spec: EPDDeploymentSpec, role: VllmRole) -> dict[str, Any] | None:
     """The `--ec-transfer-config` of a tier, or None for a tier without an EC role (D in E/P/D)."""
     ec_role_ = ec_role(spec, role)
     if ec_role_ is None:
@@ -108,7 +117,7 @@ def ec_transfer_config(spec: EPDDeploymentSpec, role: str) -> dict[str, Any] | N
     return config
 
 
-def kv_transfer_config(spec: EPDDeploymentSpec, role: str) -> dict[str, Any] | None:
+def kv_transfer_config(spec: EPDDeploymentSpec, role: VllmRole) -> dict[str, Any] | None:
     kv = kv_transfer(spec)
     kv_role_ = kv_role(spec, role)
     if kv is None or kv_role_ is None:
@@ -136,7 +145,7 @@ def mooncake_store_config(epd: EPDDeployment) -> dict[str, Any] | None:
     }
 
 
-def configmap_data(epd: EPDDeployment, roles: list[str]) -> dict[str, str]:
+def configmap_data(epd: EPDDeployment, roles: list[VllmRole]) -> dict[str, str]:
     """What the `{name}-transfer` ConfigMap holds: every generated transfer config, by tier.
 
     The EC/KV configs reach vLLM as arguments; their copies here let `kubectl get cm` show what each
@@ -188,7 +197,7 @@ class TierTransfer:
     add_capabilities: list[str] = field(default_factory=list)
 
 
-def tier_transfer(epd: EPDDeployment, role: str) -> TierTransfer:
+def tier_transfer(epd: EPDDeployment, role: VllmRole) -> TierTransfer:
     spec = epd.spec
     out = TierTransfer()
     ec = ec_transfer_config(spec, role)
@@ -202,7 +211,7 @@ def tier_transfer(epd: EPDDeployment, role: str) -> TierTransfer:
     return out
 
 
-def _add_ec_connector(epd: EPDDeployment, role: str, out: TierTransfer) -> None:
+def _add_ec_connector(epd: EPDDeployment, role: VllmRole, out: TierTransfer) -> None:
     ec = epd.spec.ecTransfer
     producer = role == ENCODER
     if ec.connector == "SharedStorage":
@@ -226,7 +235,7 @@ def _add_ec_connector(epd: EPDDeployment, role: str, out: TierTransfer) -> None:
         out.shm_bytes = quantity_bytes(ec.cpu.bytes)
 
 
-def _add_mooncake(epd: EPDDeployment, role: str, producer: bool, out: TierTransfer) -> None:
+def _add_mooncake(epd: EPDDeployment, role: VllmRole, producer: bool, out: TierTransfer) -> None:
     mooncake = epd.spec.ecTransfer.mooncake or Mooncake()
     if mooncake.protocol == "tcp":
         out.env.append(env_value("MC_FORCE_TCP", "1"))
@@ -269,11 +278,11 @@ def _add_mooncake(epd: EPDDeployment, role: str, producer: bool, out: TierTransf
         ]
 
 
-def data_parallel_size(epd: EPDDeployment, role: str) -> int:
+def data_parallel_size(epd: EPDDeployment, role: VllmRole) -> int:
     return getattr(tier_of(epd, role), "dataParallelSize", 1)
 
 
-def mooncake_consumer_ports(epd: EPDDeployment, role: str) -> list[int]:
+def mooncake_consumer_ports(epd: EPDDeployment, role: VllmRole) -> list[int]:
     """The control ports of a Mooncake EC consumer pod: DP rank d, TP rank r listens on ec_port + d*TP + r
     (vLLM 0.32 mooncake/config.py), so rank d's first port is the address the router hands the encoder."""
     mooncake = epd.spec.ecTransfer.mooncake or Mooncake()

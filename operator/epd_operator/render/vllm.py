@@ -19,7 +19,7 @@ from ..api.spec import (
     EPDDeploymentSpec,
     Tier,
 )
-from .naming import DECODE, ENCODER, PREFILL, tier_of
+from .naming import DECODE, ENCODER, PREFILL, VllmRole, tier_of
 from .tracing import vllm_tracing_args
 from .transfer import TierTransfer, tier_transfer
 
@@ -142,7 +142,7 @@ def parallel_args(tier: ConsumerTier, node: str | None = LEADER) -> list[str]:
 
 
 def consumer_args(
-    epd: EPDDeployment, role: str, transfer: TierTransfer | None = None, node: str | None = None
+    epd: EPDDeployment, role: VllmRole, transfer: TierTransfer | None = None, node: str | None = None
 ) -> list[str]:
     """PD (E+PD), P and D (E/P/D): they take metadata-only `*_embeds` parts from the router.
 
@@ -163,7 +163,7 @@ def consumer_args(
 
 
 def serve_args(
-    epd: EPDDeployment, role: str, transfer: TierTransfer | None = None, node: str | None = None
+    epd: EPDDeployment, role: VllmRole, transfer: TierTransfer | None = None, node: str | None = None
 ) -> list[str]:
     """The container `args` of a vLLM tier (what follows `vllm serve`); `node` only for a multi-node tier."""
     if role == ENCODER:
@@ -173,6 +173,6 @@ def serve_args(
     raise ValueError(f"{role!r} is not a vLLM tier")
 
 
-def serve_command(epd: EPDDeployment, role: str, node: str | None = None) -> list[str]:
+def serve_command(epd: EPDDeployment, role: VllmRole, node: str | None = None) -> list[str]:
     """The full argv, `vllm serve <model> ...`, as the container runs it."""
     return SERVE_COMMAND + serve_args(epd, role, node=node)

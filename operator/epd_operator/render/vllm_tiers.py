@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..api.labels import GENERATION_LABEL
 from ..api.spec import VLLM_PORT, EPDDeployment, EPDDeploymentSpec
 from .generation import compatibility_generation
-from .naming import ENCODER, object_name, selector_labels, tier_of
+from .naming import ENCODER, VllmRole, object_name, selector_labels, tier_of
 from .pods import (
     JSON,
     RUNTIME_DEFAULT_SECCOMP,
@@ -45,7 +45,7 @@ EXIT_ALLOWANCE_S = 30
 VLLM_IMAGE_UID = 0
 
 
-def vllm_workload(epd: EPDDeployment, role: str, config: dict[str, str], router_image: str) -> Workload:
+def vllm_workload(epd: EPDDeployment, role: VllmRole, config: dict[str, str], router_image: str) -> Workload:
     spec = epd.spec
     tier = tier_of(epd, role)
     transfer = tier_transfer(epd, role)
@@ -111,7 +111,7 @@ def vllm_termination_grace_seconds(spec: EPDDeploymentSpec) -> int:
     return PRE_STOP_SECONDS + spec.drainSeconds + EXIT_ALLOWANCE_S
 
 
-def _vllm_volumes(epd: EPDDeployment, role: str, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:
+def _vllm_volumes(epd: EPDDeployment, role: VllmRole, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:
     tier = tier_of(epd, role)
     shm = SHM_PER_TP_RANK * tier.ranks_per_pod + transfer.shm_bytes
     volumes: list[JSON] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": bytes_quantity(shm)}}]
