@@ -1,8 +1,5 @@
 """`make bench-e2e`: real vLLM tiers behind each router, on a Zipf image workload.
 
-Over 400 lines on purpose (bench code, not the package): plan, run and report of one benchmark;
-the report's wording sits beside the measurement it describes, so neither changes unseen.
-
 The deployment is `examples/epd-shared-storage.yaml` (E+PD, SharedStorage EC connector),
 sized for this CPU the way `make demo` sizes it (`cpu_sizing.fit_to_cpu`), with
 `encoder.replicas: 2` and `decode.replicas: 1`, rendered by the operator's `render()` and

@@ -1,8 +1,5 @@
 """Operator scale: the real `epd-operator` against a real kube-apiserver, N EPDDeployments at once.
 
-Over 400 lines on purpose (bench code, not the package): one measurement (`_measure`) and the
-report naming what it counted, kept beside each other.
-
     python -m bench.operator_scale [--deployments 1000] [--out bench/results/operator-scale.md]
 
 A local kube-apiserver with its etcd (dev/cluster.py, no controllers) behind the

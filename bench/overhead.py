@@ -1,8 +1,5 @@
 """Router overhead: every contender against the same fast backends, in one run.
 
-Over 400 lines on purpose (bench code, not the package): one benchmark's run and its report;
-the report's targets and wording sit beside the measurement they describe.
-
 Core layout (2 cores): each router is pinned to ROUTER_CORE; the fake backends and wrk
 share LOAD_CORE. All routers of a topology run at once and the contenders are
 interleaved cell by cell, so a drift in the machine's background load hits all of them

@@ -6,8 +6,6 @@ a typo in a spec is refused with its path instead of being dropped silently. Kub
 through to pods and HPAs (affinity, tolerations, volumes, security contexts, HPA metrics, env
 `valueFrom`, ...) carry the upstream Kubernetes schemas, generated in `kube_schemas`, so a typo inside
 them is refused too, by `epdctl validate` and by the API server alike.
-
-Over 400 lines on purpose: the whole API in one file, in the order the API reference (docs/api.md) reads it.
 """
 
 from __future__ import annotations

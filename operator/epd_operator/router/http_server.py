@@ -23,9 +23,6 @@ on every reply, streamed or whole); a client that stops reading for `send_timeou
 Each request runs as its own task, cancelled when the client disconnects, so every backend
 call it has open is aborted too. The objects handlers see are in http_messages.py; a streamed
 reply writes through its request's connection by the `Connection` interface declared there.
-
-Over 400 lines on purpose: it is one connection's state machine (parse, queue, answer, time
-out), and its states are easier to check read in one place than spread over modules.
 """
 
 from __future__ import annotations

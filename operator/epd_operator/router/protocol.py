@@ -1,8 +1,5 @@
 """vLLM 0.32 EPD proxy wire protocol: pure functions over request/response bodies.
 
-About 400 lines on purpose: the one home of the wire format (mutation-tested as one module);
-split, a request's shape would be spread over files that must change together.
-
 Everything here follows the wire protocol of vLLM's own EPD proxy (`disagg_epd_proxy.py` in vLLM
 0.32's examples/disaggregated/disaggregated_encoder/: media extraction, the encoder fan-out, the
 metadata-only rewrite, the prefill and decode bodies) so that encoders and consumers cannot tell this

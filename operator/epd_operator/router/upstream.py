@@ -1,8 +1,5 @@
 """The router's HTTP/1.1 client to vLLM backends, on raw asyncio protocols and llhttp.
 
-Over 400 lines on purpose: one client state machine (connection protocol, reply, pool, head read)
-whose parts share private state; split, each part would be read only through the others.
-
 aiohttp's ClientSession cost more router CPU per request than all the routing logic
 (bench/results/bench.md: the aiohttp floor alone spends most of the budget), so the data
 path talks HTTP/1.1 itself: one keep-alive pool per backend origin, requests written in
