@@ -47,8 +47,9 @@ test: vllm-env k8s lint
 test-fast: vllm-env k8s
 	$(BIN)/pytest -m "not e2e"
 
+# EXAMPLE=examples/epd-nixl-autoscaled.yaml runs E/P/D with KV over NIXL (default: E+PD, shared storage).
 demo: install
-	$(BIN)/python -m dev.demo
+	$(BIN)/python -m dev.demo $(if $(EXAMPLE),--example $(EXAMPLE))
 
 crds: install
 	$(BIN)/python -m epd_operator.api.kube_schemas

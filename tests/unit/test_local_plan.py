@@ -15,6 +15,7 @@ import yaml
 from dev.cpu_sizing import fit_to_cpu
 from dev.plan import (
     CPU_KV_BLOCK_SIZE,
+    CPU_NIXL_ENV,
     LocalPlan,
     PlanError,
     expand_vars,
@@ -28,7 +29,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 MODEL = Path("/cache/tiny-model")
 WORKDIR = Path("/work/run")
 # Flags whose values the plan substitutes; every other rendered flag must reach vLLM unchanged.
-SUBSTITUTED = {"--port", "--ec-transfer-config", "--kv-transfer-config", "--tensor-parallel-size"}
+SUBSTITUTED = {"--port", "--ec-transfer-config", "--tensor-parallel-size"}
 
 
 def local_plan(example: str) -> LocalPlan:
@@ -108,19 +109,33 @@ def test_router_gets_static_urls_instead_of_discovery(e_pd):
         assert flag_value(router.argv, flag) == flag_value(router.rendered_argv, flag)
 
 
-def test_e_p_d_moves_kv_through_a_local_example_connector(e_p_d):
+def test_e_p_d_moves_kv_over_the_rendered_nixl_connector(e_p_d):
     assert e_p_d.topology == "E/P/D"
-    kv = {role: json.loads(flag_value(e_p_d.one(role).argv, "--kv-transfer-config")) for role in ("prefill", "decode")}
-    assert {role: c["kv_role"] for role, c in kv.items()} == {"prefill": "kv_producer", "decode": "kv_consumer"}
-    assert {c["kv_connector"] for c in kv.values()} == {"ExampleConnector"}
-    assert {c["kv_connector_extra_config"]["shared_storage_path"] for c in kv.values()} == {
-        str(e_p_d.volume("kv-transfer"))
-    }
     for role in ("prefill", "decode"):
         process = e_p_d.one(role)
+        rendered = flag_value(process.rendered_argv, "--kv-transfer-config")
+        assert json.loads(rendered)["kv_connector"] == "NixlConnector"
+        assert flag_value(process.argv, "--kv-transfer-config") == rendered
         assert flag_value(process.argv, "--block-size") == str(CPU_KV_BLOCK_SIZE)
-        assert any("NixlConnector -> ExampleConnector" in note for note in process.deviations)
     assert flag_value(e_p_d.one("decode").argv, "--tensor-parallel-size") == "1"
+
+
+def test_nixl_tiers_get_the_cpu_adaptations_and_only_locally(e_p_d):
+    """The two adaptations reach the NIXL tiers' environment (a recorded deviation) and nothing else."""
+    for role in ("prefill", "decode"):
+        process = e_p_d.one(role)
+        assert {k: process.env[k] for k in CPU_NIXL_ENV} == CPU_NIXL_ENV
+        assert (Path(process.env["PYTHONPATH"]) / "sitecustomize.py").is_file()
+        assert any("progress-thread delay" in note and "not pinned" in note for note in process.deviations)
+    assert not set(CPU_NIXL_ENV) & set(e_p_d.one("encoder").env)
+    rendered_env = {
+        var["name"]
+        for obj in render(parse_epd(yaml.safe_load((EXAMPLES / "epd-nixl-autoscaled.yaml").read_text())))
+        if obj["kind"] == "Deployment"
+        for c in obj["spec"]["template"]["spec"]["containers"]
+        for var in c.get("env", [])
+    }
+    assert not set(CPU_NIXL_ENV) & rendered_env
 
 
 def test_pod_ip_and_side_channel_ports_become_local(e_p_d):
