@@ -194,6 +194,22 @@ ROWS = [
                     (f'sum by (role) (vllm:num_requests_waiting{{{SEL}, role!="encoder"}})', "{{role}}"),
                 ],
             ),
+            Panel(
+                "KV handoff: lease expiries and failures / s",
+                [
+                    (rate("vllm:nixl_num_kv_expired_reqs_total", by="role"), "lease expired {{role}}"),
+                    (rate("vllm:nixl_num_notifications_after_expiry_total", by="role"), "read after expiry {{role}}"),
+                    (rate("vllm:nixl_num_failed_transfers_total", by="role"), "failed transfers {{role}}"),
+                    (rate("epd_router_kv_handoffs_total", by="outcome"), "router: decode {{outcome}}"),
+                ],
+                "ops",
+                width=24,
+                description="Anything but the router's `pulled` should stay at zero. Lease expired / read after "
+                "expiry: prefill released KV blocks before decode finished reading them, so answers can be wrong "
+                "while requests succeed (alert EPDKVLeaseExpired). Failed transfers and router `failed`: decode could "
+                "not load prefill's KV (alert EPDKVTransferFailures). Router `missing`: prefill handed no KV, decode "
+                "computed the prompt itself.",
+            ),
         ],
     ),
     Row(

@@ -328,6 +328,8 @@ VLLM_METRICS = {
     "vllm:nixl_post_time_seconds": "histogram",
     "vllm:nixl_num_failed_transfers": "counter",
     "vllm:nixl_num_failed_notifications": "counter",
+    "vllm:nixl_num_kv_expired_reqs": "counter",
+    "vllm:nixl_num_notifications_after_expiry": "counter",
 }
 VLLM_SITE = (
     Path(os.environ.get("EPD_CACHE_DIR", Path.home() / ".cache" / "epd-operator"))
@@ -393,6 +395,9 @@ def test_dashboard_configmap_queries_real_metrics(helm):
         "vllm:request_time_per_output_token_seconds_bucket",
         "vllm:kv_cache_usage_perc",
         "vllm:nixl_xfer_time_seconds_bucket",
+        "vllm:nixl_num_kv_expired_reqs_total",
+        "vllm:nixl_num_notifications_after_expiry_total",
+        "epd_router_kv_handoffs_total",
         "vllm:prompt_tokens_by_source_total",
         "epd_operator_deployment_phase",
     ):
@@ -453,11 +458,20 @@ def test_alerts_cover_router_errors_fallbacks_and_unready_tiers(helm, tmp_path):
         "EPDRouterErrorRate",
         "EPDEncoderFallbackRate",
         "EPDTierWithoutBackends",
+        "EPDKVLeaseExpired",
+        "EPDKVTransferFailures",
         "EPDDeploymentNotReady",
     }
     assert "> 0.1" in alerts["EPDRouterErrorRate"]["expr"] and 'status=~"5.."' in alerts["EPDRouterErrorRate"]["expr"]
     assert "epd_router_encoder_fallback_requests_total" in alerts["EPDEncoderFallbackRate"]["expr"]
     assert "epd_operator_deployment_phase" in alerts["EPDDeploymentNotReady"]["expr"]
+    # Silent wrong answers: any lease expiry fires at once (no `for`), as do failed KV loads.
+    expired, failed = alerts["EPDKVLeaseExpired"], alerts["EPDKVTransferFailures"]
+    assert "vllm:nixl_num_kv_expired_reqs_total[10m]" in expired["expr"] and "for" not in expired
+    assert "vllm:nixl_num_notifications_after_expiry_total" in expired["expr"]
+    assert expired["labels"]["severity"] == "critical"
+    assert "vllm:nixl_num_failed_transfers_total" in failed["expr"] and "for" not in failed
+    assert 'epd_router_kv_handoffs_total{outcome="failed"}' in failed["expr"]
     ours = exported_series()
     for alert in alerts.values():
         expr = re.sub(r"\bby \([^)]*\)", "", alert["expr"])
@@ -465,12 +479,12 @@ def test_alerts_cover_router_errors_fallbacks_and_unready_tiers(helm, tmp_path):
         assert used <= ours, f"{alert['alert']} reads {sorted(used - ours)}, which nothing exports"
         assert alert["labels"]["severity"] in ("warning", "critical") and alert["labels"]["team"] == "ml"
         assert alert["annotations"]["summary"] and "{{ $labels." in alert["annotations"]["summary"]
-        assert re.fullmatch(r"\d+[smh]", alert["for"])
+        assert re.fullmatch(r"\d+[smh]", alert.get("for", "0s"))
     off = prometheus_rule(helm, "metrics.prometheusRule.alerts.enabled=false")
     assert not [r for g in off["spec"]["groups"] for r in g["rules"] if "alert" in r]
 
 
-PROMQL_FUNCTIONS = {"sum", "max", "rate", "clamp_min", "label_replace", "histogram_quantile", "by"}
+PROMQL_FUNCTIONS = {"sum", "max", "rate", "increase", "clamp_min", "label_replace", "histogram_quantile", "by"}
 
 
 def test_every_promql_query_parses(helm):

@@ -48,6 +48,7 @@ class Knobs:
     reject_embeds: bool = False  # consumer: 500 on metadata-only `*_embeds` parts (cache evicted)
     rehash: bool = False  # encoder: report an mm_hash that differs from the uuid
     omit_metadata: bool = False  # encoder: report no ec_transfer_params at all
+    omit_kv_params: bool = False  # prefill: answer without kv_transfer_params (no KV handle for decode)
     stream_chunks: int = 3
     chunk_delay: float = 0.0
     break_stream_after: int | None = None  # decode: drop the connection after this many chunks
@@ -262,7 +263,7 @@ class FakeVLLM:
     def _prefill(self, path: str, body: dict) -> web.Response:
         kv = body.get("kv_transfer_params") or {}
         reply = self._completion(body, "x", chat=path.endswith("chat/completions"))
-        if kv.get("do_remote_decode"):
+        if kv.get("do_remote_decode") and not self.knobs.omit_kv_params:
             reply["kv_transfer_params"] = {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,

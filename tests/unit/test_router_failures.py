@@ -168,6 +168,27 @@ async def test_e_p_d_decode_failure_prefills_again_then_uses_another_decode():
         assert (len(failing.received), len(other.received)) == (1, 1)
 
 
+async def test_kv_handoffs_are_counted_by_what_decode_made_of_them():
+    """A decode 5xx on prefill's KV handle is vLLM failing a KV load: counted even when the retry succeeds."""
+    async with router_stack(encoders=0, prefills=1, decodes=1) as s:
+        assert (await s.post(CHAT, chat())).status == 200
+        s.decodes[0].knobs.fail_next = 1
+        assert (await s.post(CHAT, chat())).status == 200  # prefilled again, pulled on the retry
+        s.prefills[0].knobs.omit_kv_params = True
+        assert (await s.post(CHAT, chat())).status == 200
+        assert "kv_transfer_params" not in s.decodes[0].bodies()[-1]
+        counts = {
+            o: await metric(s, "epd_router_kv_handoffs_total", outcome=o) for o in ("pulled", "failed", "missing")
+        }
+        assert counts == {"pulled": [2], "failed": [1], "missing": [1]}
+
+
+async def test_e_pd_counts_no_kv_handoffs():
+    async with router_stack(encoders=0, decodes=1) as s:
+        assert (await s.post(CHAT, chat())).status == 200
+        assert await metric(s, "epd_router_kv_handoffs_total") == []
+
+
 async def test_decode_failing_on_every_attempt_relays_the_error():
     async with router_stack(encoders=0, decodes=2) as s:
         for d in s.decodes:

@@ -187,6 +187,14 @@ class RouterMetrics:
             registry=reg,
         )
         self.retries = Counter("epd_router_retries", "Retries by stage and reason", ["stage", "reason"], registry=reg)
+        self.kv_handoffs = Counter(
+            "epd_router_kv_handoffs",
+            "E/P/D decode attempts by what became of prefill's KV: pulled (decode answered with prefill's "
+            "kv_transfer_params), failed (decode failed on them: vLLM fails a request whose KV load failed), "
+            "missing (prefill answered without kv_transfer_params: decode computed the prompt itself)",
+            ["outcome"],
+            registry=reg,
+        )
         self.inflight = _BackendGauge(
             INFLIGHT,
             "Work the router has in flight per backend (media items for encoders, requests otherwise)",

@@ -194,6 +194,20 @@ class Pipeline:
         ctx.prefill_ep = ep
 
     async def _decode_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> Reply:
+        if self.prefills is None:
+            return await self._decode_call(ctx, ep, metadata_only)
+        # E/P/D: what became of prefill's KV, as far as the router sees it. A failed KV load fails
+        # the request in vLLM (a 5xx): counted, so a transfer problem shows before the retry hides it.
+        try:
+            out = await self._decode_call(ctx, ep, metadata_only)
+        except RetryableFailure:
+            if ctx.kv:
+                self.metrics.kv_handoffs.labels("failed").inc()
+            raise
+        self.metrics.kv_handoffs.labels("pulled" if ctx.kv else "missing").inc()
+        return out
+
+    async def _decode_call(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> Reply:
         if self.prefills is not None:
             data = orjson.dumps({**ctx.prepared, "kv_transfer_params": ctx.kv} if ctx.kv else ctx.prepared)
         elif ctx.payload is not None:
