@@ -265,7 +265,7 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
                 out += ["  ```", ""]
     if unexplained:
         ok = False
-    # explanations of mutants that now die (or of code that changed) would hide a future survivor
+    # an explanation no survivor matched (its mutant dies, or its code changed) would hide a future survivor
     stale = [e for e in explanations if id(e) not in used and e["module"] in results]
     if stale:
         out += ["## Explanations no survivor matched (remove them from dev/mutation_survivors.toml)", ""]

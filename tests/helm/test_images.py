@@ -80,7 +80,9 @@ def test_operator_image_pins_the_tracing_extra_and_what_it_needs():
         needed |= {name} | runtime_closure(name)
     missing = needed - set(pins)
     assert not missing, f"{OPERATOR_REQUIREMENTS.name} lacks {sorted(missing)} (needed by the tracing extra)"
-    assert "tracing_available" in OPERATOR_DOCKERFILE.read_text(), "the image build no longer checks the extra is there"
+    assert "tracing_available" in OPERATOR_DOCKERFILE.read_text(), (
+        "the image build does not check that the tracing extra is installed"
+    )
 
 
 def test_operator_image_runs_as_the_charts_non_root_user():

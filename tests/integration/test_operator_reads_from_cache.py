@@ -28,7 +28,7 @@ from tests.support.render_examples import NIXL_AUTOSCALED
 
 RESYNC = "0.3"
 NAMES = ("vl-a", "vl-b", "vl-c")
-# What a pass used to read per EPDDeployment: the object itself, each child kind, the tiers' pods.
+# What a pass would read per EPDDeployment without the cache: the object itself, each child kind, the tiers' pods.
 READ_BY_PASSES = {"epddeployments", "pods", *(r.plural for r in CHILD_RESOURCES.values())}
 
 

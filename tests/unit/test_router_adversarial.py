@@ -221,7 +221,7 @@ CL = b"Content-Length: %d\r\n"
 
 # (name, bytes sent, expected status of the only reply; the connection is then closed)
 FRAMING = [
-    ("negative chunk size (endless loop before)", chunked(b"-6\r\nabc\r\n0\r\n\r\n"), 400),
+    ("negative chunk size (a parser that accepts it can loop forever)", chunked(b"-6\r\nabc\r\n0\r\n\r\n"), 400),
     ("chunk size with 0x", chunked(b"0x3\r\nabc\r\n0\r\n\r\n"), 400),
     ("chunk size with underscore", chunked(b"1_0\r\n" + b"a" * 16 + b"\r\n0\r\n\r\n"), 400),
     ("chunk size with sign", chunked(b"+3\r\nabc\r\n0\r\n\r\n"), 400),
@@ -272,7 +272,7 @@ FRAMING = [
         400,
     ),
     ("obs-fold", b"GET /livez HTTP/1.1\r\nHost: r\r\nX-A: a\r\n b\r\n\r\n", 400),
-    ("bare LF line endings (hung 150 s before)", b"GET /livez HTTP/1.1\nHost: r\n\n", 400),
+    ("bare LF line endings (refused at once, not waited on)", b"GET /livez HTTP/1.1\nHost: r\n\n", 400),
     (
         "bare LF in X-Request-Id (response splitting)",
         b"GET /livez HTTP/1.1\r\nHost: r\r\nX-Request-Id: a\nSet-Cookie: x=1\r\n\r\n",

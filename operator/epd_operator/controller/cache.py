@@ -1,8 +1,8 @@
 """What the reconciler reads: the EPDDeployments, their children and their pods, fed by kopf's watches.
 
-A reconcile used to GET its EPDDeployment and LIST every child kind; at rest that was nine reads per
-EPDDeployment per resync. The watches kopf already runs (label-selected on the server, so only the
-operator's own objects arrive) now feed this store instead, and a pass reads memory only.
+A pass reads memory only, never the API server: the watches kopf already runs (label-selected on the
+server, so only the operator's own objects arrive) feed this store. Reading the API server instead
+would cost nine requests per EPDDeployment per resync at rest (a GET of it, a LIST of every child kind).
 
 - Keyed by (kind, namespace, name); children and pods are indexed by the EPDDeployment they belong
   to, through the operator's instance label (api/labels.py), which the watches' selector guarantees.
