@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install vllm-env k8s cluster cluster-down lint test test-fast demo crds bench bench-tools bench-quick bench-e2e mutation images clean
+.PHONY: install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e demo crds bench bench-tools bench-quick bench-e2e mutation images clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,11 +41,30 @@ lint: install
 	$(BIN)/ruff format --check operator dev tests bench
 	$(BIN)/mypy
 
+# The test tiers, one folder each, named by what they need (docs/development.md#test-tiers).
+# `make test` is lint plus every tier in one pytest run; .ci/run calls it.
 test: vllm-env k8s lint
 	$(BIN)/pytest
 
-test-fast: vllm-env k8s
-	$(BIN)/pytest -m "not e2e"
+# Pure tests: no process, no socket, no heavy build; a fresh clone needs only the venv.
+test-unit: install
+	$(BIN)/pytest tests/unit
+
+# Routers, workers, the janitor sidecar and fake vLLM backends as processes and loopback servers.
+test-loopback: install
+	$(BIN)/pytest tests/loopback
+
+# The real Kubernetes control plane.
+test-integration: k8s
+	$(BIN)/pytest tests/integration
+
+# The charts with pinned helm 3 and 4, installed into the real control plane.
+test-helm: k8s
+	$(BIN)/pytest tests/helm
+
+# Real vLLM on CPU (tests/e2e/kind also needs kind and Docker, and skips without them).
+test-e2e: vllm-env
+	$(BIN)/pytest tests/e2e
 
 # EXAMPLE=examples/epd-nixl-autoscaled.yaml runs E/P/D with KV over NIXL (default: E+PD, shared storage).
 demo: install

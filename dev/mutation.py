@@ -7,8 +7,8 @@ first on sys.path, while our package lives under operator/ (which the editable i
 so the tests would import the unmutated code). The scratch tree has the package under src/ and a
 pyproject.toml with the [tool.mutmut] section for the chosen groups; the repository's own stays clean.
 
-Only the fast unit tests of each group run inside the loop (no real control plane, no vLLM): the test
-files are listed per group below. The report (bench/results/mutation.md) lists every surviving mutant with
+Only fast tests run inside the loop (the unit tier, and the router's loopback tests of video and audio;
+no real control plane, no vLLM): the test files are listed per group below. The report (bench/results/mutation.md) lists every surviving mutant with
 the explanation recorded in dev/mutation_survivors.toml (equivalent, or a known gap) or says that it has
 none. The exit status is 1 when a group scores under 90% or a survivor is unexplained.
 """
@@ -35,41 +35,37 @@ REPORT = ROOT / "bench" / "results" / "mutation.md"
 SURVIVORS = ROOT / "dev" / "mutation_survivors.toml"
 THRESHOLD = 90.0
 
-# module (relative to epd_operator/) per group, and the unit-test files that may kill its mutants
+# module (relative to epd_operator/) per group, and the test files that may kill its mutants
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "render": (
         ["render/transfer.py", "render/vllm.py"],
         [
-            "tests/unit/test_render.py",
-            "tests/unit/test_render_transfer.py",
-            "tests/unit/test_render_vllm.py",
-            "tests/unit/test_render_parallel.py",
+            "tests/unit/render/test_manifests.py",
+            "tests/unit/render/test_transfer.py",
+            "tests/unit/render/test_vllm.py",
+            "tests/unit/render/test_parallel.py",
         ],
     ),
     "router": (
         ["router/pickers.py", "router/protocol.py", "router/reuse.py"],
         [
-            "tests/unit/test_router_pickers.py",
-            "tests/unit/test_router_pickers_examples.py",
-            "tests/unit/test_router_protocol.py",
-            "tests/unit/test_router_protocol_examples.py",
-            "tests/unit/test_router_reuse.py",
-            "tests/unit/test_router_video_audio.py",
+            "tests/unit/router/test_pickers.py",
+            "tests/unit/router/test_protocol.py",
+            "tests/unit/router/test_reuse.py",
+            "tests/unit/router/test_video_audio.py",
+            "tests/loopback/router/test_video_audio.py",
         ],
     ),
     "controller": (
         ["controller/apply.py", "controller/status.py"],
         [
-            "tests/unit/test_operator_apply.py",
-            "tests/unit/test_operator_status.py",
-            "tests/unit/test_controller_apply.py",
-            "tests/unit/test_controller_status.py",
-            "tests/unit/test_operator_generations.py",
+            "tests/unit/controller/test_apply.py",
+            "tests/unit/controller/test_status.py",
         ],
     ),
     "api": (
         ["api/rules.py", "api/validation.py"],
-        ["tests/unit/test_api_validation.py", "tests/unit/test_api_rules.py"],
+        ["tests/unit/api/test_validation.py", "tests/unit/api/test_rules.py"],
     ),
 }
 # read by the tests above through the repository root (examples rendered, schemas, chart values)
@@ -218,7 +214,7 @@ def report(groups: list[str], results: dict[str, ModuleResult], run: dict) -> tu
         f"{run['elapsed_s'] / 60:.1f} min with {run['jobs']} workers on {os.cpu_count()} cores "
         f"(load average {run['load']:.1f} at the end: other work shared the machine).",
         "",
-        "One mutmut run covers all groups: each mutant ran those of the unit tests listed per group in",
+        "One mutmut run covers all groups: each mutant ran those of the tests listed per group in",
         "dev/mutation.py that reach the mutated function (no real control plane, no vLLM). Killed includes",
         "timeouts. Every survivor is listed below with why it is left (dev/mutation_survivors.toml).",
         "",

@@ -82,12 +82,12 @@ def _server_refusal(kube: KubeView, doc: dict) -> tuple[int, dict]:
 
 
 def test_the_api_server_refuses_every_spec_parse_epd_refuses_and_accepts_the_rest(kube: KubeView):
-    """The real witness for the table in tests/unit/test_api_validation.py (which also checks an
+    """The real witness for the table in tests/unit/api/test_validation.py (which also checks an
     offline reading of the CRD): the same rows through the real server's schema, CEL and strict
     field validation."""
     import copy
 
-    from tests.unit.test_api_validation import BAD_SPECS, GOOD_SPECS
+    from tests.unit.api.test_validation import BAD_SPECS, GOOD_SPECS
 
     kube.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
     wait_for(lambda: kube.kubectl("get", "epd", check=False).returncode == 0, 30)

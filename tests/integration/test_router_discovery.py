@@ -4,7 +4,7 @@ slices, and the router's discovery follows them (scale-up, a pod turning unready
 
 The pods' addresses come from kwok's pod CIDR and are only read: health checks are off and no
 request is sent, since traffic here may only go to 127.0.0.0/8 (routing itself is tested with
-loopback backends in tests/unit/test_router_*).
+loopback backends in tests/loopback/router/).
 """
 
 from __future__ import annotations

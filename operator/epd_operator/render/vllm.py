@@ -1,4 +1,4 @@
-"""The `vllm serve` command line of each tier (vLLM 0.32 flags, checked by vLLM's own parser in tests/unit/test_render_vllm_args.py).
+"""The `vllm serve` command line of each tier (vLLM 0.32 flags, checked by vLLM's own parser in tests/e2e/test_vllm_parser.py).
 
 Order of the arguments: model and port, what every tier shares, the role's own flags, the transfer
 configs, then the user's `extraArgs` last so they win over anything generated (argparse keeps the

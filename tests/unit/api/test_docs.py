@@ -1,0 +1,90 @@
+"""The generated API reference (`epdctl docs`): complete, and the one docs/api.md shows."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from epd_operator.api.docs import END, START, reference, with_reference
+from epd_operator.api.rules import RULES
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.cli import main
+
+API_PAGE = Path(__file__).resolve().parents[3] / "docs" / "api.md"
+
+
+def _leaf_names(model: type[BaseModel], seen: set[type[BaseModel]]) -> set[str]:
+    names = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        for arg in [info.annotation, *typing.get_args(info.annotation)]:
+            for inner in [arg, *typing.get_args(arg)]:
+                if isinstance(inner, type) and issubclass(inner, BaseModel) and inner not in seen:
+                    seen.add(inner)
+                    names |= _leaf_names(inner, seen)
+    return names
+
+
+def test_every_field_of_every_spec_model_has_a_row():
+    text = reference()
+    rows = [line.split("|")[1].strip().strip("`") for line in text.splitlines() if line.startswith("| `spec.")]
+    documented = {row.rsplit(".", 1)[-1].removesuffix("[]") for row in rows}
+    assert _leaf_names(EPDDeploymentSpec, set()) <= documented
+    assert len(rows) == len(set(rows)), "a field path is listed twice"
+
+
+def test_rows_carry_type_default_and_description():
+    rows = {line.split("|")[1].strip(): line for line in reference().splitlines() if line.startswith("| `spec.")}
+    assert "| integer (≥ 1) | `600` |" in rows["`spec.ecTransfer.sharedStorage.ttlSeconds`"]
+    assert "| enum: `SharedStorage`, `Mooncake`, `CPU` | **required** |" in rows["`spec.ecTransfer.connector`"]
+    assert "quantity" in rows["`spec.ecTransfer.cpu.bytes`"]
+    assert "Same fields as `spec.prefill`" in rows["`spec.decode`"]  # the encoder has fields of its own
+    assert "`spec.encoder.cudaGraphs.tokenBudgets`" in rows and "`spec.prefill.cudaGraphs`" not in rows
+
+
+def test_every_cross_field_rule_is_listed_with_its_path():
+    text = reference()
+    for rule in RULES:
+        assert rule.message in text
+    assert "`spec.{encoder,prefill,decode,router}.autoscaling.minReplicas`" in text
+
+
+def test_epdctl_docs_prints_the_reference(capsys):
+    main(["docs"])
+    assert capsys.readouterr().out == reference()
+
+
+def test_docs_api_shows_the_current_reference():
+    page = API_PAGE.read_text(encoding="utf-8")
+    assert START in page and END in page, f"docs/api.md lost the {START} ... {END} markers of the API reference"
+    shown = page.split(START, 1)[1].split(END, 1)[0].strip()
+    assert shown == reference().strip(), (
+        "docs/api.md's API reference is stale: run `.venv/bin/epdctl docs --output docs/api.md`"
+    )
+
+
+def test_epdctl_docs_output_rewrites_only_between_the_markers(tmp_path):
+    page = tmp_path / "api.md"
+    page.write_text(f"# Intro\n\n{START}\nold table\n{END}\n\nAfter.\n", encoding="utf-8")
+    main(["docs", "--output", str(page)])
+    assert page.read_text(encoding="utf-8") == f"# Intro\n\n{START}\n{reference()}{END}\n\nAfter.\n"
+    main(["docs", "--output", str(page)])  # a second run changes nothing
+    assert page.read_text(encoding="utf-8") == f"# Intro\n\n{START}\n{reference()}{END}\n\nAfter.\n"
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["no markers\n", f"{END}\n{START}\n", f"{START}\n{END}\n{START}\n{END}\n"],
+    ids=["none", "reversed", "twice"],
+)
+def test_a_page_without_one_pair_of_markers_is_refused_and_left_alone(tmp_path, page):
+    path = tmp_path / "api.md"
+    path.write_text(page, encoding="utf-8")
+    with pytest.raises(SystemExit, match="api-reference:start"):
+        main(["docs", "--output", str(path)])
+    assert path.read_text(encoding="utf-8") == page
+    with pytest.raises(ValueError, match="api-reference:end"):
+        with_reference(page)

@@ -1,0 +1,621 @@
+"""controller/apply: what the plan writes and, as important, what it does not (drift, adoption, pruning,
+replicas handed over to an HPA, on the examples' rendered objects); the writes `execute` makes and in what
+order, the dry run's verdicts, the plan's reasons and descriptions. Every expected value is written out by hand."""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from epd_operator.controller.apply import (
+    APPLIED_HASH,
+    HANDOVER_MANAGER,
+    Apply,
+    Plan,
+    _drift,
+    _same_scalar,
+    adopt,
+    applied_hash,
+    drift,
+    execute,
+    is_owned_by,
+    key_of,
+    manages_replicas,
+    needs_replicas_handover,
+    owner_reference,
+    plan,
+    refusal,
+    refused_by_server,
+    replicas_handover,
+)
+from epd_operator.kube import CHILD_RESOURCES, ApiError, child_resource
+from epd_operator.render import render
+from tests.support.recording_kube import RecordingKube
+from tests.support.render_examples import example, example_files
+
+OWNER = owner_reference({"metadata": {"name": "vl", "uid": "uid-1"}})
+
+
+def obj(kind: str = "Service", name: str = "vl-router", api: str = "v1", **spec) -> dict:
+    return {"apiVersion": api, "kind": kind, "metadata": {"name": name, "namespace": "ns"}, "spec": spec}
+
+
+def dep(name: str = "vl-encoder", replicas: int | None = 2) -> dict:
+    return obj("Deployment", name, "apps/v1", **({"replicas": replicas} if replicas is not None else {}))
+
+
+EPD = {
+    "apiVersion": "serving.epd.dev/v1alpha1",
+    "kind": "EPDDeployment",
+    "metadata": {"name": "vl", "namespace": "ns", "uid": "uid-1"},
+}
+
+OWNER = owner_reference(EPD)
+
+
+def deployment(replicas: int | None = 2, image: str = "vllm:1") -> dict[str, Any]:
+    container = {
+        "name": "vllm",
+        "image": image,
+        "args": ["--a"],
+        "resources": {"limits": {"cpu": "0.5", "nvidia.com/gpu": 1}},
+    }
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": "x"}},
+        "template": {"spec": {"containers": [container]}},
+    }
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns", "labels": {"serving.epd.dev/role": "encoder"}},
+        "spec": spec,
+    }
+
+
+def live_copy(obj: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    """What the API server would return: our object plus defaults and server metadata."""
+    live = copy.deepcopy(obj)
+    live["metadata"].update(uid="child-uid", resourceVersion="7", **meta)
+    if obj["kind"] == "Deployment":
+        live["spec"]["strategy"] = {"type": "RollingUpdate"}
+        container = live["spec"]["template"]["spec"]["containers"][0]
+        container.update(imagePullPolicy="IfNotPresent", terminationMessagePath="/dev/termination-log")
+        container["resources"]["limits"] = {"cpu": "500m", "nvidia.com/gpu": "1"}
+        live["status"] = {"replicas": 2}
+    return live
+
+
+def applied_by(*managers: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"manager": m, "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": fields} for m, fields in managers
+    ]
+
+
+def test_owner_reference_is_the_controlling_owner():
+    # called here, not only at import: a mutant is switched on only while a test runs
+    assert owner_reference({"metadata": {"name": "vl", "uid": "uid-1"}}) == {
+        "apiVersion": "serving.epd.dev/v1alpha1",
+        "kind": "EPDDeployment",
+        "name": "vl",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def test_applied_hash_is_20_hex_of_the_canonical_json():
+    # `printf '%s' '{"a":1,"b":[2]}' | sha256sum | cut -c1-20`: sorted keys, no spaces
+    assert applied_hash({"b": [2], "a": 1}) == "0855bfc20eb6cfaa4be7"
+    assert applied_hash({"a": 1}) == "015abd7f5cc57a2dd94b"
+
+
+def test_adopt_leaves_the_rendered_object_alone():
+    rendered = obj(ports=[{"port": 80}])
+    before = copy.deepcopy(rendered)
+    adopted = adopt(rendered, OWNER)
+    assert rendered == before
+    assert adopted["metadata"]["ownerReferences"] == [OWNER]
+    # the hash covers the owner too: the same object for another owner is another apply
+    other = adopt(rendered, {**OWNER, "uid": "uid-2"})
+    assert other["metadata"]["annotations"][APPLIED_HASH] != adopted["metadata"]["annotations"][APPLIED_HASH]
+
+
+def test_is_owned_by_reads_every_reference():
+    refs = {"metadata": {"ownerReferences": [{"uid": "a"}, {"uid": "b"}]}}
+    assert is_owned_by(refs, "b") and not is_owned_by(refs, "c")
+    assert not is_owned_by({"metadata": {"ownerReferences": None}}, "a")
+    assert not is_owned_by({}, "a")
+
+
+@pytest.mark.parametrize(
+    "want,have,same",
+    [
+        (1, 1, True),
+        ("a", "a", True),
+        (1, "1", True),
+        ("1", 1, True),
+        ("0.5", "500m", True),
+        ("1Gi", "1024Mi", True),
+        (1, 1.0, True),
+        (True, True, True),
+        (True, 1, False),
+        (1, True, False),
+        (False, 0, False),
+        ("a", "b", False),
+        ("x1", "y1", False),
+        (2, "3", False),
+        (None, None, True),
+        ([1], [1], True),
+        ({"a": 1}, "x", False),
+        (True, "True", False),
+        ("True", True, False),
+        (None, "None", False),
+        ("x", "None", False),
+        ("None", "y", False),
+    ],
+)
+def test_same_scalar(want, have, same):
+    assert _same_scalar(want, have) is same
+
+
+@pytest.mark.parametrize(
+    "desired,live,paths",
+    [
+        ({"spec": {"a": {"b": 1}}}, {"spec": {"a": "flat"}}, ["spec.a"]),
+        ({"spec": {"a": {}}}, {"spec": {}}, []),  # an empty map the server omits
+        ({"spec": {"a": {}}}, {"spec": {"a": 3}}, ["spec.a"]),
+        ({"spec": {"l": [1, 2]}}, {"spec": {"l": [1]}}, ["spec.l"]),
+        ({"spec": {"l": [1, 2]}}, {"spec": {"l": [1, 3]}}, ["spec.l[1]"]),
+        ({"spec": {"l": [1]}}, {"spec": {"l": "x"}}, ["spec.l"]),
+        ({"spec": {"l": []}}, {"spec": {}}, []),
+        ({"spec": {"l": [1]}}, {"spec": {}}, ["spec.l"]),
+        ({"spec": {"flag": False, "n": 0, "s": ""}}, {"spec": {}}, []),  # omitempty zero values
+        ({"spec": {"flag": True}}, {"spec": {}}, ["spec.flag"]),
+        ({"spec": {"flag": False}}, {"spec": {"flag": True}}, ["spec.flag"]),  # a boolean drifted on the live object
+        ({"spec": {"x": None}}, {"spec": {"x": 5}}, []),
+        (
+            {"spec": {"ports": [{"port": 80, "name": "a"}, {"port": 81, "name": "b"}]}},
+            {"spec": {"ports": [{"port": 81, "name": "b"}, {"port": 80, "name": "a"}, {"port": 9, "name": "mesh"}]}},
+            [],
+        ),
+        (
+            {"spec": {"ports": [{"port": 80, "name": "a"}]}},
+            {"spec": {"ports": [{"port": 80, "name": "z"}]}},
+            ["spec.ports[name=a]"],
+        ),
+        (
+            {"spec": {"env": [{"name": "A", "value": "1"}]}},
+            {"spec": {"env": [{"name": "A", "value": "2"}]}},
+            ["spec.env[name=A].value"],
+        ),
+        # no key unique to every item: compared by position
+        (
+            {"spec": {"m": [{"name": "a", "v": 1}, {"name": "a", "v": 2}]}},
+            {"spec": {"m": [{"name": "a", "v": 1}, {"name": "a", "v": 3}]}},
+            ["spec.m[1].v"],
+        ),
+        ({"spec": {"m": [{"mountPath": "/a"}]}}, {"spec": {"m": [{"mountPath": "/b"}]}}, ["spec.m[mountPath=/a]"]),
+        ({"spec": {"m": [{"containerPort": 1}]}}, {"spec": {"m": [{"containerPort": 2}]}}, ["spec.m[containerPort=1]"]),
+        ({"spec": {"m": [{"name": "a"}]}}, {"spec": {"m": ["not-a-map", {"name": "a"}]}}, []),
+    ],
+)
+def test_drift_paths(desired, live, paths):
+    base = {"apiVersion": "v1", "kind": "X", "metadata": {}}
+    assert drift({**base, **desired}, {**base, **live}) == paths
+
+
+def test_drift_in_labels_annotations_and_owner_and_a_whole_missing_spec():
+    desired = {
+        "kind": "X",
+        "metadata": {"labels": {"a": "1"}, "annotations": {"b": "2"}, "ownerReferences": [OWNER]},
+        "spec": {"k": {"x": 1}},
+        "status": {"ignored": True},
+    }
+    live = {"kind": "Y", "apiVersion": "other", "metadata": {"labels": {"a": "2"}}}
+    assert drift(desired, live) == ["metadata.labels.a", "metadata.annotations.b", "metadata.ownerReferences", "spec"]
+
+
+def test_manages_replicas_only_for_our_apply_entry_owning_replicas():
+    ours = {"manager": "epd-operator", "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+    assert manages_replicas({"metadata": {}}) is True
+    assert manages_replicas({"metadata": {"managedFields": [ours]}}) is True
+    assert manages_replicas({"metadata": {"managedFields": [ours]}}, manager="someone") is False
+    assert manages_replicas({"metadata": {"managedFields": [{**ours, "operation": "Update"}]}}) is False
+    assert (
+        manages_replicas({"metadata": {"managedFields": [{**ours, "fieldsV1": {"f:spec": {"f:template": {}}}}]}})
+        is False
+    )
+    assert manages_replicas({"metadata": {"managedFields": [{**ours, "fieldsV1": None}]}}) is False
+    assert manages_replicas({"metadata": {"managedFields": []}}) is False
+
+
+def test_handover_only_for_a_deployment_that_stops_applying_replicas():
+    live = {**dep(replicas=3), "metadata": {"name": "vl-encoder", "namespace": "ns"}}
+    assert needs_replicas_handover(dep(replicas=None), live) is True
+    assert needs_replicas_handover(dep(replicas=None), None) is False
+    assert needs_replicas_handover(dep(replicas=2), live) is False
+    assert needs_replicas_handover(dep(replicas=None), {**live, "spec": {}}) is False
+    assert needs_replicas_handover({**obj("StatefulSet"), "spec": {}}, {**live, "kind": "StatefulSet"}) is False
+    assert replicas_handover(live) == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
+
+
+def test_plan_reasons_and_descriptions():
+    svc, cm, gone = (
+        adopt(obj("Service", "a"), OWNER),
+        adopt(obj("ConfigMap", "b"), OWNER),
+        adopt(obj("Secret", "c"), OWNER),
+    )
+    changed = adopt(obj("Service", "a", type="NodePort"), OWNER)
+    live_cm = copy.deepcopy(cm)
+    live_cm["metadata"]["labels"] = {"x": "y"}
+    live_cm["spec"] = {"edited": True}
+    cm["spec"] = {"edited": False, "a": 1, "b": 2, "c": 3}
+    live_cm["spec"].update(a=9, b=9, c=9)
+    todo = plan(
+        [changed, cm, adopt(obj("Service", "new"), OWNER)], [svc, live_cm, gone, obj("Secret", "foreign")], "uid-1"
+    )
+    assert [(a.why, key_of(a.desired)) for a in todo.applies] == [
+        ("update", ("Service", "a")),
+        ("drift", ("ConfigMap", "b")),
+        ("create", ("Service", "new")),
+    ]
+    assert todo.applies[1].drifted == ("spec.edited", "spec.a", "spec.b", "spec.c")
+    assert [a.describe() for a in todo.applies] == [
+        "Service a updated",
+        "ConfigMap b restored (spec.edited, spec.a, spec.b had been changed)",
+        "Service new created",
+    ]
+    assert todo.prunes == [gone]
+    assert bool(todo) is True
+    assert bool(Plan([], [])) is False and bool(Plan([], [gone])) is True
+
+
+def test_plan_at_rest_is_empty():
+    svc = adopt(obj("Service", "a"), OWNER)
+    assert plan([svc], [copy.deepcopy(svc)], "uid-1") == Plan([], [])
+
+
+def test_plan_hands_replicas_over_on_update_and_drift_not_on_create():
+    live = adopt(dep(replicas=3), OWNER)
+    autoscaled = adopt(dep(replicas=None), OWNER)
+    (step,) = plan([autoscaled], [live], "uid-1").applies
+    assert step.why == "update"
+    assert step.handover == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
+    drifted_live = copy.deepcopy(autoscaled)
+    drifted_live["spec"] = {"replicas": 3}
+    drifted_live["metadata"]["labels"] = {"edited": "yes"}
+    autoscaled["metadata"]["labels"] = {"edited": "no"}
+    autoscaled["metadata"]["annotations"][APPLIED_HASH] = drifted_live["metadata"]["annotations"][APPLIED_HASH]
+    (step,) = plan([autoscaled], [drifted_live], "uid-1").applies
+    assert (step.why, step.handover["spec"]) == ("drift", {"replicas": 3})
+    (step,) = plan([autoscaled], [], "uid-1").applies
+    assert (step.why, step.handover) == ("create", None)
+
+
+async def test_execute_hands_over_then_applies_then_prunes_and_reports_what_it_touched():
+    kube = RecordingKube()
+    handover = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
+    pruned = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "old", "namespace": "ns", "uid": "u-old"}}
+    todo = Plan(
+        [Apply(dep(replicas=None), "update", handover=handover), Apply(obj("Service", "svc"), "create")], [pruned]
+    )
+    touched = await execute(kube, todo)
+    assert kube.calls == [
+        ("apply", ("Deployment", "vl-encoder"), HANDOVER_MANAGER, False, False),
+        ("apply", ("Deployment", "vl-encoder"), "epd-operator", True, False),
+        ("apply", ("Service", "svc"), "epd-operator", True, False),
+        ("delete", "ConfigMap", "ns", "old", "u-old"),
+    ]
+    assert touched[("Deployment", "vl-encoder")]["metadata"]["resourceVersion"] == "2"
+    assert touched[("Service", "svc")]["metadata"]["resourceVersion"] == "3"
+    assert touched[("ConfigMap", "old")] is None
+    assert list(touched) == [("Deployment", "vl-encoder"), ("Service", "svc"), ("ConfigMap", "old")]
+
+
+async def test_execute_of_an_empty_plan_writes_nothing():
+    kube = RecordingKube()
+    assert await execute(kube, Plan([], [])) == {}
+    assert kube.calls == []
+
+
+def test_refusal_is_only_the_objects_own_fault():
+    assert [s for s in (400, 401, 403, 404, 409, 422, 429, 500) if refusal(ApiError(s, {}, "x"))] == [400, 422]
+
+
+async def test_dry_run_collects_every_refusal_with_the_servers_words_and_skips_unshaped_kinds():
+    invalid = ApiError(
+        422, {"message": 'Deployment.apps "vl-encoder" is invalid: spec.replicas: must be >= 0'}, "apply"
+    )
+    not_json = ApiError(400, "bad body", "apply")
+    kube = RecordingKube({("Deployment", "vl-encoder"): invalid, ("Service", "vl-router"): not_json})
+    todo = Plan(
+        [
+            Apply(dep(), "create"),
+            Apply(obj("ServiceAccount", "sa"), "create"),
+            Apply(obj("Role", "r"), "create"),
+            Apply(obj("RoleBinding", "rb"), "create"),
+            Apply(obj("Service", "vl-router"), "create"),
+        ],
+        [],
+    )
+    problems = await refused_by_server(kube, todo)
+    assert problems == [
+        'Deployment vl-encoder: Deployment.apps "vl-encoder" is invalid: spec.replicas: must be >= 0',
+        "Service vl-router: apply: HTTP 400: bad body",
+    ]
+    assert [c[1] for c in kube.calls] == [("Deployment", "vl-encoder"), ("Service", "vl-router")]
+    assert all(c[4] is True for c in kube.calls)  # dry runs only
+
+
+async def test_dry_run_names_an_api_the_cluster_does_not_serve():
+    route = obj("HTTPRoute", "vl", "gateway.networking.k8s.io/v1")
+    kube = RecordingKube({("HTTPRoute", "vl"): ApiError(404, {"message": "not found"}, "apply")})
+    assert await refused_by_server(kube, Plan([Apply(route, "create")], [])) == [
+        "HTTPRoute vl: this cluster does not serve gateway.networking.k8s.io/v1 HTTPRoute "
+        "(install its CRDs, or remove the field that asks for it)"
+    ]
+
+
+async def test_dry_run_raises_what_is_not_a_refusal():
+    for status in (404, 409, 500):  # a 404 for a core kind is not "API missing"
+        kube = RecordingKube({("Service", "vl-router"): ApiError(status, {"message": "m"}, "apply")})
+        with pytest.raises(ApiError) as caught:
+            await refused_by_server(kube, Plan([Apply(obj(), "create")], []))
+        assert caught.value.status == status
+
+
+def test_drift_from_the_root_and_of_an_empty_list_against_a_scalar():
+    out: list[str] = []
+    _drift({"a": 1}, "scalar", "", out)
+    _drift({"a": {"b": 1}}, {"a": {"b": 2}}, "", out)
+    assert out == ["<root>", "a.b"]
+    base = {"apiVersion": "v1", "kind": "X", "metadata": {}}
+    assert drift({**base, "spec": {"l": []}}, {**base, "spec": {"l": "x"}}) == ["spec.l"]
+
+
+def test_objects_without_metadata_spec_or_annotations():
+    assert drift({"kind": "X", "spec": {"a": 1}}, {"kind": "X", "spec": {"a": 1}}) == []
+    assert drift({"kind": "X", "spec": {"a": 1}}, {"kind": "X"}) == ["spec"]
+    assert manages_replicas({}) is True
+    assert needs_replicas_handover({"kind": "Deployment"}, {"spec": {"replicas": 2}, "metadata": {}}) is True
+    assert needs_replicas_handover({"kind": "Deployment"}, {"metadata": {}}) is False
+    adopted = adopt({"kind": "X"}, OWNER)
+    assert adopted["metadata"]["ownerReferences"] == [OWNER]
+    live = {"apiVersion": "v1", "kind": "X", "metadata": {"name": "x"}}  # never annotated by us
+    (step,) = plan([adopt(live, OWNER)], [live], "uid-1").applies
+    assert step.why == "update"
+
+
+def test_api_version_kind_and_status_are_not_compared():
+    desired = {"apiVersion": "v1", "kind": "X", "metadata": {}, "status": {"a": 1}, "spec": {}}
+    live = {"apiVersion": "apps/v1", "kind": "Y", "metadata": {}, "status": {"a": 2}, "spec": {}}
+    assert drift(desired, live) == []
+
+
+def test_a_leader_worker_set_hands_its_replicas_over_too():
+    live = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "vl-decode", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
+    assert needs_replicas_handover({**live, "spec": {}}, live) is True
+
+
+def test_applied_hash_of_values_json_cannot_spell_uses_their_text():
+    # `printf '%s' '{"a":"1.5"}' | sha256sum | cut -c1-20`
+    assert applied_hash({"a": Decimal("1.5")}) == "87d1686a3b72d474dd6a"
+
+
+async def test_dry_run_goes_on_after_an_api_the_cluster_does_not_serve():
+    route = obj("HTTPRoute", "vl", "gateway.networking.k8s.io/v1")
+    kube = RecordingKube(
+        {
+            ("HTTPRoute", "vl"): ApiError(404, {"message": "not found"}, "apply"),
+            ("Service", "vl-router"): ApiError(422, {"message": "bad port"}, "apply"),
+        }
+    )
+    problems = await refused_by_server(kube, Plan([Apply(route, "create"), Apply(obj(), "create")], []))
+    assert [p.split(":")[0] for p in problems] == ["HTTPRoute vl", "Service vl-router"]
+
+
+def test_adopted_objects_are_owned_and_hashed():
+    obj = adopt(deployment(), OWNER)
+    assert obj["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "serving.epd.dev/v1alpha1",
+            "kind": "EPDDeployment",
+            "name": "vl",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert (
+        adopt(deployment(), OWNER)["metadata"]["annotations"][APPLIED_HASH]
+        == obj["metadata"]["annotations"][APPLIED_HASH]
+    )
+    assert (
+        adopt(deployment(image="vllm:2"), OWNER)["metadata"]["annotations"][APPLIED_HASH]
+        != obj["metadata"]["annotations"][APPLIED_HASH]
+    )
+
+
+def test_server_defaults_and_normalised_quantities_are_not_drift():
+    desired = adopt(deployment(), OWNER)
+    assert drift(desired, live_copy(desired)) == []
+
+
+def test_zero_values_the_server_omits_are_not_drift():
+    obj = deployment()
+    container = obj["spec"]["template"]["spec"]["containers"][0]
+    container.update(
+        env=[{"name": "EMPTY", "value": ""}], volumeMounts=[{"name": "v", "mountPath": "/v", "readOnly": False}]
+    )
+    obj["spec"]["template"]["spec"]["nodeSelector"] = {}
+    desired = adopt(obj, OWNER)
+    live = live_copy(desired)
+    live_container = live["spec"]["template"]["spec"]["containers"][0]
+    live_container["env"] = [{"name": "EMPTY"}]
+    live_container["volumeMounts"] = [{"name": "v", "mountPath": "/v"}]
+    del live["spec"]["template"]["spec"]["nodeSelector"]
+    assert drift(desired, live) == []
+
+
+def test_fields_added_by_others_are_not_drift():
+    desired = adopt(deployment(), OWNER)
+    live = live_copy(desired)
+    live["metadata"]["labels"]["team"] = "a"
+    live["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "3"
+    assert drift(desired, live) == []
+
+
+def test_items_other_managers_add_to_keyed_lists_are_not_drift():
+    # `kubectl set env` or a mesh's injected sidecar stay after our forced apply (server-side apply
+    # merges keyed lists): judging them drift would re-apply on every resync, forever.
+    obj = deployment()
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
+    desired = adopt(obj, OWNER)
+    live = live_copy(desired)
+    spec = live["spec"]["template"]["spec"]
+    spec["containers"][0]["env"].insert(0, {"name": "DEBUG", "value": "1"})
+    spec["containers"].append({"name": "istio-proxy", "image": "proxy"})
+    assert drift(desired, live) == []
+    spec["containers"][0]["env"][1]["value"] = "2"  # our own item changed: drift, named by its key
+    assert drift(desired, live) == ["spec.template.spec.containers[name=vllm].env[name=A].value"]
+    spec["containers"].pop(0)  # our container is gone
+    assert drift(desired, live) == ["spec.template.spec.containers[name=vllm]"]
+
+
+@pytest.mark.parametrize(
+    "edit, path",
+    [
+        (
+            lambda o: o["spec"]["template"]["spec"]["containers"][0].update(image="other"),
+            "spec.template.spec.containers[name=vllm].image",
+        ),
+        (
+            lambda o: o["spec"]["template"]["spec"]["containers"][0]["args"].append("--b"),
+            "spec.template.spec.containers[name=vllm].args",
+        ),
+        (lambda o: o["metadata"]["labels"].pop("serving.epd.dev/role"), "metadata.labels.serving.epd.dev/role"),
+        (lambda o: o["metadata"].update(ownerReferences=[]), "metadata.ownerReferences"),
+        (lambda o: o["spec"].update(replicas=5), "spec.replicas"),
+    ],
+)
+def test_changes_to_what_we_apply_are_drift(edit, path):
+    desired = adopt(deployment(), OWNER)
+    live = live_copy(desired)
+    edit(live)
+    assert drift(desired, live) == [path]
+
+
+def test_plan_creates_what_is_missing_and_leaves_what_matches_alone():
+    desired = [adopt(deployment(), OWNER)]
+    assert [(a.why, a.describe()) for a in plan(desired, [], "uid-1").applies] == [
+        ("create", "Deployment vl-encoder created")
+    ]
+    assert not plan(desired, [live_copy(desired[0])], "uid-1")
+
+
+def test_plan_updates_when_our_config_changed_even_if_only_a_field_was_dropped():
+    old = adopt(deployment(), OWNER)
+    new_obj = deployment()
+    del new_obj["spec"]["template"]["spec"]["containers"][0]["args"]  # subset of live: only the hash tells
+    new = adopt(new_obj, OWNER)
+    assert drift(new, live_copy(old)) == [f"metadata.annotations.{APPLIED_HASH}"]
+    assert [a.why for a in plan([new], [live_copy(old)], "uid-1").applies] == ["update"]
+
+
+def test_plan_restores_drift_and_says_what_changed():
+    desired = adopt(deployment(), OWNER)
+    live = live_copy(desired)
+    live["spec"]["template"]["spec"]["containers"][0]["image"] = "other"
+    [step] = plan([desired], [live], "uid-1").applies
+    assert step.why == "drift"
+    assert (
+        step.describe()
+        == "Deployment vl-encoder restored (spec.template.spec.containers[name=vllm].image had been changed)"
+    )
+
+
+def test_plan_prunes_only_our_own_children_that_are_no_longer_rendered():
+    desired = [adopt(deployment(), OWNER)]
+    ours = live_copy(
+        adopt({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "vl-prefill", "namespace": "ns"}}, OWNER)
+    )
+    foreign = live_copy(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "vl-other", "namespace": "ns", "ownerReferences": [{"uid": "someone"}]},
+        }
+    )
+    todo = plan(desired, [live_copy(desired[0]), ours, foreign], "uid-1")
+    assert [o["metadata"]["name"] for o in todo.prunes] == ["vl-prefill"]
+
+
+def test_an_autoscaled_tier_never_gets_replicas_and_an_hpa_change_is_no_drift():
+    desired = adopt(deployment(replicas=None), OWNER)
+    live = live_copy(desired)
+    live["spec"]["replicas"] = 7  # set by the HPA
+    live["metadata"]["managedFields"] = applied_by(("epd-operator", {"f:spec": {"f:template": {}}}))
+    assert not plan([desired], [live], "uid-1")
+
+
+def test_replicas_are_handed_over_when_a_tier_becomes_autoscaled():
+    before = adopt(deployment(replicas=3), OWNER)
+    live = live_copy(before)
+    live["metadata"]["managedFields"] = applied_by(("epd-operator", {"f:spec": {"f:replicas": {}, "f:template": {}}}))
+    after = adopt(deployment(replicas=None), OWNER)
+    [step] = plan([after], [live], "uid-1").applies
+    assert step.why == "update"
+    assert step.handover == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 3},
+    }
+    assert replicas_handover(live)["spec"] == {"replicas": 3}
+
+
+def test_no_handover_once_someone_else_manages_replicas():
+    desired = adopt(deployment(replicas=None), OWNER)
+    live = live_copy(adopt(deployment(replicas=None, image="old"), OWNER))
+    live["spec"]["replicas"] = 4
+    live["metadata"]["managedFields"] = applied_by(
+        ("epd-operator", {"f:spec": {"f:template": {}}}), (HANDOVER_MANAGER, {"f:spec": {"f:replicas": {}}})
+    )
+    assert not needs_replicas_handover(desired, live)
+    assert plan([desired], [live], "uid-1").applies[0].handover is None
+
+
+@pytest.mark.parametrize("path", example_files(), ids=lambda p: p.name)
+def test_every_rendered_kind_is_one_the_operator_can_apply_and_prune(path):
+    for obj in render(example(path.name)):
+        assert child_resource(obj) is CHILD_RESOURCES[obj["kind"]]
+
+
+def test_unknown_kinds_are_refused_by_name():
+    with pytest.raises(ValueError, match="does not manage batch/v1/Job"):
+        child_resource({"apiVersion": "batch/v1", "kind": "Job"})

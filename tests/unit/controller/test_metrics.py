@@ -1,0 +1,71 @@
+"""The operator's metrics: the phase of each EPDDeployment, build info, and ready pods per compatibility generation."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from epd_operator import __version__
+from epd_operator.controller.metrics import PHASES, Metrics
+
+GEN = "serving.epd.dev/compat-generation"
+
+
+def pod(role: str, generation: str | None, ready: bool = True, leaving: bool = False) -> dict:
+    labels = {"serving.epd.dev/role": role, **({GEN: generation} if generation else {})}
+    meta: dict = {"name": f"{role}-{generation}", "labels": labels}
+    if leaving:
+        meta["deletionTimestamp"] = "2026-11-30T21:00:00Z"
+    return {"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def series(metrics: Metrics) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(s.labels.values()): s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == "epd_operator_generation_ready_pods"
+    }
+
+
+# What Prometheus Operator puts on every target; a metric label of the same name gets renamed
+# to exported_<name> and dashboards reading it break.
+TARGET_LABELS = {"pod", "endpoint", "namespace", "service", "job", "instance", "container"}
+
+
+def families(text: bytes) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text.decode())}
+
+
+def label_names(registry_text: bytes) -> set[str]:
+    return {name for f in families(registry_text).values() for s in f.samples for name in s.labels}
+
+
+def test_ready_pods_per_generation_metric_follows_the_rollout():
+    metrics = Metrics()
+    metrics.set_generations("ns", "vl", {"aaa": {"encoder": 1, "decode": 2}})
+    metrics.set_generations("ns", "vl", {"bbb": {"encoder": 1, "decode": 0}, "aaa": {"encoder": 1, "decode": 2}})
+    assert series(metrics) == {
+        ("ns", "vl", "bbb", "encoder"): 1.0,
+        ("ns", "vl", "bbb", "decode"): 0.0,
+        ("ns", "vl", "aaa", "encoder"): 1.0,
+        ("ns", "vl", "aaa", "decode"): 2.0,
+    }
+    metrics.set_generations("ns", "vl", {"bbb": {"encoder": 1, "decode": 2}})  # the old generation is gone
+    assert series(metrics) == {("ns", "vl", "bbb", "encoder"): 1.0, ("ns", "vl", "bbb", "decode"): 2.0}
+    metrics.forget("ns", "vl")
+    assert series(metrics) == {}
+
+
+def test_operator_metrics_phase_build_info_and_labels():
+    m = Metrics()
+    m.set_phase("ml", "vl", "Progressing")
+    m.set_phase("ml", "vl", "Ready")
+    f = families(m.exposition())
+    phases = {s.labels["phase"]: s.value for s in f["epd_operator_deployment_phase"].samples}
+    assert phases == {p: (1.0 if p == "Ready" else 0.0) for p in PHASES}
+    assert set(PHASES) == {"Pending", "Progressing", "Ready", "Degraded", "Failed"}
+    assert f["epd_operator_build_info"].samples[0].labels == {"version": __version__}
+    assert "process_cpu_seconds" in f
+    assert not label_names(m.exposition()) & TARGET_LABELS
+    m.forget("ml", "vl")
+    assert not families(m.exposition())["epd_operator_deployment_phase"].samples

@@ -1,0 +1,43 @@
+"""Static endpoints and EndpointSlice parsing (no API server needed; credentials: tests/unit/kube/test_credentials.py)."""
+
+from epd_operator.router.config import RouterConfig
+from epd_operator.router.discovery import slice_endpoints, split_urls, static_endpoints
+
+
+def test_static_urls_are_normalised_and_mooncake_addresses_follow_the_consumer_tier():
+    assert split_urls(" localhost:8001, http://e2:8000/ ,") == ["http://localhost:8001", "http://e2:8000"]
+    cfg = RouterConfig(
+        encode_urls=["http://e:1"],
+        prefill_urls=["http://p:1", "http://p:2"],
+        decode_urls=["http://d:1"],
+        ec_consumer_zmq_addrs=["tcp://p1:14579", "tcp://p2:14579"],
+    )
+    eps = static_endpoints(cfg)
+    assert [e.ec_zmq for e in eps["prefill"]] == ["tcp://p1:14579", "tcp://p2:14579"]
+    assert [e.ec_zmq for e in eps["decode"]] == [None]
+
+
+def test_slice_endpoints_read_the_named_port_readiness_and_pod():
+    eps = {
+        "ports": [{"name": "http", "port": 8000}],
+        "endpoints": [
+            {"addresses": ["fd00::5"], "conditions": {"ready": True}, "targetRef": {"kind": "Pod", "name": "enc-0"}},
+            {
+                "addresses": ["10.0.0.6"],
+                "conditions": {"ready": False, "terminating": True},
+                "targetRef": {"kind": "Pod", "name": "enc-1"},
+            },
+            {"addresses": ["10.0.0.7"]},
+            {"addresses": []},
+        ],
+    }
+    got = [(e.url, e.ready, e.pod, e.ec_zmq) for e in slice_endpoints(eps, "http", 9000, 14579)]
+    assert got == [
+        ("http://[fd00::5]:8000", True, "enc-0", "tcp://[fd00::5]:14579"),
+        ("http://10.0.0.6:8000", False, "enc-1", "tcp://10.0.0.6:14579"),
+        ("http://10.0.0.7:8000", True, "", "tcp://10.0.0.7:14579"),
+    ]
+    assert (
+        slice_endpoints({"endpoints": [{"addresses": ["10.0.0.1"]}]}, "http", 9000, None)[0].url
+        == "http://10.0.0.1:9000"
+    )

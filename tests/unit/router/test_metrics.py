@@ -1,0 +1,45 @@
+"""Router metrics: label names that survive Prometheus Operator's target labels, build info and process
+metrics from the first scrape, removal of a forgotten backend's gauges."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from epd_operator import __version__
+from epd_operator.router.backends import DiscoveredEndpoint, Pool
+from epd_operator.router.metrics import RouterMetrics
+
+# What Prometheus Operator puts on every target; a metric label of the same name gets renamed
+# to exported_<name> and dashboards reading it break.
+TARGET_LABELS = {"pod", "endpoint", "namespace", "service", "job", "instance", "container"}
+
+
+def families(text: bytes) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text.decode())}
+
+
+def label_names(registry_text: bytes) -> set[str]:
+    return {name for f in families(registry_text).values() for s in f.samples for name in s.labels}
+
+
+def test_router_labels_never_collide_with_target_labels_and_build_info_exists_before_traffic():
+    m = RouterMetrics()
+    fresh = families(m.exposition()[0])
+    assert fresh["epd_router_build_info"].samples[0].labels == {"version": __version__}
+    assert "process_cpu_seconds" in fresh and "process_resident_memory_bytes" in fresh
+    pool = Pool("encoder", m)
+    pool.update([DiscoveredEndpoint("http://10.0.0.1:8000", pod="vl-encoder-0")])
+    m.backend_errors.labels("encoder", "10.0.0.1:8000", "timeout").inc()
+    m.ejections.labels("encoder", "10.0.0.1:8000").inc()
+    m.count_request("/v1/chat/completions", 200)
+    names = label_names(m.exposition()[0])
+    assert {"backend", "backend_pod", "role"} <= names
+    assert not names & TARGET_LABELS
+
+
+def test_a_forgotten_backend_leaves_the_gauges():
+    m = RouterMetrics()
+    pool = Pool("decode", m)
+    pool.update([DiscoveredEndpoint("http://a:8000", pod="pa"), DiscoveredEndpoint("http://b:8000", pod="pb")])
+    pool.update([DiscoveredEndpoint("http://a:8000", pod="pa")])
+    f = families(m.exposition()[0])
+    for name in ("epd_router_endpoint_available", "epd_router_endpoint_inflight"):
+        assert [s.labels["backend_pod"] for s in f[name].samples] == ["pa"]
