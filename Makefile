@@ -15,11 +15,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The real vLLM CPU venv and the tiny model the e2e tests and the parser checks run on: built once
-# (minutes, with progress) into ~/.cache/epd-operator, then reused by every run and fresh clone.
+# The real vLLM CPU venv and the tiny model the e2e tests and the parser checks run on, and vLLM 0.33's
+# wheel (parser and config objects only, over the CPU venv's packages): built once (minutes, with
+# progress) into ~/.cache/epd-operator, then reused by every run and fresh clone.
 vllm-env: install
 	$(BIN)/python -m dev.venv
 	$(BIN)/python -m dev.tiny_model
+	$(BIN)/python -m dev.vllm_wheel
 
 # The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok), built once from the official Go modules into ~/.cache/epd-operator/k8s

@@ -1,14 +1,14 @@
 """The vLLM command-line harness itself: it must accept what vLLM accepts and report what it refuses.
 
-The renderer's tests trust this harness to say "vLLM 0.32 would start with these flags", so it
-is checked here against command lines whose fate is known from the vLLM examples.
+The renderer's tests trust this harness to say "vLLM 0.32 (or 0.33) would start with these flags", so
+it is checked here against command lines whose fate is known from the vLLM examples and releases.
 """
 
 import json
 
 import pytest
 
-from tests.support.vllm_args import check_serve_commands
+from tests.support.vllm_args import VLLM_VERSIONS, check_serve_commands
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("vllm_ready"), pytest.mark.timeout(1200)]
 
@@ -74,3 +74,16 @@ def test_reports_what_vllm_refuses(flags, complaint):
 def test_rejects_something_that_is_not_vllm_serve():
     [error] = check_serve_commands([["vllm", "bench", "serve", MODEL]])
     assert error is not None and "vllm serve" in error
+
+
+def test_each_release_answers_with_its_own_parser():
+    """0.33 renamed the prefix-caching flag (`--disable-prefix-caching`) and kept the old spelling;
+    0.32 knows only the old one: the answers differ only if each checker runs its own release."""
+    argvs = [
+        ["vllm", "serve", MODEL, "--disable-prefix-caching"],
+        ["vllm", "serve", MODEL, "--no-enable-prefix-caching"],
+    ]
+    answers = {version: check_serve_commands(argvs, version) for version in VLLM_VERSIONS}
+    assert answers["0.33.0"] == [None, None]
+    new_spelling, old_spelling = answers["0.32.0"]
+    assert "unrecognized arguments" in new_spelling and old_spelling is None

@@ -1,6 +1,8 @@
-"""Every `vllm serve` command line the examples render, traced ones included, is accepted by vLLM 0.32's own
-parser, with its EC/KV connector names resolved by vLLM's connector factories (`tests/support/vllm_args.py`).
-No vLLM server starts; the parser runs in the cached vLLM CPU venv."""
+"""Every `vllm serve` command line the examples render, traced ones included, is accepted by vLLM's own
+parser in every release the operator claims: 0.32's (the CPU venv) and 0.33's (the default image; its wheel's
+parser over the CPU venv's packages). The JSON transfer configs are built into vLLM's own config objects and
+the EC/KV connector names resolved by vLLM's connector factories (`tests/support/vllm_args.py`). No vLLM
+server starts."""
 
 from __future__ import annotations
 
@@ -15,36 +17,45 @@ from tests.support.render_examples import (
     serve_argvs,
     variants,
 )
-from tests.support.vllm_args import check_serve_commands
+from tests.support.vllm_args import VLLM_VERSIONS, check_serve_commands
 
 pytestmark = [pytest.mark.usefixtures("vllm_ready"), pytest.mark.timeout(1200)]
 
 ENDPOINT = "http://otel-collector.observability:4318/v1/traces"
 
 
-def test_every_rendered_serve_command_parses_under_vllm():
+def refused(argvs: list[list[str]], version: str) -> str:
+    errors = check_serve_commands(argvs, version)
+    lines = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors, strict=True) if error]
+    return f"vLLM {version} refuses:\n" + "\n".join(lines) if lines else ""
+
+
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_every_rendered_serve_command_parses_under_vllm(version):
     argvs = [argv for objects in rendered_examples().values() for argv in serve_argvs(objects)]
     argvs += [argv for epd in variants().values() for argv in serve_argvs(render(epd))]
-    errors = check_serve_commands(argvs)
-    refused = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors, strict=True) if error]
-    assert not refused, "\n".join(refused)
+    assert not refused(argvs, version)
 
 
-def test_the_checker_would_notice_a_bad_command_line():
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_the_checker_would_notice_a_bad_command_line(version):
     good = serve_argvs(render(example(MOONCAKE)))[0]
     bad_connector = [arg.replace("ECMooncakeConnector", "ECNoSuchConnector") for arg in good]
-    unknown_flag, unknown_connector = check_serve_commands([good + ["--no-such-flag"], bad_connector])
+    bad_key = [arg.replace('"ec_role"', '"ec_rol"') for arg in good]
+    unknown_flag, unknown_connector, unknown_key = check_serve_commands(
+        [good + ["--no-such-flag"], bad_connector, bad_key], version
+    )
     assert "--no-such-flag" in unknown_flag
     assert "ECNoSuchConnector" in unknown_connector
+    assert "ec_rol" in unknown_key
 
 
-def test_vllm_accepts_the_traced_command_lines():
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_vllm_accepts_the_traced_command_lines(version):
     argvs = [
         argv
         for name in (NIXL_AUTOSCALED, MOONCAKE)
         for argv in serve_argvs(render(example(name, **{"spec.tracing": {"otlpEndpoint": ENDPOINT}})))
     ]
     assert all("--otlp-traces-endpoint" in argv for argv in argvs)
-    errors = check_serve_commands(argvs)
-    refused = [f"{' '.join(argv)}\n  -> {error}" for argv, error in zip(argvs, errors, strict=True) if error]
-    assert not refused, "\n".join(refused)
+    assert not refused(argvs, version)

@@ -1,22 +1,27 @@
-"""Check rendered `vllm serve` command lines with vLLM 0.32's own argument parser.
+"""Check rendered `vllm serve` command lines with vLLM's own argument parser, 0.32's and 0.33's.
 
 The operator renders vLLM command lines it cannot run here; the only authority on whether
-vLLM accepts them is vLLM itself. This module is two things in one file:
+vLLM accepts them is vLLM itself, in every release the operator claims (0.32, and 0.33, the
+default image). This module is two things in one file:
 
-* imported by tests (dev venv): ``check_serve_commands(argvs)`` sends every command line to a
-  checker process running in the cached vLLM CPU venv and returns one error (or ``None``) per
-  command line. The checker starts once per test process (importing vLLM costs ~6 s) and is
-  reused; each command line then costs well under a second.
-* run as a script inside the vLLM venv: the checker. It reads one JSON list of argvs per line
-  on stdin and answers one JSON list of errors per line on stdout. No server is started and
-  no model is loaded: it parses with ``make_arg_parser(FlexibleArgumentParser())``, runs
-  ``validate_parsed_serve_args`` and ``AsyncEngineArgs.from_cli_args``, and resolves the EC/KV
-  connector names through vLLM's connector factories.
+* imported by tests (dev venv): ``check_serve_commands(argvs, version)`` sends every command line
+  to a checker process of that vLLM release and returns one error (or ``None``) per command line.
+  0.32's checker runs in the cached vLLM CPU venv (`dev.venv`); 0.33's runs the same interpreter
+  with 0.33's wheel first on its path (`dev.vllm_wheel`: the wheel without its dependencies, so its
+  parser and config objects run over the CPU venv's packages). A checker starts once per test
+  process and release (importing vLLM costs seconds) and is reused; each command line then costs
+  well under a second.
+* run as a script inside the vLLM venv: the checker. It first answers with the vLLM version it
+  imported, then reads one JSON list of argvs per line on stdin and answers one JSON list of
+  errors per line on stdout. No server is started and no model is loaded: it parses with
+  ``make_arg_parser(FlexibleArgumentParser())``, runs ``validate_parsed_serve_args`` and
+  ``AsyncEngineArgs.from_cli_args`` (which builds vLLM's transfer config objects from the JSON
+  flags), and resolves the EC/KV connector names through vLLM's connector factories.
 
 An argv may start with ``vllm serve`` (as rendered), ``serve``, or directly with the model.
 The model (a hub id or a path) is replaced by the local tiny model: ``from_cli_args`` looks the
-model up and ``HF_HUB_OFFLINE`` is set, so nothing is downloaded. Builds the vLLM venv and the
-tiny model on first use.
+model up and ``HF_HUB_OFFLINE`` is set, so nothing is downloaded. Builds the vLLM venv, 0.33's
+folder and the tiny model on first use.
 """
 
 from __future__ import annotations
@@ -64,13 +69,18 @@ def _raise_instead_of_exit(message: str) -> None:
 
 def _checker_main() -> None:
     import contextlib
+    import importlib.metadata
     import io
     import logging
 
     from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+
+    try:  # 0.32
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:  # 0.33
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     logging.disable(logging.WARNING)  # vLLM's warnings would interleave with the JSON replies
@@ -109,6 +119,8 @@ def _checker_main() -> None:
 
     reply = sys.stdout
     sys.stdout = sys.stderr  # anything vLLM prints must not corrupt the protocol
+    reply.write(json.dumps({"vllm": importlib.metadata.version("vllm")}) + "\n")
+    reply.flush()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -122,15 +134,23 @@ def _checker_main() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-class _Checker:
-    """One long-lived checker process in the vLLM venv, shared by every caller in this process."""
+# The releases the operator claims: the CPU venv's, and the default image's (parser only).
+VLLM_VERSIONS = ("0.32.0", "0.33.0")
 
-    def __init__(self) -> None:
-        from dev import tiny_model, venv
+
+class _Checker:
+    """One long-lived checker process of one vLLM release, shared by every caller in this process."""
+
+    def __init__(self, version: str) -> None:
+        from dev import tiny_model, venv, vllm_wheel
 
         python = venv.ensure()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env.pop("PYTHONPATH", None)
         env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        if version != venv.VLLM_VERSION:
+            vllm_wheel.ensure(version)
+            env.update(vllm_wheel.check_env(version))
         # AsyncEngineArgs.from_cli_args looks the model up, and the hub is offline.
         env["EPD_TINY_MODEL"] = str(tiny_model.ensure())
         self._proc = subprocess.Popen(
@@ -143,22 +163,31 @@ class _Checker:
             cwd="/",  # keep this repository's packages off the checker's import path
         )
         self._lock = threading.Lock()
+        hello = self._read()
+        imported = json.loads(hello).get("vllm", "")
+        if imported.split("+")[0] != version:
+            self.close()
+            raise RuntimeError(f"the vLLM {version} argument checker imported vLLM {imported!r}")
+
+    def _read(self) -> str:
+        assert self._proc.stdout
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(
+                f"the vLLM argument checker exited (code {self._proc.poll()}); "
+                f"run `{sys.executable} {__file__}` with the vLLM venv's python to see why"
+            )
+        return line
 
     def check(self, argvs: list[list[str]]) -> list[str | None]:
         with self._lock:
-            assert self._proc.stdin and self._proc.stdout
+            assert self._proc.stdin
             try:
                 self._proc.stdin.write(json.dumps(argvs) + "\n")
                 self._proc.stdin.flush()
-                line = self._proc.stdout.readline()
             except BrokenPipeError:
-                line = ""
-            if not line:
-                raise RuntimeError(
-                    f"the vLLM argument checker exited (code {self._proc.poll()}); "
-                    f"run `{sys.executable} {__file__}` with the vLLM venv's python to see why"
-                )
-            return json.loads(line)
+                pass  # _read reports the exit
+            return json.loads(self._read())
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -171,24 +200,26 @@ class _Checker:
                 self._proc.wait()
 
 
-_checker: _Checker | None = None
+_checkers: dict[str, _Checker] = {}
 _checker_lock = threading.Lock()
 
 
-def check_serve_commands(argvs: list[list[str]]) -> list[str | None]:
-    """Ask vLLM 0.32's own parser about each command line: ``None`` if accepted, else the error.
+def check_serve_commands(argvs: list[list[str]], version: str = VLLM_VERSIONS[0]) -> list[str | None]:
+    """Ask vLLM `version`'s own parser about each command line: ``None`` if accepted, else the error.
 
-    Builds the vLLM venv on first use (minutes, cached). Pass all command lines of a test at
-    once: the answer comes back in one round trip.
+    Builds what that release needs on first use (minutes, cached). Pass all command lines of a
+    test at once: the answer comes back in one round trip.
     """
-    global _checker
+    if version not in VLLM_VERSIONS:
+        raise ValueError(f"vLLM {version} is not one of the checked releases {VLLM_VERSIONS}")
     if not all(isinstance(argv, list) and all(isinstance(a, str) for a in argv) for argv in argvs):
         raise TypeError("check_serve_commands takes a list of argvs, each a list of strings")
     with _checker_lock:
-        if _checker is None:
-            _checker = _Checker()
-            atexit.register(_checker.close)
-    return _checker.check(argvs)
+        checker = _checkers.get(version)
+        if checker is None:
+            checker = _checkers[version] = _Checker(version)
+            atexit.register(checker.close)
+    return checker.check(argvs)
 
 
 if __name__ == "__main__":

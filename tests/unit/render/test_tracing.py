@@ -1,5 +1,5 @@
 """spec.tracing: one OTLP endpoint rendered onto the router and every vLLM tier, and accepted by the router's
-own parser; vLLM 0.32's parser checks the tiers' lines in tests/e2e/test_vllm_parser.py."""
+own parser; vLLM 0.32's and 0.33's parsers check the tiers' lines in tests/e2e/test_vllm_parser.py."""
 
 from __future__ import annotations
 
