@@ -226,7 +226,7 @@ def test_status_is_a_subresource_and_the_names_are_consistent():
 
 
 def test_the_committed_file_is_one_yaml_document():
-    docs = list(yaml.safe_load_all(COMMITTED.read_text(encoding="utf-8")))
+    docs = list(yaml.load_all(COMMITTED.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader))
     assert len(docs) == 1 and docs[0]["kind"] == "CustomResourceDefinition"
 
 
@@ -241,13 +241,12 @@ def _validation_rules(node):
 
 
 def test_every_rule_reason_is_one_the_api_server_accepts():
-    # kube-apiserver refuses a whole CRD over one unsupported `reason` (this once made every install fail).
-    import yaml
+    # kube-apiserver refuses a whole CRD over one unsupported `reason`, so no install could succeed.
 
     from epd_operator.api.rules import SUPPORTED_REASONS
-    from tests.support.cluster import CRD_FILE
+    from tests.support.cluster import epd_crd
 
-    crd = yaml.safe_load(CRD_FILE.read_text())
+    crd = epd_crd()
     rules = list(_validation_rules(crd))
     assert len(rules) > 10
     assert {r.get("reason", "FieldValueInvalid") for r in rules} <= set(SUPPORTED_REASONS)
