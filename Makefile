@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e demo crds bench bench-tools bench-quick bench-e2e mutation images clean
+.PHONY: install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e demo generate bench bench-tools bench-quick bench-e2e mutation images clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -72,11 +72,10 @@ test-e2e: vllm-env
 demo: install
 	$(BIN)/python -m dev.demo $(if $(EXAMPLE),--example $(EXAMPLE))
 
-crds: install
-	$(BIN)/python -m epd_operator.api.kube_schemas
-	$(BIN)/epdctl crd > crds/serving.epd.dev_epddeployments.yaml
-	cp crds/serving.epd.dev_epddeployments.yaml charts/epd-operator/crds/
-	$(BIN)/python -m tests.helm.values_schema
+# Every generated file from its generator (dev/generate): the CRD and the operator chart's copy, the
+# Kubernetes schemas the API embeds, the deployment chart's values schema, the dashboard, docs/api.md's reference.
+generate: install
+	$(BIN)/python -m dev.generate
 
 # The overhead benchmark drives load with wrk (Debian's package): installed when missing and possible.
 bench-tools:

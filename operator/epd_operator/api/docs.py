@@ -1,7 +1,8 @@
 """The Markdown API reference of `EPDDeployment.spec` (`epdctl docs`), generated from the models.
 
 Walks `EPDDeploymentSpec` field by field, so the reference in docs/api.md cannot fall behind the code
-(`epdctl docs --output docs/api.md` rewrites it between its markers; a unit test fails when it is stale). A model met a second time (the prefill and decode tiers are the same
+(`epdctl docs --output docs/api.md` and `make generate` rewrite it between its markers; a unit test fails
+when it is stale). A model met a second time (the prefill and decode tiers are the same
 `Tier` as the encoder) points back to its first path instead of repeating every row. The cross-field
 rules of `rules.py` are listed after the fields, with the path each one reports.
 """

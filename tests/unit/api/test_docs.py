@@ -1,19 +1,15 @@
-"""The generated API reference (`epdctl docs`): complete, and the one docs/api.md shows."""
+"""The generated API reference (`epdctl docs`): complete (docs/api.md shows it as generated: tests/unit/dev/test_generate.py)."""
 
 from __future__ import annotations
 
 import typing
-from pathlib import Path
 
-import pytest
 from pydantic import BaseModel
 
-from epd_operator.api.docs import END, START, reference, with_reference
+from epd_operator.api.docs import reference
 from epd_operator.api.rules import RULES
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.cli import main
-
-API_PAGE = Path(__file__).resolve().parents[3] / "docs" / "api.md"
 
 
 def _leaf_names(model: type[BaseModel], seen: set[type[BaseModel]]) -> set[str]:
@@ -55,36 +51,3 @@ def test_every_cross_field_rule_is_listed_with_its_path():
 def test_epdctl_docs_prints_the_reference(capsys):
     main(["docs"])
     assert capsys.readouterr().out == reference()
-
-
-def test_docs_api_shows_the_current_reference():
-    page = API_PAGE.read_text(encoding="utf-8")
-    assert START in page and END in page, f"docs/api.md lost the {START} ... {END} markers of the API reference"
-    shown = page.split(START, 1)[1].split(END, 1)[0].strip()
-    assert shown == reference().strip(), (
-        "docs/api.md's API reference is stale: run `.venv/bin/epdctl docs --output docs/api.md`"
-    )
-
-
-def test_epdctl_docs_output_rewrites_only_between_the_markers(tmp_path):
-    page = tmp_path / "api.md"
-    page.write_text(f"# Intro\n\n{START}\nold table\n{END}\n\nAfter.\n", encoding="utf-8")
-    main(["docs", "--output", str(page)])
-    assert page.read_text(encoding="utf-8") == f"# Intro\n\n{START}\n{reference()}{END}\n\nAfter.\n"
-    main(["docs", "--output", str(page)])  # a second run changes nothing
-    assert page.read_text(encoding="utf-8") == f"# Intro\n\n{START}\n{reference()}{END}\n\nAfter.\n"
-
-
-@pytest.mark.parametrize(
-    "page",
-    ["no markers\n", f"{END}\n{START}\n", f"{START}\n{END}\n{START}\n{END}\n"],
-    ids=["none", "reversed", "twice"],
-)
-def test_a_page_without_one_pair_of_markers_is_refused_and_left_alone(tmp_path, page):
-    path = tmp_path / "api.md"
-    path.write_text(page, encoding="utf-8")
-    with pytest.raises(SystemExit, match="api-reference:start"):
-        main(["docs", "--output", str(path)])
-    assert path.read_text(encoding="utf-8") == page
-    with pytest.raises(ValueError, match="api-reference:end"):
-        with_reference(page)

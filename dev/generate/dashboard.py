@@ -1,8 +1,8 @@
 """The EPD Grafana dashboard shipped by the epd-operator chart (dashboards/epd.json).
 
-Panels are declared here, compactly, and written out as Grafana JSON; a test fails while the
-committed file differs, and another checks every query against the metrics the router and the
-operator really export. Regenerate after editing:  python -m tests.helm.dashboard
+Panels are declared here, compactly, and written out as Grafana JSON by `make generate`; a unit test
+fails while the committed file differs, and a chart test (tests/helm/test_operator_chart.py) checks every
+query against the metrics the router and the operator really export.
 
 Series come from three places: the router and the operator (scraped through the chart's
 PodMonitors/ServiceMonitor; the `epd` label is the EPDDeployment, from a relabeling), vLLM pods
@@ -12,13 +12,10 @@ PodMonitors/ServiceMonitor; the `epd` label is the EPDDeployment, from a relabel
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-DASHBOARD_PATH = REPO / "charts" / "epd-operator" / "dashboards" / "epd.json"
+PATH = "charts/epd-operator/dashboards/epd.json"
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'namespace=~"$namespace", epd=~"$epd"'
@@ -488,8 +485,3 @@ def build_dashboard() -> dict[str, Any]:
 
 def render() -> str:
     return json.dumps(build_dashboard(), indent=2, ensure_ascii=False) + "\n"
-
-
-if __name__ == "__main__":
-    DASHBOARD_PATH.write_text(render())
-    print(f"wrote {DASHBOARD_PATH.relative_to(REPO)}", file=sys.stderr)

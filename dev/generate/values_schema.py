@@ -4,24 +4,16 @@ The chart's values map 1:1 to the EPDDeployment spec, so its schema is the CRD's
 made strict for helm: a structural schema cannot say `additionalProperties: false` (the API server
 prunes unknown fields silently), but `helm install` should refuse a typo before anything is
 applied. CEL rules (`x-kubernetes-validations`) cannot run in helm and are left to the API server.
-
-Regenerate after an API change (`make crds` does it):  python -m tests.helm.values_schema
-A test fails while the committed file differs from what this produces.
+Written by `make generate` from the CRD it generates (dev/generate/__init__.py).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-CRD_PATH = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
-CHART_SCHEMA_PATH = REPO / "charts" / "epd-deployment" / "values.schema.json"
+PATH = "charts/epd-deployment/values.schema.json"
 
 # Chart-only values around the spec: the EPDDeployment's name and metadata, and helm's `global`.
 CHART_VALUES = {
@@ -78,7 +70,7 @@ def build_values_schema(crd: dict[str, Any]) -> dict[str, Any]:
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": "epd-deployment chart values (EPDDeployment spec, serving.epd.dev/v1alpha1)",
-        "description": "Generated from crds/serving.epd.dev_epddeployments.yaml by tests/helm/values_schema.py; do not edit.",
+        "description": "Generated from crds/serving.epd.dev_epddeployments.yaml by dev/generate/values_schema.py; do not edit.",
         "type": "object",
         "additionalProperties": False,
         "required": spec.get("required", []),
@@ -86,11 +78,5 @@ def build_values_schema(crd: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def render(crd_path: Path = CRD_PATH) -> str:
-    crd = yaml.safe_load(crd_path.read_text())
+def render(crd: dict[str, Any]) -> str:
     return json.dumps(build_values_schema(crd), indent=2, ensure_ascii=False) + "\n"
-
-
-if __name__ == "__main__":
-    CHART_SCHEMA_PATH.write_text(render())
-    print(f"wrote {CHART_SCHEMA_PATH.relative_to(REPO)}", file=sys.stderr)
