@@ -2,8 +2,8 @@
 
 Checked, in every page: relative links (the file, and the heading a `#anchor` points at), repository paths
 written in backticks or in code blocks (`tests/...`, `dev/...`, `charts/...`, and paths inside the package
-such as `router/upstream.py`), the modules of `python -m ...` and the targets of `make ...`. Pure: it reads
-files and runs nothing.
+such as `router/upstream.py`), the modules of `python -m ...` and the targets of `make ...`; and the README
+links every page of docs/. Pure: it reads files and runs nothing.
 """
 
 from __future__ import annotations
@@ -139,6 +139,12 @@ def problems(page: Path, text: str) -> list[str]:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_link_and_path_exists(page: Path):
     assert problems(page, page.read_text(encoding="utf-8")) == []
+
+
+def test_the_readme_links_every_docs_page():
+    linked = set(_LINK.findall((REPO / "README.md").read_text(encoding="utf-8")))
+    pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
+    assert pages - {target.partition("#")[0] for target in linked} == set()
 
 
 def test_the_pages_are_found():
