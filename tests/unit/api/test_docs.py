@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import typing
 
+import pytest
 from pydantic import BaseModel
 
-from epd_operator.api.docs import reference
+from epd_operator.api.docs import END, START, reference, with_reference
 from epd_operator.api.rules import RULES
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.cli import main
@@ -51,3 +52,27 @@ def test_every_cross_field_rule_is_listed_with_its_path():
 def test_epdctl_docs_prints_the_reference(capsys):
     main(["docs"])
     assert capsys.readouterr().out == reference()
+
+
+def test_epdctl_docs_output_rewrites_only_between_the_markers(tmp_path):
+    page = tmp_path / "api.md"
+    page.write_text(f"# Intro\n\n{START}\nold table\n{END}\n\nAfter.\n", encoding="utf-8")
+    main(["docs", "--output", str(page)])
+    assert page.read_text(encoding="utf-8") == f"# Intro\n\n{START}\n{reference()}{END}\n\nAfter.\n"
+    main(["docs", "--output", str(page)])  # a second run changes nothing
+    assert page.read_text(encoding="utf-8") == f"# Intro\n\n{START}\n{reference()}{END}\n\nAfter.\n"
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["no markers\n", f"{END}\n{START}\n", f"{START}\n{END}\n{START}\n{END}\n"],
+    ids=["none", "reversed", "twice"],
+)
+def test_a_page_without_one_pair_of_markers_is_refused_and_left_alone(tmp_path, page):
+    path = tmp_path / "api.md"
+    path.write_text(page, encoding="utf-8")
+    with pytest.raises(SystemExit, match="api-reference:start"):
+        main(["docs", "--output", str(path)])
+    assert path.read_text(encoding="utf-8") == page
+    with pytest.raises(ValueError, match="api-reference:end"):
+        with_reference(page)
