@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e demo generate bench bench-tools bench-quick bench-e2e mutation images clean
+.PHONY: help install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e demo generate bench bench-tools bench-quick bench-e2e mutation images image-deps clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -103,6 +103,9 @@ bench-e2e: vllm-env ## real vLLM tiers behind each router on an image workload (
 mutation: install ## mutation score of the pure core (GROUP=router: one group)
 	@$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q -e '.[test,mutation]'
 	$(BIN)/python dev/mutation.py $(if $(GROUP),--group $(GROUP))
+
+image-deps: install ## whether images/vllm-epd's pins resolve with its base image's vLLM (pip --dry-run; needs PyPI, ~2 min)
+	$(BIN)/python -m dev.image_deps
 
 images: ## the operator and vLLM images (Docker)
 	docker build -t epd-operator:dev -f images/operator/Dockerfile .
