@@ -301,7 +301,9 @@ def test_prometheus_rule_records_what_the_adapter_serves(helm):
     assert "epd_router_encoder_inflight" in recorded
     adapter = yaml.safe_load((OPERATOR_CHART / "prometheus-adapter" / "values.yaml").read_text())
     for custom in adapter["rules"]["custom"]:
-        series = re.match(r"[\w:]+", custom["seriesQuery"]).group(0)
+        match = re.match(r"[\w:]+", custom["seriesQuery"])
+        assert match, custom["seriesQuery"]
+        series = match.group(0)
         assert series in recorded or series.startswith("vllm:"), f"adapter reads {series}, which nothing records"
         assert custom["resources"]["overrides"]["pod"] == {"resource": "pod"}
         assert ":" not in custom["name"]["as"], "custom metric names cannot contain ':'"

@@ -100,6 +100,7 @@ def test_the_api_server_refuses_every_spec_parse_epd_refuses_and_accepts_the_res
             disagreements.append(f"{path}: server answered {status}: {text[:300]}")
     for case in GOOD_SPECS:
         (doc,) = case.values
+        assert isinstance(doc, dict)
         status, body = _server_refusal(kube, copy.deepcopy(doc))
         if status >= 400:
             disagreements.append(f"good spec refused: {json.dumps(body)[:400]}")

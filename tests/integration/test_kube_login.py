@@ -181,7 +181,7 @@ def in_a_pod(kube: KubeView, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         }
         monkeypatch.setattr(credentials, constant[name], str(folder / name))
     server = urlsplit(kube.cluster.server)
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", server.hostname)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", server.hostname or "")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.port))
     # A kubeconfig in the environment must not win over the pod's own account.
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))

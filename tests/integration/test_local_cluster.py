@@ -43,6 +43,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_crashed_owner_leaves_nothing_running_or_listening():
     owner = subprocess.Popen([sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
     try:
         started = json.loads(owner.stdout.readline())
         assert _listening(started["port"]) and all(_alive(p) for p in started["pids"])

@@ -449,7 +449,10 @@ async def test_a_deleted_tier_is_recreated_at_once(ns):
         old_uid = deployment(ns, "vl-decode")["metadata"]["uid"]
         ns.delete("apps/v1", "Deployment", "vl-decode")
         await wait_until(
-            lambda: (deployment(ns, "vl-decode") or {}).get("metadata", {}).get("uid") not in (None, old_uid),
+            lambda: (
+                (ns.get("apps/v1", "Deployment", "vl-decode") or {}).get("metadata", {}).get("uid")
+                not in (None, old_uid)
+            ),
             20,
             "the deleted decode Deployment was not recreated",
         )

@@ -49,10 +49,10 @@ async def test_apply_list_and_delete(client: Kube, ns: KubeView):
     assert await kube.delete(CONFIGMAP, NS, "a", uid=created["metadata"]["uid"]) is True
     assert await kube.get(CONFIGMAP, NS, "a") is None
     assert await kube.delete(CONFIGMAP, NS, "a") is False
-    assert kube.writes == [
+    assert kube.writes == [  # type: ignore[attr-defined]
         ("PATCH", "ConfigMap"),
         ("PATCH", "ConfigMap"),
-        ("DELETE", "ConfigMap"),  # type: ignore[attr-defined]
+        ("DELETE", "ConfigMap"),
         ("DELETE", "ConfigMap"),
         ("DELETE", "ConfigMap"),
     ]
@@ -111,7 +111,7 @@ async def test_only_one_of_racing_candidates_wins_and_the_other_waits_for_expiry
     results = await asyncio.gather(a._try_acquire_or_renew(), b._try_acquire_or_renew())
     assert sorted(results) == [False, True]
     winner, loser = (a, b) if results[0] else (b, a)
-    assert ns.get(LEASE.api_version, "Lease", "race")["spec"]["holderIdentity"] == winner.identity
+    assert (ns.get(LEASE.api_version, "Lease", "race") or {})["spec"]["holderIdentity"] == winner.identity
     assert await loser._try_acquire_or_renew() is False  # freshly renewed: not expired
     assert await winner._try_acquire_or_renew() is True  # renewals keep it
     # The winner stops renewing (a crash). Expiry is measured on the candidate's own clock, from
@@ -119,7 +119,7 @@ async def test_only_one_of_racing_candidates_wins_and_the_other_waits_for_expiry
     assert await loser._try_acquire_or_renew() is False
     await asyncio.sleep(1.1)
     assert await loser._try_acquire_or_renew() is True
-    lease = ns.get(LEASE.api_version, "Lease", "race")["spec"]
+    lease = (ns.get(LEASE.api_version, "Lease", "race") or {})["spec"]
     assert (lease["holderIdentity"], lease["leaseTransitions"]) == (loser.identity, 1)
 
 

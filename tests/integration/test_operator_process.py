@@ -140,5 +140,5 @@ async def test_epds_outside_the_watched_namespaces_are_left_alone(cluster, tmp_p
         await create(cluster, epd_doc())
         await observed(cluster, 1)
         assert elsewhere.list("apps/v1", "Deployment") == []
-        assert "status" not in elsewhere.get(EPD_API, "EPDDeployment", "far")
+        assert "status" not in (elsewhere.get(EPD_API, "EPDDeployment", "far") or {})
         assert epd(cluster)["status"]["phase"] in ("Progressing", "Ready")

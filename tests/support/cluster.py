@@ -9,6 +9,7 @@ The first use builds the binaries (minutes, once; cached in ``~/.cache/epd-opera
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import json
 import os
@@ -141,7 +142,7 @@ class KubeView:
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         self.ok("DELETE", api_path(api_version, kind, namespace or self.ns, name))
 
-    def events(self, *, kind: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
+    def events(self, *, kind: str | None = None, name: str | None = None) -> builtins.list[dict[str, Any]]:
         return [
             e
             for e in self.list("v1", "Event")
@@ -149,7 +150,7 @@ class KubeView:
             and (name is None or e["involvedObject"].get("name") == name)
         ]
 
-    def pods(self, **labels: str) -> list[dict[str, Any]]:
+    def pods(self, **labels: str) -> builtins.list[dict[str, Any]]:
         return self.list("v1", "Pod", labels=labels or None)
 
     def set_pod_ready(self, name: str, ready: bool) -> None:

@@ -24,13 +24,14 @@ import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
 ROLES = ("encoder", "prefill", "decode", "pd")
-METADATA_BY_TYPE = {
+METADATA_BY_TYPE: dict[str, dict[str, Any]] = {
     "image_url": {"image_grid_thw": [1, 16, 16]},
     "video_url": {"video_grid_thw": [[2, 16, 16]]},
     "audio_url": {"audio_num_tokens": [50]},
@@ -174,6 +175,7 @@ class FakeVLLM:
         try:
             if k.drop_next > 0:
                 k.drop_next -= 1
+                assert request.transport is not None
                 request.transport.close()
                 await asyncio.sleep(3600)
             if k.delay:
@@ -307,6 +309,7 @@ class FakeVLLM:
         rid = f"chatcmpl-{self.name}-{next(self._ids)}"
         for i in range(k.stream_chunks):
             if k.break_stream_after is not None and i >= k.break_stream_after:
+                assert request.transport is not None
                 request.transport.close()
                 return out
             piece = f"{text} [{i}]"

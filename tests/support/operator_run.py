@@ -263,8 +263,10 @@ def epd(kube: KubeView, name: str = "vl") -> dict[str, Any]:
     return obj
 
 
-def deployment(kube: KubeView, name: str) -> dict[str, Any] | None:
-    return kube.get("apps/v1", "Deployment", name)
+def deployment(kube: KubeView, name: str) -> dict[str, Any]:
+    obj = kube.get("apps/v1", "Deployment", name)
+    assert obj is not None, f"Deployment {name} is gone"
+    return obj
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -328,7 +330,9 @@ async def observed(kube: KubeView, generation: int, name: str = "vl") -> None:
 
 
 async def deployed(kube: KubeView, *names: str) -> None:
-    await wait_until(lambda: all(deployment(kube, n) for n in names), 20, f"{names} were not all created")
+    await wait_until(
+        lambda: all(kube.get("apps/v1", "Deployment", n) for n in names), 20, f"{names} were not all created"
+    )
 
 
 def resource_versions(kube: KubeView, name: str = "vl") -> dict[tuple[str, str], str]:

@@ -6,9 +6,9 @@ what the API server does with them is tested against the real control plane in t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from epd_operator.kube import ApiError
+from epd_operator.kube import ApiError, Kube
 
 
 class RecordingKube:
@@ -28,3 +28,8 @@ class RecordingKube:
     async def delete(self, resource: Any, namespace: str | None, name: str, *, uid: str | None = None) -> bool:
         self.calls.append(("delete", resource.kind, namespace, name, uid))
         return True
+
+
+def as_kube(recording: RecordingKube) -> Kube:
+    """The stand-in where the controller's functions take a Kube: it has every method they call."""
+    return cast(Kube, recording)

@@ -20,7 +20,7 @@ from .fake_vllm import FakeVLLM
 @dataclass
 class Reply:
     status: int
-    headers: dict
+    headers: CIMultiDict[str]
     body: bytes
 
     def json(self):

@@ -43,6 +43,7 @@ def test_sigterm_ends_the_sidecar_cleanly(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert proc.stderr is not None
     try:
         assert "watching" in proc.stderr.readline()
         assert "sweep:" in proc.stderr.readline()  # the first sweep ran; now it waits an hour
@@ -53,3 +54,4 @@ def test_sigterm_ends_the_sidecar_cleanly(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stderr.close()

@@ -103,7 +103,8 @@ class RouterProcess:
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"router did not start: {self.proc.stderr.read().decode()[-2000:]}")
+                stderr = self.proc.stderr.read() if self.proc.stderr else b""
+                raise RuntimeError(f"router did not start: {stderr.decode()[-2000:]}")
             time.sleep(0.1)
 
     def connect(self) -> socket.socket:
@@ -156,12 +157,13 @@ class _Replies:
         self.statuses: list[int] = []
         self.heads: list[dict] = []
         self.headers: dict = {}
-        self.parser = None
+        self.parser: httptools.HttpResponseParser | None = None
 
     def on_header(self, name, value):
         self.headers[name.decode().lower()] = value
 
     def on_headers_complete(self):
+        assert self.parser is not None
         self.statuses.append(self.parser.get_status_code())
         self.heads.append(self.headers)
         self.headers = {}
@@ -170,8 +172,8 @@ class _Replies:
 def replies(raw: bytes) -> _Replies:
     """Every complete reply head in `raw` (the router's own replies are always well-formed)."""
     r = _Replies()
-    r.parser = httptools.HttpResponseParser(r)
-    r.parser.feed_data(raw)
+    r.parser = parser = httptools.HttpResponseParser(r)
+    parser.feed_data(raw)
     return r
 
 

@@ -145,7 +145,9 @@ class SliceAPI:
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        server = site._server
+        assert isinstance(server, asyncio.Server)
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -195,7 +197,7 @@ def with_flag(args: list[str], name: str, value: str) -> list[str]:
     return args
 
 
-def rendered_router(cpu: str) -> tuple[dict, list[str]]:
+def rendered_router(cpu: str) -> tuple[dict, dict]:
     epd = example(
         SHARED_STORAGE,
         **{
@@ -284,6 +286,7 @@ async def _run_rendered_router(apiserver: SliceAPI, kubeconfig: Path, tmp_path: 
         ):
             apiserver.create(endpoint_slice(name, sel, int(fake.url.rsplit(":", 1)[1]), pod_name))
         proc = subprocess.Popen(argv, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/")
+        assert proc.stdout is not None
         url, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
         try:
             async with aiohttp.ClientSession() as session:

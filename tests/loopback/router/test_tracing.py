@@ -87,7 +87,8 @@ async def router_process(*args: str):
                     await asyncio.sleep(0.1)
             else:
                 raise AssertionError("the router did not answer /livez within 30 s")
-        assert proc.returncode is None, f"the router exited: {(await proc.stderr.read()).decode()[-2000:]}"
+        stderr = await proc.stderr.read() if proc.returncode is not None and proc.stderr else b""
+        assert proc.returncode is None, f"the router exited: {stderr.decode()[-2000:]}"
         yield url
     finally:
         if proc.returncode is None:

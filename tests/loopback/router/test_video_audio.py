@@ -60,7 +60,7 @@ async def test_cache_aware_picking_keys_a_video_by_its_options_too():
         for _ in range(2):
             for extra in variants:
                 assert (await s.post(CHAT, _chat(VIDEO, **extra))).status == 200
-        homes = {}
+        homes: dict[int, set[int]] = {}
         for e, fake in enumerate(s.encoders):
             for b in fake.bodies():
                 homes.setdefault(b["media_io_kwargs"]["video"]["num_frames"], set()).add(e)

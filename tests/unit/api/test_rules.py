@@ -50,7 +50,7 @@ MOONCAKE_MULTI_NODE = (
 
 MOONCAKE = {"connector": "Mooncake"}
 CPU_REQUEST = {"requests": {"cpu": "1"}}
-EPD_P = {"spec__prefill": {}}
+EPD_P: dict[str, Any] = {"spec__prefill": {}}
 
 
 def errors_of(doc: dict[str, Any]) -> list[str]:
@@ -378,9 +378,10 @@ def test_rules_run_only_on_a_spec_the_schema_accepts():
 
 
 def test_a_non_mapping_and_its_message():
-    for doc in ([], "x", None):
+    not_mappings: list[Any] = [[], "x", None]
+    for doc in not_mappings:
         with pytest.raises(SpecError) as caught:
-            parse_epd(doc)  # type: ignore[arg-type]
+            parse_epd(doc)
         assert caught.value.errors == [FieldError("<root>", "an EPDDeployment must be a mapping")]
         assert str(caught.value) == "<root>: an EPDDeployment must be a mapping"
 
@@ -466,7 +467,9 @@ def test_the_crd_carries_the_whole_object_rules_on_metadata_name():
     assert schema["properties"]["metadata"]["properties"]["name"]["x-kubernetes-validations"] == name_rules()
     for rule, crd_rule in zip(rules_for(EPDDeployment), name_rules(), strict=True):
         for name in ("a" * 47, "a" * 48, "1abc", "abc-", "a-1-b", "Qwen"):
-            assert Rule(EPDDeployment, crd_rule["rule"], "", "").holds(name) == rule.holds({"metadata": {"name": name}})
+            # The CRD's rule sits on the name field, so its `self` is the name itself.
+            on_name = Rule(EPDDeployment, crd_rule["rule"], "", "").holds(name)  # type: ignore[arg-type]
+            assert on_name == rule.holds({"metadata": {"name": name}})
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from epd_operator.controller.apply import (
 )
 from epd_operator.kube import CHILD_RESOURCES, ApiError, child_resource
 from epd_operator.render import render
-from tests.support.recording_kube import RecordingKube
+from tests.support.recording_kube import RecordingKube, as_kube
 from tests.support.render_examples import example, example_files
 
 OWNER = owner_reference({"metadata": {"name": "vl", "uid": "uid-1"}})
@@ -302,6 +302,7 @@ def test_plan_hands_replicas_over_on_update_and_drift_not_on_create():
     autoscaled["metadata"]["labels"] = {"edited": "no"}
     autoscaled["metadata"]["annotations"][APPLIED_HASH] = drifted_live["metadata"]["annotations"][APPLIED_HASH]
     (step,) = plan([autoscaled], [drifted_live], "uid-1").applies
+    assert step.handover is not None
     assert (step.why, step.handover["spec"]) == ("drift", {"replicas": 3})
     (step,) = plan([autoscaled], [], "uid-1").applies
     assert (step.why, step.handover) == ("create", None)
@@ -319,22 +320,22 @@ async def test_execute_hands_over_then_applies_then_prunes_and_reports_what_it_t
     todo = Plan(
         [Apply(dep(replicas=None), "update", handover=handover), Apply(obj("Service", "svc"), "create")], [pruned]
     )
-    touched = await execute(kube, todo)
+    touched = await execute(as_kube(kube), todo)
     assert kube.calls == [
         ("apply", ("Deployment", "vl-encoder"), HANDOVER_MANAGER, False, False),
         ("apply", ("Deployment", "vl-encoder"), "epd-operator", True, False),
         ("apply", ("Service", "svc"), "epd-operator", True, False),
         ("delete", "ConfigMap", "ns", "old", "u-old"),
     ]
-    assert touched[("Deployment", "vl-encoder")]["metadata"]["resourceVersion"] == "2"
-    assert touched[("Service", "svc")]["metadata"]["resourceVersion"] == "3"
+    assert (touched[("Deployment", "vl-encoder")] or {})["metadata"]["resourceVersion"] == "2"
+    assert (touched[("Service", "svc")] or {})["metadata"]["resourceVersion"] == "3"
     assert touched[("ConfigMap", "old")] is None
     assert list(touched) == [("Deployment", "vl-encoder"), ("Service", "svc"), ("ConfigMap", "old")]
 
 
 async def test_execute_of_an_empty_plan_writes_nothing():
     kube = RecordingKube()
-    assert await execute(kube, Plan([], [])) == {}
+    assert await execute(as_kube(kube), Plan([], [])) == {}
     assert kube.calls == []
 
 
@@ -358,7 +359,7 @@ async def test_dry_run_collects_every_refusal_with_the_servers_words_and_skips_u
         ],
         [],
     )
-    problems = await refused_by_server(kube, todo)
+    problems = await refused_by_server(as_kube(kube), todo)
     assert problems == [
         'Deployment vl-encoder: Deployment.apps "vl-encoder" is invalid: spec.replicas: must be >= 0',
         "Service vl-router: apply: HTTP 400: bad body",
@@ -370,7 +371,7 @@ async def test_dry_run_collects_every_refusal_with_the_servers_words_and_skips_u
 async def test_dry_run_names_an_api_the_cluster_does_not_serve():
     route = obj("HTTPRoute", "vl", "gateway.networking.k8s.io/v1")
     kube = RecordingKube({("HTTPRoute", "vl"): ApiError(404, {"message": "not found"}, "apply")})
-    assert await refused_by_server(kube, Plan([Apply(route, "create")], [])) == [
+    assert await refused_by_server(as_kube(kube), Plan([Apply(route, "create")], [])) == [
         "HTTPRoute vl: this cluster does not serve gateway.networking.k8s.io/v1 HTTPRoute "
         "(install its CRDs, or remove the field that asks for it)"
     ]
@@ -380,7 +381,7 @@ async def test_dry_run_raises_what_is_not_a_refusal():
     for status in (404, 409, 500):  # a 404 for a core kind is not "API missing"
         kube = RecordingKube({("Service", "vl-router"): ApiError(status, {"message": "m"}, "apply")})
         with pytest.raises(ApiError) as caught:
-            await refused_by_server(kube, Plan([Apply(obj(), "create")], []))
+            await refused_by_server(as_kube(kube), Plan([Apply(obj(), "create")], []))
         assert caught.value.status == status
 
 
@@ -435,7 +436,7 @@ async def test_dry_run_goes_on_after_an_api_the_cluster_does_not_serve():
             ("Service", "vl-router"): ApiError(422, {"message": "bad port"}, "apply"),
         }
     )
-    problems = await refused_by_server(kube, Plan([Apply(route, "create"), Apply(obj(), "create")], []))
+    problems = await refused_by_server(as_kube(kube), Plan([Apply(route, "create"), Apply(obj(), "create")], []))
     assert [p.split(":")[0] for p in problems] == ["HTTPRoute vl", "Service vl-router"]
 
 

@@ -12,6 +12,13 @@ from epd_operator.controller.apply import manages_replicas
 from epd_operator.controller.cache import LAST_APPLIED, Cache
 
 
+def held(cache: Cache, kind: str, namespace: str, name: str) -> dict[str, Any]:
+    """What the cache holds for an object the test put there."""
+    found = cache.get(kind, namespace, name)
+    assert found is not None, f"the cache lost {kind} {namespace}/{name}"
+    return found
+
+
 def obj(kind: str, name: str, rv: int, *, instance: str = "vl", uid: str = "u1", **extra: Any) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -41,9 +48,9 @@ def test_an_event_older_than_what_is_held_is_ignored():
     cache = Cache()
     cache.record(obj("Service", "vl", 10, spec={"v": "ours"}))  # our write's answer
     cache.observe("MODIFIED", obj("Service", "vl", 9, spec={"v": "before"}))  # its predecessor, late
-    assert cache.get("Service", "ns", "vl")["spec"] == {"v": "ours"}, "a late event undid a write"
+    assert held(cache, "Service", "ns", "vl")["spec"] == {"v": "ours"}, "a late event undid a write"
     cache.observe("MODIFIED", obj("Service", "vl", 11, spec={"v": "theirs"}))
-    assert cache.get("Service", "ns", "vl")["spec"] == {"v": "theirs"}
+    assert held(cache, "Service", "ns", "vl")["spec"] == {"v": "theirs"}
 
 
 def test_a_deletion_removes_and_a_late_event_does_not_bring_back_what_we_deleted():
@@ -55,7 +62,7 @@ def test_a_deletion_removes_and_a_late_event_does_not_bring_back_what_we_deleted
     assert cache.get("Deployment", "ns", "vl-decode") is None
     cache.observe("DELETED", obj("Deployment", "vl-decode", 7, uid="old"))
     cache.record(obj("Deployment", "vl-decode", 8, uid="new"))  # created again, same name
-    assert cache.get("Deployment", "ns", "vl-decode")["metadata"]["uid"] == "new"
+    assert held(cache, "Deployment", "ns", "vl-decode")["metadata"]["uid"] == "new"
     assert [o["metadata"]["uid"] for o in cache.owned("ns", "vl", ["Deployment"])] == ["new"]
 
 
@@ -63,7 +70,7 @@ def test_a_late_deletion_of_a_predecessor_keeps_its_successor():
     cache = Cache()
     cache.record(obj("Deployment", "vl-decode", 20, uid="new"))
     cache.observe("DELETED", obj("Deployment", "vl-decode", 15, uid="old"))
-    assert cache.get("Deployment", "ns", "vl-decode")["metadata"]["uid"] == "new"
+    assert held(cache, "Deployment", "ns", "vl-decode")["metadata"]["uid"] == "new"
     cache.observe("DELETED", obj("Deployment", "vl-decode", 21, uid="new"))
     assert cache.get("Deployment", "ns", "vl-decode") is None
     assert cache.owned("ns", "vl", ["Deployment"]) == [] and len(cache) == 0 and cache.bytes == 0
@@ -80,9 +87,9 @@ def test_relabelled_objects_move_between_owners():
 def test_reads_are_private_copies():
     cache = Cache()
     cache.record(obj("Service", "vl", 1, spec={"ports": [{"port": 80}]}))
-    cache.get("Service", "ns", "vl")["spec"]["ports"].clear()
+    held(cache, "Service", "ns", "vl")["spec"]["ports"].clear()
     cache.owned("ns", "vl", ["Service"])[0]["spec"]["ports"].append({"port": 1})
-    assert cache.get("Service", "ns", "vl")["spec"] == {"ports": [{"port": 80}]}
+    assert held(cache, "Service", "ns", "vl")["spec"] == {"ports": [{"port": 80}]}
 
 
 def test_stored_objects_lose_what_no_pass_reads_but_keep_who_applies_replicas():
@@ -100,18 +107,18 @@ def test_stored_objects_lose_what_no_pass_reads_but_keep_who_applies_replicas():
     cache = Cache()
     cache.record(dep)
     assert 0 < cache.bytes < 1000
-    held = cache.get("Deployment", "ns", "vl-decode")
-    assert held["metadata"]["annotations"] == {"serving.epd.dev/applied-hash": "abc"}
-    assert held["metadata"]["managedFields"] == [
+    kept = held(cache, "Deployment", "ns", "vl-decode")
+    assert kept["metadata"]["annotations"] == {"serving.epd.dev/applied-hash": "abc"}
+    assert kept["metadata"]["managedFields"] == [
         {"manager": "epd-operator", "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}}
     ]
-    assert manages_replicas(held) and manages_replicas(dep)  # the handover decision is unchanged
+    assert manages_replicas(kept) and manages_replicas(dep)  # the handover decision is unchanged
     assert dep["metadata"]["managedFields"] is managed  # the caller's object is not altered
 
     svc = obj("Service", "vl", 1)
     svc["metadata"]["managedFields"] = managed
     cache.record(svc)
-    assert "managedFields" not in cache.get("Service", "ns", "vl")["metadata"]
+    assert "managedFields" not in held(cache, "Service", "ns", "vl")["metadata"]
 
 
 def test_pods_keep_labels_and_conditions_and_are_matched_by_selector():
@@ -158,7 +165,7 @@ def test_a_fresh_list_drops_what_it_lacks_unless_held_from_after_it():
     assert dropped == {("ns", "vl")}
     names = [o["metadata"]["name"] for o in cache.owned("ns", "vl", ["ConfigMap", "Service"])]
     assert names == ["created-after-the-list", "kept", "other-kind"]
-    assert cache.get("ConfigMap", "ns", "kept")["data"] == {"v": "2"}  # what the list showed is recorded
+    assert held(cache, "ConfigMap", "ns", "kept")["data"] == {"v": "2"}  # what the list showed is recorded
     assert cache.get("ConfigMap", "elsewhere", "other-namespace") is not None
 
 

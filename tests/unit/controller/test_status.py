@@ -239,6 +239,7 @@ def test_a_tier_not_created_yet_shows_its_planned_replicas_hpa_and_reason():
 
 def test_an_hpa_without_spec_or_status():
     state = tier_state(TierInput(settled(1), {"spec": None, "status": None}))
+    assert state.status.autoscaling is not None
     assert state.status.autoscaling.model_dump() == {
         "minReplicas": 1,
         "maxReplicas": None,
@@ -407,7 +408,7 @@ def test_parse_status():
     assert parse_status(None) is None and parse_status({}) is None
     assert parse_status({"phase": "Nonsense"}) is None
     st = parse_status({"phase": "Ready", "observedGeneration": 2})
-    assert (st.phase, st.observedGeneration) == ("Ready", 2)
+    assert st is not None and (st.phase, st.observedGeneration) == ("Ready", 2)
 
 
 def test_standing_refusal_only_for_the_same_generation_and_reason():
@@ -651,6 +652,7 @@ def test_transition_times_move_only_when_a_condition_flips():
 def test_hpa_numbers_are_reported_per_tier():
     hpa = {"spec": {"minReplicas": 2, "maxReplicas": 8}, "status": {"desiredReplicas": 5, "currentReplicas": 4}}
     state = tier_state(TierInput(dep(4, ready=4), hpa))
+    assert state.status.autoscaling is not None
     assert state.status.autoscaling.model_dump() == {
         "minReplicas": 2,
         "maxReplicas": 8,

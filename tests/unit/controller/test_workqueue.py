@@ -8,7 +8,7 @@ from epd_operator.controller.workqueue import FULL, STATUS, WorkQueue
 
 
 async def test_a_burst_of_events_for_one_key_becomes_one_pass():
-    queue = WorkQueue()
+    queue: WorkQueue[str] = WorkQueue()
     for _ in range(10):
         queue.add("a", STATUS)
     queue.add("a", FULL)
@@ -19,7 +19,7 @@ async def test_a_burst_of_events_for_one_key_becomes_one_pass():
 
 
 async def test_a_key_added_while_being_handled_runs_again_afterwards_not_concurrently():
-    queue = WorkQueue()
+    queue: WorkQueue[str] = WorkQueue()
     queue.add("a", STATUS)
     key, _ = await queue.get()
     queue.add("a", FULL)
@@ -29,7 +29,7 @@ async def test_a_key_added_while_being_handled_runs_again_afterwards_not_concurr
 
 
 async def test_failures_back_off_exponentially_and_reset_on_success():
-    queue = WorkQueue(base_delay=0.01, max_delay=0.04)
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.01, max_delay=0.04)
     delays = [queue.retry("a", FULL) for _ in range(4)]
     assert delays == [0.01, 0.02, 0.04, 0.04]
     assert await asyncio.wait_for(queue.get(), 1) == ("a", FULL)

@@ -3,16 +3,12 @@ itself is `make mutation`, not part of the test suite)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tomllib
 from pathlib import Path
 
+from dev import mutation
+
 ROOT = Path(__file__).resolve().parents[3]
-_spec = importlib.util.spec_from_file_location("mutation_harness", ROOT / "dev" / "mutation.py")
-mutation = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = mutation  # its dataclasses look their module up there
-_spec.loader.exec_module(mutation)
 
 DIFF = """--- src/epd_operator/router/reuse.py
 +++ src/epd_operator/router/reuse.py

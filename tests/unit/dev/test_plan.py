@@ -79,7 +79,7 @@ def test_vllm_flags_reach_vllm_as_rendered(example):
 def test_e_pd_shares_one_local_store_between_encoder_and_pd(e_pd):
     assert e_pd.topology == "E+PD"
     assert [p.role for p in e_pd.processes] == ["encoder", "decode", "router"]
-    configs = {p.role: json.loads(flag_value(p.argv, "--ec-transfer-config")) for p in e_pd.processes[:2]}
+    configs = {p.role: json.loads(flag_value(p.argv, "--ec-transfer-config") or "null") for p in e_pd.processes[:2]}
     store = str(WORKDIR / "volumes" / "pvc" / "ec-cache")
     assert {role: c["ec_connector_extra_config"]["shared_storage_path"] for role, c in configs.items()} == {
         "encoder": store,
@@ -114,7 +114,7 @@ def test_e_p_d_moves_kv_over_the_rendered_nixl_connector(e_p_d):
     for role in ("prefill", "decode"):
         process = e_p_d.one(role)
         rendered = flag_value(process.rendered_argv, "--kv-transfer-config")
-        assert json.loads(rendered)["kv_connector"] == "NixlConnector"
+        assert rendered is not None and json.loads(rendered)["kv_connector"] == "NixlConnector"
         assert flag_value(process.argv, "--kv-transfer-config") == rendered
         assert flag_value(process.argv, "--block-size") == str(CPU_KV_BLOCK_SIZE)
     assert flag_value(e_p_d.one("decode").argv, "--tensor-parallel-size") == "1"

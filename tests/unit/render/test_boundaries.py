@@ -14,7 +14,7 @@ API = Path(epd_operator.api.__file__).parent
 
 def router_modules(path: Path) -> set[str]:
     """The modules of epd_operator.router that `path` imports."""
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module == "router":
             found.update(f"router.{alias.name}" for alias in node.names)

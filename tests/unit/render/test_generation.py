@@ -30,7 +30,7 @@ def test_every_vllm_pod_carries_one_generation_and_the_router_none():
     vllm = {generations[role] for role in ("encoder", "prefill", "decode")}
     assert len(vllm) == 1
     (value,) = vllm
-    assert len(value) == 10 and all(c in "0123456789abcdef" for c in value)
+    assert value is not None and len(value) == 10 and all(c in "0123456789abcdef" for c in value)
 
 
 def test_the_generation_is_a_digest_of_model_images_and_connectors_only():

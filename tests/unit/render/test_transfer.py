@@ -6,8 +6,10 @@ variant each."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from epd_operator.api.spec import SharedStorage
+from epd_operator.render.naming import VllmRole
 from epd_operator.render.transfer import (
     cache_ttl_seconds,
     configmap_data,
@@ -24,8 +26,14 @@ from epd_operator.render.transfer import (
 )
 from tests.support.epd_specs import epd
 
+
+def present(config: dict[str, Any] | None) -> dict[str, Any]:
+    assert config is not None, "no transfer config"
+    return config
+
+
 POD_IP = "$(POD_IP)"
-E_P_D = {"spec__prefill": {}}
+E_P_D: dict[str, Any] = {"spec__prefill": {}}
 
 
 def env(**pairs: str) -> list[dict]:
@@ -48,7 +56,8 @@ def test_transfer_json_is_compact_and_sorted():
 def test_roles_by_topology():
     e_pd, e_p_d = epd().spec, epd(**E_P_D).spec
     assert (ec_consumer_role(e_pd), ec_consumer_role(e_p_d)) == ("decode", "prefill")
-    assert [ec_role(e_pd, r) for r in ("encoder", "decode", "router")] == ["ec_producer", "ec_consumer", None]
+    assert [ec_role(e_pd, r) for r in ("encoder", "decode")] == ["ec_producer", "ec_consumer"]
+    assert ec_role(e_pd, "router") is None  # type: ignore[arg-type]  # not a vLLM tier: no role
     assert [ec_role(e_p_d, r) for r in ("encoder", "prefill", "decode")] == ["ec_producer", "ec_consumer", None]
     assert [kv_role(e_pd, r) for r in ("encoder", "decode")] == [None, None]
     assert [kv_role(e_p_d, r) for r in ("encoder", "prefill", "decode")] == [None, "kv_producer", "kv_consumer"]
@@ -58,7 +67,8 @@ def test_shared_storage_e_pd():
     deployment = epd(
         spec__ecTransfer={"connector": "SharedStorage", "sharedStorage": {"claimName": "cache", "path": "/data/ec"}}
     )
-    for role, ec_role_ in (("encoder", "ec_producer"), ("decode", "ec_consumer")):
+    roles: list[tuple[VllmRole, str]] = [("encoder", "ec_producer"), ("decode", "ec_consumer")]
+    for role, ec_role_ in roles:
         config = {
             "ec_connector": "ECExampleConnector",
             "ec_role": ec_role_,
@@ -146,7 +156,7 @@ def test_mooncake_e_pd_tcp_without_store():
 
 def test_mooncake_defaults_when_the_settings_are_absent():
     deployment = epd(spec__ecTransfer={"connector": "Mooncake"})
-    assert ec_transfer_config(deployment.spec, "decode")["ec_port"] == 14579
+    assert present(ec_transfer_config(deployment.spec, "decode"))["ec_port"] == 14579
     assert tier_transfer(deployment, "decode").ports == [port("mooncake-0", 14579)]
     assert tier_transfer(deployment, "encoder").args[:1] == ["--ec-transfer-config"]
     assert mooncake_consumer_ports(deployment, "decode") == [14579]
@@ -158,7 +168,9 @@ def test_mooncake_rdma_locks_memory_instead_of_forcing_tcp():
         t = tier_transfer(deployment, role)
         assert t.add_capabilities == ["IPC_LOCK"]
         assert {"name": "MC_FORCE_TCP", "value": "1"} not in t.env
-        assert ec_transfer_config(deployment.spec, role)["ec_connector_extra_config"] == {"mooncake_protocol": "rdma"}
+        assert present(ec_transfer_config(deployment.spec, role))["ec_connector_extra_config"] == {
+            "mooncake_protocol": "rdma"
+        }
 
 
 def test_mooncake_consumer_ports_per_data_parallel_and_tensor_parallel_rank():
@@ -202,7 +214,9 @@ def test_mooncake_cross_encoder_cache_on_the_producer():
     }
     assert ec_transfer_config(deployment.spec, "encoder") == producer
     # the consumer never gets cross_encoder_cache (vLLM refuses it there)
-    assert ec_transfer_config(deployment.spec, "prefill")["ec_connector_extra_config"] == {"mooncake_protocol": "rdma"}
+    assert present(ec_transfer_config(deployment.spec, "prefill"))["ec_connector_extra_config"] == {
+        "mooncake_protocol": "rdma"
+    }
     encoder = tier_transfer(deployment, "encoder")
     assert encoder.args == ["--mm-processor-cache-gb", "4", "--ec-transfer-config", transfer_json(producer)]
     assert encoder.env == env(
@@ -264,7 +278,7 @@ def test_cpu_connector_producer_and_consumer():
     assert decode.env == env(VLLM_USE_V2_MODEL_RUNNER="1")
     assert (decode.ports, decode.shm_bytes, decode.volumes) == ([], 2147483648, [])
     default = epd(spec__ecTransfer={"connector": "CPU", "cpu": {"bytes": "1G"}})
-    assert ec_transfer_config(default.spec, "decode")["ec_connector_extra_config"] == {
+    assert present(ec_transfer_config(default.spec, "decode"))["ec_connector_extra_config"] == {
         "ec_cpu_bytes": 1000000000,
         "ec_enable_nixl": True,
     }

@@ -9,6 +9,7 @@ import copy
 import hashlib
 import json
 import re
+from typing import Any
 
 import orjson
 import pytest
@@ -72,8 +73,8 @@ def bad(call, *args, **kwargs) -> BadRequest:
     return caught.value
 
 
-def conversation(*messages: list) -> list:
-    return [{"role": "user", "content": content} for content in messages]
+def conversation(*contents: Any) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": content} for content in contents]
 
 
 def item(index: int, kind: str = "image_url", uuid: str | None = None) -> MediaItem:
@@ -97,7 +98,7 @@ def test_uuid_is_the_clients_else_a_hash_of_the_url_else_of_the_sorted_part():
 
 def test_an_untrusted_client_uuid_is_removed_and_the_item_keyed_by_its_url():
     body = chat({**IMG_A, "uuid": "someone-elses-image"})
-    stripped = []
+    stripped: list[str] = []
     items = extract_media(validate_chat(body), stripped=stripped)
     assert items[0].uuid == hashlib.sha256(b"https://img/a.png").hexdigest()
     assert "uuid" not in body["messages"][0]["content"][1] and stripped == [body["messages"][0]["content"][1]]
@@ -367,8 +368,8 @@ def test_validate_completion_needs_a_prompt(prompt):
 
 
 def test_validate_completion_accepts_text_and_token_lists():
-    assert validate_completion({"prompt": "hi"}) is None
-    assert validate_completion({"prompt": [1, 2]}) is None
+    for prompt in ("hi", [1, 2]):
+        validate_completion({"prompt": prompt})  # raises BadRequest when refused
 
 
 def test_media_url_reads_the_object_or_the_string_form():
@@ -462,7 +463,8 @@ def test_untrusted_uuids_are_stripped_from_every_part_even_text():
     assert text == {"type": "text", "text": "t"} and img == IMG_A
     assert extract_media(conversation([{**IMG_A, "uuid": "z"}]), stripped=None)[0].uuid == SHA_A
     kept = {**IMG_A, "uuid": "y"}
-    extract_media(conversation([kept]), trust_uuids=True, stripped=(stripped := []))
+    stripped: list[str] = []
+    extract_media(conversation([kept]), trust_uuids=True, stripped=stripped)
     assert kept["uuid"] == "y" and stripped == []
 
 
@@ -543,7 +545,8 @@ def test_unmatchable_replies_say_why(params, items, message):
 
 def test_matching_by_index_then_uuid_then_the_only_entry():
     assert match_encoder_reply(None, [item(0)]) == {} and match_encoder_reply({}, [item(0)]) == {}
-    a, b = {"item_indices": [1]}, {"metadata": {}}
+    a: dict[str, Any] = {"item_indices": [1]}
+    b: dict[str, Any] = {"metadata": {}}
     assert match_encoder_reply({"h": a, "u0": b}, [item(4, uuid="u0"), item(5)]) == {5: ("h", a), 4: ("u0", b)}
     assert match_encoder_reply({"x": b}, [item(3)]) == {3: ("x", b)}
     assert match_encoder_reply({"u3": b, "y": a}, [item(3)]) == {3: ("u3", b)}
@@ -556,7 +559,7 @@ def test_flatten_one_level():
 
 
 def test_rewrite_across_a_text_message_and_two_media_messages():
-    body = {
+    body: dict[str, Any] = {
         "model": "m",
         "messages": [
             {"role": "system", "content": "be brief"},
@@ -565,7 +568,7 @@ def test_rewrite_across_a_text_message_and_two_media_messages():
         ],
     }
     original = copy.deepcopy(body)
-    items = extract_media(copy.deepcopy(body)["messages"])
+    items = extract_media(copy.deepcopy(body["messages"]))
     encoded = {0: enc("hA", {"image_grid_thw": [[1, 2, 2]], "n": 3}, "t0"), 1: enc("hB", {"audio_len": [5]})}
     out = rewrite_for_decode(body, items, encoded)
     assert body == original
@@ -594,8 +597,8 @@ def test_rewrite_across_a_text_message_and_two_media_messages():
 
 
 def test_rewrite_keeps_client_params_and_leaves_unencoded_items_raw():
-    body = {"messages": [{"role": "user", "content": [IMG_A]}], "ec_transfer_params": {"keep": 1}}
-    items = extract_media(copy.deepcopy(body)["messages"])
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": [IMG_A]}], "ec_transfer_params": {"keep": 1}}
+    items = extract_media(copy.deepcopy(body["messages"]))
     out = rewrite_for_decode(body, items, {0: enc("h", {})})
     assert out["messages"][0]["content"] == [IMG_A]
     assert out["ec_transfer_params"] == {"keep": 1, "h": {"metadata": {}}}

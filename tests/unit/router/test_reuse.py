@@ -20,6 +20,12 @@ def encoded(mm_hash: str = "h1", metadata: dict | None = None) -> EncodedItem:
     return EncodedItem(mm_hash, {"metadata": {"image_grid_thw": [1, 2, 2]} if metadata is None else metadata})
 
 
+def recalled(cache: ReuseCache, key: str) -> EncodedItem:
+    got = cache.recall(key)
+    assert got is not None, f"{key} is not remembered"
+    return got
+
+
 def test_key_is_model_and_uuid_without_processor_options():
     assert reuse_key({"model": "m"}, item("abc")) == "m|abc"
     assert reuse_key({"model": "m", "mm_processor_kwargs": {}}, item("abc")) == "m|abc"
@@ -43,7 +49,7 @@ def test_recall_returns_what_was_remembered_until_the_ttl_from_the_encode():
     assert len(cache) == 1
     clock.now = 109.5
     got = cache.recall("k")
-    assert (got.mm_hash, got.report, got.transfer_id) == ("h1", report, None)
+    assert got is not None and (got.mm_hash, got.report, got.transfer_id) == ("h1", report, None)
     # reuse does not extend the entry: it still expires 10 s after the encode
     clock.now = 110.0
     assert cache.recall("k") is None
@@ -81,11 +87,11 @@ def test_the_least_recently_used_entry_goes_first_when_full():
     cache = ReuseCache(ttl_s=100.0, max_items=2, clock=clock)
     cache.remember("a", encoded("ha"))
     cache.remember("b", encoded("hb"))
-    assert cache.recall("a").mm_hash == "ha"  # a is now more recent than b
+    assert recalled(cache, "a").mm_hash == "ha"  # a is now more recent than b
     cache.remember("c", encoded("hc"))
     assert len(cache) == 2
     assert cache.recall("b") is None
-    assert [cache.recall(k).mm_hash for k in ("a", "c")] == ["ha", "hc"]
+    assert [recalled(cache, k).mm_hash for k in ("a", "c")] == ["ha", "hc"]
 
 
 def test_remembering_again_refreshes_recency_and_replaces_the_entry():
@@ -98,7 +104,7 @@ def test_remembering_again_refreshes_recency_and_replaces_the_entry():
     cache.remember("c", encoded("hc"))
     assert cache.recall("b") is None
     clock.now = 14.0
-    assert cache.recall("a").mm_hash == "new"
+    assert recalled(cache, "a").mm_hash == "new"
 
 
 def test_forget_drops_one_entry_and_ignores_unknown_keys():
@@ -108,7 +114,7 @@ def test_forget_drops_one_entry_and_ignores_unknown_keys():
     cache.forget("a")
     cache.forget("never-seen")
     assert cache.recall("a") is None
-    assert cache.recall("b").mm_hash == "hb"
+    assert recalled(cache, "b").mm_hash == "hb"
     assert len(cache) == 1
 
 
