@@ -24,4 +24,5 @@ def test_the_sink_answers_a_real_otlp_export():
         provider.shutdown()
     finally:
         sink.shutdown()
+        sink.server_close()
     assert bench_tracing._Sink.exports == before + 1
