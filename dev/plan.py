@@ -24,6 +24,7 @@ This module only plans (no processes, no I/O besides choosing free ports): see `
 from __future__ import annotations
 
 import json
+import random
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,7 +121,35 @@ class LocalPlan:
         return self.volumes[key]
 
 
+# Ports are chosen when planning and bound by vLLM minutes later (a cold start on a busy machine). A port
+# from the kernel's ephemeral range (what bind(0) returns) can meanwhile become the local end of any
+# outgoing connection on the machine, and vLLM's bind then fails (seen with NIXL's side channel). So
+# local ports come from below that range, where the kernel never hands out ports by itself.
+LOW_PORTS = (10000, 32768)
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return LOW_PORTS[1]
+
+
 def free_port() -> int:
+    """A loopback port free now, below the kernel's ephemeral range when there is room, never handed out twice."""
+    low, high = LOW_PORTS[0], min(LOW_PORTS[1], _ephemeral_low())
+    for _ in range(200 if high - low > 1000 else 0):
+        port = random.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((LOCALHOST, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:
         s.bind((LOCALHOST, 0))
         return int(s.getsockname()[1])
