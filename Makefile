@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e demo generate bench bench-tools bench-quick bench-e2e mutation images image-deps clean
+.PHONY: help install vllm-env k8s cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-tools demo generate bench bench-tools bench-quick bench-e2e mutation images image-deps clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -49,7 +49,7 @@ lint: install ## ruff check, ruff format --check and mypy (what the pre-commit h
 
 # The test tiers, one folder each, named by what they need (docs/development.md#test-tiers).
 # `make test` is lint plus every tier in one pytest run; .ci/run calls it.
-test: vllm-env k8s lint ## lint, then every test tier in one pytest run (CI: .ci/run)
+test: vllm-env k8s test-tools lint ## lint, then every test tier in one pytest run (CI: .ci/run)
 	$(BIN)/pytest
 
 # Pure tests: no process, no socket, no heavy build; a fresh clone needs only the venv.
@@ -60,15 +60,23 @@ test-unit: install ## the pure tier (tests/unit): needs only the venv
 test-loopback: install ## processes and loopback servers (tests/loopback)
 	$(BIN)/pytest tests/loopback
 
-test-integration: k8s ## the real control plane (tests/integration)
+test-integration: k8s test-tools ## the real control plane (tests/integration)
 	$(BIN)/pytest tests/integration
 
 # The charts with pinned helm 3 and 4, installed into the real control plane.
-test-helm: k8s ## both charts with helm 3 and 4 (tests/helm)
+test-helm: k8s test-tools ## both charts with helm 3 and 4 (tests/helm)
 	$(BIN)/pytest tests/helm
 
 test-e2e: vllm-env ## real vLLM on CPU (tests/e2e; kind tests need kind and Docker)
 	$(BIN)/pytest tests/e2e
+
+# Debian's prometheus package: promtool evaluates the chart's adapter rules (tests/helm), and
+# prometheus feeds the custom metrics API in the autoscaling integration test. Installed when missing
+# and possible, else those tests skip and say why.
+test-tools: ## install Debian's prometheus (promtool, Prometheus) for the autoscaling tests when missing and possible
+	@command -v promtool >/dev/null || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus) \
+	  || echo "test: prometheus/promtool are not installed; the tests that need them will skip (apt-get install prometheus)"
 
 # EXAMPLE=examples/epd-nixl-autoscaled.yaml runs E/P/D with KV over NIXL (default: E+PD, shared storage).
 demo: install ## run an example on this machine on real vLLM (EXAMPLE=examples/...yaml)

@@ -29,6 +29,7 @@ from .spec import (
     Mooncake,
     Nixl,
     Placement,
+    Router,
 )
 
 # Child objects are named `<name>-<suffix>`; the longest suffix is "-mooncake-master" (16), and
@@ -107,6 +108,13 @@ _MOONCAKE_EC_PORT = (
 _NIXL_PORT = (
     "(has(self.kvTransfer) && has(self.kvTransfer.nixl) && has(self.kvTransfer.nixl.sideChannelPort)"
     f" ? self.kvTransfer.nixl.sideChannelPort : {Nixl.model_fields['sideChannelPort'].default})"
+)
+
+
+_HAS_METRICS = "(has(self.autoscaling.metrics) && size(self.autoscaling.metrics) > 0)"
+_HAS_CPU = (
+    "(has(self.resources) && ((has(self.resources.requests) && 'cpu' in self.resources.requests)"
+    " || (has(self.resources.limits) && 'cpu' in self.resources.limits)))"
 )
 
 
@@ -224,17 +232,26 @@ RULES: tuple[Rule, ...] = (
         ".minReplicas",
         "minReplicas must not exceed maxReplicas",
     ),
-    # Placement rules hold for every vLLM tier and the router (the models that extend Placement).
+    # An HPA needs a metric it can compute. The encoder's default is its load; prefill, decode and the
+    # router fall back to CPU utilisation, which needs a CPU request.
     Rule(
-        Placement,
-        "!has(self.autoscaling) || (has(self.autoscaling.metrics) && size(self.autoscaling.metrics) > 0)"
-        " || (has(self.resources) && ((has(self.resources.requests) && 'cpu' in self.resources.requests)"
-        " || (has(self.resources.limits) && 'cpu' in self.resources.limits)))",
+        ConsumerTier,
+        f"!has(self.autoscaling) || has(self.autoscaling.load) || {_HAS_METRICS} || {_HAS_CPU}",
+        ".autoscaling.load",
+        "autoscaling needs a metric: set load.targetPerPod (requests in flight per pod, from the routers) or "
+        "metrics; the fallback, CPU utilisation, cannot be computed without a CPU request (resources.requests.cpu) "
+        "on this tier",
+        "FieldValueRequired",
+    ),
+    Rule(
+        Router,
+        f"!has(self.autoscaling) || {_HAS_METRICS} || {_HAS_CPU}",
         ".autoscaling.metrics",
         "autoscaling needs metrics: the default (CPU utilisation) cannot be computed without a CPU request "
         "(resources.requests.cpu) on this tier; add metrics or a CPU request",
         "FieldValueRequired",
     ),
+    # Placement rules hold for every vLLM tier and the router (the models that extend Placement).
     Rule(
         Placement,
         f"!has(self.podLabels) || !{_cel_list(OPERATOR_POD_LABELS)}.exists(k, k in self.podLabels)",

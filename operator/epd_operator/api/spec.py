@@ -156,11 +156,38 @@ class Autoscaling(Strict):
     metrics: list[MetricSpec] = Field(
         default_factory=list,
         max_length=MAX_LIST_ITEMS,
-        description="autoscaling/v2 MetricSpecs. Empty: 70% average CPU utilisation, which needs the tier to "
-        "request CPU (`resources.requests.cpu`); without one, `metrics` is required.",
+        description="autoscaling/v2 MetricSpecs, passed to the HPA as written. With none (and no `load`), the "
+        "encoder tier scales on its load and the other tiers on 70% average CPU utilisation, which needs a CPU "
+        "request (`resources.requests.cpu`).",
     )
     behavior: HorizontalPodAutoscalerBehavior | None = Field(
         None, description="autoscaling/v2 HorizontalPodAutoscalerBehavior."
+    )
+
+
+# Media items in flight per encoder pod the encoder HPA aims for when `autoscaling` names no metric.
+DEFAULT_ENCODER_LOAD_PER_POD = 4
+
+
+class Load(Strict):
+    """The tier's own load: work the routers have sent to a pod and not yet had answered."""
+
+    targetPerPod: int = Field(
+        ge=1,
+        description="Average in-flight work per pod the HPA aims for: media items for the encoder tier, requests "
+        "for prefill and decode, summed over every router. The HPA reads it as the per-pod custom metric "
+        "`epd_router_<tier>_inflight` (the operator chart's prometheus-adapter rules serve it).",
+    )
+
+
+class VLLMAutoscaling(Autoscaling):
+    """A vLLM tier's HPA: on its load (`load`), on any autoscaling/v2 metrics (`metrics`), or both."""
+
+    load: Load | None = Field(
+        None,
+        description="Scale on this tier's load, `targetPerPod` in flight per pod; with `metrics` too, the HPA "
+        "follows whichever asks for more pods. Encoder tier: when neither `load` nor `metrics` is set, "
+        f"`load: {{targetPerPod: {DEFAULT_ENCODER_LOAD_PER_POD}}}`.",
     )
 
 
@@ -251,6 +278,9 @@ class Tier(Placement):
     )
     maxNumBatchedTokens: int | None = Field(
         None, ge=1, description="`--max-num-batched-tokens`; default per role (encoder: 114688)."
+    )
+    autoscaling: VLLMAutoscaling | None = Field(
+        None, description="Present: an HPA scales this tier and the operator never writes its replicas."
     )
 
     @property

@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.spec import Autoscaling, EPDDeployment, MooncakeMaster, Placement
+from .autoscaling import hpa_metrics
 from .naming import CONFIG_HASH_ANNOTATION, labels, object_name, selector_labels
 from .templating import render_one
 
 JSON = dict[str, Any]
 
 RUNTIME_DEFAULT_SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
-DEFAULT_HPA_METRICS = [
-    {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}},
-]
 
 
 @dataclass
@@ -80,18 +78,18 @@ def workload(
     return Workload(
         deployment=deployment,
         service=service,
-        hpa=_hpa(metadata, autoscaling) if autoscaling else None,
+        hpa=_hpa(metadata, role, autoscaling) if autoscaling else None,
         pdb=render_one("pdb.yaml.j2", **metadata, selector=selector_labels(epd, role)) if pdb else None,
     )
 
 
-def _hpa(metadata: JSON, autoscaling: Autoscaling) -> JSON:
+def _hpa(metadata: JSON, role: str, autoscaling: Autoscaling) -> JSON:
     return render_one(
         "hpa.yaml.j2",
         **metadata,
         min_replicas=autoscaling.minReplicas,
         max_replicas=autoscaling.maxReplicas,
-        metrics=autoscaling.metrics or DEFAULT_HPA_METRICS,
+        metrics=hpa_metrics(role, autoscaling),
         behavior=autoscaling.behavior,
     )
 

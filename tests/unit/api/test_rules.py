@@ -27,6 +27,7 @@ from epd_operator.api.spec import (
     EPDDeployment,
     EPDDeploymentSpec,
     Placement,
+    Router,
     Tier,
 )
 from epd_operator.api.validation import FieldError, SpecError, _path, _walk, parse_epd
@@ -172,9 +173,16 @@ REFUSED = [
         "spec.decode.autoscaling.minReplicas: minReplicas must not exceed maxReplicas",
     ),
     (
-        "autoscaling-without-metrics-or-cpu",
-        spec(spec__encoder={"autoscaling": {"maxReplicas": 2}}),
-        "spec.encoder.autoscaling.metrics: autoscaling needs metrics: the default (CPU utilisation) cannot be computed "
+        "autoscaling-without-load-metrics-or-cpu",
+        spec(spec__decode={"autoscaling": {"maxReplicas": 2}}),
+        "spec.decode.autoscaling.load: autoscaling needs a metric: set load.targetPerPod (requests in flight per pod, "
+        "from the routers) or metrics; the fallback, CPU utilisation, cannot be computed without a CPU request "
+        "(resources.requests.cpu) on this tier",
+    ),
+    (
+        "router-autoscaling-without-metrics-or-cpu",
+        spec(spec__router={"autoscaling": {"maxReplicas": 2}, "resources": {"limits": {"memory": "1Gi"}}}),
+        "spec.router.autoscaling.metrics: autoscaling needs metrics: the default (CPU utilisation) cannot be computed "
         "without a CPU request (resources.requests.cpu) on this tier; add metrics or a CPU request",
     ),
     (
@@ -304,12 +312,15 @@ ACCEPTED = [
     ),
     (
         "autoscaling-with-cpu-request",
-        spec(spec__encoder={"autoscaling": {"maxReplicas": 2}, "resources": {"requests": {"cpu": "1"}}}),
+        spec(spec__decode={"autoscaling": {"maxReplicas": 2}, "resources": {"requests": {"cpu": "1"}}}),
     ),
     (
         "autoscaling-with-cpu-limit",
-        spec(spec__encoder={"autoscaling": {"maxReplicas": 2}, "resources": {"limits": {"cpu": "1"}}}),
+        spec(spec__decode={"autoscaling": {"maxReplicas": 2}, "resources": {"limits": {"cpu": "1"}}}),
     ),
+    ("decode-autoscaling-on-load", spec(spec__decode={"autoscaling": {"maxReplicas": 2, "load": {"targetPerPod": 8}}})),
+    ("encoder-autoscaling-on-its-default-load", spec(spec__encoder={"autoscaling": {"maxReplicas": 2}})),
+    ("router-autoscaling-with-its-cpu-request", spec(spec__router={"autoscaling": {"maxReplicas": 2}})),
     (
         "own-labels-and-volumes",
         spec(
@@ -360,6 +371,19 @@ def test_schema_errors_name_the_field_and_say_what_is_wrong():
         "spec.ecTransfer.connector: 'Nixl' is not supported; input should be 'SharedStorage', 'Mooncake' or 'CPU'",
     ]
     assert errors_of(spec(spec__model=None)) == ["spec.model: Field required"]
+
+
+def test_load_autoscaling_is_refused_where_no_load_is_measured_and_below_one():
+    doc = spec(
+        spec__router={"autoscaling": {"maxReplicas": 2, "load": {"targetPerPod": 4}}},
+        spec__encoder={"autoscaling": {"maxReplicas": 2, "load": {"targetPerPod": 0}}},
+        spec__decode={"autoscaling": {"maxReplicas": 2, "load": {}}},
+    )
+    assert errors_of(doc) == [
+        "spec.encoder.autoscaling.load.targetPerPod: Input should be greater than or equal to 1",
+        "spec.decode.autoscaling.load.targetPerPod: Field required",
+        "spec.router.autoscaling.load: unknown field (typo?)",
+    ]
 
 
 def test_a_bad_kubernetes_type_inside_the_spec_names_each_field_once():
@@ -436,10 +460,16 @@ def test_cel_list_literal():
 
 
 def test_rules_for_a_model_include_those_of_the_models_it_extends():
-    placement = [".autoscaling.metrics", ".podLabels", ".podAnnotations", ".volumes", ".volumeMounts", ".volumeMounts"]
+    placement = [".podLabels", ".podAnnotations", ".volumes", ".volumeMounts", ".volumeMounts"]
     for model in (Placement, Tier, EncoderTier):
         assert [r.field for r in rules_for(model)] == placement
-    assert [r.field for r in rules_for(ConsumerTier)] == [".nodesPerReplica", ".dataParallelSize", *placement]
+    assert [r.field for r in rules_for(ConsumerTier)] == [
+        ".nodesPerReplica",
+        ".dataParallelSize",
+        ".autoscaling.load",
+        *placement,
+    ]
+    assert [r.field for r in rules_for(Router)] == [".autoscaling.metrics", *placement]
     assert all(r in RULES for r in rules_for(ConsumerTier))
     assert [r.field for r in rules_for(EPDDeployment)] == [".metadata.name", ".metadata.name"]
 

@@ -359,9 +359,19 @@ BAD_SPECS = [
     ),
     # autoscaling needs a metric that can be computed
     case(
-        "autoscaling-without-metrics-or-cpu-request",
-        "spec.decode.autoscaling.metrics",
+        "autoscaling-without-load-metrics-or-cpu-request",
+        "spec.decode.autoscaling.load",
         {"spec.decode.autoscaling": {"maxReplicas": 4}},
+    ),
+    case(
+        "load-target-below-one",
+        "spec.encoder.autoscaling.load.targetPerPod",
+        {"spec.encoder.autoscaling": {"maxReplicas": 4, "load": {"targetPerPod": 0}}},
+    ),
+    case(
+        "router-autoscaling-on-load",
+        "spec.router.autoscaling.load",
+        {"spec.router.autoscaling": {"maxReplicas": 4, "load": {"targetPerPod": 4}}},
     ),
     case(
         "router-autoscaling-without-metrics-or-cpu",

@@ -552,18 +552,62 @@ def test_autoscaled_tier_has_an_hpa_and_no_replicas(examples):
     hpa = find(objects, "HorizontalPodAutoscaler", "qwen-vl-epd-encoder")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "qwen-vl-epd-encoder"}
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 8)
-    assert hpa["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
+    assert hpa["metrics"] == [ENCODER_LOAD_4]
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
 
 
-def test_hpa_defaults_to_cpu_utilisation():
+ENCODER_LOAD_4 = {
+    "type": "Pods",
+    "pods": {
+        "metric": {"name": "epd_router_encoder_inflight"},
+        "target": {"type": "AverageValue", "averageValue": "4"},
+    },
+}
+CPU_70 = {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}
+MEMORY_METRIC = {
+    "type": "Resource",
+    "resource": {"name": "memory", "target": {"type": "AverageValue", "averageValue": "1Gi"}},
+}
+
+
+def hpa_metrics_of(tier: str, autoscaling: dict, **more) -> list[dict]:
+    objects = render(example(SHARED_STORAGE, **{f"spec.{tier}.autoscaling": autoscaling}, **more))
+    return find(objects, "HorizontalPodAutoscaler", f"qwen-vl-{tier}")["spec"]["metrics"]
+
+
+def test_encoder_hpa_defaults_to_its_load():
+    assert hpa_metrics_of("encoder", {"maxReplicas": 4}) == [ENCODER_LOAD_4]
+
+
+def test_hpa_on_load_with_a_target_per_pod():
+    (metric,) = hpa_metrics_of("encoder", {"maxReplicas": 4, "load": {"targetPerPod": 2}})
+    assert metric["pods"] == {
+        "metric": {"name": "epd_router_encoder_inflight"},
+        "target": {"type": "AverageValue", "averageValue": "2"},
+    }
+    (metric,) = hpa_metrics_of("decode", {"maxReplicas": 4, "load": {"targetPerPod": 64}})
+    assert metric["pods"]["metric"] == {"name": "epd_router_decode_inflight"}
+    objects = render(
+        example(NIXL_AUTOSCALED, **{"spec.prefill.autoscaling": {"maxReplicas": 3, "load": {"targetPerPod": 8}}})
+    )
+    (metric,) = find(objects, "HorizontalPodAutoscaler", "qwen-vl-epd-prefill")["spec"]["metrics"]
+    assert metric["pods"]["metric"] == {"name": "epd_router_prefill_inflight"}
+
+
+def test_raw_metrics_stay_as_written_and_follow_the_load():
+    assert hpa_metrics_of("encoder", {"maxReplicas": 4, "metrics": [MEMORY_METRIC]}) == [MEMORY_METRIC]
+    both = {"maxReplicas": 4, "load": {"targetPerPod": 4}, "metrics": [MEMORY_METRIC]}
+    assert hpa_metrics_of("encoder", both) == [ENCODER_LOAD_4, MEMORY_METRIC]
+
+
+def test_hpa_of_prefill_decode_and_router_defaults_to_cpu_utilisation():
     objects = render(example(SHARED_STORAGE, **{"spec.decode.autoscaling": {"maxReplicas": 4}}))
     hpa = find(objects, "HorizontalPodAutoscaler", "qwen-vl-decode")["spec"]
-    assert hpa["metrics"] == [
-        {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}
-    ]
+    assert hpa["metrics"] == [CPU_70]
     assert hpa["minReplicas"] == 1 and "behavior" not in hpa
     assert "replicas" not in find(objects, "Deployment", "qwen-vl-decode")["spec"]
+    objects = render(example(SHARED_STORAGE, **{"spec.router.autoscaling": {"maxReplicas": 4}}))
+    assert find(objects, "HorizontalPodAutoscaler", "qwen-vl-router")["spec"]["metrics"] == [CPU_70]
 
 
 def test_pdb_per_tier(examples):
