@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from .spec import Topology
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
-ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid"]
+# AutoscalingActive is present only while some tier has an HPA: False when one cannot act.
+ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid", "AutoscalingActive"]
 # SpecValid reasons: the spec broke our rules, or the API server refused an object rendered from it.
 INVALID_SPEC = "InvalidSpec"
 REFUSED_BY_API_SERVER = "RefusedByAPIServer"
@@ -32,11 +33,23 @@ class Condition(_Status):
     observedGeneration: int | None = None
 
 
+class HPACondition(_Status):
+    type: str = Field(description="The HPA's condition type: AbleToScale, ScalingActive or ScalingLimited.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+
+
 class TierAutoscaling(_Status):
     minReplicas: int | None = None
     maxReplicas: int | None = None
     desiredReplicas: int | None = Field(None, description="What the HPA currently asks for.")
     currentReplicas: int | None = None
+    conditions: list[HPACondition] | None = Field(
+        None,
+        description="The HPA's own verdict, as its controller last wrote it: ScalingActive=False means it cannot "
+        "compute a replica count (e.g. its metric is not served) and never scales.",
+    )
 
 
 class TierStatus(_Status):

@@ -7,6 +7,11 @@ Degraded when it lost pods it had ready (fewer ready than the last status showed
 Degraded), or when the Deployment controller gave up (ProgressDeadlineExceeded): a fresh
 deployment still loading its model, and a Ready tier scaling up, are Progressing. (New pods count
 as "updated" at once on a scale-up, so the Deployment's status alone cannot tell the two apart.)
+
+An autoscaled tier also reports its HPA's own conditions. An HPA that cannot act (ScalingActive or
+AbleToScale False, e.g. its metric is not served) makes the AutoscalingActive condition False, and
+a deployment whose tiers are otherwise all ready Degraded, so a broken autoscaler is never hidden
+behind Ready.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ..api.status import (
     Condition,
     EPDDeploymentStatus,
     GenerationStatus,
+    HPACondition,
     TierAutoscaling,
     Tiers,
     TierStatus,
@@ -86,12 +92,94 @@ def _autoscaling(hpa: dict[str, Any] | None) -> TierAutoscaling | None:
     if hpa is None:
         return None
     spec, st = hpa.get("spec") or {}, hpa.get("status") or {}
+    conditions = [
+        HPACondition(
+            type=str(c.get("type", "")),
+            status=c.get("status") if c.get("status") in ("True", "False") else "Unknown",
+            reason=str(c.get("reason") or ""),
+            message=str(c.get("message") or ""),
+        )
+        for c in st.get("conditions") or []
+    ]
     return TierAutoscaling(
         minReplicas=spec.get("minReplicas", 1),
         maxReplicas=spec.get("maxReplicas"),
         desiredReplicas=st.get("desiredReplicas"),
         currentReplicas=st.get("currentReplicas"),
+        conditions=conditions or None,
     )
+
+
+AUTOSCALING_INACTIVE = "AutoscalingInactive"
+# The HPA controller's reasons for failing to read a metric, and which metrics API and MetricSpec
+# type each is about (kube-controller-manager pkg/controller/podautoscaler/horizontal.go).
+_METRIC_FAILURES = {
+    "FailedGetPodsMetric": ("pods", "custom"),
+    "FailedGetObjectMetric": ("object", "custom"),
+    "FailedGetExternalMetric": ("external", "external"),
+    "FailedGetResourceMetric": ("resource", "resource (metrics-server)"),
+    "FailedGetContainerResourceMetric": ("containerResource", "resource (metrics-server)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoscalingVerdict:
+    """Whether every HPA of the deployment can act: True, False (`message` says which cannot and
+    why, `reason` is the first such HPA's own), or None while an HPA has not reported yet."""
+
+    active: bool | None
+    reason: str
+    message: str
+
+
+def _metric_names(hpa: dict[str, Any], source: str) -> list[str]:
+    names = []
+    for metric in (hpa.get("spec") or {}).get("metrics") or []:
+        block = metric.get(source) or {}
+        name = (block.get("metric") or {}).get("name") or block.get("name")
+        if name:
+            names.append(str(name))
+    return names
+
+
+def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
+    """`<tier> autoscaling inactive: <what it cannot read>; <the HPA's reason>: <its message>`."""
+    reason, message = str(failed.get("reason") or ""), str(failed.get("message") or "")
+    words = f"{tier} autoscaling inactive"
+    if reason in _METRIC_FAILURES:
+        source, api = _METRIC_FAILURES[reason]
+        names = _metric_names(hpa, source)
+        named = [n for n in names if n in message] or names
+        if named:
+            words += f": the HPA cannot read {', '.join(named)} from the {api} metrics API"
+    return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
+
+
+def autoscaling_verdict(tiers: dict[str, TierInput]) -> AutoscalingVerdict | None:
+    """What the tiers' HPAs say about themselves (None: no tier autoscales)."""
+    hpas = [(name, tiers[name].hpa) for name in TIERS if name in tiers and tiers[name].hpa is not None]
+    if not hpas:
+        return None
+    inactive: list[tuple[str, str]] = []
+    waiting: list[str] = []
+    for name, hpa in hpas:
+        assert hpa is not None
+        conditions = {c.get("type"): c for c in (hpa.get("status") or {}).get("conditions") or []}
+        failed = next(
+            (conditions[t] for t in ("ScalingActive", "AbleToScale") if conditions.get(t, {}).get("status") == "False"),
+            None,
+        )
+        if failed is not None:
+            inactive.append((str(failed.get("reason") or AUTOSCALING_INACTIVE), _inactive(name, hpa, failed)))
+        elif conditions.get("ScalingActive", {}).get("status") != "True":
+            waiting.append(name)
+    if inactive:
+        return AutoscalingVerdict(False, inactive[0][0], "; ".join(m for _, m in inactive))
+    if waiting:
+        return AutoscalingVerdict(
+            None, "HPAPending", "waiting for the first replica count of the HPA of " + ", ".join(waiting)
+        )
+    return AutoscalingVerdict(True, "ScalingActive", "every HPA computes its replica count from its metrics")
 
 
 def _set_condition(
@@ -128,7 +216,8 @@ def _lost_pods(name: str, state: TierState, previous: EPDDeploymentStatus | None
     if before is None:
         return False
     degraded_before = previous.phase == "Degraded" and any(
-        c.type == "Degraded" and c.status == "True" and f"{name} " in c.message for c in previous.conditions
+        c.type == "Degraded" and c.status == "True" and c.reason != AUTOSCALING_INACTIVE and f"{name} " in c.message
+        for c in previous.conditions
     )
     return state.status.readyReplicas < before.readyReplicas or degraded_before
 
@@ -154,6 +243,8 @@ def derive_status(
     stuck = [n for n, s in states.items() if s.stuck]
     all_ready = bool(states) and all(s.ready for s in states.values())
     unplaced = [n for n in TIERS if n in tiers and tiers[n].unschedulable and not states[n].ready]
+    scaling = autoscaling_verdict(tiers)
+    scaling_inactive = scaling is not None and scaling.active is False
 
     if spec_errors or refused:
         phase = "Failed"
@@ -163,6 +254,8 @@ def derive_status(
         phase = "Degraded"
     elif rolling or unready:
         phase = "Progressing"
+    elif scaling_inactive:
+        phase = "Degraded"
     else:
         phase = "Ready"
 
@@ -204,15 +297,26 @@ def derive_status(
             old,
             "Degraded",
             phase == "Degraded",
-            ("ProgressDeadlineExceeded" if stuck else "ReplicasUnavailable") if phase == "Degraded" else "AsExpected",
-            (f"rollout stuck: {summary(stuck)}" if stuck else f"pods lost: {summary(lost)}")
-            if phase == "Degraded"
-            else "",
+            *(_degraded(stuck, lost, scaling, summary) if phase == "Degraded" else ("AsExpected", "")),
             gen,
             now,
         ),
         spec_valid,
     ]
+    if scaling is not None:
+        value = {True: "True", False: "False", None: "Unknown"}[scaling.active]
+        before = next((c for c in old if c.type == "AutoscalingActive"), None)
+        since = before.lastTransitionTime if before is not None and before.status == value else now
+        conditions.append(
+            Condition(
+                type="AutoscalingActive",
+                status=value,
+                reason=scaling.reason,
+                message=scaling.message,
+                lastTransitionTime=since,
+                observedGeneration=gen,
+            )
+        )
     return EPDDeploymentStatus(
         observedGeneration=observed_generation,
         phase=phase,
@@ -222,6 +326,17 @@ def derive_status(
         tiers=Tiers(**{n: s.status for n, s in states.items()}),
         generations=generations or None,
     )
+
+
+def _degraded(stuck: list[str], lost: list[str], scaling: AutoscalingVerdict | None, summary: Any) -> tuple[str, str]:
+    """A Degraded deployment's reason and message, by precedence: a stuck rollout, lost pods, an HPA
+    that cannot act."""
+    if stuck:
+        return "ProgressDeadlineExceeded", f"rollout stuck: {summary(stuck)}"
+    if lost:
+        return "ReplicasUnavailable", f"pods lost: {summary(lost)}"
+    assert scaling is not None
+    return AUTOSCALING_INACTIVE, scaling.message
 
 
 def generations(pods: list[dict[str, Any]], current: str | None) -> list[GenerationStatus]:
@@ -293,7 +408,8 @@ class Transition:
 
 
 def transitions(previous: EPDDeploymentStatus | None, current: EPDDeploymentStatus) -> list[Transition]:
-    """The Events worth posting between two statuses: phase changes and newly refused specs."""
+    """The Events worth posting between two statuses: phase changes, newly refused specs, and an HPA
+    that stops (or starts again) being able to act."""
     out = []
     before = {c.type: c for c in previous.conditions} if previous is not None else {}
     after = {c.type: c for c in current.conditions}
@@ -303,10 +419,18 @@ def transitions(previous: EPDDeploymentStatus | None, current: EPDDeploymentStat
     ready = after["Ready"]
     if ready.reason == "Unschedulable" and (before.get("Ready") is None or before["Ready"].message != ready.message):
         out.append(Transition("Warning", "Unschedulable", ready.message))
+    scaling, scaling_before = after.get("AutoscalingActive"), before.get("AutoscalingActive")
+    was = (scaling_before.status, scaling_before.message) if scaling_before is not None else None
+    if scaling is not None and scaling.status == "False" and was != ("False", scaling.message):
+        out.append(Transition("Warning", AUTOSCALING_INACTIVE, scaling.message))
+    if scaling is not None and scaling.status == "True" and was is not None and was[0] == "False":
+        out.append(Transition("Normal", "AutoscalingActive", scaling.message))
     old_phase = previous.phase if previous is not None else None
     if current.phase != old_phase and current.phase != "Failed":
         if current.phase == "Ready":
             out.append(Transition("Normal", "Ready", after["Ready"].message))
+        elif current.phase == "Degraded" and after["Degraded"].reason == AUTOSCALING_INACTIVE:
+            pass  # the AutoscalingInactive event above says it
         elif current.phase == "Degraded":
             out.append(Transition("Warning", "Degraded", after["Degraded"].message))
         elif current.phase == "Progressing" and old_phase is not None:

@@ -245,6 +245,7 @@ def test_an_hpa_without_spec_or_status():
         "maxReplicas": None,
         "desiredReplicas": None,
         "currentReplicas": None,
+        "conditions": None,
     }
     assert tier_state(TierInput(settled(1))).status.autoscaling is None
 
@@ -658,6 +659,7 @@ def test_hpa_numbers_are_reported_per_tier():
         "maxReplicas": 8,
         "desiredReplicas": 5,
         "currentReplicas": 4,
+        "conditions": None,
     }
     assert state.status.ready == "4/4"
 

@@ -1,0 +1,249 @@
+"""controller/status: what the EPDDeployment says about its HPAs, from HPAs shaped as kube-controller-manager's
+HPA controller writes them (pkg/controller/podautoscaler/horizontal.go: condition types, reasons and
+message wording). An HPA that cannot act must never hide behind a Ready deployment."""
+
+from __future__ import annotations
+
+from epd_operator.api.status import TierAutoscaling
+from epd_operator.controller.status import (
+    AutoscalingVerdict,
+    TierInput,
+    autoscaling_verdict,
+    derive_status,
+    tier_state,
+    transitions,
+)
+
+T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
+LOAD = "epd_router_encoder_inflight"
+# The words of the real HPA controller on a cluster that serves no custom metrics API
+# (tests/integration/test_autoscaling_status.py sees them on the local control plane).
+NOT_SERVED = (
+    f"the HPA was unable to compute the replica count: unable to get metric {LOAD}: unable to fetch metrics "
+    "from custom metrics API: the server could not find the requested resource (get pods.custom.metrics.k8s.io *)"
+)
+
+
+def hpa(*conditions: tuple[str, str, str, str], metrics=None, desired=None, current=1) -> dict:
+    return {
+        "spec": {
+            "minReplicas": 1,
+            "maxReplicas": 8,
+            "metrics": metrics
+            if metrics is not None
+            else [{"type": "Pods", "pods": {"metric": {"name": LOAD}, "target": {"type": "AverageValue"}}}],
+        },
+        "status": {
+            "currentReplicas": current,
+            **({"desiredReplicas": desired} if desired is not None else {}),
+            "conditions": [
+                {"type": t, "status": s, "reason": r, "message": m, "lastTransitionTime": T0}
+                for t, s, r, m in conditions
+            ],
+        },
+    }
+
+
+ABLE = ("AbleToScale", "True", "SucceededGetScale", "the HPA controller was able to get the target's current scale")
+ACTIVE = (
+    "ScalingActive",
+    "True",
+    "ValidMetricFound",
+    f"the HPA was able to successfully calculate a replica count from pods metric {LOAD}",
+)
+WITHIN = ("ScalingLimited", "False", "DesiredWithinRange", "the desired count is within the acceptable range")
+INACTIVE = ("ScalingActive", "False", "FailedGetPodsMetric", NOT_SERVED)
+
+
+def ready_deployment(n=1) -> dict:
+    return {
+        "metadata": {"generation": 1},
+        "spec": {"replicas": n},
+        "status": {
+            "observedGeneration": 1,
+            "replicas": n,
+            "updatedReplicas": n,
+            "readyReplicas": n,
+            "availableReplicas": n,
+        },
+    }
+
+
+def derive(encoder_hpa, previous=None, now=T0, decode=None):
+    return derive_status(
+        tiers={
+            "encoder": TierInput(ready_deployment(), encoder_hpa),
+            "decode": decode or TierInput(ready_deployment()),
+        },
+        topology="E+PD",
+        endpoint=None,
+        observed_generation=1,
+        spec_errors=None,
+        previous=previous,
+        now=now,
+    )
+
+
+def cond(status, type_):
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def shown(tier: TierInput) -> TierAutoscaling:
+    autoscaling = tier_state(tier).status.autoscaling
+    assert autoscaling is not None
+    return autoscaling
+
+
+def verdict_of(tiers: dict[str, TierInput]) -> AutoscalingVerdict:
+    verdict = autoscaling_verdict(tiers)
+    assert verdict is not None
+    return verdict
+
+
+def test_the_tier_carries_the_hpas_own_conditions_and_replicas():
+    assert shown(TierInput(ready_deployment(), hpa(ABLE, INACTIVE, current=1))).model_dump(exclude_none=True) == {
+        "minReplicas": 1,
+        "maxReplicas": 8,
+        "currentReplicas": 1,
+        "conditions": [
+            {"type": "AbleToScale", "status": "True", "reason": "SucceededGetScale", "message": ABLE[3]},
+            {"type": "ScalingActive", "status": "False", "reason": "FailedGetPodsMetric", "message": NOT_SERVED},
+        ],
+    }
+    odd = shown(TierInput(ready_deployment(), hpa(("ScalingActive", "Maybe", "", "")))).conditions
+    assert odd is not None and odd[0].status == "Unknown"
+
+
+def test_an_hpa_whose_metric_is_not_served_degrades_a_ready_deployment_and_says_so():
+    status = derive(hpa(ABLE, INACTIVE))
+    assert status.phase == "Degraded"
+    expected = (
+        f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API; "
+        f"FailedGetPodsMetric: {NOT_SERVED}"
+    )
+    scaling = cond(status, "AutoscalingActive")
+    assert (scaling.status, scaling.reason, scaling.message) == ("False", "FailedGetPodsMetric", expected)
+    degraded = cond(status, "Degraded")
+    assert (degraded.status, degraded.reason, degraded.message) == ("True", "AutoscalingInactive", expected)
+    assert cond(status, "Ready").status == "True"  # the pods serve; only the autoscaler cannot act
+
+
+def test_an_acting_hpa_keeps_the_deployment_ready():
+    status = derive(hpa(ABLE, ACTIVE, WITHIN, desired=1))
+    assert status.phase == "Ready"
+    scaling = cond(status, "AutoscalingActive")
+    assert (scaling.status, scaling.reason) == ("True", "ScalingActive")
+    assert cond(status, "Degraded").reason == "AsExpected"
+    # limited by maxReplicas is the HPA acting as asked: shown on the tier, not a degradation
+    at_max = ("ScalingLimited", "True", "TooManyReplicas", "the desired replica count is more than the maximum")
+    assert derive(hpa(ABLE, ACTIVE, at_max, desired=8)).phase == "Ready"
+
+
+def test_no_autoscaling_condition_without_an_hpa():
+    status = derive(None)
+    assert status.phase == "Ready" and cond(status, "AutoscalingActive") is None
+    assert autoscaling_verdict({"decode": TierInput(ready_deployment())}) is None
+
+
+def test_an_hpa_that_has_not_reported_yet_is_unknown_and_does_not_degrade():
+    for fresh in ({"spec": {"maxReplicas": 8}}, hpa(ABLE)):
+        status = derive(fresh)
+        scaling = cond(status, "AutoscalingActive")
+        assert (scaling.status, scaling.reason) == ("Unknown", "HPAPending")
+        assert scaling.message == "waiting for the first replica count of the HPA of encoder"
+        assert status.phase == "Ready"
+
+
+def test_a_rollout_in_progress_wins_over_an_inactive_hpa():
+    rolling = TierInput({"metadata": {"generation": 2}, "spec": {"replicas": 1}, "status": {"observedGeneration": 1}})
+    status = derive(hpa(ABLE, INACTIVE), decode=rolling)
+    assert status.phase == "Progressing"
+    assert cond(status, "AutoscalingActive").status == "False"
+    assert (cond(status, "Degraded").status, cond(status, "Degraded").reason) == ("False", "AsExpected")
+
+
+def test_every_failing_hpa_is_named_and_the_first_gives_the_reason():
+    cpu = [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization"}}}]
+    no_cpu = (
+        "ScalingActive",
+        "False",
+        "FailedGetResourceMetric",
+        "the HPA was unable to compute the replica count: failed to get cpu utilization: unable to get metrics "
+        "for resource cpu: no metrics returned from resource metrics API",
+    )
+    cannot_scale = ("AbleToScale", "False", "FailedGetScale", "the HPA controller was unable to get the target's")
+    verdict = verdict_of(
+        {
+            "encoder": TierInput(ready_deployment(), hpa(cannot_scale)),
+            "decode": TierInput(ready_deployment(), hpa(ABLE, no_cpu, metrics=cpu)),
+            "router": TierInput(ready_deployment(), hpa(("ScalingActive", "False", "", "no reason given"))),
+        }
+    )
+    assert verdict.active is False and verdict.reason == "FailedGetScale"
+    assert verdict.message.split("; ") == [
+        "encoder autoscaling inactive",
+        f"FailedGetScale: {cannot_scale[3]}",
+        "decode autoscaling inactive: the HPA cannot read cpu from the resource (metrics-server) metrics API",
+        f"FailedGetResourceMetric: {no_cpu[3]}",
+        "router autoscaling inactive: no reason given",
+    ]
+
+
+def test_only_the_metric_the_hpa_names_in_its_message_is_blamed():
+    other = {"type": "Pods", "pods": {"metric": {"name": "vllm_num_requests_waiting"}, "target": {}}}
+    both = [other, {"type": "Pods", "pods": {"metric": {"name": LOAD}, "target": {}}}]
+    verdict = verdict_of({"encoder": TierInput(ready_deployment(), hpa(ABLE, INACTIVE, metrics=both))})
+    assert f"cannot read {LOAD} from" in verdict.message and "vllm_num" not in verdict.message
+    vague = ("ScalingActive", "False", "FailedGetExternalMetric", "unable to get external metric")
+    external = [{"type": "External", "external": {"metric": {"name": "queue_depth"}, "target": {}}}]
+    verdict = verdict_of({"encoder": TierInput(ready_deployment(), hpa(vague, metrics=external))})
+    assert verdict.message.startswith("encoder autoscaling inactive: the HPA cannot read queue_depth from the external")
+
+
+def test_events_when_autoscaling_stops_changes_and_comes_back():
+    active = derive(hpa(ABLE, ACTIVE, desired=1))
+    inactive = derive(hpa(ABLE, INACTIVE), previous=active, now=T1)
+    (event,) = transitions(active, inactive)  # one event, not a second generic Degraded one
+    assert (event.type, event.reason) == ("Warning", "AutoscalingInactive")
+    assert event.message == cond(inactive, "AutoscalingActive").message
+    assert transitions(inactive, derive(hpa(ABLE, INACTIVE), previous=inactive, now=T2)) == []
+    other = ("ScalingActive", "False", "FailedGetPodsMetric", "the HPA was unable to compute: no metrics returned")
+    changed = derive(hpa(ABLE, other), previous=inactive, now=T2)
+    assert [(e.type, e.reason) for e in transitions(inactive, changed)] == [("Warning", "AutoscalingInactive")]
+    back = derive(hpa(ABLE, ACTIVE, desired=1), previous=changed, now=T2)
+    assert [(e.type, e.reason) for e in transitions(changed, back)] == [
+        ("Normal", "AutoscalingActive"),
+        ("Normal", "Ready"),
+    ]
+    # an HPA inactive from the very first status is reported too
+    assert [e.reason for e in transitions(None, derive(hpa(ABLE, INACTIVE)))] == ["AutoscalingInactive"]
+
+
+def test_the_condition_keeps_its_transition_time_while_its_value_holds():
+    first = derive(hpa(ABLE, INACTIVE))
+    later = derive(hpa(ABLE, ("ScalingActive", "False", "FailedGetPodsMetric", "other words")), first, now=T1)
+    assert cond(later, "AutoscalingActive").lastTransitionTime == T0
+    assert cond(derive(hpa(ABLE, ACTIVE), later, now=T2), "AutoscalingActive").lastTransitionTime == T2
+
+
+def test_autoscaling_degradation_is_not_mistaken_for_lost_pods():
+    degraded = derive(hpa(ABLE, INACTIVE))
+    # the encoder tier scales up (HPA acting again); its pods still loading are Progressing, not lost
+    up = TierInput(
+        {
+            "metadata": {"generation": 1},
+            "spec": {"replicas": 2},
+            "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 1},
+        },
+        hpa(ABLE, ACTIVE, desired=2),
+    )
+    status = derive_status(
+        tiers={"encoder": up, "decode": TierInput(ready_deployment())},
+        topology="E+PD",
+        endpoint=None,
+        observed_generation=1,
+        spec_errors=None,
+        previous=degraded,
+        now=T1,
+    )
+    assert status.phase == "Progressing"
