@@ -34,7 +34,10 @@ class Condition(_Status):
 
 
 class HPACondition(_Status):
-    type: str = Field(description="The HPA's condition type: AbleToScale, ScalingActive or ScalingLimited.")
+    type: str = Field(
+        description="The HPA's condition type: AbleToScale, ScalingActive, ScalingLimited (and ScaledToZero from "
+        "Kubernetes 1.37)."
+    )
     status: Literal["True", "False", "Unknown"]
     reason: str = ""
     message: str = ""

@@ -131,7 +131,14 @@ def test_an_example_becomes_owned_tiers_with_status_and_is_collected_on_delete(o
     wait_for(lambda: status().get("observedGeneration") == 1, what="the operator to reconcile the example")
     epd = get_json(env, "epd", name)
     assert status()["topology"] == "E/P/D"
-    assert {c["type"] for c in status()["conditions"]} == {"Ready", "Progressing", "Degraded", "SpecValid"}
+    # AutoscalingActive: the example autoscales its encoders
+    assert {c["type"] for c in status()["conditions"]} == {
+        "Ready",
+        "Progressing",
+        "Degraded",
+        "SpecValid",
+        "AutoscalingActive",
+    }
 
     deployments = get_json(env, "deployments", "-l", f"app.kubernetes.io/instance={name}")["items"]
     assert {d["metadata"]["name"] for d in deployments} == {

@@ -20,7 +20,7 @@ LOAD = "epd_router_encoder_inflight"
 # (tests/integration/test_autoscaling_status.py sees them on the local control plane).
 NOT_SERVED = (
     f"the HPA was unable to compute the replica count: unable to get metric {LOAD}: unable to fetch metrics "
-    "from custom metrics API: the server could not find the requested resource (get pods.custom.metrics.k8s.io *)"
+    "from custom metrics API: no custom metrics API (custom.metrics.k8s.io) registered"
 )
 
 
@@ -52,6 +52,7 @@ ACTIVE = (
     f"the HPA was able to successfully calculate a replica count from pods metric {LOAD}",
 )
 WITHIN = ("ScalingLimited", "False", "DesiredWithinRange", "the desired count is within the acceptable range")
+NOT_ZERO = ("ScaledToZero", "False", "NotScaledToZero", "the HPA controller did not scale the workload to zero")
 INACTIVE = ("ScalingActive", "False", "FailedGetPodsMetric", NOT_SERVED)
 
 
@@ -115,7 +116,7 @@ def test_the_tier_carries_the_hpas_own_conditions_and_replicas():
 
 
 def test_an_hpa_whose_metric_is_not_served_degrades_a_ready_deployment_and_says_so():
-    status = derive(hpa(ABLE, INACTIVE))
+    status = derive(hpa(ABLE, NOT_ZERO, INACTIVE))
     assert status.phase == "Degraded"
     expected = (
         f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API; "
@@ -129,7 +130,7 @@ def test_an_hpa_whose_metric_is_not_served_degrades_a_ready_deployment_and_says_
 
 
 def test_an_acting_hpa_keeps_the_deployment_ready():
-    status = derive(hpa(ABLE, ACTIVE, WITHIN, desired=1))
+    status = derive(hpa(ABLE, NOT_ZERO, ACTIVE, WITHIN, desired=1))
     assert status.phase == "Ready"
     scaling = cond(status, "AutoscalingActive")
     assert (scaling.status, scaling.reason) == ("True", "ScalingActive")
