@@ -29,10 +29,12 @@ vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, i
 
 # The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok), built once from the official Go modules into ~/.cache/epd-operator/k8s
-# (cold: tens of minutes on 2 cores, with progress), plus the oldest supported kube-apiserver.
-k8s: install ## the Kubernetes control plane (1.37, and 1.34's kube-apiserver) from source, cached
+# (cold: tens of minutes on 2 cores, with progress), plus the oldest supported kube-apiserver, and
+# prometheus-adapter for the custom metrics API the encoder HPA reads (~/.cache/epd-operator/prometheus-adapter).
+k8s: install ## the Kubernetes control plane (1.37, and 1.34's kube-apiserver) and prometheus-adapter from source, cached
 	$(BIN)/python -m dev.cluster build
 	$(BIN)/python -m dev.cluster build --oldest
+	$(BIN)/python -m dev.prometheus_adapter
 
 # A local control plane with fake GPU nodes, in the background: prints the kubeconfig and how to stop it.
 cluster: k8s ## start a local control plane with fake GPU nodes in the background

@@ -1,0 +1,293 @@
+"""The encoder HPA reads its load through a real metrics pipeline on a REAL control plane: Prometheus
+(Debian's package) scrapes a router's /metrics exposition, prometheus-adapter (built from the Go module
+proxy, dev/prometheus_adapter.py) serves it with the rules the operator chart ships, registered as the
+custom.metrics.k8s.io APIService, and kube-controller-manager's own HPA controller reads it and scales
+the encoder Deployment. The EPDDeployment goes from "autoscaling inactive" to active as that happens.
+
+What is not real here: the router's exposition comes from RouterMetrics with work put in flight by the
+test (the router's own code and registry, not a router process under load), and the pods are kwok's.
+This local kube-apiserver has no front-proxy (requestheader) certificates, so it calls aggregated APIs
+anonymously: the test grants the anonymous user read access to custom.metrics.k8s.io while it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dev import prometheus_adapter
+from epd_operator.controller.metrics import Metrics
+from epd_operator.render.autoscaling import load_metric_name
+from epd_operator.router.backends import DiscoveredEndpoint, Pool
+from epd_operator.router.metrics import RouterMetrics
+from tests.support.cluster import KubeView, volumes
+from tests.support.operator_run import (
+    condition,
+    create,
+    deployment,
+    epd,
+    epd_doc,
+    operator_in_process,
+    posted,
+    wait_until,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
+LOAD = load_metric_name("encoder")
+GROUP = "custom.metrics.k8s.io"
+# Items in flight per encoder pod; with the default target (4 per pod) 2 encoders ask for ceil(2*10/4) = 5.
+INFLIGHT = 10
+pytestmark = pytest.mark.timeout(600)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def router_exposition(encoder_pods: list[str]) -> Iterator[int]:
+    """A router's /metrics (its own RouterMetrics) with INFLIGHT items in flight to each encoder pod."""
+    metrics = RouterMetrics()
+    pool = Pool("encoder", metrics)
+    pool.update([DiscoveredEndpoint(f"http://10.2.0.{i}:8000", pod=p) for i, p in enumerate(encoder_pods)])
+    for ep in pool.endpoints.values():
+        pool.acquire(ep, INFLIGHT)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body, content_type = metrics.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextlib.contextmanager
+def cluster_objects(kube: KubeView, objects: list[tuple[str, dict[str, Any]]]) -> Iterator[None]:
+    """Cluster-scoped objects for the duration of the test (the session's cluster is shared)."""
+    made = []
+    try:
+        for path, body in objects:
+            kube.ok("POST", path, body, content_type="application/json")
+            made.append(f"{path}/{body['metadata']['name']}")
+        yield
+    finally:
+        for path in reversed(made):
+            kube.request("DELETE", path)
+
+
+def log_tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+
+
+@pytest.fixture
+async def operator(kube: KubeView) -> AsyncIterator[Metrics]:
+    volumes(kube, "ec-cache", "models")
+    async with operator_in_process(kube, "--namespace", kube.ns, "--no-leader-election", "--resync-seconds", "1") as m:
+        yield m
+
+
+async def test_the_hpa_reads_the_encoder_load_through_prometheus_and_the_charts_adapter_rules(kube, operator, tmp_path):
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.skip("Prometheus is not installed (Debian/Ubuntu: apt-get install prometheus; `make test-tools`)")
+    adapter = prometheus_adapter.ensure()
+
+    doc = epd_doc()
+    doc["spec"]["encoder"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 6}  # the default: load, 4 per pod
+    await create(kube, doc)
+    await wait_until(lambda: condition(epd(kube), "AutoscalingActive").get("status") == "False", 90, lambda: epd(kube))
+    await wait_until(lambda: len(kube.pods(**{"serving.epd.dev/role": "encoder"})) == 2, 60)
+    encoders = sorted(p["metadata"]["name"] for p in kube.pods(**{"serving.epd.dev/role": "encoder"}))
+
+    with router_exposition(encoders) as router_port:
+        prom_port, adapter_port = free_port(), free_port()
+        prom_config = tmp_path / "prometheus.yml"
+        prom_config.write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "scrape_configs": [
+                        {
+                            "job_name": "epd-routers",
+                            # the target labels Prometheus Operator's PodMonitor gives a router pod
+                            "static_configs": [
+                                {
+                                    "targets": [f"127.0.0.1:{router_port}"],
+                                    "labels": {"namespace": kube.ns, "pod": "vl-router-0"},
+                                }
+                            ],
+                        }
+                    ],
+                }
+            )
+        )
+        rules = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
+        adapter_config = tmp_path / "adapter.yaml"
+        adapter_config.write_text(yaml.safe_dump({"rules": rules["custom"]}))  # what the adapter chart renders
+        discovery = [f"/apis/{GROUP}", f"/apis/{GROUP}/v1beta1", f"/apis/{GROUP}/v1beta2", "/openapi/v2", "/openapi/v3"]
+        kubeconfig = str(kube.cluster.kubeconfig_path)
+        anonymous_reader = [
+            (
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                {
+                    "metadata": {"name": f"{kube.ns}-custom-metrics-reader"},
+                    "rules": [{"apiGroups": [GROUP], "resources": ["*"], "verbs": ["get", "list"]}],
+                },
+            ),
+            (
+                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+                {
+                    "metadata": {"name": f"{kube.ns}-custom-metrics-reader"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": f"{kube.ns}-custom-metrics-reader",
+                    },
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}],
+                },
+            ),
+        ]
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "custom-metrics", "namespace": kube.ns},
+                "spec": {"type": "ExternalName", "externalName": "localhost"},
+            }
+        )
+        api_service = (
+            "/apis/apiregistration.k8s.io/v1/apiservices",
+            {
+                "metadata": {"name": f"v1beta2.{GROUP}"},
+                "spec": {
+                    "group": GROUP,
+                    "version": "v1beta2",
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 200,
+                    "insecureSkipTLSVerify": True,  # the adapter's self-signed serving certificate
+                    "service": {"namespace": kube.ns, "name": "custom-metrics", "port": adapter_port},
+                },
+            },
+        )
+        prom_log, adapter_log = tmp_path / "prometheus.log", tmp_path / "adapter.log"
+        with (
+            process(
+                [
+                    prometheus,
+                    f"--config.file={prom_config}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                prom_log,
+            ),
+            process(
+                [
+                    str(adapter),
+                    f"--secure-port={adapter_port}",
+                    "--bind-address=127.0.0.1",
+                    f"--cert-dir={tmp_path / 'adapter-certs'}",
+                    f"--lister-kubeconfig={kubeconfig}",
+                    f"--authentication-kubeconfig={kubeconfig}",
+                    f"--authorization-kubeconfig={kubeconfig}",
+                    "--authentication-tolerate-lookup-failure",
+                    "--authorization-always-allow-paths=" + ",".join(["/healthz", "/readyz", "/livez", *discovery]),
+                    f"--prometheus-url=http://127.0.0.1:{prom_port}",
+                    f"--config={adapter_config}",
+                    "--metrics-relist-interval=2s",
+                ],
+                adapter_log,
+            ),
+            cluster_objects(kube, [*anonymous_reader, api_service]),
+        ):
+
+            def available() -> bool:
+                _, body = kube.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/v1beta2.{GROUP}")
+                conditions = (body.get("status") or {}).get("conditions") or []
+                return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+            await wait_until(available, 120, lambda: f"APIService not Available; adapter log:\n{log_tail(adapter_log)}")
+
+            # The custom metrics API serves each encoder pod's load, as kubectl reads it.
+            def served() -> dict[str, str]:
+                result = kube.kubectl(
+                    "get", "--raw", f"/apis/{GROUP}/v1beta2/namespaces/{kube.ns}/pods/*/{LOAD}", check=False
+                )
+                if result.returncode != 0:
+                    return {}
+                items = yaml.safe_load(result.stdout).get("items") or []
+                return {i["describedObject"]["name"]: i["value"] for i in items}
+
+            await wait_until(
+                lambda: served() == {pod: str(INFLIGHT) for pod in encoders},
+                120,
+                lambda: f"served {served()}; prometheus:\n{log_tail(prom_log)}\nadapter:\n{log_tail(adapter_log)}",
+            )
+
+            # kube-controller-manager's HPA reads it and scales the encoders: ceil(2 x 10 / 4) = 5.
+            def hpa() -> dict[str, Any]:
+                return kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") or {}
+
+            await wait_until(lambda: deployment(kube, "vl-encoder")["spec"].get("replicas") == 5, 90, hpa)
+            conditions = {c["type"]: c for c in hpa()["status"]["conditions"]}
+            assert conditions["ScalingActive"]["status"] == "True"
+            assert conditions["ScalingActive"]["reason"] == "ValidMetricFound"
+            assert LOAD in conditions["ScalingActive"]["message"]
+
+            # ...and the EPDDeployment says autoscaling works again.
+            await wait_until(
+                lambda: condition(epd(kube), "AutoscalingActive").get("status") == "True", 60, lambda: epd(kube)
+            )
+            await posted(kube, "Normal", "AutoscalingActive")
+            # The tier shows the HPA's own numbers (they move on as the new pods report no load yet).
+            await wait_until(
+                lambda: (
+                    epd(kube)["status"]["tiers"]["encoder"]["autoscaling"].get("desiredReplicas")
+                    == hpa()["status"].get("desiredReplicas")
+                ),
+                30,
+                lambda: (epd(kube)["status"]["tiers"]["encoder"], hpa()["status"]),
+            )
+            assert epd(kube)["status"]["tiers"]["encoder"]["autoscaling"]["maxReplicas"] == 6
+            assert condition(epd(kube), "Degraded").get("reason") != "AutoscalingInactive"
