@@ -58,21 +58,21 @@ def _describe(args: tuple[Any, ...]) -> str:
     return ", ".join(shown)
 
 
-_guard = _Guard()
-sys.addaudithook(_guard)
+guard = _Guard()
+sys.addaudithook(guard)
 
 
 def _guarded(item: pytest.Item, phase: str) -> Generator[None, None, None]:
-    _guard.violations.clear()
-    _guard.active = True
+    guard.violations.clear()
+    guard.active = True
     try:
         return (yield)
     finally:
-        _guard.active = False
-        if _guard.violations:
+        guard.active = False
+        if guard.violations:
             # replaces whatever the test raised: a caught ImpureTest can surface as any other failure
             raise pytest.fail.Exception(
-                f"{item.nodeid} is not pure ({phase}): " + "; ".join(dict.fromkeys(_guard.violations)),
+                f"{item.nodeid} is not pure ({phase}): " + "; ".join(dict.fromkeys(guard.violations)),
                 pytrace=False,
             )
 
