@@ -119,23 +119,23 @@ async def through(url: str, encoder: FakeVLLM, consumer: FakeVLLM) -> dict[str, 
     return seen
 
 
-def start_vllm_proxy(encoder: str, consumer: str) -> tuple[subprocess.Popen, str]:
+def start_vllm_proxy(encoder: str, consumer: str, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen(
-        [str(venv.ensure()), str(proxy_script()), "--host", "127.0.0.1", "--port", str(port)]
-        + ["--encode-servers-urls", encoder, "--decode-servers-urls", consumer]
-        + ["--ec-consumer-zmq-addrs", ",".join(ADDRS), "--ec-consumer-dp-size", "2"],
-        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd="/",
-    )
+    with open(log, "wb") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [str(venv.ensure()), str(proxy_script()), "--host", "127.0.0.1", "--port", str(port)]
+            + ["--encode-servers-urls", encoder, "--decode-servers-urls", consumer]
+            + ["--ec-consumer-zmq-addrs", ",".join(ADDRS), "--ec-consumer-dp-size", "2"],
+            env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vLLM's proxy exited: {proc.stderr.read() if proc.stderr else ''}")
+            raise RuntimeError(f"vLLM's proxy exited: {log.read_text(errors='replace')[-2000:]}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2):
                 return proc, url
@@ -145,7 +145,7 @@ def start_vllm_proxy(encoder: str, consumer: str) -> tuple[subprocess.Popen, str
     raise RuntimeError("vLLM's proxy did not answer /health within 60 s")
 
 
-async def test_the_router_forwards_mooncake_handles_exactly_as_vllms_proxy():
+async def test_the_router_forwards_mooncake_handles_exactly_as_vllms_proxy(tmp_path):
     async with router_stack(
         encoders=1, decodes=1, decode_dp_size=2, ec_consumer_zmq_addrs=ADDRS, trust_client_uuids=True
     ) as stack:
@@ -153,7 +153,9 @@ async def test_the_router_forwards_mooncake_handles_exactly_as_vllms_proxy():
         consumer.dp_size, consumer.ec_zmq_by_rank = 2, ADDRS
         encoder.pushes = consumer.pushes = {}  # the consumer refuses items pushed to another rank's address
         ours = await through(stack.url, encoder, consumer)
-        proxy, proxy_url = await asyncio.to_thread(start_vllm_proxy, encoder.url, consumer.url)
+        proxy, proxy_url = await asyncio.to_thread(
+            start_vllm_proxy, encoder.url, consumer.url, tmp_path / "vllm-proxy.log"
+        )
         try:
             vllms = await through(proxy_url, encoder, consumer)
         finally:
