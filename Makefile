@@ -51,7 +51,11 @@ lint: install ## ruff check, ruff format --check and mypy (what the pre-commit h
 
 # The test tiers, one folder each, named by what they need (docs/development.md#test-tiers).
 # `make test` is lint plus every tier in one pytest run; .ci/run calls it.
-test: vllm-env k8s test-tools lint ## lint, then every test tier in one pytest run (CI: .ci/run)
+# The heavy caches build side by side: the vLLM venv is mostly downloading and unpacking, the Go
+# builds are CPU, so a cold run takes the longer of the two rather than their sum.
+test: install ## lint, then every test tier in one pytest run (CI: .ci/run)
+	$(MAKE) -j2 vllm-env k8s test-tools
+	$(MAKE) lint
 	$(BIN)/pytest
 
 # Pure tests: no process, no socket, no heavy build; a fresh clone needs only the venv.
@@ -72,13 +76,15 @@ test-helm: k8s test-tools ## both charts with helm 3 and 4 (tests/helm)
 test-e2e: vllm-env ## real vLLM on CPU (tests/e2e; kind tests need kind and Docker)
 	$(BIN)/pytest tests/e2e
 
-# Debian's prometheus package: promtool evaluates the chart's adapter rules (tests/helm), and
-# prometheus feeds the custom metrics API in the autoscaling integration test. Installed when missing
-# and possible, else those tests skip and say why.
-test-tools: ## install Debian's prometheus (promtool, Prometheus) for the autoscaling tests when missing and possible
-	@command -v promtool >/dev/null || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q \
-	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus) \
-	  || echo "test: prometheus/promtool are not installed; the tests that need them will skip (apt-get install prometheus)"
+# Debian's packages the tests use: prometheus (promtool evaluates the chart's adapter rules in
+# tests/helm; Prometheus feeds the custom metrics API in the autoscaling integration test) and
+# libibverbs (the Mooncake transfer engine loads it, tests/e2e/test_mooncake_transfer.py). Installed
+# when missing and possible, else those tests skip and say why.
+test-tools: ## install Debian's prometheus and libibverbs for the autoscaling and Mooncake tests when missing and possible
+	@command -v promtool >/dev/null && ldconfig -p | grep -q 'libibverbs\.so\.1' \
+	  || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -q \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus libibverbs1 ibverbs-providers) \
+	  || echo "test: prometheus/promtool or libibverbs are not installed; the tests that need them will skip (apt-get install prometheus libibverbs1 ibverbs-providers)"
 
 # EXAMPLE=examples/epd-nixl-autoscaled.yaml runs E/P/D with KV over NIXL (default: E+PD, shared storage).
 demo: install ## run an example on this machine on real vLLM (EXAMPLE=examples/...yaml)
