@@ -1,10 +1,14 @@
-"""A real Kubernetes control plane on this machine: no Docker, no VM, no kubelet.
+"""A real Kubernetes control plane on this machine: no Docker, no VM.
 
 etcd + kube-apiserver (RBAC enforced, service-account tokens) + kube-controller-manager (deployment,
 replicaset, endpointslice, garbage collector, HPA, ...) + kube-scheduler, all built from the official Go
 modules by ``dev/k8s-binaries.sh`` and cached in ``~/.cache/epd-operator/k8s/<version>/``, plus
 kwok, SIG Scheduling's fake kubelet, for nodes with ``nvidia.com/gpu`` capacity on which pods are
 scheduled for real and become Running/Ready (they run nothing: their IPs are for reading only).
+With ``real_nodes``, real worker nodes join them (``dev/real_node.py``: containerd, runc, CNI, kubelet,
+kube-proxy in namespaces of their own) and run pods for real; the fake GPU nodes then carry the
+``nvidia.com/gpu`` NoSchedule taint, which pods asking for GPUs tolerate (the ExtendedResourceToleration
+admission plugin, as on clouds' GPU pools), so only GPU pods land on them.
 
     python -m dev.cluster up [--detach]   # prints the kubeconfig path and how to stop
     python -m dev.cluster down
@@ -19,6 +23,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -32,13 +37,28 @@ from pathlib import Path
 
 import yaml
 
+from epd_operator.kube import ApiError
+
 from .cluster_api import ClusterApi, ClusterError
 from .cluster_pki import ADMIN_TOKEN_USER, kubeconfig, make_pki
-from .fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, FakeNode
+from .fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, GPU, FakeNode
 from .k8s_binaries import NEWEST, OLDEST, binaries, log
+from .real_node import APT_PACKAGES, SERVICE_CIDR, RealNode, RealNodeSpec, missing_runtime
 
 # What the tests and the benchmarks import from here.
-__all__ = ["NEWEST", "OLDEST", "ClusterError", "FakeNode", "LocalCluster", "binaries", "free_port"]
+__all__ = [
+    "NEWEST",
+    "OLDEST",
+    "ClusterError",
+    "FakeNode",
+    "LocalCluster",
+    "RealNode",
+    "RealNodeSpec",
+    "binaries",
+    "free_port",
+]
+# Fake GPU nodes beside a real node: only pods that ask for GPUs (and so tolerate this) land on them.
+GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
 
 # The controllers a test cluster needs; the rest (node lifecycle, cloud, certificates...) only slow it
 # down or act on things that do not exist here.
@@ -134,11 +154,16 @@ class LocalCluster(ClusterApi):
         version: str = NEWEST,
         apiserver_only: bool = False,
         nodes: Sequence[FakeNode] = DEFAULT_NODES,
+        real_nodes: Sequence[RealNodeSpec] = (),
         hpa_sync_seconds: float = 1.0,
     ):
+        if len(real_nodes) > 1:
+            raise ValueError("one real node at most: the API server reaches kubelets through one node bridge")
         self.version = version
         self.apiserver_only = apiserver_only
-        self.nodes = tuple(nodes)
+        self.real_node_specs = tuple(real_nodes)
+        self.nodes = tuple(dataclasses.replace(n, taints=(*n.taints, GPU_TAINT)) if real_nodes else n for n in nodes)
+        self.real_nodes: list[RealNode] = []
         self.hpa_sync_seconds = hpa_sync_seconds
         self._owned_dir = workdir is None
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="epd-cluster-"))
@@ -165,8 +190,11 @@ class LocalCluster(ClusterApi):
 
     def start(self) -> None:
         started = time.monotonic()
-        self.bin = binaries(self.version, apiserver_only=self.apiserver_only)
+        if self.real_node_specs and (missing := missing_runtime()):
+            raise ClusterError(f"a real node needs {', '.join(missing)}: apt-get install -y {APT_PACKAGES}")
+        self.bin = binaries(self.version, apiserver_only=self.apiserver_only, node=bool(self.real_node_specs))
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.real_nodes = [self._real_node(spec) for spec in self.real_node_specs]
         make_pki(self.pki)
         (self.pki / "tokens.csv").write_text(f'{self.admin_token},{ADMIN_TOKEN_USER},epd-admin-uid,"system:masters"\n')
         self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", self.admin_token)))
@@ -178,10 +206,14 @@ class LocalCluster(ClusterApi):
             self.add_nodes(*self.nodes)
             self._wait_for_service_account("default", "default", 30)
             self._wait_for_schedulable_nodes((n.name for n in self.nodes), 30)
+            for node in self.real_nodes:
+                self._start_real_node(node)
         log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
 
     def stop(self) -> None:
         self.close_api()
+        for node in self.real_nodes:
+            node.stop()
         for component in reversed(self.components):
             component.stop()
         self.components.clear()
@@ -191,6 +223,59 @@ class LocalCluster(ClusterApi):
     def check_alive(self) -> None:
         for component in self.components:
             component.check_alive()
+        for node in self.real_nodes:
+            node.check_alive()
+
+    # -------------------------------------------------------------- real nodes
+
+    def _real_node(self, spec: RealNodeSpec) -> RealNode:
+        def start(name: str, argv: list[str]) -> Component:
+            component = Component(name, argv, self.dir / f"{name}.log")
+            component.start()
+            return component
+
+        assert self.bin is not None
+        return RealNode(
+            spec,
+            workdir=self.dir / f"node-{spec.name}",
+            api_port=self.port,
+            ca_path=self.pki / "ca.crt",
+            admin_token=self.admin_token,
+            bin_dir=self.bin,
+            start_component=start,
+        )
+
+    def _start_real_node(self, node: RealNode, timeout: float = 120) -> None:
+        from .images import build_pause
+
+        node.start()
+        node.load_image(build_pause())
+        self.apply(node.api_endpoint_slice())
+        node.start_kubelet()
+        deadline = time.monotonic() + timeout
+        while not self._node_ready(node.name):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"real node {node.name} was not Ready after {timeout:.0f} s; the kubelet says:\n"
+                    + node.kubelet_log_errors()
+                )
+            time.sleep(0.5)
+        self._wait_for_schedulable_nodes([node.name], 30)
+
+    def _node_ready(self, name: str) -> bool:
+        try:
+            got = self.request("GET", f"/api/v1/nodes/{name}")
+        except ApiError:
+            return False
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in got["status"].get("conditions") or [])
+
+    def real_node(self, name: str | None = None) -> RealNode:
+        """The real node (by name when there could be several)."""
+        for node in self.real_nodes:
+            if name is None or node.name == name:
+                return node
+        raise ClusterError(f"no real node {name or ''} in this cluster")
 
     def _component(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
         component = Component(name, argv, self.dir / f"{name}.log")
@@ -268,16 +353,32 @@ class LocalCluster(ClusterApi):
                 "--api-audiences",
                 "https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range",
-                "10.96.0.0/16",
+                SERVICE_CIDR,
                 "--allow-privileged=true",
                 "--cert-dir",
                 str(self.dir / "apiserver-certs"),
                 "--storage-media-type",
                 "application/json",
+                *self._real_node_apiserver_flags(),
                 "-v",
                 "1",
             ],
         )
+
+    def _real_node_apiserver_flags(self) -> list[str]:
+        if not self.real_nodes:
+            return []
+        egress = self.dir / "egress-selector.yaml"
+        egress.write_text(json.dumps(self.real_nodes[0].egress_config()))
+        return [
+            "--egress-selector-config-file",
+            str(egress),
+            "--enable-admission-plugins",
+            "ExtendedResourceToleration",
+            # The node bridge dials addresses inside the node's namespace; node names resolve nowhere.
+            "--kubelet-preferred-address-types",
+            "InternalIP",
+        ]
 
     def _kubeconfig_for_components(self) -> Path:
         return self.kubeconfig_path

@@ -1,20 +1,25 @@
-"""``python -m dev.cluster up [--detach] | down | build``: a local control plane for a
-person (``make cluster``), kept running in the background until ``down``."""
+"""``python -m dev.cluster up [--detach] [--real-node] | down | build``: a local control plane for a
+person (``make cluster``), kept running in the background until ``down``; ``make images`` loads
+images into its real node (:func:`load_images`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from .cluster import LocalCluster
+from .cluster import ClusterError, LocalCluster, RealNodeSpec
 from .k8s_binaries import CACHE, NEWEST, OLDEST, binaries
+from .real_node import import_archive
 
 STATE_DIR = CACHE / "cluster"
+REAL_NODE_STATE = STATE_DIR / "real-node.json"
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -24,9 +29,18 @@ def _up(args: argparse.Namespace) -> int:
         if _running_pid() is not None:
             print("a local cluster is already running; stop it with `make cluster-down`", file=sys.stderr)
             return 1
+        (STATE_DIR / "ready").unlink(missing_ok=True)  # left by a supervisor that was killed
         with log.open("wb") as out:
             child = subprocess.Popen(
-                [sys.executable, "-m", "dev.cluster", "up", "--version", args.version],
+                [
+                    sys.executable,
+                    "-m",
+                    "dev.cluster",
+                    "up",
+                    "--version",
+                    args.version,
+                    *(["--real-node"] if args.real_node else []),
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -58,13 +72,23 @@ def _up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    with LocalCluster(workdir, version=args.version) as cluster:
+    real_nodes = (RealNodeSpec(),) if args.real_node else ()
+    with LocalCluster(workdir, version=args.version, real_nodes=real_nodes) as cluster:
         kc = STATE_DIR / "kubeconfig"
         shutil.copy(cluster.kubeconfig_path, kc)
         (STATE_DIR / "pid").write_text(str(os.getpid()))
+        real = ""
+        for node in cluster.real_nodes:
+            REAL_NODE_STATE.write_text(
+                json.dumps({"name": node.name, "enter": node.enter_argv(), "socket": str(node.containerd_socket)})
+            )
+            real = (
+                f" and real node {node.name} (pods and Service IPs answer inside its network namespace: "
+                f"nsenter --net={node.netns} curl ...; `make images` loads the local images into it)"
+            )
         message = (
             f"Kubernetes {cluster.version} is running at {cluster.server} "
-            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}.\n"
+            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.\n"
             f"  export KUBECONFIG={kc}\n"
             f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
             f"  stop it with: make cluster-down   (or: python -m dev.cluster down)\n"
@@ -74,8 +98,24 @@ def _up(args: argparse.Namespace) -> int:
         while not stop:
             time.sleep(0.5)
             cluster.check_alive()
-    for f in ("pid", "ready", "kubeconfig"):
+    for f in ("pid", "ready", "kubeconfig", REAL_NODE_STATE.name):
         (STATE_DIR / f).unlink(missing_ok=True)
+    return 0
+
+
+def load_images(archives: list[Path]) -> int:
+    """Import image archives into the running local cluster's real node (``make images``)."""
+    if _running_pid() is None or not REAL_NODE_STATE.exists():
+        print("no local cluster with a real node is running: images built, not loaded (make cluster)", file=sys.stderr)
+        return 0
+    state = json.loads(REAL_NODE_STATE.read_text())
+    try:
+        for archive in archives:
+            import_archive(state["enter"], Path(state["socket"]), archive)
+            print(f"loaded {archive.name} into {state['name']}", file=sys.stderr)
+    except ClusterError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -94,7 +134,7 @@ def _down(_: argparse.Namespace) -> int:
         print("no local cluster is running", file=sys.stderr)
         return 0
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
@@ -102,7 +142,9 @@ def _down(_: argparse.Namespace) -> int:
             print("local cluster stopped", file=sys.stderr)
             return 0
         time.sleep(0.2)
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)  # what it started dies with it; a real node's reaper clears the rest
+    for f in ("pid", "ready", "kubeconfig", REAL_NODE_STATE.name):
+        (STATE_DIR / f).unlink(missing_ok=True)
     return 0
 
 
@@ -115,15 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start a local control plane with fake GPU nodes")
     up.add_argument("--version", default=NEWEST, help=f"Kubernetes version (default {NEWEST})")
     up.add_argument("--detach", action="store_true", help="run in the background; stop with `down`")
+    up.add_argument("--real-node", action="store_true", help="add a real node (containerd, kubelet) that runs pods")
     up.add_argument("--timeout", type=float, default=3600, help="seconds to wait for it (first run builds it)")
     sub.add_parser("down", help="stop the background control plane")
     build = sub.add_parser("build", help="build the binaries only")
     build.add_argument("--version", default=NEWEST)
     build.add_argument("--oldest", action="store_true", help=f"the oldest supported kube-apiserver ({OLDEST}) only")
+    build.add_argument("--real-node", action="store_true", help="the kubelet and kube-proxy too")
     args = parser.parse_args(argv)
     if args.command == "up":
         return _up(args)
     if args.command == "build":
-        print(binaries(OLDEST, apiserver_only=True) if args.oldest else binaries(args.version))
+        print(binaries(OLDEST, apiserver_only=True) if args.oldest else binaries(args.version, node=args.real_node))
         return 0
     return _down(args)

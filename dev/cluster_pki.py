@@ -36,7 +36,9 @@ def make_pki(pki: Path) -> None:
     )
     (pki / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost,"
-        "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+        "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,"
+        # The `kubernetes` Service's ClusterIP: how pods on a real node reach the API server.
+        "IP:10.96.0.1\n"
         "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
     )
     _openssl(

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the tests run on, from the official Go modules, once per
 # version, into ~/.cache/epd-operator/k8s/<version>/ (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok). k8s.io/kubernetes is not consumable as a module (its go.mod points
+# kube-scheduler, kubectl, kwok; with `node` also kubelet and kube-proxy for the real node). k8s.io/kubernetes is not consumable as a module (its go.mod points
 # the staging modules at ./staging with replace lines a dependent ignores), so a wrapper module
 # re-pins each staging module to its published v0.<minor>.<patch> tag (kubernetes issue 79384).
 #
-# usage: dev/k8s-binaries.sh [K8S_VERSION] [what...]   (what: apiserver-only | all; default all)
+# usage: dev/k8s-binaries.sh [K8S_VERSION] [what]   (what: apiserver-only | all | node; default all)
+# Every missing Kubernetes binary is built by one `go build`: the packages they share compile once and
+# the links run in parallel.
 # Prints the directory holding the binaries on its last line.
 set -euo pipefail
 
@@ -27,15 +29,19 @@ command -v go >/dev/null || { echo "dev/k8s-binaries.sh: Go >= 1.24 is needed to
 case "$WHAT" in
   apiserver-only) components=(kube-apiserver) ;;
   all) components=(kube-apiserver kube-controller-manager kube-scheduler kubectl) ;;
+  node) components=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy) ;;
   *) echo "unknown target set: $WHAT" >&2; exit 2 ;;
 esac
 
 mkdir -p "$OUT" "$WORK"
+# One build at a time per cache: a second caller waits, then finds what the first one built.
+exec 9>"$CACHE/k8s/.build.lock"
+if ! flock -n 9; then log "waiting for another build of this cache to finish"; flock 9; fi
 missing=()
 for c in "${components[@]}"; do [ -x "$OUT/$c" ] || missing+=("$c"); done
 
 if [ ${#missing[@]} -gt 0 ]; then
-  log "building ${missing[*]} from k8s.io/kubernetes@$K8S_VERSION (cold: several minutes per binary on 2 cores)"
+  log "building ${missing[*]} from k8s.io/kubernetes@$K8S_VERSION (cold: tens of minutes on 2 cores)"
   gomod=$(cd "$WORK" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
   minor=${K8S_VERSION#v1.}
   staging_version="v0.${minor}"
@@ -57,22 +63,26 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubectl/pkg/cmd"
 )
 GO
   (cd "$WORK" && log "resolving modules" && GOFLAGS="$GOFLAGS -mod=mod" go mod tidy -e >/dev/null 2>"$WORK/tidy.log" || { cat "$WORK/tidy.log" >&2; exit 1; })
-  for c in "${missing[@]}"; do
-    pkg="k8s.io/kubernetes/cmd/$c"
-    log "go build $c"
-    start=$(date +%s)
-    (cd "$WORK" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" -o "$OUT/$c.tmp" "$pkg") &
-    builder=$!
-    # A cold build of one binary takes many minutes of silence: say it is still going.
-    while ! wait_for "$builder" 60; do log "  still building $c ($(( $(date +%s) - start )) s)"; done
-    wait "$builder"
-    mv "$OUT/$c.tmp" "$OUT/$c"
-    log "$c built in $(( $(date +%s) - start )) s"
-  done
+  pkgs=()
+  for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+  tmp="$OUT/.building"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  log "go build ${missing[*]}"
+  start=$(date +%s)
+  (cd "$WORK" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" -o "$tmp/" "${pkgs[@]}") &
+  builder=$!
+  # A cold build takes many minutes of silence: say it is still going.
+  while ! wait_for "$builder" 60; do log "  still building ${missing[*]} ($(( $(date +%s) - start )) s)"; done
+  wait "$builder"
+  for c in "${missing[@]}"; do mv "$tmp/$c" "$OUT/$c"; done
+  rmdir "$tmp"
+  log "${missing[*]} built in $(( $(date +%s) - start )) s"
 fi
 
 if [ ! -x "$CACHE/k8s/etcd-$ETCD_VERSION" ]; then
@@ -95,7 +105,7 @@ GO
   mv "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" "$CACHE/k8s/etcd-$ETCD_VERSION"
 fi
 ln -sf "../etcd-$ETCD_VERSION" "$OUT/etcd"
-if [ "$WHAT" = all ]; then
+if [ "$WHAT" != apiserver-only ]; then
   if [ ! -x "$CACHE/k8s/kwok-$KWOK_VERSION" ]; then
     log "building kwok $KWOK_VERSION"
     GOBIN="$CACHE/k8s/build/kwok-$KWOK_VERSION" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"

@@ -17,6 +17,8 @@ BUILD_SCRIPT = REPO / "dev" / "k8s-binaries.sh"
 NEWEST = "v1.37.2"
 OLDEST = "v1.34.4"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+# What a real node adds (dev/real_node.py); built by the same `go build` as the control plane when both are missing.
+NODE = ("kubelet", "kube-proxy")
 
 
 def log(msg: str) -> None:
@@ -24,13 +26,14 @@ def log(msg: str) -> None:
     print(f"[cluster] {msg}", file=sys.stderr, flush=True)
 
 
-def binaries(version: str = NEWEST, *, apiserver_only: bool = False) -> Path:
-    """The folder holding the control-plane binaries, built once when absent.
+def binaries(version: str = NEWEST, *, apiserver_only: bool = False, node: bool = False) -> Path:
+    """The folder holding the control-plane binaries (with ``node``: the kubelet and kube-proxy too),
+    built once when absent.
 
     ``KUBEBUILDER_ASSETS`` (the envtest convention) wins when set and it holds the binaries asked for;
     envtest's asset folders hold etcd, kube-apiserver and kubectl only, so the rest come from our cache.
     """
-    needed = ("etcd", "kube-apiserver") if apiserver_only else CONTROL_PLANE
+    needed = ("etcd", "kube-apiserver") if apiserver_only else CONTROL_PLANE + (NODE if node else ())
     env_assets = os.environ.get("KUBEBUILDER_ASSETS")
     assets = Path(env_assets) if env_assets and version == NEWEST else None
     from_assets = {b for b in needed if assets is not None and (assets / b).exists()}
@@ -38,7 +41,7 @@ def binaries(version: str = NEWEST, *, apiserver_only: bool = False) -> Path:
         return assets
     folder = CACHE / "k8s" / version
     if any(b not in from_assets and not os.access(folder / b, os.X_OK) for b in needed):
-        what = "apiserver-only" if apiserver_only else "all"
+        what = "apiserver-only" if apiserver_only else "node" if node else "all"
         log(f"building the Kubernetes {version} control plane from the official Go modules (once; cached in {folder})")
         subprocess.run(["bash", str(BUILD_SCRIPT), version, what], check=True, stdout=subprocess.DEVNULL)
     if not from_assets:

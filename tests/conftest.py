@@ -5,6 +5,7 @@
 - ``integration``: the real Kubernetes control plane (built once into ~/.cache/epd-operator/k8s).
 - ``helm``: pinned helm binaries (fetched once) and, for installs, the real control plane.
 - ``e2e``: real vLLM on CPU (the cached vLLM venv); ``e2e/kind`` also needs kind and Docker.
+- ``node``: pods on the local cluster's real node (root, containerd, runc, CNI plugins, a kubelet).
 
 Every test carries its tier's marker, so ``-m`` selects by need as well as by folder.
 """
@@ -18,7 +19,7 @@ import pytest
 pytest_plugins = ["tests.support.cluster"]
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("unit", "loopback", "integration", "helm", "e2e")
+TIERS = ("unit", "loopback", "integration", "helm", "e2e", "node")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,0 +1,3 @@
+module epd.local/echo
+
+go 1.24

@@ -1,0 +1,298 @@
+"""The images a local real node runs, built without Docker or a registry (``make images``).
+
+- **pause**: the pod sandbox (``registry.k8s.io/pause:3.10``, the name containerd asks for), a
+  static Go binary (``dev/pause``) in a one-layer image written by ``dev/oci.py``; **echo**, the
+  real node's test server (``dev/echo``), the same way;
+- **base**: a Debian bookworm root filesystem made by mmdebstrap (python3, venv, passwd), one layer;
+  the recipes' build argument (``PYTHON_IMAGE``) selects it where no registry serves ``python:*``;
+- **operator**: ``images/operator/Dockerfile`` built by buildah on that base, named as the chart's
+  default (``ghcr.io/epd-operator/epd-operator:<appVersion>``), so a plain ``helm install`` finds it.
+
+Each is an OCI archive under ``~/.cache/epd-operator/images/``, named by a hash of its inputs (the
+files it is made from, its build arguments, its base's key), rebuilt only when one changes. Where a
+Docker daemon works, ``make images`` builds the Dockerfiles with it from their usual bases instead.
+
+    python -m dev.images build [pause|base|operator]...   # prints each archive
+    python -m dev.images load  [pause|base|operator]...   # into the running `make cluster` node
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+from .k8s_binaries import CACHE, REPO
+from .oci import single_file_layer, write_archive
+from .real_node import PAUSE_IMAGE
+
+IMAGES = CACHE / "images"
+ECHO_IMAGE = "localhost/epd-echo:dev"
+BASE_IMAGE = "localhost/epd-base:bookworm"
+BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd")
+DEBIAN_MIRROR = os.environ.get("EPD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+BUILD_TOOLS = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "go": "Go (https://go.dev/dl)"}
+# The CA bundle RUN steps trust (a machine behind a TLS-inspecting proxy adds its CA there); bound
+# read-only into each RUN step, never copied into an image.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+def _log(msg: str) -> None:
+    print(f"[images] {msg}", file=sys.stderr, flush=True)
+
+
+def _key(*parts: str | bytes | Path) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            h.update(str(part.relative_to(REPO)).encode() + b"\0" + part.read_bytes())
+        else:
+            h.update(part if isinstance(part, bytes) else part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _files(*roots: str) -> list[Path]:
+    """The files under ``roots`` that go into a build context (caches and build outputs left out)."""
+    found: list[Path] = []
+    for root in roots:
+        path = REPO / root
+        if path.is_file():
+            found.append(path)
+            continue
+        for f in sorted(path.rglob("*")):
+            if f.is_file() and not any(p in ("__pycache__", "build") or p.endswith(".egg-info") for p in f.parts):
+                found.append(f)
+    return found
+
+
+def _need(*tools: str) -> None:
+    missing = [BUILD_TOOLS[t] for t in tools if shutil.which(t) is None]
+    if missing:
+        raise ImageError(
+            f"building the local images needs {', '.join(missing)}"
+            + (": apt-get install -y buildah mmdebstrap" if {"buildah", "mmdebstrap"} & set(tools) else "")
+        )
+
+
+def chart_app_version() -> str:
+    chart = yaml.safe_load((REPO / "charts" / "epd-operator" / "Chart.yaml").read_text())
+    return str(chart["appVersion"])
+
+
+def operator_image() -> str:
+    return f"ghcr.io/epd-operator/epd-operator:{chart_app_version()}"
+
+
+# ------------------------------------------------------------------------------ pause and base
+
+
+def _go_image(what: str, image: str, entrypoint: list[str], user: str) -> Path:
+    """A one-layer image holding one static Go binary built from ``dev/<what>``, keyed by its source
+    and the Go version."""
+    go = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+    archive = IMAGES / f"{what}-{_key(what, image, go, *_files(f'dev/{what}'))}.tar"
+    if archive.exists():
+        return archive
+    _need("go")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / what
+        subprocess.run(
+            ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), "."],
+            cwd=REPO / "dev" / what,
+            check=True,
+            env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"},
+        )
+        layer = single_file_layer(Path(tmp) / "layer.tar", binary, entrypoint[0])
+        write_archive(archive, image, layer, {"Entrypoint": entrypoint, "User": user})
+    _log(f"{image} built in {time.monotonic() - started:.0f} s: {archive}")
+    return archive
+
+
+def build_pause() -> Path:
+    return _go_image("pause", PAUSE_IMAGE, ["/pause"], "65535:65535")
+
+
+def build_echo() -> Path:
+    """The real node's test server (``dev/echo``)."""
+    return _go_image("echo", ECHO_IMAGE, ["/echo-server"], "65532:65532")
+
+
+def base_key() -> str:
+    return _key("base", BASE_IMAGE, "bookworm", "minbase", DEBIAN_MIRROR, *BASE_PACKAGES)
+
+
+def build_base() -> Path:
+    archive = IMAGES / f"base-{base_key()}.tar"
+    if archive.exists():
+        return archive
+    _need("mmdebstrap")
+    started = time.monotonic()
+    _log(f"making a Debian bookworm root filesystem with mmdebstrap from {DEBIAN_MIRROR} (about a minute)")
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=IMAGES) as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        result = subprocess.run(
+            [
+                "mmdebstrap",
+                "--variant=minbase",
+                "--include=" + ",".join(BASE_PACKAGES),
+                "--aptopt=Acquire::Retries 3",
+                "bookworm",
+                str(rootfs),
+                DEBIAN_MIRROR,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise ImageError(f"mmdebstrap failed:\n{result.stderr[-3000:]}")
+        write_archive(
+            archive,
+            BASE_IMAGE,
+            rootfs,
+            {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["python3"]},
+        )
+    _log(f"base image built in {time.monotonic() - started:.0f} s: {archive}")
+    return archive
+
+
+# ------------------------------------------------------------------------------ Dockerfile images
+
+
+def _buildah(*args: str, storage: Path) -> subprocess.CompletedProcess[str]:
+    """buildah with a storage of its own, in a private mount namespace with a private /run: its
+    overlay mounts and runtime files vanish with it, even when it is killed."""
+    argv = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -n -t tmpfs -o mode=755 epd-buildah-run /run && exec "$@"',
+        "sh",
+        "buildah",
+        "--root",
+        str(storage / "root"),
+        "--runroot",
+        str(storage / "run"),
+        "--storage-driver",
+        "overlay",
+        *args,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def dockerfile_inputs(dockerfile: Path) -> list[Path]:
+    """The Dockerfile and every file its ``COPY`` steps take from the build context (the repository root)."""
+    sources: list[str] = []
+    for line in dockerfile.read_text().replace("\\\n", " ").splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            sources += [w for w in words[1:-1] if not w.startswith("--")]
+    return [dockerfile, *_files(*sources)]
+
+
+def operator_key() -> str:
+    context = dockerfile_inputs(REPO / "images" / "operator" / "Dockerfile")
+    return _key("operator", operator_image(), base_key(), *context)
+
+
+def build_operator() -> Path:
+    archive = IMAGES / f"operator-{operator_key()}.tar"
+    if archive.exists():
+        return archive
+    _need("buildah")
+    base = build_base()
+    started = time.monotonic()
+    name = operator_image()
+    _log(f"building {name} from images/operator/Dockerfile with buildah (a few minutes)")
+    with tempfile.TemporaryDirectory(dir=IMAGES, prefix="buildah-") as tmp:
+        storage = Path(tmp)
+        volumes = ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if HOST_CA_BUNDLE.exists() else []
+        built = _buildah(
+            "bud",
+            "--isolation",
+            "chroot",
+            *volumes,
+            "--build-arg",
+            f"PYTHON_IMAGE=oci-archive:{base}",
+            "--tag",
+            name,
+            "--file",
+            str(REPO / "images" / "operator" / "Dockerfile"),
+            str(REPO),
+            storage=storage,
+        )
+        if built.returncode != 0:
+            raise ImageError(f"buildah could not build {name}:\n{(built.stdout + built.stderr)[-4000:]}")
+        partial = archive.with_suffix(".partial")
+        pushed = _buildah("push", name, f"oci-archive:{partial}:{name}", storage=storage)
+        if pushed.returncode != 0:
+            raise ImageError(f"buildah could not save {name}: {pushed.stderr[-2000:]}")
+        partial.rename(archive)
+    _log(f"{name} built in {time.monotonic() - started:.0f} s: {archive}")
+    return archive
+
+
+BUILDERS = {"pause": build_pause, "echo": build_echo, "base": build_base, "operator": build_operator}
+# What a real node needs loaded to run the chart: the sandbox and the operator (which is also the router).
+NODE_IMAGES = ("pause", "operator")
+
+
+def build(names: Iterable[str] = NODE_IMAGES) -> dict[str, Path]:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    return {name: BUILDERS[name]() for name in names}
+
+
+def prune(keep: Iterable[Path]) -> None:
+    """Remove archives of the same images built from older inputs."""
+    kept = {p.resolve() for p in keep}
+    prefixes = {p.name.rsplit("-", 1)[0] for p in kept}
+    for f in IMAGES.glob("*.tar"):
+        if f.resolve() not in kept and f.name.rsplit("-", 1)[0] in prefixes:
+            with contextlib.suppress(OSError):
+                f.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dev.images", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("build", "load"))
+    parser.add_argument("images", nargs="*", help=f"any of {', '.join(BUILDERS)} (default: {', '.join(NODE_IMAGES)})")
+    args = parser.parse_args(argv)
+    unknown = set(args.images) - set(BUILDERS)
+    if unknown:
+        parser.error(f"unknown image {', '.join(sorted(unknown))}: choose from {', '.join(BUILDERS)}")
+    try:
+        archives = build(args.images or NODE_IMAGES)
+    except (ImageError, subprocess.CalledProcessError) as exc:
+        print(f"make images: {exc}", file=sys.stderr)
+        return 1
+    prune(archives.values())
+    for archive in archives.values():
+        print(archive)
+    if args.command == "load":
+        from .cluster_cli import load_images
+
+        return load_images(list(archives.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

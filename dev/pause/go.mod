@@ -1,0 +1,3 @@
+module epd.local/pause
+
+go 1.24

@@ -1,0 +1,315 @@
+"""The local cluster's real node (``dev/real_node.py``): a kubelet, containerd, runc, CNI and
+kube-proxy that run pods for real beside the fake GPU nodes, without changing this machine.
+
+Needs root, the Debian packages runc, containerd and containernetworking-plugins, and the kubelet
+and kube-proxy (built with the control plane on first use); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dev.cluster import LocalCluster, RealNodeSpec
+from dev.images import ECHO_IMAGE, build_echo
+from dev.real_node import KUBELET_SYSCTLS, REAL_NODE_LABEL, missing_runtime, read_sysctls
+from tests.support.cluster import KubeView, new_namespace, wait_for
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "a real node needs root (namespaces, cgroups, mounts)"
+    missing = missing_runtime()
+    return (
+        f"missing {', '.join(missing)} (apt-get install -y runc containerd containernetworking-plugins)"
+        if missing
+        else None
+    )
+
+
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(_unavailable() is not None, reason=_unavailable() or ""),
+]
+
+
+def host_state() -> dict[str, Any]:
+    """What a node must never change on this machine: kernel settings, interfaces, iptables rules."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    return {
+        "sysctls": read_sysctls(),
+        "links": sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()),
+        "rules": sorted(line for line in rules.splitlines() if line.startswith("-A")),
+    }
+
+
+@pytest.fixture(scope="module")
+def machine_before() -> dict[str, Any]:
+    return host_state()
+
+
+@pytest.fixture(scope="module")
+def real_k8s(tmp_path_factory: pytest.TempPathFactory, machine_before: dict[str, Any]) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("real"), real_nodes=(RealNodeSpec(),)) as cluster:
+        cluster.real_node().load_image(build_echo())
+        yield cluster
+
+
+@pytest.fixture
+def node_ns(real_k8s: LocalCluster, tmp_path: Path) -> Iterator[KubeView]:
+    view = new_namespace(real_k8s, tmp_path, prefix="rn")
+    yield view
+    view.request("DELETE", f"/api/v1/namespaces/{view.ns}")
+
+
+def echo_pod(name: str, **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "echo", **labels}},
+        "spec": {
+            "nodeSelector": {REAL_NODE_LABEL: "true"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "echo",
+                    "image": ECHO_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "ports": [{"containerPort": 8080, "name": "http"}],
+                    "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1},
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+
+
+def ready(kube: KubeView, name: str) -> dict[str, Any] | None:
+    pod = kube.get("v1", "Pod", name)
+    conditions = (pod or {}).get("status", {}).get("conditions") or []
+    return pod if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
+
+
+def get_in_node(cluster: LocalCluster, url: str) -> dict[str, Any]:
+    """An HTTP GET from inside the node's network namespace (the only place pods answer)."""
+    code = f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen({url!r}, timeout=5).read().decode())"
+    out = subprocess.run(
+        cluster.real_node().netns_argv(sys.executable, "-c", code), capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+def test_the_real_node_registers_beside_the_fake_gpu_nodes(real_k8s: LocalCluster, node_ns: KubeView):
+    node = node_ns.get("v1", "Node", "cpu-node-1")
+    assert node is not None
+    assert node["metadata"]["labels"][REAL_NODE_LABEL] == "true"
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == real_k8s.version
+    assert not node["spec"].get("taints")
+    # The fake GPU nodes take GPU pods only.
+    fake = node_ns.get("v1", "Node", real_k8s.nodes[0].name)
+    assert (
+        fake is not None
+        and {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in fake["spec"]["taints"]
+    )
+
+
+def test_a_pod_runs_passes_its_probe_and_answers_through_its_service(real_k8s: LocalCluster, node_ns: KubeView):
+    node_ns.create(echo_pod("echo-1"))
+    node_ns.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "echo"},
+            "spec": {"selector": {"app": "echo"}, "ports": [{"port": 80, "targetPort": "http"}]},
+        }
+    )
+    pod = wait_for(
+        lambda: ready(node_ns, "echo-1"), 120, lambda: f"echo-1 not ready: {node_ns.get('v1', 'Pod', 'echo-1')}"
+    )
+    assert pod["spec"]["nodeName"] == "cpu-node-1"
+    assert pod["status"]["podIP"].startswith("10.245.0.")
+    assert get_in_node(real_k8s, f"http://{pod['status']['podIP']}:8080/direct")["hostname"] == "echo-1"
+    cluster_ip = node_ns.get("v1", "Service", "echo")["spec"]["clusterIP"]  # type: ignore[index]
+    answer = wait_for(lambda: _try(lambda: get_in_node(real_k8s, f"http://{cluster_ip}/via-service")), 60)
+    assert answer["hostname"] == "echo-1" and answer["path"] == "/via-service"
+    # The API server reaches the kubelet (logs) through the node bridge.
+    logs = node_ns.kubectl("logs", "echo-1")
+    assert "echo-server echo-1 listening on :8080" in logs.stderr + logs.stdout
+
+
+def _try(fn: Any) -> Any:
+    try:
+        return fn()
+    except AssertionError:
+        return None
+
+
+def test_the_kubelet_sees_the_kernel_settings_it_wants_and_the_machine_keeps_its_own(
+    real_k8s: LocalCluster, machine_before: dict[str, Any]
+):
+    node = real_k8s.real_node()
+    inside = subprocess.run(
+        [*node.enter_argv(), "cat", *(f"/proc/sys/{k}" for k in KUBELET_SYSCTLS)], capture_output=True, text=True
+    )
+    assert inside.stdout.split() == list(KUBELET_SYSCTLS.values())
+    assert read_sysctls() == machine_before["sysctls"]
+    now = host_state()
+    assert not {"cni0"} & set(now["links"]) and not [n for n in now["links"] if n.startswith("veth")]
+    assert not [r for r in now["rules"] if "KUBE-" in r or "10.245." in r or "CNI-" in r]
+
+
+STARTER = """
+import json, sys, time
+from dev.cluster import LocalCluster, RealNodeSpec
+from dev.images import build_echo
+c = LocalCluster(real_nodes=(RealNodeSpec(),), nodes=())
+c.start()
+node = c.real_node()
+node.load_image(build_echo())
+c.kubectl("run", "echo", "--image", "localhost/epd-echo:dev", "--image-pull-policy", "Never",
+          "--overrides", '{"spec": {"nodeSelector": {"epd.dev/real-node": "true"}}}')
+while "Running" not in c.kubectl("get", "pod", "echo", "-o", "jsonpath={.status.phase}", check=False).stdout:
+    time.sleep(0.5)
+print(json.dumps({"dir": str(node.dir), "cgroup": node.cgroup, "holder": node._holder.process.pid,
+                  "netns": __import__("os").readlink(node.netns)}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_crashed_owner_leaves_no_process_mount_namespace_cgroup_or_interface(machine_before: dict[str, Any]):
+    owner = subprocess.Popen(
+        [sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
+    )
+    try:
+        line = owner.stdout.readline()  # type: ignore[union-attr]
+        assert line, "the cluster with a real node did not start"
+        started = json.loads(line)
+        cgroups = [Path(m) / started["cgroup"].lstrip("/") for m in _cgroup_mounts()]
+        in_node = {int(p) for cg in cgroups if cg.exists() for p in _procs(cg)}
+        assert len(in_node) >= 4  # holder, containerd, kubelet, kube-proxy, a shim, the pod's processes
+        owner.send_signal(signal.SIGKILL)  # no clean-up code of the owner runs
+        owner.wait(10)
+
+        def gone() -> bool:
+            return not any(cg.exists() for cg in cgroups) and not Path(started["dir"]).exists()
+
+        wait_for(gone, 60, lambda: f"left behind: {[c for c in cgroups if c.exists()]}, {started['dir']}")
+        assert not [p for p in in_node if _alive(p)]
+        assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if started["dir"] in m]
+        namespaces = set()
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with contextlib.suppress(OSError):
+                    namespaces.add(os.readlink(proc / "ns" / "net"))
+        assert started["netns"] not in namespaces
+        now = host_state()
+        assert now["sysctls"] == machine_before["sysctls"]
+        assert "cni0" not in now["links"]
+    finally:
+        owner.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waits for a parent that may never reap it: it runs nothing)."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def _cgroup_mounts() -> list[str]:
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        if post.split()[0] in ("cgroup", "cgroup2"):
+            found.append(pre.split()[4])
+    return found
+
+
+def _procs(cgroup: Path) -> list[str]:
+    out: list[str] = []
+    for d, _, _ in os.walk(cgroup):
+        with contextlib.suppress(OSError):
+            out += (Path(d) / "cgroup.procs").read_text().split()
+    return out
+
+
+def test_a_missing_image_archive_is_named(real_k8s: LocalCluster, tmp_path: Path):
+    from dev.cluster import ClusterError
+
+    with pytest.raises(ClusterError, match=r"no image archive at .*missing\.tar: build it with `make images`"):
+        real_k8s.real_node().load_image(tmp_path / "missing.tar")
+
+
+def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_service_account(
+    real_k8s: LocalCluster, tmp_path: Path
+):
+    """The README's plain `helm install`: the chart's default image name, loaded from the local
+    build; the operator reaches the API server through the `kubernetes` Service with its own token,
+    reconciles an EPDDeployment, and the router it renders (the same image) runs on the node."""
+    from dev.images import build_operator, operator_image
+    from tests.support.cluster import epd_crd, install_crd, volumes
+    from tests.support.epd_specs import minimal
+    from tests.support.helm import ensure_helm
+
+    real_k8s.real_node().load_image(build_operator())
+    install_crd(real_k8s, epd_crd())
+    env = {**os.environ, "KUBECONFIG": str(real_k8s.kubeconfig_path)}
+    chart = Path(__file__).parents[2] / "charts" / "epd-operator"
+    installed = subprocess.run(
+        [str(ensure_helm(3)), "install", "epd-operator", str(chart), "-n", "epd-system", "--create-namespace"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert installed.returncode == 0, installed.stderr
+    kubeconfig = real_k8s.write_kubeconfig(tmp_path / "system", real_k8s.admin_token, user="epd-admin")
+    system = KubeView(real_k8s, "epd-system", kubeconfig)
+
+    def operator_pod() -> dict[str, Any] | None:
+        pods = system.list("v1", "Pod", labels={"app.kubernetes.io/name": "epd-operator"})
+        return next((p for p in pods if ready(system, p["metadata"]["name"])), None)
+
+    pod = wait_for(operator_pod, 180, lambda: f"the operator pod is not ready: {system.pods()}")
+    assert pod["spec"]["nodeName"] == "cpu-node-1"
+    assert pod["spec"]["serviceAccountName"] == "epd-operator"
+    assert pod["spec"]["containers"][0]["image"] == operator_image()
+
+    workload = new_namespace(real_k8s, tmp_path, prefix="rn-op")
+    volumes(workload, "ec-cache")
+    doc = minimal()
+    doc["metadata"]["namespace"] = workload.ns
+    workload.create(doc)
+
+    def reconciled() -> dict[str, Any] | None:
+        got = workload.get("serving.epd.dev/v1alpha1", "EPDDeployment", "qwen-vl")
+        return got if (got or {}).get("status", {}).get("conditions") else None
+
+    wait_for(
+        reconciled,
+        120,
+        lambda: (
+            f"no status from the in-cluster operator: {system.kubectl('logs', pod['metadata']['name']).stdout[-2000:]}"
+        ),
+    )
+    routers = lambda: [  # noqa: E731
+        p
+        for p in workload.pods()
+        if p["spec"].get("nodeName") == "cpu-node-1" and p["status"].get("phase") == "Running"
+    ]
+    router = wait_for(routers, 180, lambda: f"no router running on the real node: {workload.pods()}")[0]
+    assert router["spec"]["containers"][0]["image"] == operator_image()
