@@ -258,14 +258,15 @@ class RealNode:
         argv = [sys.executable, "-m", "dev.node_reaper", "--cgroup", self.cgroup, "--remove", str(self.dir)]
         for parent in self._created_parents:
             argv += ["--parent", parent]
-        self._reaper = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=(self.dir.parent / f"{self.name}-reaper.log").open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=Path(__file__).resolve().parents[1],
-        )
+        with (self.dir.parent / f"{self.name}-reaper.log").open("ab") as out:
+            self._reaper = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=Path(__file__).resolve().parents[1],
+            )
 
     def enter_argv(self) -> list[str]:
         """The prefix that runs a command in the node's network and mount namespaces."""

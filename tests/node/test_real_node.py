@@ -220,6 +220,8 @@ def test_a_crashed_owner_leaves_no_process_mount_namespace_cgroup_or_interface(m
         assert "cni0" not in now["links"]
     finally:
         owner.kill()
+        owner.wait()
+        owner.stdout.close()  # type: ignore[union-attr]
 
 
 def _alive(pid: int) -> bool:
