@@ -56,6 +56,8 @@ def test_a_crashed_owner_leaves_nothing_running_or_listening():
         assert not [p for p in started["pids"] if _alive(p)]
     finally:
         owner.kill()
+        owner.wait()
+        owner.stdout.close()
 
 
 def test_kubebuilder_assets_are_honoured_for_what_they_hold(tmp_path, monkeypatch):
