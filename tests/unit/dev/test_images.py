@@ -1,0 +1,40 @@
+"""The local images' inputs and archives (dev/images.py, dev/oci.py), without building anything."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+from dev.images import REPO, dockerfile_inputs
+from dev.oci import single_file_layer, write_archive
+
+
+def test_the_operator_image_is_keyed_by_every_file_its_dockerfile_copies():
+    inputs = {str(p.relative_to(REPO)) for p in dockerfile_inputs(REPO / "images" / "operator" / "Dockerfile")}
+    assert {"images/operator/Dockerfile", "images/operator/requirements.txt", "pyproject.toml"} <= inputs
+    assert "operator/epd_operator/__init__.py" in inputs
+    assert not [p for p in inputs if "__pycache__" in p or ".egg-info" in p]
+
+
+def test_an_archive_names_its_image_for_containerd_and_buildah(tmp_path: Path):
+    binary = tmp_path / "pause"
+    binary.write_bytes(b"\x7fELF not really")
+    layer = single_file_layer(tmp_path / "layer.tar", binary, "/pause")
+    archive = write_archive(
+        tmp_path / "out" / "pause.tar", "registry.k8s.io/pause:3.10", layer, {"Entrypoint": ["/pause"]}
+    )
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        (entry,) = index["manifests"]
+        manifest = json.load(tar.extractfile(f"blobs/sha256/{entry['digest'].split(':')[1]}"))  # type: ignore[arg-type]
+        config = json.load(tar.extractfile(f"blobs/sha256/{manifest['config']['digest'].split(':')[1]}"))  # type: ignore[arg-type]
+    assert {"oci-layout", "index.json"} <= names
+    assert entry["annotations"] == {
+        "io.containerd.image.name": "registry.k8s.io/pause:3.10",
+        "org.opencontainers.image.ref.name": "registry.k8s.io/pause:3.10",
+    }
+    assert config["config"]["Entrypoint"] == ["/pause"]
+    assert len(config["rootfs"]["diff_ids"]) == len(manifest["layers"]) == 1
+    assert f"blobs/sha256/{manifest['layers'][0]['digest'].split(':')[1]}" in names
