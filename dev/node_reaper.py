@@ -4,10 +4,10 @@ Started in a session of its own (no parent-death signal), it blocks reading its 
 writing end only the cluster's supervising process holds. When that end closes, because the cluster
 stops or because its process died (even by SIGKILL), it kills every process left in the node's
 cgroup (containerd's shims and the containers have left the supervisor's process tree), removes
-the node's cgroups in every hierarchy, then the node's folder. The node's mounts and network
+the node's cgroups in every hierarchy, then the node's folder and its egress socket. The node's mounts and network
 namespaces need nothing: they live in namespaces that vanish with their last process.
 
-    python -m dev.node_reaper --cgroup /PATH/IN/EVERY/HIERARCHY [--parent /PATH]... [--remove DIR] < pipe
+    python -m dev.node_reaper --cgroup /PATH/IN/EVERY/HIERARCHY [--parent /PATH]... [--remove PATH]... < pipe
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def remove_cgroups(roots: list[Path], timeout: float = 10.0) -> list[Path]:
         time.sleep(0.1)
 
 
-def reap(cgroup: str, parents: list[str], remove: str | None) -> int:
+def reap(cgroup: str, parents: list[str], remove: list[str]) -> int:
     mounts = hierarchies()
     roots = [m / cgroup.lstrip("/") for m in mounts]
     survivors = kill_all(roots)
@@ -99,8 +99,12 @@ def reap(cgroup: str, parents: list[str], remove: str | None) -> int:
         for m in mounts:
             with contextlib.suppress(OSError):
                 (m / parent.lstrip("/")).rmdir()
-    if remove:
-        shutil.rmtree(remove, ignore_errors=True)
+    for path in remove:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     if survivors or stuck:
         print(f"node_reaper: processes {sorted(survivors)} and cgroups {stuck} remain", file=sys.stderr)
         return 1
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dev.node_reaper", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cgroup", required=True, help="the node's cgroup path, the same in every hierarchy")
     parser.add_argument("--parent", action="append", default=[], help="a parent cgroup to remove when empty")
-    parser.add_argument("--remove", help="a folder to delete once nothing runs")
+    parser.add_argument("--remove", action="append", default=[], help="a file or folder to delete once nothing runs")
     parser.add_argument("--now", action="store_true", help="clean up at once instead of waiting for stdin to close")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -33,6 +33,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -58,6 +59,8 @@ KUBELET_SYSCTLS = {
 RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "unshare", "ip", "iptables")
 CNI_BIN = Path("/usr/lib/cni")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+# In the node's mount namespace only (a tmpfs over /run there).
+NODE_RUN = Path("/run/epd-node")
 # The API server's --service-cluster-ip-range (dev/cluster.py).
 SERVICE_CIDR = "10.96.0.0/16"
 APT_PACKAGES = "runc containerd containernetworking-plugins"
@@ -70,6 +73,8 @@ class RealNodeSpec:
     name: str = "cpu-node-1"
     pod_subnet: str = "10.245.0.0/24"
     labels: tuple[tuple[str, str], ...] = ()
+    # KubeletConfiguration fields set over this module's (e.g. maxPods).
+    kubelet_config: tuple[tuple[str, Any], ...] = ()
 
     @property
     def node_ip(self) -> str:
@@ -154,6 +159,7 @@ class RealNode:
         self._reaper: subprocess.Popen[bytes] | None = None
         self._holder: Any = None
         self.components: list[Any] = []
+        self._egress_socket = Path(tempfile.gettempdir()) / f"epd-egress-{secrets.token_hex(4)}.sock"
 
     # -------------------------------------------------------------- paths
 
@@ -161,13 +167,13 @@ class RealNode:
     def name(self) -> str:
         return self.spec.name
 
-    @property
-    def containerd_socket(self) -> Path:
-        return self.dir / "containerd" / "containerd.sock"
+    # Unix socket paths are limited to about 100 bytes, and the node's folder may be deep (a test's
+    # tmp_path): containerd's sockets live in the node's private /run, the egress socket in /tmp.
+    containerd_socket = NODE_RUN / "containerd.sock"
 
     @property
     def egress_socket(self) -> Path:
-        return self.dir / "egress.sock"
+        return self._egress_socket
 
     @property
     def netns(self) -> str:
@@ -255,7 +261,8 @@ class RealNode:
         self._procs_files = [str(Path(m) / self.cgroup.lstrip("/") / "cgroup.procs") for m in own]
 
     def _start_reaper(self) -> None:
-        argv = [sys.executable, "-m", "dev.node_reaper", "--cgroup", self.cgroup, "--remove", str(self.dir)]
+        argv = [sys.executable, "-m", "dev.node_reaper", "--cgroup", self.cgroup]
+        argv += ["--remove", str(self.dir), "--remove", str(self.egress_socket)]
         for parent in self._created_parents:
             argv += ["--parent", parent]
         with (self.dir.parent / f"{self.name}-reaper.log").open("ab") as out:
@@ -373,7 +380,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   address = "{self.containerd_socket}"
 
 [ttrpc]
-  address = "{root / "containerd.sock.ttrpc"}"
+  address = "{NODE_RUN / "containerd.sock.ttrpc"}"
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
@@ -458,6 +465,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "serializeImagePulls": False,
             "maxPods": 110,
         }
+        config.update(self.spec.kubelet_config)
         path = self.dir / "kubelet-config.yaml"
         path.write_text(yaml.safe_dump(config))
         labels = ",".join(f"{k}={v}" for k, v in ((REAL_NODE_LABEL, "true"), *self.spec.labels))

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dev.cluster import LocalCluster, RealNodeSpec
+from dev.cluster import ClusterError, LocalCluster, RealNodeSpec
 from dev.images import ECHO_IMAGE, build_echo
 from dev.real_node import KUBELET_SYSCTLS, REAL_NODE_LABEL, missing_runtime, read_sysctls
 from tests.support.cluster import KubeView, new_namespace, wait_for
@@ -173,7 +173,7 @@ def test_the_kubelet_sees_the_kernel_settings_it_wants_and_the_machine_keeps_its
 
 STARTER = """
 import json, sys, time
-from dev.cluster import LocalCluster, RealNodeSpec
+from dev.cluster import ClusterError, LocalCluster, RealNodeSpec
 from dev.images import build_echo
 c = LocalCluster(real_nodes=(RealNodeSpec(),), nodes=())
 c.start()
@@ -250,8 +250,6 @@ def _procs(cgroup: Path) -> list[str]:
 
 
 def test_a_missing_image_archive_is_named(real_k8s: LocalCluster, tmp_path: Path):
-    from dev.cluster import ClusterError
-
     with pytest.raises(ClusterError, match=r"no image archive at .*missing\.tar: build it with `make images`"):
         real_k8s.real_node().load_image(tmp_path / "missing.tar")
 
@@ -315,3 +313,14 @@ def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_ser
     ]
     router = wait_for(routers, 180, lambda: f"no router running on the real node: {workload.pods()}")[0]
     assert router["spec"]["containers"][0]["image"] == operator_image()
+
+
+def test_a_kubelet_that_cannot_start_is_reported_in_its_own_words(tmp_path: Path):
+    # This machine has cgroup v1; a kubelet told to refuse it exits at once and says why.
+    refusing = RealNodeSpec(kubelet_config=(("failCgroupV1", True),))
+    cluster = LocalCluster(tmp_path / "k8s", real_nodes=(refusing,), nodes=())
+    with pytest.raises(ClusterError) as failed:
+        cluster.__enter__()
+    message = str(failed.value)
+    assert "kubelet-cpu-node-1 exited" in message
+    assert "cgroup v1" in message
