@@ -3,35 +3,13 @@ command line as `epd-janitor`, `epdctl janitor` and the renderer give it."""
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import pytest
 
 from epd_operator import janitor
-from epd_operator.janitor import CACHE_FILE, Policy, sweep
-
-NOW = float(int(time.time()))  # near real time: the janitor's own deletions stamp directories with it
-
-TTL = 600
-
-
-def put(root: Path, mm_hash: str, age: float, size: int = 100, *, file: bool = True) -> Path:
-    """A cache entry as vLLM leaves it, last written `age` seconds before NOW."""
-    entry = root / mm_hash
-    entry.mkdir()
-    if file:
-        data = entry / CACHE_FILE
-        data.write_bytes(b"x" * size)
-        os.utime(data, (NOW - age, NOW - age))
-    os.utime(entry, (NOW - age, NOW - age))
-    return entry
-
-
-def holding(root: Path) -> set[str]:
-    """Entries that still hold something (a deleted entry's directory stays, empty, for a TTL)."""
-    return {p.name for p in root.iterdir() if p.is_dir() and any(p.iterdir())}
+from epd_operator.janitor import Policy, sweep
+from tests.support.janitor_cache import NOW, TTL, holding, put
 
 
 def test_one_log_line_per_sweep_names_entries_bytes_and_deletions(tmp_path, caplog):
