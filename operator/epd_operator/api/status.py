@@ -62,10 +62,16 @@ class TierStatus(_Status):
     availableReplicas: int = 0
     ready: str = Field("0/0", description="ready/desired, for printer columns.")
     autoscaling: TierAutoscaling | None = None
+    reason: str | None = Field(
+        None,
+        description="Why pods of this tier are not ready, when known, in Kubernetes' own reason: Unschedulable "
+        "(the scheduler cannot place a pod), or the kubelet's reason for one of its containers (ErrImagePull, "
+        "CrashLoopBackOff, CreateContainerConfigError, ...). Absent while the tier is ready.",
+    )
     message: str | None = Field(
         None,
-        description="Why pods of this tier are not ready, when known "
-        "(e.g. the scheduler's reason for pods it cannot place).",
+        description="The words that go with `reason`: the scheduler's message, or the pod, the container and the "
+        "kubelet's message (for CrashLoopBackOff: how the container last exited).",
     )
 
 

@@ -16,8 +16,9 @@ would cost nine requests per EPDDeployment per resync at rest (a GET of it, a LI
   pass) and drops what is gone.
 - Bounded: objects are held as compact JSON without managedFields (except who applies a
   Deployment's replicas, which the HPA handover reads) and without kubectl's last-applied copy;
-  pods keep only their metadata and conditions. A read decodes a private copy, so a pass can
-  change what it reads without corrupting the store.
+  pods keep only their metadata, phase, conditions and what their container statuses say about
+  trouble (state, last exit, readiness; messages cut at `MAX_POD_MESSAGE`). A read decodes a
+  private copy, so a pass can change what it reads without corrupting the store.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ Owner = tuple[str, str]  # (namespace, EPDDeployment name)
 POD_KIND = "Pod"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 MAX_TOMBSTONES = 4096
+MAX_POD_MESSAGE = 1000  # characters of a container state's message kept (an Event takes 1024)
 
 
 def _revision(obj: dict[str, Any]) -> int | None:
@@ -58,6 +60,31 @@ def _replicas_owners(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
+def _container_state(state: dict[str, Any] | None) -> dict[str, Any]:
+    """A container state (waiting, running, terminated) reduced to its reason, message and exit code."""
+    kept: dict[str, Any] = {}
+    for phase, detail in (state or {}).items():
+        detail = detail or {}
+        reduced = {k: detail[k] for k in ("reason", "exitCode") if detail.get(k) is not None}
+        message = str(detail.get("message") or "")
+        if message:
+            reduced["message"] = message if len(message) <= MAX_POD_MESSAGE else message[: MAX_POD_MESSAGE - 1] + "…"
+        kept[phase] = reduced
+    return kept
+
+
+def _container_statuses(statuses: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": c.get("name"),
+            "ready": bool(c.get("ready")),
+            "state": _container_state(c.get("state")),
+            "lastState": _container_state(c.get("lastState")),
+        }
+        for c in statuses or []
+    ]
+
+
 def slim(obj: dict[str, Any]) -> dict[str, Any]:
     """The parts of an object a reconcile reads (a shallow rebuild: the input is not changed)."""
     meta = dict(obj.get("metadata") or {})
@@ -70,11 +97,17 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
     if obj.get("kind") == POD_KIND:
         keep = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
         status = obj.get("status") or {}
+        slim_status: dict[str, Any] = {"conditions": status.get("conditions") or []}
+        if status.get("phase"):
+            slim_status["phase"] = status["phase"]
+        for field in ("initContainerStatuses", "containerStatuses"):
+            if status.get(field):
+                slim_status[field] = _container_statuses(status[field])
         return {
             "apiVersion": obj.get("apiVersion", "v1"),
             "kind": POD_KIND,
             "metadata": {k: meta[k] for k in keep if k in meta},
-            "status": {"conditions": status.get("conditions") or []},
+            "status": slim_status,
         }
     return {**obj, "metadata": meta}
 

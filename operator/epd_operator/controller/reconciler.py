@@ -165,9 +165,9 @@ class Reconciler:
             self.queue.add((meta["namespace"], instance), FULL if event_type == "DELETED" else STATUS)
 
     def pod_event(self, event_type: str | None, body: dict[str, Any]) -> None:
-        """A tier's pod changed: cached for the unready tiers' explanation (e.g. the scheduler's
-        reason), and the status refreshed, since the Deployment may not change when a pod turns
-        unschedulable."""
+        """A tier's pod changed: cached for the unready tiers' explanation (the scheduler's or the
+        kubelet's reason), and the status refreshed, since the Deployment may not change when a pod
+        turns unschedulable or its container fails."""
         self.cache.observe(event_type, body)
         meta = body["metadata"]
         key = (meta["namespace"], meta.get("labels", {}).get(INSTANCE_LABEL, ""))
@@ -355,17 +355,18 @@ class Reconciler:
         return "invalid" if seen.errors else "success"
 
     def _explain_unready(self, namespace: str, name: str, tiers: dict[str, status_rules.TierInput]) -> None:
-        """For tiers short of ready pods, the scheduler's reason for any pod it cannot place."""
+        """For tiers not ready (short of ready pods, or rolling out), the scheduler's reason for a pod
+        it cannot place and the kubelet's reason for a pod it cannot run."""
         for role, tier in list(tiers.items()):
             dep = tier.deployment
-            if dep is None or (dep.get("status") or {}).get("readyReplicas", 0) >= dep["spec"].get("replicas", 1):
+            if dep is None or status_rules.tier_state(tier).ready:
                 continue
             # A LeaderWorkerSet has no selector of its own: its pods (leaders and workers) carry the tier's role.
             selector = dep["spec"].get("selector", {}).get("matchLabels") or {ROLE_LABEL: role}
             pods = self.cache.pods(namespace, name, selector)
-            reason = status_rules.unschedulable_reason(pods)
-            if reason:
-                tiers[role] = dataclasses.replace(tier, unschedulable=reason)
+            tiers[role] = dataclasses.replace(
+                tier, unschedulable=status_rules.unschedulable_reason(pods), trouble=status_rules.pod_trouble(pods)
+            )
 
     async def _converge(
         self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]

@@ -8,6 +8,14 @@ Degraded), or when the Deployment controller gave up (ProgressDeadlineExceeded):
 deployment still loading its model, and a Ready tier scaling up, are Progressing. (New pods count
 as "updated" at once on a scale-up, so the Deployment's status alone cannot tell the two apart.)
 
+A tier that is not ready says why when Kubernetes says it (`reason` and `message` of its status,
+the Ready condition, and one Warning Event per change): the scheduler's reason for a pod it cannot
+place, or the kubelet's reason for a container that does not run (`pod_trouble`). The kubelet
+alternates between a failure and its back-off (ErrImagePull and ImagePullBackOff, RunContainerError
+and CrashLoopBackOff, whose messages carry a changing delay); both sides of each pair are reported
+as one stable reason and message, so a pod failing the same way writes the status and posts an
+Event once, not once per retry.
+
 An autoscaled tier also reports its HPA's own conditions. An HPA that cannot act (ScalingActive or
 AbleToScale False, e.g. its metric is not served) makes the AutoscalingActive condition False, and
 a deployment whose tiers are otherwise all ready Degraded, so a broken autoscaler is never hidden
@@ -17,6 +25,7 @@ behind Ready.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -40,12 +49,34 @@ TIERS = ("encoder", "prefill", "decode", "router")
 VLLM_TIERS = ("encoder", "prefill", "decode")
 
 
+UNSCHEDULABLE = "Unschedulable"
+PODS_FAILING = "PodsFailing"  # the Ready condition's reason when the kubelet cannot run a tier's pods
+# The reason a container in the kubelet's restart loop is reported under, whichever side of the loop
+# (RunContainerError, CrashLoopBackOff, running again but not ready) the pod shows at the moment.
+CRASH_LOOP = "CrashLoopBackOff"
+# Waiting reasons of a container on its way up: no trouble.
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+# The kubelet's back-off after a failed pull carries the pull's own reason and message
+# (`Back-off pulling image "<image>": ErrImagePull: <message>`).
+_PULL_BACK_OFF = re.compile(r'Back-off pulling image "[^"]*": (?P<reason>[A-Za-z]+): (?P<message>.*)', re.S)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodTrouble:
+    """Why a pod of a tier does not run: the kubelet's reason for one of its containers, and a
+    message naming the pod and the container with the kubelet's words."""
+
+    reason: str
+    message: str
+
+
 @dataclasses.dataclass(frozen=True)
 class TierInput:
     deployment: dict[str, Any] | None  # the live Deployment, None while it does not exist
     hpa: dict[str, Any] | None = None
     planned_replicas: int = 1  # what we asked for, shown while the Deployment does not exist yet
     unschedulable: str | None = None  # the scheduler's reason for a pod of this tier it cannot place
+    trouble: PodTrouble | None = None  # the kubelet's reason for a pod of this tier that does not run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +91,22 @@ def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in obj.get("status", {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
+def _why(tier: TierInput) -> tuple[str | None, str | None]:
+    """(reason, message) of a tier that is not ready: a pod the scheduler cannot place first, then a
+    pod the kubelet cannot run."""
+    if tier.unschedulable:
+        return UNSCHEDULABLE, tier.unschedulable
+    if tier.trouble is not None:
+        return tier.trouble.reason, tier.trouble.message
+    return None, None
+
+
 def tier_state(tier: TierInput) -> TierState:
     dep = tier.deployment
+    reason, message = _why(tier)
     if dep is None:
         desired = tier.planned_replicas
-        status = TierStatus(ready=f"0/{desired}", autoscaling=_autoscaling(tier.hpa), message=tier.unschedulable)
+        status = TierStatus(ready=f"0/{desired}", autoscaling=_autoscaling(tier.hpa), reason=reason, message=message)
         return TierState(status, settled=False, ready=False, stuck=False)
     st = dep.get("status") or {}
     desired = dep.get("spec", {}).get("replicas", 1)
@@ -75,6 +117,9 @@ def tier_state(tier: TierInput) -> TierState:
     generation = dep.get("metadata", {}).get("generation")
     seen = generation is None or st.get("observedGeneration", 0) >= generation
     settled = seen and updated >= desired and replicas <= updated
+    is_ready = settled and ready >= desired and available >= desired
+    if is_ready:  # a ready tier has nothing to explain, whatever a pod on its way out says
+        reason = message = None
     status = TierStatus(
         replicas=replicas,
         readyReplicas=ready,
@@ -82,10 +127,11 @@ def tier_state(tier: TierInput) -> TierState:
         availableReplicas=available,
         ready=f"{ready}/{desired}",
         autoscaling=_autoscaling(tier.hpa),
-        message=tier.unschedulable,
+        reason=reason,
+        message=message,
     )
     stuck = _condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
-    return TierState(status, settled, settled and ready >= desired and available >= desired, stuck)
+    return TierState(status, settled, is_ready, stuck)
 
 
 def _autoscaling(hpa: dict[str, Any] | None) -> TierAutoscaling | None:
@@ -242,7 +288,7 @@ def derive_status(
     lost = [n for n in unready if _lost_pods(n, states[n], previous)]
     stuck = [n for n, s in states.items() if s.stuck]
     all_ready = bool(states) and all(s.ready for s in states.values())
-    unplaced = [n for n in TIERS if n in tiers and tiers[n].unschedulable and not states[n].ready]
+    explained = [n for n in TIERS if n in states and states[n].status.reason is not None]
     scaling = autoscaling_verdict(tiers)
     scaling_inactive = scaling is not None and scaling.active is False
 
@@ -275,10 +321,11 @@ def derive_status(
     not_ready = [n for n, s in states.items() if not s.ready]
     if all_ready:
         ready_reason, ready_message = "AllTiersReady", "every tier has its pods ready"
-    elif unplaced:
-        ready_reason = "Unschedulable"
+    elif explained:
+        unplaced = any(states[n].status.reason == UNSCHEDULABLE for n in explained)
+        ready_reason = UNSCHEDULABLE if unplaced else PODS_FAILING
         ready_message = f"not ready: {summary(not_ready)}; " + "; ".join(
-            f"{n} pods cannot be scheduled: {tiers[n].unschedulable}" for n in unplaced
+            tier_explanation(n, states[n].status) for n in explained
         )
     else:
         ready_reason, ready_message = "TiersNotReady", f"not ready: {summary(not_ready)}"
@@ -326,6 +373,13 @@ def derive_status(
         tiers=Tiers(**{n: s.status for n, s in states.items()}),
         generations=generations or None,
     )
+
+
+def tier_explanation(name: str, tier: TierStatus) -> str:
+    """A not-ready tier's reason in words, for the Ready condition and its Event."""
+    if tier.reason == UNSCHEDULABLE:
+        return f"{name} pods cannot be scheduled: {tier.message}"
+    return f"{name} {tier.reason}: {tier.message}"
 
 
 def _degraded(stuck: list[str], lost: list[str], scaling: AutoscalingVerdict | None, summary: Any) -> tuple[str, str]:
@@ -393,6 +447,56 @@ def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _exit(terminated: dict[str, Any]) -> str:
+    """How a container ended: `StartError (exit code 128): <the runtime's message>`."""
+    words = f"{terminated.get('reason') or 'exited'} (exit code {terminated.get('exitCode', '?')})"
+    message = str(terminated.get("message") or "").strip()
+    return f"{words}: {message}" if message else words
+
+
+def container_trouble(container: dict[str, Any], *, init: bool = False) -> tuple[str, str] | None:
+    """(reason, message) for one container status that says it does not run, else None. Each side of
+    the kubelet's retry loops gives the same answer: ImagePullBackOff the pull error it carries;
+    RunContainerError, CrashLoopBackOff and a restarted container not yet ready its last exit."""
+    state = container.get("state") or {}
+    last = (container.get("lastState") or {}).get("terminated")
+    waiting = state.get("waiting")
+    if waiting is not None:
+        reason, message = str(waiting.get("reason") or ""), str(waiting.get("message") or "")
+        if not reason or reason in _STARTING:
+            return None
+        pull = _PULL_BACK_OFF.fullmatch(message) if reason == "ImagePullBackOff" else None
+        if pull is not None:
+            return pull["reason"], pull["message"]
+        if reason in ("RunContainerError", CRASH_LOOP) and last:
+            return CRASH_LOOP, _exit(last)
+        return reason, message
+    terminated = state.get("terminated")
+    if terminated is not None:
+        if init and terminated.get("exitCode") == 0:
+            return None  # an init container that did its work
+        return CRASH_LOOP, _exit(terminated)
+    if last and not container.get("ready"):
+        return CRASH_LOOP, _exit(last)  # running again after an exit, not ready yet
+    return None
+
+
+def pod_trouble(pods: list[dict[str, Any]]) -> PodTrouble | None:
+    """The kubelet's reason for the first pod by name (not ready, not on its way out) with a container
+    that does not run: its init containers first, then its containers."""
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        meta, st = pod["metadata"], pod.get("status") or {}
+        if meta.get("deletionTimestamp") or st.get("phase") in ("Succeeded", "Failed") or pod_ready(pod):
+            continue
+        for kind, field in (("init container", "initContainerStatuses"), ("container", "containerStatuses")):
+            for container in st.get(field) or []:
+                found = container_trouble(container, init=field == "initContainerStatuses")
+                if found is not None:
+                    reason, message = found
+                    return PodTrouble(reason, f"pod {meta['name']} {kind} {container.get('name')}: {message}")
+    return None
+
+
 def status_document(status: EPDDeploymentStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", exclude_none=True)
 
@@ -408,17 +512,22 @@ class Transition:
 
 
 def transitions(previous: EPDDeploymentStatus | None, current: EPDDeploymentStatus) -> list[Transition]:
-    """The Events worth posting between two statuses: phase changes, newly refused specs, and an HPA
-    that stops (or starts again) being able to act."""
+    """The Events worth posting between two statuses: phase changes, newly refused specs, a tier's
+    new reason for not being ready (one Warning per tier and change, named by that reason), and an
+    HPA that stops (or starts again) being able to act."""
     out = []
     before = {c.type: c for c in previous.conditions} if previous is not None else {}
     after = {c.type: c for c in current.conditions}
     spec = after["SpecValid"]
     if spec.status == "False" and (before.get("SpecValid") is None or before["SpecValid"].message != spec.message):
         out.append(Transition("Warning", spec.reason, f"spec refused, nothing was changed: {spec.message}"))
-    ready = after["Ready"]
-    if ready.reason == "Unschedulable" and (before.get("Ready") is None or before["Ready"].message != ready.message):
-        out.append(Transition("Warning", "Unschedulable", ready.message))
+    for name in TIERS:
+        tier = getattr(current.tiers, name)
+        if tier is None or tier.reason is None:
+            continue
+        was = getattr(previous.tiers, name) if previous is not None else None
+        if was is None or (was.reason, was.message) != (tier.reason, tier.message):
+            out.append(Transition("Warning", tier.reason, tier_explanation(name, tier)))
     scaling, scaling_before = after.get("AutoscalingActive"), before.get("AutoscalingActive")
     was = (scaling_before.status, scaling_before.message) if scaling_before is not None else None
     if scaling is not None and scaling.status == "False" and was != ("False", scaling.message):

@@ -50,7 +50,7 @@ class Resource:
 EPD = Resource(f"{GROUP}/{VERSION}", KIND, PLURAL)
 LEASE = Resource("coordination.k8s.io/v1", "Lease", "leases")
 EVENT = Resource("v1", "Event", "events")
-# Read only: a tier's pods are listed when it lacks ready pods, to say why (e.g. unschedulable).
+# Read only: a tier's pods are watched to say why it is not ready (the scheduler's or the kubelet's reason).
 POD = Resource("v1", "Pod", "pods")
 # The router's discovery follows these (the endpointslice controller builds them per Service).
 ENDPOINT_SLICE = Resource("discovery.k8s.io/v1", "EndpointSlice", "endpointslices")

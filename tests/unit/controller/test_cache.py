@@ -145,9 +145,65 @@ def test_pods_keep_labels_and_conditions_and_are_matched_by_selector():
     assert decode["metadata"]["name"] == "vl-decode-1"
     assert "spec" not in decode
     assert decode["status"] == {
-        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}],
     }
     assert len(cache.pods("ns", "vl", {INSTANCE_LABEL: "vl"})) == 2
+
+
+def test_pods_keep_what_their_container_statuses_say_about_trouble_with_messages_cut():
+    crashing = {
+        "name": "vllm",
+        "ready": False,
+        "restartCount": 4,
+        "image": "localhost/epd-echo:dev",
+        "imageID": "sha256:f549",
+        "containerID": "containerd://04bb",
+        "started": False,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+        "lastState": {
+            "terminated": {
+                "exitCode": 128,
+                "reason": "StartError",
+                "message": "x" * 1500,
+                "startedAt": "1970-01-01T00:00:00Z",
+                "finishedAt": "2026-12-01T18:09:53Z",
+                "containerID": "containerd://04bb",
+            }
+        },
+    }
+    init = {"name": "wait", "ready": True, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+    pod = obj(
+        "Pod",
+        "vl-decode-1",
+        1,
+        status={"phase": "Running", "containerStatuses": [crashing], "initContainerStatuses": [init]},
+    )
+    cache = Cache()
+    cache.observe("ADDED", pod)
+    [held_pod] = cache.pods("ns", "vl", {})
+    assert held_pod["status"] == {
+        "phase": "Running",
+        "conditions": [],
+        "initContainerStatuses": [
+            {
+                "name": "wait",
+                "ready": True,
+                "state": {"terminated": {"reason": "Completed", "exitCode": 0}},
+                "lastState": {},
+            }
+        ],
+        "containerStatuses": [
+            {
+                "name": "vllm",
+                "ready": False,
+                "state": {
+                    "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}
+                },
+                "lastState": {"terminated": {"reason": "StartError", "exitCode": 128, "message": "x" * 999 + "…"}},
+            }
+        ],
+    }
 
 
 def test_a_fresh_list_drops_what_it_lacks_unless_held_from_after_it():

@@ -232,6 +232,7 @@ def test_a_tier_not_created_yet_shows_its_planned_replicas_hpa_and_reason():
         "availableReplicas": 0,
         "ready": "0/4",
         "autoscaling": {"minReplicas": 1, "maxReplicas": 5},
+        "reason": "Unschedulable",
         "message": "no GPU",
     }
     assert (state.settled, state.ready, state.stuck) == (False, False, False)
@@ -472,8 +473,12 @@ def test_unschedulable_event_again_only_when_the_reason_changes():
     first = derive({"decode": TierInput(settled(2, ready=0), unschedulable="no GPU")})
     again = derive({"decode": TierInput(settled(2, ready=0), unschedulable="no memory")}, previous=first)
     assert [(t.type, t.reason, t.message) for t in transitions(first, again)] == [
-        ("Warning", "Unschedulable", "not ready: decode 0/2; decode pods cannot be scheduled: no memory")
+        ("Warning", "Unschedulable", "decode pods cannot be scheduled: no memory")
     ]
+    # the same reason with another ready count is not a new reason
+    fewer = derive({"decode": TierInput(settled(3, ready=1), unschedulable="no memory")}, previous=again)
+    assert cond(fewer, "Ready").message == "not ready: decode 1/3; decode pods cannot be scheduled: no memory"
+    assert transitions(again, fewer) == []
     # a ready tier's stale reason is not reported
     fine = derive({"decode": TierInput(settled(2), unschedulable="no GPU")})
     assert cond(fine, "Ready").reason == "AllTiersReady"
@@ -720,9 +725,14 @@ def test_an_unschedulable_tier_names_itself_and_the_schedulers_reason():
     ready = cond(st, "Ready")
     assert (ready.status, ready.reason) == ("False", "Unschedulable")
     assert ready.message == f"not ready: decode 0/2; decode pods cannot be scheduled: {why}"
-    assert st.tiers.decode.message == why and st.tiers.encoder.message is None
+    assert (st.tiers.decode.reason, st.tiers.decode.message) == ("Unschedulable", why)
+    assert (st.tiers.encoder.reason, st.tiers.encoder.message) == (None, None)
     [event] = transitions(None, st)
-    assert (event.type, event.reason, event.message) == ("Warning", "Unschedulable", ready.message)
+    assert (event.type, event.reason, event.message) == (
+        "Warning",
+        "Unschedulable",
+        f"decode pods cannot be scheduled: {why}",
+    )
     assert (
         transitions(
             st,
