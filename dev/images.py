@@ -2,7 +2,8 @@
 
 - **pause**: the pod sandbox (``registry.k8s.io/pause:3.10``, the name containerd asks for), a
   static Go binary (``dev/pause``) in a one-layer image written by ``dev/oci.py``; **echo**, the
-  real node's test server (``dev/echo``), the same way;
+  real node's test server (``dev/echo``), the same way; **vllm-stub**, the same server installed as
+  ``vllm``, which answers a vLLM tier's probes on the port its command line names;
 - **base**: a Debian bookworm root filesystem made by mmdebstrap (python3, venv, passwd), one layer;
   the recipes' build argument (``PYTHON_IMAGE``) selects it where no registry serves ``python:*``;
 - **operator**: ``images/operator/Dockerfile`` built by buildah on that base, named as the chart's
@@ -38,6 +39,7 @@ from .real_node import PAUSE_IMAGE
 
 IMAGES = CACHE / "images"
 ECHO_IMAGE = "localhost/epd-echo:dev"
+VLLM_STUB_IMAGE = "localhost/epd-vllm-stub:dev"
 BASE_IMAGE = "localhost/epd-base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd")
 DEBIAN_MIRROR = os.environ.get("EPD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -101,11 +103,12 @@ def operator_image() -> str:
 # ------------------------------------------------------------------------------ pause and base
 
 
-def _go_image(what: str, image: str, entrypoint: list[str], user: str) -> Path:
-    """A one-layer image holding one static Go binary built from ``dev/<what>``, keyed by its source
-    and the Go version."""
+def _go_image(what: str, image: str, entrypoint: list[str], user: str, source: str | None = None) -> Path:
+    """A one-layer image holding one static Go binary built from ``dev/<source>`` (default: ``what``)
+    at ``entrypoint[0]``, keyed by its source and the Go version; the archive is named by ``what``."""
+    source = source or what
     go = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
-    archive = IMAGES / f"{what}-{_key(what, image, go, *_files(f'dev/{what}'))}.tar"
+    archive = IMAGES / f"{what}-{_key(what, image, go, *_files(f'dev/{source}'))}.tar"
     if archive.exists():
         return archive
     _need("go")
@@ -114,12 +117,13 @@ def _go_image(what: str, image: str, entrypoint: list[str], user: str) -> Path:
         binary = Path(tmp) / what
         subprocess.run(
             ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), "."],
-            cwd=REPO / "dev" / what,
+            cwd=REPO / "dev" / source,
             check=True,
             env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"},
         )
         layer = single_file_layer(Path(tmp) / "layer.tar", binary, entrypoint[0])
-        write_archive(archive, image, layer, {"Entrypoint": entrypoint, "User": user})
+        env = [f"PATH={Path(entrypoint[0]).parent}"]
+        write_archive(archive, image, layer, {"Entrypoint": entrypoint, "User": user, "Env": env})
     _log(f"{image} built in {time.monotonic() - started:.0f} s: {archive}")
     return archive
 
@@ -131,6 +135,12 @@ def build_pause() -> Path:
 def build_echo() -> Path:
     """The real node's test server (``dev/echo``)."""
     return _go_image("echo", ECHO_IMAGE, ["/echo-server"], "65532:65532")
+
+
+def build_vllm_stub() -> Path:
+    """The echo server as ``vllm`` on the PATH: a vLLM tier's rendered ``vllm serve ... --port N``
+    runs it, and it answers the tier's probes and the router's health checks there."""
+    return _go_image("vllm-stub", VLLM_STUB_IMAGE, ["/usr/local/bin/vllm"], "65532:65532", source="echo")
 
 
 def base_key() -> str:
@@ -251,7 +261,13 @@ def build_operator() -> Path:
     return archive
 
 
-BUILDERS = {"pause": build_pause, "echo": build_echo, "base": build_base, "operator": build_operator}
+BUILDERS = {
+    "pause": build_pause,
+    "echo": build_echo,
+    "vllm-stub": build_vllm_stub,
+    "base": build_base,
+    "operator": build_operator,
+}
 # What a real node needs loaded to run the chart: the sandbox and the operator (which is also the router).
 NODE_IMAGES = ("pause", "operator")
 
