@@ -61,6 +61,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         [
             "tests/unit/controller/test_apply.py",
             "tests/unit/controller/test_status.py",
+            "tests/unit/controller/test_status_pods.py",
         ],
     ),
     "api": (

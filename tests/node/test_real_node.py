@@ -15,13 +15,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 from dev.cluster import ClusterError, LocalCluster, RealNodeSpec
-from dev.images import ECHO_IMAGE, build_echo
+from dev.images import ECHO_IMAGE, VLLM_STUB_IMAGE, build_echo, build_vllm_stub
 from dev.real_node import KUBELET_SYSCTLS, REAL_NODE_LABEL, missing_runtime, read_sysctls
+from epd_operator.api.labels import INSTANCE_LABEL, ROLE_LABEL
 from tests.support.cluster import KubeView, new_namespace, wait_for
 
 
@@ -254,15 +255,20 @@ def test_a_missing_image_archive_is_named(real_k8s: LocalCluster, tmp_path: Path
         real_k8s.real_node().load_image(tmp_path / "missing.tar")
 
 
-def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_service_account(
-    real_k8s: LocalCluster, tmp_path: Path
-):
+class InstalledOperator(NamedTuple):
+    system: KubeView  # the chart's namespace, epd-system
+    pod: dict[str, Any]  # the operator's pod, ready
+
+    def logs(self) -> str:
+        return self.system.kubectl("logs", self.pod["metadata"]["name"], check=False).stdout[-2000:]
+
+
+@pytest.fixture(scope="module")
+def operator_chart(real_k8s: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> InstalledOperator:
     """The README's plain `helm install`: the chart's default image name, loaded from the local
-    build; the operator reaches the API server through the `kubernetes` Service with its own token,
-    reconciles an EPDDeployment, and the router it renders (the same image) runs on the node."""
-    from dev.images import build_operator, operator_image
-    from tests.support.cluster import epd_crd, install_crd, volumes
-    from tests.support.epd_specs import minimal
+    build, the operator running on the node (once per module: the image import takes a minute)."""
+    from dev.images import build_operator
+    from tests.support.cluster import epd_crd, install_crd
     from tests.support.helm import ensure_helm
 
     real_k8s.real_node().load_image(build_operator())
@@ -277,7 +283,9 @@ def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_ser
         timeout=120,
     )
     assert installed.returncode == 0, installed.stderr
-    kubeconfig = real_k8s.write_kubeconfig(tmp_path / "system", real_k8s.admin_token, user="epd-admin")
+    kubeconfig = real_k8s.write_kubeconfig(
+        tmp_path_factory.mktemp("system") / "kubeconfig", real_k8s.admin_token, user="epd-admin"
+    )
     system = KubeView(real_k8s, "epd-system", kubeconfig)
 
     def operator_pod() -> dict[str, Any] | None:
@@ -285,11 +293,30 @@ def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_ser
         return next((p for p in pods if ready(system, p["metadata"]["name"])), None)
 
     pod = wait_for(operator_pod, 180, lambda: f"the operator pod is not ready: {system.pods()}")
+    return InstalledOperator(system, pod)
+
+
+@pytest.fixture
+def workload(real_k8s: LocalCluster, tmp_path: Path) -> Iterator[KubeView]:
+    view = new_namespace(real_k8s, tmp_path, prefix="rn-op")
+    yield view
+    view.request("DELETE", f"/api/v1/namespaces/{view.ns}")
+
+
+def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_service_account(
+    operator_chart: InstalledOperator, workload: KubeView
+):
+    """The operator reaches the API server through the `kubernetes` Service with its own token,
+    reconciles an EPDDeployment, and the router it renders (the same image) runs on the node."""
+    from dev.images import operator_image
+    from tests.support.cluster import volumes
+    from tests.support.epd_specs import minimal
+
+    pod = operator_chart.pod
     assert pod["spec"]["nodeName"] == "cpu-node-1"
     assert pod["spec"]["serviceAccountName"] == "epd-operator"
     assert pod["spec"]["containers"][0]["image"] == operator_image()
 
-    workload = new_namespace(real_k8s, tmp_path, prefix="rn-op")
     volumes(workload, "ec-cache")
     doc = minimal()
     doc["metadata"]["namespace"] = workload.ns
@@ -299,13 +326,7 @@ def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_ser
         got = workload.get("serving.epd.dev/v1alpha1", "EPDDeployment", "qwen-vl")
         return got if (got or {}).get("status", {}).get("conditions") else None
 
-    wait_for(
-        reconciled,
-        120,
-        lambda: (
-            f"no status from the in-cluster operator: {system.kubectl('logs', pod['metadata']['name']).stdout[-2000:]}"
-        ),
-    )
+    wait_for(reconciled, 120, lambda: f"no status from the in-cluster operator: {operator_chart.logs()}")
     routers = lambda: [  # noqa: E731
         p
         for p in workload.pods()
@@ -313,6 +334,103 @@ def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_ser
     ]
     router = wait_for(routers, 180, lambda: f"no router running on the real node: {workload.pods()}")[0]
     assert router["spec"]["containers"][0]["image"] == operator_image()
+
+
+MISSING_IMAGE = "localhost/epd-missing:never"  # no registry answers on the node: the pull fails at once
+EXEC_ERROR = 'exec: "vllm": executable file not found in $PATH'  # the echo image has no vllm to run
+
+
+def failing_encoder(name: str, namespace: str, encoder_image: str) -> dict[str, Any]:
+    """E+PD whose encoder cannot run `encoder_image`; decode runs the vLLM stub (ready on its port),
+    so the router, which needs a decode instance, can be ready. No claim (CPU EC connector)."""
+    from tests.support.epd_specs import minimal
+
+    doc = minimal()
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    doc["spec"]["ecTransfer"] = {"connector": "CPU", "cpu": {"bytes": "64Mi"}}
+    doc["spec"]["encoder"] = {"image": encoder_image}
+    doc["spec"]["decode"] = {"image": VLLM_STUB_IMAGE}
+    # One small router: the node's CPU holds the routers of both EPDDeployments beside the operator.
+    doc["spec"]["router"] = {"replicas": 1, "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}}
+    return doc
+
+
+def test_pods_the_kubelet_cannot_run_are_named_in_their_tiers_status_once_and_the_other_tiers_stay_ready(
+    real_k8s: LocalCluster, operator_chart: InstalledOperator, workload: KubeView
+):
+    """An encoder image that does not exist (ErrImagePull) and one without the command the tier
+    runs (CrashLoopBackOff): each EPDDeployment's status and one Warning Event name the kubelet's
+    reason and words; decode and the router become ready; the kubelet's retry loops post nothing more."""
+    real_k8s.real_node().load_image(build_vllm_stub())
+    workload.create(failing_encoder("no-image", workload.ns, MISSING_IMAGE))
+    workload.create(failing_encoder("no-start", workload.ns, ECHO_IMAGE))
+
+    def status(name: str) -> dict[str, Any]:
+        got = workload.get("serving.epd.dev/v1alpha1", "EPDDeployment", name) or {}
+        return dict(got.get("status") or {})
+
+    def explained() -> bool:
+        return all(
+            status(name).get("tiers", {}).get("encoder", {}).get("reason") == reason
+            and all(status(name).get("tiers", {}).get(t, {}).get("ready") == "1/1" for t in ("decode", "router"))
+            for name, reason in (("no-image", "ErrImagePull"), ("no-start", "CrashLoopBackOff"))
+        )
+
+    wait_for(
+        explained,
+        240,
+        lambda: (
+            f"no-image: {status('no-image')}\nno-start: {status('no-start')}\npods: "
+            f"{[(p['metadata']['name'], p['status'].get('containerStatuses')) for p in workload.pods()]}\n"
+            f"operator: {operator_chart.logs()}"
+        ),
+        interval=1,
+    )
+    for name, reason, words in (
+        ("no-image", "ErrImagePull", MISSING_IMAGE),
+        ("no-start", "CrashLoopBackOff", EXEC_ERROR),
+    ):
+        st = status(name)
+        encoder = st["tiers"]["encoder"]
+        assert encoder["message"].startswith(f"pod {name}-encoder-") and words in encoder["message"], encoder
+        assert all("reason" not in st["tiers"][t] for t in ("decode", "router")), st["tiers"]
+        ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "PodsFailing"), ready
+        assert ready["message"].startswith(f"not ready: encoder 0/1; encoder {reason}: pod {name}-encoder-"), ready
+        assert st["phase"] == "Progressing"
+
+    # Let the kubelet go round both loops again (a second pull, a second start) ...
+    def kubelet_retried() -> bool:
+        pods = {
+            p["metadata"]["labels"][INSTANCE_LABEL]: p
+            for p in workload.pods()
+            if p["metadata"]["labels"].get(ROLE_LABEL) == "encoder"
+        }
+        restarts = max((c.get("restartCount", 0) for c in pods["no-start"]["status"]["containerStatuses"]), default=0)
+        pulls = sum(
+            e.get("count", 1)
+            for e in workload.events(kind="Pod", name=pods["no-image"]["metadata"]["name"])
+            if e["reason"] == "Failed" and MISSING_IMAGE in e["message"] and "Failed to pull" in e["message"]
+        )
+        return restarts >= 2 and pulls >= 2
+
+    wait_for(kubelet_retried, 120, lambda: f"the kubelet did not retry: {workload.pods()}", interval=1)
+    # ... and the operator has said each reason once.
+    for name, reason, words in (
+        ("no-image", "ErrImagePull", MISSING_IMAGE),
+        ("no-start", "CrashLoopBackOff", EXEC_ERROR),
+    ):
+        warnings = [
+            (e["reason"], e["message"], e.get("count", 1))
+            for e in workload.events(kind="EPDDeployment", name=name)
+            if e["type"] == "Warning"
+        ]
+        assert len(warnings) == 1, warnings
+        [(said, message, count)] = warnings
+        assert (said, count) == (reason, 1) and message.startswith(f"encoder {reason}: pod {name}-encoder-")
+        assert words in message
+        described = workload.kubectl("describe", "epd", name).stdout
+        assert reason in described and words in described and "PodsFailing" in described
 
 
 def test_a_kubelet_that_cannot_start_is_reported_in_its_own_words(tmp_path: Path):
