@@ -30,7 +30,7 @@ from aiohttp import web
 
 from .. import __version__
 from ..api.spec import DEFAULT_ROUTER_IMAGE
-from ..kube import CredentialsError, CredentialSource, Kube, load_credentials
+from ..kube import CredentialsError, CredentialSource, Kube, closing_connections, load_credentials
 from .handlers import build_registry, build_settings
 from .leader import LeaseElector
 from .metrics import CONTENT_TYPE, Metrics
@@ -187,10 +187,15 @@ async def run(
     metrics: Metrics | None = None,
 ) -> int:
     """Run until `stop` is set (or kopf sees SIGTERM/SIGINT); returns the process exit status.
-    In-process callers (tests) pass their own credentials and metrics."""
-    stop = stop or asyncio.Event()
+    In-process callers (tests) pass their own credentials and metrics, and give it an event loop of its
+    own: kopf cancels every task created in its loop after it started, and every connection made on the
+    loop while it runs is closed when it returns (kube/connections.py)."""
+    async with closing_connections():
+        return await _run(options, stop or asyncio.Event(), credentials, metrics or Metrics())
+
+
+async def _run(options: Options, stop: asyncio.Event, credentials: CredentialSource, metrics: Metrics) -> int:
     identity = options.identity or default_identity()
-    metrics = metrics or Metrics()
     health = Health(identity)
     kube = Kube(credentials, on_write=metrics.count_write)
     runner = await serve_endpoints(options, health, metrics)

@@ -4,9 +4,11 @@
 - `resources`: the kinds we read and write (`CHILD_RESOURCES` are those the operator manages).
 - `client`: `Kube` (get/list/apply/create/replace/patch_status/delete) and its one `ApiError`.
 - `watch`: `ListWatch`, list then watch with re-lists on 410 Gone.
+- `connections`: `closing_connections()`, every connection made on the loop while entered closed when it exits.
 """
 
 from .client import FIELD_MANAGER, REQUEST_ERRORS, ApiError, Kube
+from .connections import closing_connections
 from .credentials import (
     SERVICE_ACCOUNT_CA,
     SERVICE_ACCOUNT_DIR,
@@ -42,6 +44,7 @@ __all__ = [
     "ListWatch",
     "Resource",
     "child_resource",
+    "closing_connections",
     "connection_info",
     "load_credentials",
     "resource_of",
