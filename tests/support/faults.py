@@ -25,7 +25,7 @@ import aiohttp
 from aiohttp import web
 
 from dev.cluster import LocalCluster
-from epd_operator.kube import Credentials
+from epd_operator.kube import Credentials, closing_connections
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
 WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -89,6 +89,8 @@ class FaultProxy:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(10)
+            if self._thread.is_alive():
+                raise RuntimeError("the fault proxy did not stop in 10 s")
 
     def _injected(self, method: str, path: str) -> Fault | None:
         for fault in self.faults:
@@ -98,6 +100,12 @@ class FaultProxy:
         return None
 
     async def _serve(self) -> None:
+        # The thread's loop closes when this returns, while the upstream TLS connections of the watches cut
+        # at the stop may still be in their close handshake: closed here instead (kube/connections.py).
+        async with closing_connections():
+            await self._proxy()
+
+    async def _proxy(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         context = ssl.create_default_context(cafile=str(self.cluster.pki / "ca.crt"))
@@ -138,7 +146,9 @@ class FaultProxy:
 
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
+        # A client gone cancels its handler, and with it the upstream request (a watch ends when its client
+        # leaves, as on the real server); the stop then has no handler to wait for.
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
