@@ -141,6 +141,7 @@ image-deps: install ## whether images/vllm-epd's pins resolve with its base imag
 images: install ## the images the real node runs, without Docker, loaded into `make cluster` (Docker: docker build)
 	@if docker info >/dev/null 2>&1; then \
 	  docker build -t epd-operator:dev -f images/operator/Dockerfile . \
+	  && docker build -t localhost/epd-vllm-cpu:0.32.0 -f images/vllm-cpu/Dockerfile . \
 	  && docker build -t vllm-epd:dev -f images/vllm-epd/Dockerfile images/vllm-epd; \
 	else $(BIN)/python -m dev.images load; fi
 

@@ -4,17 +4,20 @@
   static Go binary (``dev/pause``) in a one-layer image written by ``dev/oci.py``; **echo**, the
   real node's test server (``dev/echo``), the same way; **vllm-stub**, the same server installed as
   ``vllm``, which answers a vLLM tier's probes on the port its command line names;
-- **base**: a Debian bookworm root filesystem made by mmdebstrap (python3, venv, passwd), one layer;
-  the recipes' build argument (``PYTHON_IMAGE``) selects it where no registry serves ``python:*``;
+- **base**: a Debian bookworm root filesystem made by mmdebstrap (python3, venv, passwd, libnuma1),
+  one layer; the recipes' build argument (``PYTHON_IMAGE``) selects it where no registry serves ``python:*``;
 - **operator**: ``images/operator/Dockerfile`` built by buildah on that base, named as the chart's
-  default (``ghcr.io/epd-operator/epd-operator:<appVersion>``), so a plain ``helm install`` finds it.
+  default (``ghcr.io/epd-operator/epd-operator:<appVersion>``), so a plain ``helm install`` finds it;
+- **vllm-cpu**: vLLM 0.32 for CPU (``localhost/epd-vllm-cpu:0.32.0``, examples/epd-local-cpu.yaml's
+  image): the base plus the tests' vLLM venv as a second layer; ``images/vllm-cpu/Dockerfile`` is the
+  same recipe for Docker. The model is not in it (the node's model cache is a volume).
 
 Each is an OCI archive under ``~/.cache/epd-operator/images/``, named by a hash of its inputs (the
 files it is made from, its build arguments, its base's key), rebuilt only when one changes. Where a
 Docker daemon works, ``make images`` builds the Dockerfiles with it from their usual bases instead.
 
-    python -m dev.images build [pause|base|operator]...   # prints each archive
-    python -m dev.images load  [pause|base|operator]...   # into the running `make cluster` node
+    python -m dev.images build [pause|base|operator|vllm-cpu|echo|vllm-stub]...   # prints each archive
+    python -m dev.images load  [pause|base|operator|vllm-cpu|echo|vllm-stub]...   # into the running `make cluster` node
 """
 
 from __future__ import annotations
@@ -22,26 +25,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from . import venv
 from .k8s_binaries import CACHE, REPO
-from .oci import single_file_layer, write_archive
+from .oci import single_file_layer, write_archive, write_layered_archive
+from .plan import CPU_NIXL_DIR, CPU_NIXL_ENV
 from .real_node import PAUSE_IMAGE
 
 IMAGES = CACHE / "images"
 ECHO_IMAGE = "localhost/epd-echo:dev"
 VLLM_STUB_IMAGE = "localhost/epd-vllm-stub:dev"
 BASE_IMAGE = "localhost/epd-base:bookworm"
-BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd")
+# libnuma1: vLLM's CPU kernels (vllm._C) link it.
+BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd", "libnuma1")
+VLLM_CPU_IMAGE = f"localhost/epd-vllm-cpu:{venv.VLLM_VERSION}"
+# Where the CPU vLLM image keeps the local NIXL adaptations (dev/cpu_nixl), on its PYTHONPATH.
+VLLM_CPU_NIXL_DIR = "/opt/epd-local/cpu_nixl"
 DEBIAN_MIRROR = os.environ.get("EPD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BUILD_TOOLS = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "go": "Go (https://go.dev/dl)"}
 # The CA bundle RUN steps trust (a machine behind a TLS-inspecting proxy adds its CA there); bound
@@ -261,15 +273,69 @@ def build_operator() -> Path:
     return archive
 
 
+# ------------------------------------------------------------------------------ CPU vLLM
+
+
+def vllm_cpu_key() -> str:
+    config = json.dumps(vllm_cpu_config())
+    return _key(
+        "vllm-cpu", VLLM_CPU_IMAGE, base_key(), venv.RECIPE, REPO / "dev" / "venv.py", *_files("dev/cpu_nixl"), config
+    )
+
+
+def vllm_cpu_config() -> dict[str, Any]:
+    """The CPU vLLM image's runtime config; ``images/vllm-cpu/Dockerfile`` sets the same (a test compares)."""
+    dest = f"/opt/{venv.VENV.name}"
+    env = {
+        "PATH": f"{dest}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "VIRTUAL_ENV": dest,
+        **CPU_NIXL_ENV,
+        "PYTHONPATH": VLLM_CPU_NIXL_DIR,
+    }
+    return {"Env": [f"{k}={v}" for k, v in env.items()], "Cmd": ["vllm", "--help"]}
+
+
+def build_vllm_cpu() -> Path:
+    """vLLM for CPU, for local clusters: the base image plus the tests' vLLM venv (``dev/venv.py``'s
+    recipe, built first when missing) relocated to ``/opt``, and the local NIXL adaptations of
+    ``dev/cpu_nixl`` switched on by the image's environment (a CPU-only image; rendered manifests
+    never carry them). The model is not in the image: pods mount it, as users mount a model cache.
+    ``images/vllm-cpu/Dockerfile`` builds the same image by the same recipe where Docker works."""
+    archive = IMAGES / f"vllm-cpu-{vllm_cpu_key()}.tar"
+    if archive.exists():
+        return archive
+    base = build_base()
+    venv.ensure()
+    started = time.monotonic()
+    dest = f"/opt/{venv.VENV.name}"
+    _log(f"building {VLLM_CPU_IMAGE}: the base and {venv.VENV} as {dest} (about 7 GB, a few minutes)")
+    with tempfile.TemporaryDirectory(dir=IMAGES, prefix="vllm-cpu-") as tmp:
+        layer = venv.image_layer(Path(tmp) / "layer.tar", dest)
+        with tarfile.open(layer, "a") as out:
+            for source in sorted(CPU_NIXL_DIR.glob("*.py")):
+                info = out.gettarinfo(str(source), arcname=f"{VLLM_CPU_NIXL_DIR.strip('/')}/{source.name}")
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mode = 0o644
+                with source.open("rb") as f:
+                    out.addfile(info, f)
+        write_layered_archive(archive, VLLM_CPU_IMAGE, base, layer, vllm_cpu_config())
+    _log(f"{VLLM_CPU_IMAGE} built in {time.monotonic() - started:.0f} s: {archive}")
+    return archive
+
+
 BUILDERS = {
     "pause": build_pause,
     "echo": build_echo,
     "vllm-stub": build_vllm_stub,
     "base": build_base,
     "operator": build_operator,
+    "vllm-cpu": build_vllm_cpu,
 }
 # What a real node needs loaded to run the chart: the sandbox and the operator (which is also the router).
 NODE_IMAGES = ("pause", "operator")
+# What `make images` builds and loads: the chart's and examples/epd-local-cpu.yaml's images.
+DEFAULT_IMAGES = (*NODE_IMAGES, "vllm-cpu")
 
 
 def build(names: Iterable[str] = NODE_IMAGES) -> dict[str, Path]:
@@ -290,13 +356,20 @@ def prune(keep: Iterable[Path]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dev.images", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("build", "load"))
-    parser.add_argument("images", nargs="*", help=f"any of {', '.join(BUILDERS)} (default: {', '.join(NODE_IMAGES)})")
+    parser.add_argument(
+        "images", nargs="*", help=f"any of {', '.join(BUILDERS)} (default: {', '.join(DEFAULT_IMAGES)})"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.images) - set(BUILDERS)
     if unknown:
         parser.error(f"unknown image {', '.join(sorted(unknown))}: choose from {', '.join(BUILDERS)}")
     try:
-        archives = build(args.images or NODE_IMAGES)
+        archives = build(args.images or DEFAULT_IMAGES)
+        if "vllm-cpu" in archives:
+            from . import tiny_model
+
+            # The model the CPU image serves comes from the node's model cache, not the image.
+            _log(f"model for examples/epd-local-cpu.yaml: {tiny_model.ensure()}")
     except (ImageError, subprocess.CalledProcessError) as exc:
         print(f"make images: {exc}", file=sys.stderr)
         return 1

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,6 +209,55 @@ def ensure() -> Path:
         READY.write_text(RECIPE)
         _log("ready")
     return python()
+
+
+def image_layer(tar_path: Path, dest: str, interpreter: str = "/usr/bin/python3.11") -> Path:
+    """An uncompressed image layer holding the ready venv at ``dest``, relocated: its interpreter is
+    ``interpreter`` (the image's own Python 3.11; the venv's binary wheels are built for the cp311
+    ABI, not for one patch release), and its scripts' shebangs and ``pyvenv.cfg`` name ``dest``.
+
+    This is the venv the tests run, so an image made from it runs the same packages and fix-ups."""
+    if not is_ready():
+        raise RuntimeError(f"{VENV} is not ready: run `python -m dev.venv ensure` first")
+    old, new = str(VENV).encode(), dest.rstrip("/").encode()
+    root = dest.strip("/")
+    bin_dir = VENV / "bin"
+
+    def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as out:
+        for path in sorted(VENV.iterdir()):
+            if path.name in ("pyvenv.cfg", "bin"):
+                continue
+            out.add(str(path), arcname=f"{root}/{path.name}", filter=owned_by_root)
+        directory = owned_by_root(out.gettarinfo(str(bin_dir), arcname=f"{root}/bin"))
+        out.addfile(directory)
+        for path in sorted(bin_dir.iterdir()):
+            arcname = f"{root}/bin/{path.name}"
+            if path.name == "python3.11":
+                info = owned_by_root(tarfile.TarInfo(arcname))
+                info.type, info.linkname = tarfile.SYMTYPE, interpreter
+                out.addfile(info)
+            elif path.is_symlink() or not path.is_file():
+                out.add(str(path), arcname=arcname, filter=owned_by_root)
+            else:
+                data = path.read_bytes().replace(old, new)
+                info = owned_by_root(out.gettarinfo(str(path), arcname=arcname))
+                info.size = len(data)
+                out.addfile(info, io.BytesIO(data))
+        cfg = (
+            f"home = {Path(interpreter).parent}\n"
+            "include-system-site-packages = false\n"
+            "version = 3.11\n"
+            f"executable = {interpreter}\n"
+        ).encode()
+        info = owned_by_root(tarfile.TarInfo(f"{root}/pyvenv.cfg"))
+        info.size, info.mode = len(cfg), 0o644
+        out.addfile(info, io.BytesIO(cfg))
+    return tar_path
 
 
 if __name__ == "__main__":
