@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from .cluster_api import ClusterError
-from .k8s_binaries import log
+from .k8s_binaries import CACHE, log
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 REAL_NODE_LABEL = "epd.dev/real-node"
@@ -63,6 +63,11 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 NODE_RUN = Path("/run/epd-node")
 # The API server's --service-cluster-ip-range (dev/cluster.py).
 SERVICE_CIDR = "10.96.0.0/16"
+# The node's directory for local volumes (examples/epd-local-cpu.yaml's hostPath volumes): `models`
+# is the machine's model cache (read-only; `make images` builds the tiny model into it), `ec-cache`
+# the encoder cache the tiers share. Both live in the node's private /var/lib and vanish with it.
+LOCAL_VOLUMES = Path("/var/lib/epd-local")
+MODEL_CACHE = CACHE / "models"
 APT_PACKAGES = "runc containerd containernetworking-plugins"
 
 
@@ -290,6 +295,7 @@ class RealNode:
     # -------------------------------------------------------------- namespaces
 
     def _start_holder(self) -> None:
+        MODEL_CACHE.mkdir(parents=True, exist_ok=True)
         masks = self.dir / "sysctl"
         masks.mkdir(exist_ok=True)
         lines = [
@@ -298,6 +304,9 @@ class RealNode:
             # CNI plugins their cache under /var/lib/cni whatever the config says.
             "mount -n -t tmpfs -o mode=755 epd-node-run /run",
             "mount -n -t tmpfs -o mode=755 epd-node-varlib /var/lib",
+            f"mkdir -p {LOCAL_VOLUMES}/models {LOCAL_VOLUMES}/ec-cache",
+            f"mount -n --bind {MODEL_CACHE} {LOCAL_VOLUMES}/models",
+            f"mount -n -o remount,bind,ro {LOCAL_VOLUMES}/models",
         ]
         for key, value in KUBELET_SYSCTLS.items():
             mask = masks / key.replace("/", ".")

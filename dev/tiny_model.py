@@ -28,6 +28,9 @@ from typing import Any
 RECIPE = "2"
 CACHE = Path(os.environ.get("EPD_CACHE", Path.home() / ".cache" / "epd-operator"))
 MODEL_DIR = CACHE / "models" / f"tiny-qwen2-vl-{RECIPE}"
+# A stable name for the current recipe's model, beside it (relative, so it resolves wherever the
+# model cache is mounted: examples/epd-local-cpu.yaml loads /models/tiny-qwen2-vl).
+MODEL_LINK = MODEL_DIR.with_name("tiny-qwen2-vl")
 # The name vLLM reports in /v1/models and expects in requests.
 SERVED_NAME = "tiny-qwen2-vl"
 
@@ -85,9 +88,19 @@ def _log(msg: str) -> None:
 
 
 def ensure() -> Path:
-    """Return the tiny model's directory, building it (a few seconds) in the vLLM venv if needed."""
-    if is_ready():
-        return MODEL_DIR
+    """Return the tiny model's directory, building it (a few seconds) in the vLLM venv if needed, and
+    point ``MODEL_LINK`` at it."""
+    if not is_ready():
+        _build_in_venv()
+    if not MODEL_LINK.is_symlink() or os.readlink(MODEL_LINK) != MODEL_DIR.name:
+        temporary = MODEL_LINK.with_name(f"{MODEL_LINK.name}.link-{os.getpid()}")
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(MODEL_DIR.name)
+        temporary.replace(MODEL_LINK)
+    return MODEL_DIR
+
+
+def _build_in_venv() -> None:
     from dev import venv
 
     python = venv.ensure()
@@ -104,7 +117,6 @@ def ensure() -> Path:
         if not is_ready():
             raise
     _log("ready")
-    return MODEL_DIR
 
 
 # ---------------------------------------------------------------------------------------------
