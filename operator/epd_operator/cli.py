@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from . import __version__
-from .api import SpecError, parse_epd
+from .api import GROUP, SpecError, parse_epd
 from .api.crd import build_crd
 from .api.spec import DEFAULT_ROUTER_IMAGE
 
@@ -40,10 +40,17 @@ def dump_yaml(objects: Iterable[dict[str, Any]]) -> str:
 def _read_documents(path: str) -> list[dict[str, Any]]:
     stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below)
     with stream:
-        docs = [doc for doc in yaml.safe_load_all(stream) if doc is not None]
+        docs = [doc for doc in yaml.safe_load_all(stream) if doc is not None and not _other_api(doc)]
     if not docs:
         raise SpecError([])
     return docs
+
+
+def _other_api(doc: Any) -> bool:
+    """A document of another API group (a Namespace, a PVC, ... applied beside the EPDDeployment in one
+    file), which epdctl leaves alone; a document of this group with another kind is still refused."""
+    api_version = doc.get("apiVersion") if isinstance(doc, dict) else None
+    return isinstance(api_version, str) and api_version.split("/")[0] != GROUP and "kind" in doc
 
 
 def _parse_all(path: str) -> list:
@@ -59,7 +66,7 @@ def _parse_documents(path: str) -> list[tuple[dict[str, Any], Any]]:
         print(f"epdctl: {path}: {exc}", file=sys.stderr)
         sys.exit(1)
     except SpecError:
-        print(f"epdctl: {path}: no documents", file=sys.stderr)
+        print(f"epdctl: {path}: no EPDDeployment in the file", file=sys.stderr)
         sys.exit(1)
     parsed, failed = [], False
     for index, doc in enumerate(docs):
@@ -158,7 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     render = sub.add_parser(
         "render", help="print the Kubernetes objects an EPDDeployment becomes (multi-document YAML)"
     )
-    render.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")
+    render.add_argument(
+        "-f",
+        "--file",
+        required=True,
+        help="YAML file with EPDDeployments ('-' for stdin); documents of other API groups are skipped",
+    )
     render.add_argument("-n", "--namespace", help="namespace to render into (default: the spec's, else 'default')")
     render.add_argument(
         "--router-image",
@@ -167,7 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.set_defaults(func=cmd_render)
     validate = sub.add_parser("validate", help="check EPDDeployment specs; exit 1 naming each bad field")
-    validate.add_argument("-f", "--file", required=True, help="EPDDeployment YAML file ('-' for stdin)")
+    validate.add_argument(
+        "-f",
+        "--file",
+        required=True,
+        help="YAML file with EPDDeployments ('-' for stdin); documents of other API groups are skipped",
+    )
     validate.add_argument(
         "--server",
         action="store_true",

@@ -67,10 +67,25 @@ def test_one_bad_document_fails_the_file_and_is_named(tmp_path, capsys):
     assert "good" not in err
 
 
+def test_documents_of_other_api_groups_are_left_alone(tmp_path, capsys):
+    others = "apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n---\napiVersion: apps/v1\nkind: Deployment\n---\n"
+    code, out, err = run(["validate", "-f", write(tmp_path, others + GOOD % "good")], capsys)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["EPDDeployment good: valid (E/P/D, EC connector CPU)"]
+
+
+def test_another_kind_of_this_api_group_is_refused(tmp_path, capsys):
+    typo = (GOOD % "typo").replace("kind: EPDDeployment", "kind: EPDDeploymnet")
+    code, out, err = run(["validate", "-f", write(tmp_path, typo)], capsys)
+    assert (code, out) == (1, "")
+    assert "EPDDeployment typo: kind:" in err
+
+
 @pytest.mark.parametrize(
     "text, complaint",
     [
-        ("", "no documents"),
+        ("", "no EPDDeployment in the file"),
+        ("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n", "no EPDDeployment in the file"),
         ("spec: [unclosed\n", "while parsing"),
         ("- just\n- a list\n", "document 0: <root>: an EPDDeployment must be a mapping"),
     ],
