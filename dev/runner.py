@@ -192,9 +192,13 @@ def router_command() -> list[str]:
 
 
 def load_spec(source: str | Path | dict) -> dict:
+    """The EPDDeployment of a file (an example may carry its namespace and volumes beside it)."""
     if isinstance(source, dict):
         return source
-    return yaml.safe_load(Path(source).read_text())
+    docs = [d for d in yaml.safe_load_all(Path(source).read_text()) if d and d.get("kind") == "EPDDeployment"]
+    if len(docs) != 1:
+        raise ValueError(f"{source}: {len(docs)} EPDDeployments; expected one")
+    return dict(docs[0])
 
 
 def local_plan(source: str | Path | dict, workdir: Path) -> LocalPlan:

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from dev.runner import load_spec
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 CHART = REPO / "charts" / "epd-deployment"
@@ -46,7 +48,7 @@ def overlay(spec: dict[str, Any], cleared: dict[str, Any]) -> dict[str, Any]:
 
 
 def values_for(example: Path, defaults: dict[str, Any]) -> str:
-    doc = yaml.safe_load(example.read_text())
+    doc = load_spec(example)
     spec_defaults = {k: v for k, v in defaults.items() if k not in CHART_ONLY_VALUES}
     values = {
         "fullnameOverride": doc["metadata"]["name"],

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from dev.runner import load_spec
+
 from .charts import DEPLOYMENT_CHART, REPO, ci_values
 
 pytestmark = pytest.mark.helm
@@ -25,7 +27,7 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_ci_values_reproduce_each_example(helm, example):
     """`helm install -f ci/<example>-values.yaml` yields exactly the EPDDeployment of examples/."""
-    wanted = yaml.safe_load(example.read_text())
+    wanted = load_spec(example)
     values = DEPLOYMENT_CHART / "ci" / f"{example.stem}-values.yaml"
     assert values.exists(), f"no {values.relative_to(REPO)}: run `python -m tests.helm.ci_values`"
     (cr,) = helm.template(DEPLOYMENT_CHART, values, release="release", namespace=wanted["metadata"]["namespace"])

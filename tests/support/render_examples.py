@@ -10,9 +10,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dev.argv import expand_vars
+from dev.runner import load_spec
 from epd_operator.api import EPDDeployment, parse_epd
 from epd_operator.render import render
 
@@ -24,6 +23,8 @@ MOONCAKE = "epd-mooncake.yaml"
 CPU_CONNECTOR = "epd-cpu-connector.yaml"
 DP_EP_MOE = "epd-dp-ep-moe.yaml"
 MULTI_NODE = "epd-multi-node.yaml"
+LOCAL_CPU = "epd-local-cpu.yaml"
+LOCAL_CPU_NIXL = "epd-local-cpu-nixl.yaml"
 
 
 def example_files() -> list[Path]:
@@ -31,8 +32,8 @@ def example_files() -> list[Path]:
 
 
 def example_document(name: str) -> dict[str, Any]:
-    with open(EXAMPLES_DIR / name, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+    """The example's EPDDeployment (a local example carries its namespace and volumes beside it)."""
+    return load_spec(EXAMPLES_DIR / name)
 
 
 def example(name: str, **changes: Any) -> EPDDeployment:

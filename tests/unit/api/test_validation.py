@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dev.runner import load_spec
 from epd_operator.api import SpecError, parse_epd
 from epd_operator.api.crd import build_crd
 from epd_operator.cli import main as epdctl
@@ -640,7 +641,7 @@ GOOD_SPECS = [
     pytest.param(
         spec_with({"spec.decode.env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]}), id="env-source"
     ),
-    *[pytest.param(yaml.safe_load(p.read_text()), id=f"examples/{p.name}") for p in EXAMPLES],
+    *[pytest.param(load_spec(p), id=f"examples/{p.name}") for p in EXAMPLES],
 ]
 
 

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dev.cpu_sizing import fit_to_cpu
 from dev.plan import (
@@ -22,6 +21,7 @@ from dev.plan import (
     flag_value,
     plan,
 )
+from dev.runner import load_spec
 from epd_operator.api import parse_epd
 from epd_operator.render import render
 
@@ -34,7 +34,7 @@ SUBSTITUTED = {"--port", "--ec-transfer-config", "--tensor-parallel-size"}
 
 def local_plan(example: str) -> LocalPlan:
     ports = itertools.count(41000)
-    objects = render(parse_epd(yaml.safe_load((EXAMPLES / example).read_text())))
+    objects = render(parse_epd(load_spec(EXAMPLES / example)))
     return plan(
         objects,
         model_dir=MODEL,
@@ -130,7 +130,7 @@ def test_nixl_tiers_get_the_cpu_adaptations_and_only_locally(e_p_d):
     assert not set(CPU_NIXL_ENV) & set(e_p_d.one("encoder").env)
     rendered_env = {
         var["name"]
-        for obj in render(parse_epd(yaml.safe_load((EXAMPLES / "epd-nixl-autoscaled.yaml").read_text())))
+        for obj in render(parse_epd(load_spec(EXAMPLES / "epd-nixl-autoscaled.yaml")))
         if obj["kind"] == "Deployment"
         for c in obj["spec"]["template"]["spec"]["containers"]
         for var in c.get("env", [])
@@ -170,6 +170,6 @@ def test_kubelet_variable_expansion():
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_cpu_sizing_keeps_every_example_valid(example):
-    spec, changes = fit_to_cpu(yaml.safe_load((EXAMPLES / example).read_text()))
+    spec, changes = fit_to_cpu(load_spec(EXAMPLES / example))
     parse_epd(spec)
     assert any("--enforce-eager" in change for change in changes)

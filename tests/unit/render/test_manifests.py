@@ -17,6 +17,8 @@ from tests.support.render_examples import (
     DP_EP_MOE,
     MOONCAKE,
     MULTI_NODE,
+    LOCAL_CPU,
+    LOCAL_CPU_NIXL,
     NIXL_AUTOSCALED,
     SHARED_STORAGE,
     container,
@@ -81,7 +83,16 @@ def kv_config(c: dict) -> dict[str, Any]:
 
 
 def test_every_example_is_rendered(examples):
-    assert set(examples) == {SHARED_STORAGE, NIXL_AUTOSCALED, MOONCAKE, CPU_CONNECTOR, DP_EP_MOE, MULTI_NODE}
+    assert set(examples) == {
+        SHARED_STORAGE,
+        NIXL_AUTOSCALED,
+        MOONCAKE,
+        CPU_CONNECTOR,
+        DP_EP_MOE,
+        MULTI_NODE,
+        LOCAL_CPU,
+        LOCAL_CPU_NIXL,
+    }
     assert all(example_document(path.name)["kind"] == "EPDDeployment" for path in example_files())
 
 

@@ -34,6 +34,9 @@ EXPECTED = {
     "epd-dp-ep-moe.yaml": {"encoder": BASELINE, "prefill": BASELINE, "decode": BASELINE, "router": RESTRICTED},
     # decode: a LeaderWorkerSet; its leader and worker pods are both checked.
     "epd-multi-node.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
+    # Their namespaces enforce baseline (tests/node/test_mission_loop.py runs them under it).
+    "epd-local-cpu.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
+    "epd-local-cpu-nixl.yaml": {"encoder": BASELINE, "prefill": BASELINE, "decode": BASELINE, "router": RESTRICTED},
 }
 
 
