@@ -1,0 +1,406 @@
+"""The mission on real pods: `helm install` the operator chart, `kubectl apply` the CPU example,
+and chat with an image through the router Service, as a user would on the local cluster.
+
+Everything runs on the real node from locally built images: the operator (from its chart, under its
+ServiceAccount), the router it renders, and vLLM 0.32 for CPU (`localhost/epd-vllm-cpu:0.32.0`) in
+the encoder and prefill+decode pods, which mount the tiny model from the node's model cache and
+share the encoder cache through an RWX hostPath volume (`examples/epd-local-cpu.yaml`, unchanged).
+The tests run in file order on one deployment: probes pass, a request with an image answers through
+`kubectl port-forward` and through the Service's ClusterIP from a client pod, vLLM's own metrics
+show the encoder encoded the image once, a change to one tier rolls only that tier, and deleting the
+EPDDeployment removes every pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dev.client import chat_body, image_part, text_part
+from dev.cluster import LocalCluster, RealNodeSpec
+from dev.images import VLLM_CPU_IMAGE, build_operator, build_vllm_cpu, operator_image
+from dev.real_node import missing_runtime
+from tests.support.cluster import KubeView, epd_crd, install_crd, wait_for
+from tests.support.helm import ensure_helm
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
+NS, NAME, SERVED = "epd-local", "tiny-vl", "tiny-vl"
+EPD_API = "serving.epd.dev/v1alpha1"
+MAX_TOKENS = 4
+# Greedy answers of the E+PD deployment by image seed; the E/P/D one must give the same.
+E_PD_ANSWERS: dict[int, list[int]] = {}
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "a real node needs root (namespaces, cgroups, mounts)"
+    missing = missing_runtime()
+    return (
+        f"missing {', '.join(missing)} (apt-get install -y runc containerd containernetworking-plugins)"
+        if missing
+        else None
+    )
+
+
+pytestmark = [
+    pytest.mark.timeout(1500),  # the first run builds the images (minutes) and starts vLLM on two cores
+    pytest.mark.skipif(_unavailable() is not None, reason=_unavailable() or ""),
+]
+
+
+@dataclass
+class Mission:
+    cluster: LocalCluster
+    kube: KubeView  # the example's namespace
+    system: KubeView  # the operator's
+    name: str = NAME  # the EPDDeployment under test
+
+    def in_node(self, url: str, body: dict[str, Any] | None = None, timeout: float = 120) -> tuple[int, str]:
+        """An HTTP request from inside the node's network namespace (where pod and Service IPs answer)."""
+        code = (
+            "import json,sys,urllib.request,urllib.error\n"
+            "url, body, timeout = json.loads(sys.stdin.read())\n"
+            "data = json.dumps(body).encode() if body is not None else None\n"
+            "req = urllib.request.Request(url, data=data, headers={'Content-Type': 'application/json'})\n"
+            "try:\n"
+            "    r = urllib.request.urlopen(req, timeout=timeout); status, text = r.status, r.read().decode()\n"
+            "except urllib.error.HTTPError as e:\n"
+            "    status, text = e.code, e.read().decode()\n"
+            "sys.stdout.write(json.dumps([status, text]))\n"
+        )
+        out = subprocess.run(
+            self.cluster.real_node().netns_argv(sys.executable, "-c", code),
+            input=json.dumps([url, body, timeout]),
+            capture_output=True,
+            text=True,
+            timeout=timeout + 30,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        status, text = json.loads(out.stdout)
+        return int(status), str(text)
+
+    def pods(self, role: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.kube.pods(**{"app.kubernetes.io/instance": self.name, "serving.epd.dev/role": role})
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def metric(self, role: str, name: str, port: int = 8000, **labels: str) -> float:
+        """The sum of one metric over a tier's pods, read from each pod's own /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        total = 0.0
+        for pod in self.pods(role):
+            status, text = self.in_node(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=10)
+            assert status == 200, f"{pod['metadata']['name']} /metrics: {status} {text[:300]}"
+            total += sum(
+                s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+            )
+        return total
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+@pytest.fixture(scope="module")
+def mission(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mission]:
+    from dev import tiny_model
+
+    tmp = tmp_path_factory.mktemp("mission")
+    images = [build_operator(), build_vllm_cpu()]
+    tiny_model.ensure()
+    with LocalCluster(tmp / "k8s", real_nodes=(RealNodeSpec(),)) as cluster:
+        for archive in images:
+            cluster.real_node().load_image(archive)
+        install_crd(cluster, epd_crd())
+        kubeconfig = cluster.write_kubeconfig(tmp / "admin", cluster.admin_token, user="epd-admin")
+        system = KubeView(cluster, "epd-system", kubeconfig)
+        chart = REPO / "charts" / "epd-operator"
+        installed = subprocess.run(
+            [str(ensure_helm(3)), "install", "epd-operator", str(chart), "-n", "epd-system", "--create-namespace"],
+            capture_output=True,
+            text=True,
+            env=system.env(),
+            timeout=120,
+        )
+        assert installed.returncode == 0, installed.stderr
+        wait_for(
+            lambda: any(_ready(p) for p in system.pods(**{"app.kubernetes.io/name": "epd-operator"})),
+            240,
+            lambda: f"the operator pod is not ready: {system.pods()}",
+            interval=1,
+        )
+        yield Mission(cluster, KubeView(cluster, NS, kubeconfig), system)
+
+
+def _describe(m: Mission) -> str:
+    epd = m.kube.get(EPD_API, "EPDDeployment", m.name) or {}
+    pods = [
+        (
+            p["metadata"]["name"],
+            p["status"].get("phase"),
+            [c.get("state") for c in p["status"].get("containerStatuses") or []],
+        )
+        for p in m.kube.pods()
+    ]
+    return f"status: {json.dumps(epd.get('status'), indent=1)[:3000]}\npods: {pods}"
+
+
+def _all_ready(m: Mission, roles: tuple[str, ...] = ("encoder", "decode", "router")) -> bool:
+    epd = m.kube.get(EPD_API, "EPDDeployment", m.name) or {}
+    conditions = {c["type"]: c["status"] for c in epd.get("status", {}).get("conditions") or []}
+    pods = m.kube.pods(**{"app.kubernetes.io/instance": m.name})
+    ready = {p["metadata"]["labels"].get("serving.epd.dev/role") for p in pods if _ready(p)}
+    return conditions.get("Ready") == "True" and set(roles) <= ready
+
+
+def test_the_example_applies_and_its_vllm_pods_pass_their_probes(mission: Mission):
+    applied = mission.kube.kubectl("apply", "-f", str(EXAMPLE))
+    assert f"epddeployment.serving.epd.dev/{NAME} created" in applied.stdout
+
+    started = time.monotonic()
+    wait_for(lambda: _all_ready(mission), 900, lambda: _describe(mission), interval=2)
+    print(f"EPDDeployment Ready {time.monotonic() - started:.0f} s after kubectl apply", file=sys.stderr)
+
+    for role in ("encoder", "decode"):
+        [pod] = mission.pods(role)
+        assert pod["spec"]["nodeName"] == "cpu-node-1"
+        [vllm] = [c for c in pod["status"]["containerStatuses"] if c["name"] == "vllm"]
+        assert vllm["image"].endswith(VLLM_CPU_IMAGE.split("/", 1)[1]), vllm["image"]
+        assert vllm["restartCount"] == 0, f"{role}: the liveness probe or the process failed: {vllm}"
+        container = next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")
+        assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(container), "the rendered probes ran"
+    [router] = mission.pods("router")
+    assert router["spec"]["containers"][0]["image"] == operator_image()
+
+
+def _chat_body(seed: int) -> dict[str, Any]:
+    return chat_body(SERVED, [text_part("Describe the image."), image_part(seed)], MAX_TOKENS)
+
+
+@contextlib.contextmanager
+def _port_forward(m: Mission, target: str | None = None) -> Iterator[int]:
+    """`kubectl port-forward` to port 8000 of a pod, or of the router Service; yields the local port."""
+    argv = [str(m.cluster.kubectl_path), "--kubeconfig", str(m.kube.kubeconfig), "-n", NS]
+    with subprocess.Popen(
+        [*argv, "port-forward", target or f"svc/{m.name}", ":8000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            line = proc.stdout.readline()
+            found = re.search(r"127\.0\.0\.1:(\d+)", line)
+            assert found, f"kubectl port-forward said {line!r}: {proc.stderr.read() if proc.poll() is not None else ''}"
+            yield int(found.group(1))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def test_a_chat_with_an_image_through_kubectl_port_forward_is_encoded_once(mission: Mission):
+    from dev.client import chat
+
+    encoded = mission.metric("encoder", "vllm:request_success_total")
+    answered = mission.metric("decode", "vllm:request_success_total")
+    reused = mission.metric("router", "epd_router_items_total", port=9090, outcome="reused")
+    with _port_forward(mission) as port:
+        first = chat(f"http://127.0.0.1:{port}", _chat_body(1))
+        assert first.ok, f"through port-forward: {first}"
+        assert first.completion_tokens == MAX_TOKENS
+        E_PD_ANSWERS[1] = first.token_ids
+        assert mission.metric("encoder", "vllm:request_success_total") == encoded + 1, "the encoder encoded the image"
+
+        again = chat(f"http://127.0.0.1:{port}", _chat_body(1))
+        assert again.ok, f"the repeat: {again}"
+    assert mission.metric("encoder", "vllm:request_success_total") == encoded + 1, "the repeat was not re-encoded"
+    assert mission.metric("decode", "vllm:request_success_total") == answered + 2
+    assert mission.metric("router", "epd_router_items_total", port=9090, outcome="reused") == reused + 1
+
+
+def test_a_chat_through_the_cluster_ip_from_a_client_pod(mission: Mission):
+    service = mission.kube.get("v1", "Service", NAME)
+    assert service is not None
+    url = f"http://{service['spec']['clusterIP']}:8000/v1/chat/completions"
+    script = (
+        "import json, os, urllib.request\n"
+        "body = open('/request/body.json', 'rb').read()\n"
+        "req = urllib.request.Request(os.environ['URL'], data=body, headers={'Content-Type': 'application/json'})\n"
+        "r = urllib.request.urlopen(req, timeout=120)\n"
+        "print(r.status, json.loads(r.read())['usage']['completion_tokens'])\n"
+    )
+    client = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "chat-client", "namespace": NS},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "client",
+                    "image": operator_image(),
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", script],
+                    "env": [{"name": "URL", "value": url}],
+                    "volumeMounts": [{"name": "request", "mountPath": "/request"}],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+            "volumes": [{"name": "request", "configMap": {"name": "chat-request"}}],
+        },
+    }
+    request = {"body.json": json.dumps(_chat_body(2))}  # a data URL is too long for an env var or argument
+    mission.kube.create(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "chat-request"}, "data": request}
+    )
+    encoded = mission.metric("encoder", "vllm:request_success_total")
+    mission.kube.create(client)
+    pod = wait_for(
+        lambda: (
+            (p := mission.kube.get("v1", "Pod", "chat-client"))
+            and p["status"].get("phase") in ("Succeeded", "Failed")
+            and p
+        ),
+        300,
+        lambda: f"the client pod did not finish: {mission.kube.get('v1', 'Pod', 'chat-client')}",
+        interval=1,
+    )
+    logs = mission.kube.kubectl("-n", NS, "logs", "chat-client", check=False)
+    assert pod["status"]["phase"] == "Succeeded", logs.stdout + logs.stderr
+    assert logs.stdout.split() == ["200", str(MAX_TOKENS)]
+    assert mission.metric("encoder", "vllm:request_success_total") == encoded + 1
+    mission.kube.delete("v1", "Pod", "chat-client")
+    mission.kube.delete("v1", "ConfigMap", "chat-request")
+
+
+def _uids(m: Mission) -> dict[str, set[str]]:
+    return {role: {p["metadata"]["uid"] for p in m.pods(role)} for role in ("encoder", "decode", "router")}
+
+
+def test_a_change_of_one_tier_rolls_only_that_tier(mission: Mission):
+    before = _uids(mission)
+    doc = next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d["kind"] == "EPDDeployment")
+    env = [*doc["spec"]["encoder"]["env"], {"name": "EPD_LOCAL_ROLLOUT", "value": "1"}]
+    mission.kube.ok(
+        "PATCH",
+        f"/apis/{EPD_API}/namespaces/{NS}/epddeployments/{NAME}",
+        {"spec": {"encoder": {"env": env}}},
+    )
+
+    def rolled() -> bool:
+        now = _uids(mission)
+        encoders = mission.pods("encoder")
+        return bool(now["encoder"]) and not (now["encoder"] & before["encoder"]) and all(_ready(p) for p in encoders)
+
+    wait_for(rolled, 600, lambda: _describe(mission), interval=2)
+    wait_for(lambda: _all_ready(mission), 300, lambda: _describe(mission), interval=2)
+    after = _uids(mission)
+    assert after["decode"] == before["decode"], "the decode tier was not rolled"
+    assert after["router"] == before["router"], "the router was not rolled"
+    # The new encoder serves: a new image is encoded by it.
+    encoded = mission.metric("encoder", "vllm:request_success_total")
+    [router] = mission.pods("router")
+    status, text = mission.in_node(f"http://{router['status']['podIP']}:8000/v1/chat/completions", _chat_body(3))
+    assert status == 200, text[:500]
+    assert mission.metric("encoder", "vllm:request_success_total") == encoded + 1
+
+
+def test_deleting_the_epddeployment_removes_every_pod(mission: Mission):
+    mission.kube.kubectl("-n", NS, "delete", "epddeployment", NAME, "--wait=false")
+    wait_for(
+        lambda: not mission.kube.pods(**{"app.kubernetes.io/instance": NAME}),
+        300,
+        lambda: f"pods left: {[p['metadata']['name'] for p in mission.kube.pods()]}",
+        interval=2,
+    )
+
+
+@dataclass
+class _PodsEPD:
+    """A running E/P/D deployment as `dev.kv_transfer` reads one: each tier's URL (a port-forward to its
+    one pod) and its log (`kubectl logs`)."""
+
+    m: Mission
+    urls: dict[str, str]
+    logs: Path
+
+    def url(self, role: str) -> str:
+        return self.urls[role]
+
+    def log_path(self, role: str) -> Path:
+        [pod] = self.m.pods(role)
+        out = self.m.kube.kubectl("-n", NS, "logs", pod["metadata"]["name"], "-c", "vllm")
+        path = self.logs / f"{role}.log"
+        path.write_text(out.stdout)
+        return path
+
+
+def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(mission: Mission, tmp_path: Path):
+    """examples/epd-local-cpu-nixl.yaml: prefill and decode in separate pods, the KV cache read by
+    decode from prefill with NIXL (UCX over TCP) through the rendered side channel (the pod's IP),
+    unchanged; vLLM's own counters say every transfer succeeded and no lease expired, and the greedy
+    answer equals the E+PD deployment's for the same image."""
+    from dev import kv_transfer
+    from dev.client import chat
+
+    applied = mission.kube.kubectl("apply", "-f", str(REPO / "examples" / "epd-local-cpu-nixl.yaml"))
+    assert "epddeployment.serving.epd.dev/tiny-vl-pd created" in applied.stdout
+    mission.name = "tiny-vl-pd"
+    try:
+        wait_for(
+            lambda: _all_ready(mission, ("encoder", "prefill", "decode", "router")),
+            900,
+            lambda: _describe(mission),
+            interval=2,
+        )
+        for role in ("prefill", "decode"):
+            [pod] = mission.pods(role)
+            [vllm] = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
+            env = {e["name"]: e.get("value") for e in vllm["env"]}
+            assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "$(POD_IP)" and env["UCX_TLS"] == "tcp"
+        with contextlib.ExitStack() as stack:
+            urls = {}
+            for role in ("prefill", "decode"):
+                [pod] = mission.pods(role)
+                port = stack.enter_context(_port_forward(mission, f"pod/{pod['metadata']['name']}"))
+                urls[role] = f"http://127.0.0.1:{port}"
+            running = _PodsEPD(mission, urls, tmp_path)
+            before = kv_transfer.read(running)
+            router = stack.enter_context(_port_forward(mission))
+            reply = chat(f"http://127.0.0.1:{router}", _chat_body(1))
+            assert reply.ok, reply
+            text = chat(f"http://127.0.0.1:{router}", chat_body(SERVED, "Prefill here, decode there.", MAX_TOKENS))
+            assert text.ok, text
+            moved = kv_transfer.read(running).since(before)
+        assert not moved.problems(), moved.line()
+        assert moved.transfers >= 2, moved.line()
+        assert reply.token_ids == E_PD_ANSWERS[1], "E/P/D over NIXL answers as E+PD does (greedy, same image)"
+        print(f"E/P/D over NIXL between pods: {moved.line()}", file=sys.stderr)
+    finally:
+        mission.kube.kubectl("-n", NS, "delete", "epddeployment", mission.name, "--wait=false", check=False)
+        wait_for(
+            lambda: not mission.kube.pods(**{"app.kubernetes.io/instance": mission.name}),
+            300,
+            lambda: f"pods left: {[p['metadata']['name'] for p in mission.kube.pods()]}",
+            interval=2,
+        )
