@@ -500,6 +500,13 @@ def test_router_deployment_rbac_and_service(examples):
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    # Liveness waits for the router's first answer, for up to 300 s.
+    assert c["startupProbe"] == {
+        "httpGet": {"path": "/livez", "port": "http"},
+        "periodSeconds": 2,
+        "failureThreshold": 150,
+    }
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
     rbac = find(objects, "Role", "qwen-vl-epd-router")
     assert rbac["rules"] == [
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
