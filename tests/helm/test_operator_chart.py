@@ -108,6 +108,11 @@ def test_operator_probes_and_ports(helm):
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["startupProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "health"},
+        "periodSeconds": 2,
+        "failureThreshold": 150,
+    }
     assert c["command"] == ["epd-operator"]
     assert c["image"] == "ghcr.io/epd-operator/epd-operator:0.1.0"
 
