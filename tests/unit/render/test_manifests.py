@@ -15,10 +15,10 @@ from epd_operator.render.naming import CONFIG_HASH_ANNOTATION
 from tests.support.render_examples import (
     CPU_CONNECTOR,
     DP_EP_MOE,
-    MOONCAKE,
-    MULTI_NODE,
     LOCAL_CPU,
     LOCAL_CPU_NIXL,
+    MOONCAKE,
+    MULTI_NODE,
     NIXL_AUTOSCALED,
     SHARED_STORAGE,
     container,
