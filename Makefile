@@ -37,9 +37,11 @@ k8s: install ## the Kubernetes control plane (1.37, and 1.34's kube-apiserver) a
 	$(BIN)/python -m dev.prometheus_adapter
 
 # The real node's kubelet and kube-proxy, from the same module and `go build` as the control plane
-# (215 s more than the control plane alone, measured with its Go build cache warm on a busy 2-core machine).
-k8s-node: install ## the kubelet and kube-proxy of the local cluster's real node, built like the control plane
+# (215 s more than the control plane alone, measured with its Go build cache warm on a busy 2-core machine),
+# and the cluster's DNS, CoreDNS, from the Go module proxy (~/.cache/epd-operator/coredns).
+k8s-node: install ## the kubelet and kube-proxy of the local cluster's real node, built like the control plane, and CoreDNS
 	$(BIN)/python -m dev.cluster build --real-node
+	$(BIN)/python -m dev.coredns
 
 # A local control plane with fake GPU nodes and a real node (containerd, runc, CNI, kubelet, kube-proxy,
 # in namespaces of its own: root and `apt-get install runc containerd containernetworking-plugins`),
