@@ -5,7 +5,9 @@ The release's own ``main`` compiles in every plugin (cloud DNS providers' SDKs i
 built here is CoreDNS's ``coremain`` with the plugins the cluster's Corefile uses (``PLUGINS``): the
 module's source is downloaded (``go mod download``), copied (the module cache is read-only) and a
 ``main`` package importing those plugins is built in it, static (``CGO_ENABLED=0``), against the
-release's own go.mod and go.sum. A lock file serialises concurrent builds of the cache.
+release's own go.mod and go.sum. A lock file serialises concurrent builds of the cache. Cold (empty Go
+build cache, dependencies downloaded): 21.5 minutes on a 2-core machine at a load average of 14-20,
+5.7 CPU-minutes.
 
     python -m dev.coredns      # build (or find) it and print its path
 """
