@@ -6,9 +6,10 @@ modules by ``dev/k8s-binaries.sh`` and cached in ``~/.cache/epd-operator/k8s/<ve
 kwok, SIG Scheduling's fake kubelet, for nodes with ``nvidia.com/gpu`` capacity on which pods are
 scheduled for real and become Running/Ready (they run nothing: their IPs are for reading only).
 With ``real_nodes``, real worker nodes join them (``dev/real_node.py``: containerd, runc, CNI, kubelet,
-kube-proxy in namespaces of their own) and run pods for real; the fake GPU nodes then carry the
-``nvidia.com/gpu`` NoSchedule taint, which pods asking for GPUs tolerate (the ExtendedResourceToleration
-admission plugin, as on clouds' GPU pools), so only GPU pods land on them.
+kube-proxy in namespaces of their own, and the cluster's DNS, ``dev/cluster_dns.py``) and run pods for
+real; the fake GPU nodes then carry the ``nvidia.com/gpu`` NoSchedule taint, which pods asking for GPUs
+tolerate (the ExtendedResourceToleration admission plugin, as on clouds' GPU pools), so only GPU pods
+land on them.
 
     python -m dev.cluster up [--detach]   # prints the kubeconfig path and how to stop
     python -m dev.cluster down
@@ -43,7 +44,15 @@ from .cluster_api import ClusterApi, ClusterError
 from .cluster_pki import ADMIN_TOKEN_USER, kubeconfig, make_pki
 from .fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, GPU, FakeNode
 from .k8s_binaries import NEWEST, OLDEST, binaries, log
-from .real_node import APT_PACKAGES, SERVICE_CIDR, RealNode, RealNodeSpec, missing_runtime
+from .real_node import (
+    APT_PACKAGES,
+    CLUSTER_DNS_IP,
+    CLUSTER_DOMAIN,
+    SERVICE_CIDR,
+    RealNode,
+    RealNodeSpec,
+    missing_runtime,
+)
 
 # What the tests and the benchmarks import from here.
 __all__ = [
@@ -246,10 +255,11 @@ class LocalCluster(ClusterApi):
         )
 
     def _start_real_node(self, node: RealNode, timeout: float = 120) -> None:
-        from .images import build_pause
+        from .images import build_coredns, build_pause
 
         node.start()
         node.load_image(build_pause())
+        node.load_image(build_coredns())
         self.apply(node.api_endpoint_slice())
         node.start_kubelet()
         deadline = time.monotonic() + timeout
@@ -262,6 +272,31 @@ class LocalCluster(ClusterApi):
                 )
             time.sleep(0.5)
         self._wait_for_schedulable_nodes([node.name], 30)
+        self._start_cluster_dns(node)
+
+    def _start_cluster_dns(self, node: RealNode, timeout: float = 60) -> None:
+        """CoreDNS on the real node; ready when the `kubernetes` Service's name resolves through the
+        `kube-dns` Service from inside the node's network namespace, as a pod's lookup does."""
+        from .cluster_dns import objects
+        from .images import COREDNS_IMAGE
+
+        started = time.monotonic()
+        for obj in objects(COREDNS_IMAGE):
+            self.apply(obj)
+        probe = node.netns_argv(sys.executable, "-m", "dev.cluster_dns", f"kubernetes.default.svc.{CLUSTER_DOMAIN}")
+        repo = Path(__file__).resolve().parents[1]
+        deadline = started + timeout
+        while True:
+            answer = subprocess.run(probe, capture_output=True, text=True, cwd=repo, timeout=30)
+            if answer.returncode == 0:
+                break
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"the cluster's DNS did not answer in {timeout:.0f} s: {(answer.stdout + answer.stderr).strip()[-500:]}"
+                )
+            time.sleep(0.5)
+        log(f"cluster DNS ({CLUSTER_DNS_IP}) answers, {time.monotonic() - started:.1f} s after the node was Ready")
 
     def _node_ready(self, name: str) -> bool:
         try:

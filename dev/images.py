@@ -3,7 +3,8 @@
 - **pause**: the pod sandbox (``registry.k8s.io/pause:3.10``, the name containerd asks for), a
   static Go binary (``dev/pause``) in a one-layer image written by ``dev/oci.py``; **echo**, the
   real node's test server (``dev/echo``), the same way; **vllm-stub**, the same server installed as
-  ``vllm``, which answers a vLLM tier's probes on the port its command line names;
+  ``vllm``, which answers a vLLM tier's probes on the port its command line names; **coredns**, the
+  cluster's DNS (``dev/coredns.py`` builds it from the Go module proxy), the same way;
 - **base**: a Debian bookworm root filesystem made by mmdebstrap (python3, venv, passwd, libnuma1),
   one layer; the recipes' build argument (``PYTHON_IMAGE``) selects it where no registry serves ``python:*``;
 - **operator**: ``images/operator/Dockerfile`` built by buildah on that base, named as the chart's
@@ -39,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from . import venv
+from . import coredns, venv
 from .k8s_binaries import CACHE, REPO
 from .oci import single_file_layer, write_archive, write_layered_archive
 from .plan import CPU_NIXL_DIR, CPU_NIXL_ENV
@@ -48,6 +49,7 @@ from .real_node import PAUSE_IMAGE
 IMAGES = CACHE / "images"
 ECHO_IMAGE = "localhost/epd-echo:dev"
 VLLM_STUB_IMAGE = "localhost/epd-vllm-stub:dev"
+COREDNS_IMAGE = f"localhost/epd-coredns:{coredns.VERSION}"
 BASE_IMAGE = "localhost/epd-base:bookworm"
 # libnuma1: vLLM's CPU kernels (vllm._C) link it.
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd", "libnuma1")
@@ -133,11 +135,16 @@ def _go_image(what: str, image: str, entrypoint: list[str], user: str, source: s
             check=True,
             env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"},
         )
+        _one_binary_image(archive, image, binary, entrypoint, user)
+    _log(f"{image} built in {time.monotonic() - started:.0f} s: {archive}")
+    return archive
+
+
+def _one_binary_image(archive: Path, image: str, binary: Path, entrypoint: list[str], user: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
         layer = single_file_layer(Path(tmp) / "layer.tar", binary, entrypoint[0])
         env = [f"PATH={Path(entrypoint[0]).parent}"]
         write_archive(archive, image, layer, {"Entrypoint": entrypoint, "User": user, "Env": env})
-    _log(f"{image} built in {time.monotonic() - started:.0f} s: {archive}")
-    return archive
 
 
 def build_pause() -> Path:
@@ -153,6 +160,18 @@ def build_vllm_stub() -> Path:
     """The echo server as ``vllm`` on the PATH: a vLLM tier's rendered ``vllm serve ... --port N``
     runs it, and it answers the tier's probes and the router's health checks there."""
     return _go_image("vllm-stub", VLLM_STUB_IMAGE, ["/usr/local/bin/vllm"], "65532:65532", source="echo")
+
+
+def build_coredns() -> Path:
+    """The cluster's DNS (``dev/cluster_dns.py``): the CoreDNS binary ``dev/coredns.py`` builds from
+    the Go module proxy, alone in one layer."""
+    archive = IMAGES / f"coredns-{_key('coredns', COREDNS_IMAGE, *coredns.PLUGINS)}.tar"
+    if archive.exists():
+        return archive
+    binary = coredns.ensure()
+    _one_binary_image(archive, COREDNS_IMAGE, binary, ["/coredns"], "65532:65532")
+    _log(f"{COREDNS_IMAGE}: {archive}")
+    return archive
 
 
 def base_key() -> str:
@@ -328,11 +347,13 @@ BUILDERS = {
     "pause": build_pause,
     "echo": build_echo,
     "vllm-stub": build_vllm_stub,
+    "coredns": build_coredns,
     "base": build_base,
     "operator": build_operator,
     "vllm-cpu": build_vllm_cpu,
 }
-# What a real node needs loaded to run the chart: the sandbox and the operator (which is also the router).
+# What a real node needs loaded to run the chart: the sandbox and the operator (which is also the router);
+# the cluster loads the sandbox and CoreDNS itself when its node starts.
 NODE_IMAGES = ("pause", "operator")
 # What `make images` builds and loads: the chart's and examples/epd-local-cpu.yaml's images.
 DEFAULT_IMAGES = (*NODE_IMAGES, "vllm-cpu")

@@ -68,6 +68,9 @@ SERVICE_CIDR = "10.96.0.0/16"
 # the encoder cache the tiers share. Both live in the node's private /var/lib and vanish with it.
 LOCAL_VOLUMES = Path("/var/lib/epd-local")
 MODEL_CACHE = CACHE / "models"
+# The cluster's DNS (dev/cluster_dns.py): the `kube-dns` Service's ClusterIP, in SERVICE_CIDR.
+CLUSTER_DNS_IP = "10.96.0.10"
+CLUSTER_DOMAIN = "cluster.local"
 APT_PACKAGES = "runc containerd containernetworking-plugins"
 
 
@@ -437,6 +440,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def _kubelet_argv(self) -> list[str]:
         root = self.dir / "kubelet"
         root.mkdir(parents=True, exist_ok=True)
+        # Pods with dnsPolicy Default (CoreDNS itself) get this: no upstream is reachable from the node.
         (self.dir / "resolv.conf").write_text("options ndots:1\n")
         sock = f"unix://{self.containerd_socket}"
         config = {
@@ -460,7 +464,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "authorization": {"mode": "AlwaysAllow"},
             "podLogsDir": str(self.dir / "pod-logs"),
             "resolvConf": str(self.dir / "resolv.conf"),
-            "clusterDomain": "cluster.local",
+            # ClusterFirst pods: nameserver CLUSTER_DNS_IP, search <ns>.svc.<domain> svc.<domain> <domain>, ndots:5.
+            "clusterDNS": [CLUSTER_DNS_IP],
+            "clusterDomain": CLUSTER_DOMAIN,
             "failSwapOn": False,
             # No registry can give an image back: never collect one, never evict for the shared disk.
             "imageGCHighThresholdPercent": 100,
