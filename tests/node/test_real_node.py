@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -250,6 +251,93 @@ def _procs(cgroup: Path) -> list[str]:
     return out
 
 
+# Run by a client pod (the operator image's Python, glibc's resolver as users' clients have it): the
+# pod's resolv.conf, then for each name either the echo server's answer through it or how the
+# lookup failed and how long it took.
+DNS_CLIENT = """
+import json, socket, sys, time, urllib.request
+out = {"resolv.conf": open("/etc/resolv.conf").read(), "names": {}}
+for name in sys.argv[1:]:
+    started = time.monotonic()
+    try:
+        answer = json.load(urllib.request.urlopen(f"http://{name}/by-name", timeout=5))
+        out["names"][name] = {"hostname": answer["hostname"]}
+    except OSError as exc:
+        reason = getattr(exc, "reason", exc)
+        out["names"][name] = {"error": type(reason).__name__, "errno": getattr(reason, "errno", None)}
+    out["names"][name]["seconds"] = round(time.monotonic() - started, 3)
+print(json.dumps(out))
+"""
+
+
+def test_pods_resolve_services_by_name_through_the_cluster_dns(
+    real_k8s: LocalCluster, node_ns: KubeView, loaded_operator_image: str
+):
+    """CoreDNS on the node answers for `<svc>`, `<svc>.<ns>`, `<svc>.<ns>.svc` and the full name (the
+    forms rendered objects and users' clients use), through the `kube-dns` Service the kubelet
+    writes into pods' resolv.conf; a name that does not exist fails at once (NXDOMAIN, no timeout)."""
+    from dev.cluster_dns import NAMESPACE, SERVICE
+
+    dns_service = node_ns.get("v1", "Service", SERVICE, namespace=NAMESPACE)
+    assert dns_service is not None and dns_service["spec"]["clusterIP"] == "10.96.0.10"
+    node_ns.create(echo_pod("echo-dns"))
+    node_ns.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "echo-by-name"},
+            "spec": {"selector": {"app": "echo"}, "ports": [{"port": 80, "targetPort": "http"}]},
+        }
+    )
+    wait_for(
+        lambda: ready(node_ns, "echo-dns"), 120, lambda: f"echo-dns not ready: {node_ns.get('v1', 'Pod', 'echo-dns')}"
+    )
+    ns = node_ns.ns
+    found = ["echo-by-name", f"echo-by-name.{ns}", f"echo-by-name.{ns}.svc", f"echo-by-name.{ns}.svc.cluster.local"]
+    missing = ["no-such-service", f"no-such-service.{ns}.svc.cluster.local", "example.com"]
+    node_ns.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "dns-client"},
+            "spec": {
+                "nodeSelector": {REAL_NODE_LABEL: "true"},
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "client",
+                        "image": loaded_operator_image,
+                        "imagePullPolicy": "Never",
+                        "command": ["python", "-c", DNS_CLIENT, *found, *missing],
+                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+                    }
+                ],
+            },
+        }
+    )
+
+    def finished() -> dict[str, Any] | None:
+        pod = node_ns.get("v1", "Pod", "dns-client")
+        return pod if (pod or {}).get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+    pod = wait_for(finished, 120, lambda: f"dns-client did not finish: {node_ns.get('v1', 'Pod', 'dns-client')}")
+    logs = node_ns.kubectl("logs", "dns-client").stdout
+    assert pod["status"]["phase"] == "Succeeded", logs
+    report = json.loads(logs.strip().splitlines()[-1])
+    resolv = report["resolv.conf"].split("\n")
+    assert "nameserver 10.96.0.10" in resolv
+    assert f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in resolv
+    assert "options ndots:5" in resolv
+    names = report["names"]
+    for name in found:
+        assert names[name].get("hostname") == "echo-dns", (name, names[name])
+    for name in missing:
+        # EAI_NONAME: the name does not exist (a lost query would be EAI_AGAIN after resolv.conf's 5 s timeout).
+        assert names[name]["error"] == "gaierror" and names[name]["errno"] == socket.EAI_NONAME, (name, names[name])
+        assert names[name]["seconds"] < 2, (name, names[name])
+
+
 def test_a_missing_image_archive_is_named(real_k8s: LocalCluster, tmp_path: Path):
     with pytest.raises(ClusterError, match=r"no image archive at .*missing\.tar: build it with `make images`"):
         real_k8s.real_node().load_image(tmp_path / "missing.tar")
@@ -264,14 +352,24 @@ class InstalledOperator(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def operator_chart(real_k8s: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> InstalledOperator:
+def loaded_operator_image(real_k8s: LocalCluster) -> str:
+    """The operator image (the router's too, and a Python for client pods), loaded into the node
+    once per module: the import takes a minute."""
+    from dev.images import build_operator, operator_image
+
+    real_k8s.real_node().load_image(build_operator())
+    return operator_image()
+
+
+@pytest.fixture(scope="module")
+def operator_chart(
+    real_k8s: LocalCluster, loaded_operator_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> InstalledOperator:
     """The README's plain `helm install`: the chart's default image name, loaded from the local
-    build, the operator running on the node (once per module: the image import takes a minute)."""
-    from dev.images import build_operator
+    build, the operator running on the node."""
     from tests.support.cluster import epd_crd, install_crd
     from tests.support.helm import ensure_helm
 
-    real_k8s.real_node().load_image(build_operator())
     install_crd(real_k8s, epd_crd())
     env = {**os.environ, "KUBECONFIG": str(real_k8s.kubeconfig_path)}
     chart = Path(__file__).parents[2] / "charts" / "epd-operator"
