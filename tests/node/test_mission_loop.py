@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -30,10 +29,9 @@ import yaml
 
 from dev.client import chat_body, image_part, text_part
 from dev.cluster import LocalCluster, RealNodeSpec
-from dev.images import VLLM_CPU_IMAGE, build_operator, build_vllm_cpu, operator_image
-from dev.real_node import missing_runtime
-from tests.support.cluster import KubeView, epd_crd, install_crd, wait_for
-from tests.support.helm import ensure_helm
+from dev.images import VLLM_CPU_IMAGE, build_vllm_cpu, operator_image
+from tests.support.cluster import KubeView, wait_for
+from tests.support.real_node import install_operator_chart, is_ready, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
@@ -44,20 +42,9 @@ MAX_TOKENS = 4
 E_PD_ANSWERS: dict[int, list[int]] = {}
 
 
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "a real node needs root (namespaces, cgroups, mounts)"
-    missing = missing_runtime()
-    return (
-        f"missing {', '.join(missing)} (apt-get install -y runc containerd containernetworking-plugins)"
-        if missing
-        else None
-    )
-
-
 pytestmark = [
     pytest.mark.timeout(1500),  # the first run builds the images (minutes) and starts vLLM on two cores
-    pytest.mark.skipif(_unavailable() is not None, reason=_unavailable() or ""),
+    pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
 ]
 
 
@@ -116,39 +103,17 @@ class Mission:
         return total
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
 @pytest.fixture(scope="module")
 def mission(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mission]:
     from dev import tiny_model
 
     tmp = tmp_path_factory.mktemp("mission")
-    images = [build_operator(), build_vllm_cpu()]
+    vllm = build_vllm_cpu()
     tiny_model.ensure()
     with LocalCluster(tmp / "k8s", real_nodes=(RealNodeSpec(),)) as cluster:
-        for archive in images:
-            cluster.real_node().load_image(archive)
-        install_crd(cluster, epd_crd())
-        kubeconfig = cluster.write_kubeconfig(tmp / "admin", cluster.admin_token, user="epd-admin")
-        system = KubeView(cluster, "epd-system", kubeconfig)
-        chart = REPO / "charts" / "epd-operator"
-        installed = subprocess.run(
-            [str(ensure_helm(3)), "install", "epd-operator", str(chart), "-n", "epd-system", "--create-namespace"],
-            capture_output=True,
-            text=True,
-            env=system.env(),
-            timeout=120,
-        )
-        assert installed.returncode == 0, installed.stderr
-        wait_for(
-            lambda: any(_ready(p) for p in system.pods(**{"app.kubernetes.io/name": "epd-operator"})),
-            240,
-            lambda: f"the operator pod is not ready: {system.pods()}",
-            interval=1,
-        )
+        cluster.real_node().load_image(vllm)
+        installed = install_operator_chart(cluster, tmp)
+        system, kubeconfig = installed.system, installed.system.kubeconfig
         yield Mission(cluster, KubeView(cluster, NS, kubeconfig), system)
 
 
@@ -165,11 +130,11 @@ def _describe(m: Mission) -> str:
     return f"status: {json.dumps(epd.get('status'), indent=1)[:3000]}\npods: {pods}"
 
 
-def _all_ready(m: Mission, roles: tuple[str, ...] = ("encoder", "decode", "router")) -> bool:
+def _allis_ready(m: Mission, roles: tuple[str, ...] = ("encoder", "decode", "router")) -> bool:
     epd = m.kube.get(EPD_API, "EPDDeployment", m.name) or {}
     conditions = {c["type"]: c["status"] for c in epd.get("status", {}).get("conditions") or []}
     pods = m.kube.pods(**{"app.kubernetes.io/instance": m.name})
-    ready = {p["metadata"]["labels"].get("serving.epd.dev/role") for p in pods if _ready(p)}
+    ready = {p["metadata"]["labels"].get("serving.epd.dev/role") for p in pods if is_ready(p)}
     return conditions.get("Ready") == "True" and set(roles) <= ready
 
 
@@ -178,7 +143,7 @@ def test_the_example_applies_and_its_vllm_pods_pass_their_probes(mission: Missio
     assert f"epddeployment.serving.epd.dev/{NAME} created" in applied.stdout
 
     started = time.monotonic()
-    wait_for(lambda: _all_ready(mission), 900, lambda: _describe(mission), interval=2)
+    wait_for(lambda: _allis_ready(mission), 900, lambda: _describe(mission), interval=2)
     print(f"EPDDeployment Ready {time.monotonic() - started:.0f} s after kubectl apply", file=sys.stderr)
 
     for role in ("encoder", "decode"):
@@ -310,10 +275,10 @@ def test_a_change_of_one_tier_rolls_only_that_tier(mission: Mission):
     def rolled() -> bool:
         now = _uids(mission)
         encoders = mission.pods("encoder")
-        return bool(now["encoder"]) and not (now["encoder"] & before["encoder"]) and all(_ready(p) for p in encoders)
+        return bool(now["encoder"]) and not (now["encoder"] & before["encoder"]) and all(is_ready(p) for p in encoders)
 
     wait_for(rolled, 600, lambda: _describe(mission), interval=2)
-    wait_for(lambda: _all_ready(mission), 300, lambda: _describe(mission), interval=2)
+    wait_for(lambda: _allis_ready(mission), 300, lambda: _describe(mission), interval=2)
     after = _uids(mission)
     assert after["decode"] == before["decode"], "the decode tier was not rolled"
     assert after["router"] == before["router"], "the router was not rolled"
@@ -368,7 +333,7 @@ def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(mission: Mi
     mission.name = "tiny-vl-pd"
     try:
         wait_for(
-            lambda: _all_ready(mission, ("encoder", "prefill", "decode", "router")),
+            lambda: _allis_ready(mission, ("encoder", "prefill", "decode", "router")),
             900,
             lambda: _describe(mission),
             interval=2,

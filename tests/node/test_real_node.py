@@ -16,31 +16,20 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
 from dev.cluster import ClusterError, LocalCluster, RealNodeSpec
 from dev.images import ECHO_IMAGE, VLLM_STUB_IMAGE, build_echo, build_vllm_stub
-from dev.real_node import KUBELET_SYSCTLS, REAL_NODE_LABEL, missing_runtime, read_sysctls
+from dev.real_node import KUBELET_SYSCTLS, REAL_NODE_LABEL, read_sysctls
 from epd_operator.api.labels import INSTANCE_LABEL, ROLE_LABEL
 from tests.support.cluster import KubeView, new_namespace, wait_for
-
-
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "a real node needs root (namespaces, cgroups, mounts)"
-    missing = missing_runtime()
-    return (
-        f"missing {', '.join(missing)} (apt-get install -y runc containerd containernetworking-plugins)"
-        if missing
-        else None
-    )
-
+from tests.support.real_node import InstalledOperator, install_operator_chart, is_ready, unavailable
 
 pytestmark = [
     pytest.mark.timeout(600),
-    pytest.mark.skipif(_unavailable() is not None, reason=_unavailable() or ""),
+    pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
 ]
 
 
@@ -99,8 +88,7 @@ def echo_pod(name: str, **labels: str) -> dict[str, Any]:
 
 def ready(kube: KubeView, name: str) -> dict[str, Any] | None:
     pod = kube.get("v1", "Pod", name)
-    conditions = (pod or {}).get("status", {}).get("conditions") or []
-    return pod if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
+    return pod if is_ready(pod) else None
 
 
 def get_in_node(cluster: LocalCluster, url: str) -> dict[str, Any]:
@@ -343,14 +331,6 @@ def test_a_missing_image_archive_is_named(real_k8s: LocalCluster, tmp_path: Path
         real_k8s.real_node().load_image(tmp_path / "missing.tar")
 
 
-class InstalledOperator(NamedTuple):
-    system: KubeView  # the chart's namespace, epd-system
-    pod: dict[str, Any]  # the operator's pod, ready
-
-    def logs(self) -> str:
-        return self.system.kubectl("logs", self.pod["metadata"]["name"], check=False).stdout[-2000:]
-
-
 @pytest.fixture(scope="module")
 def loaded_operator_image(real_k8s: LocalCluster) -> str:
     """The operator image (the router's too, and a Python for client pods), loaded into the node
@@ -365,33 +345,8 @@ def loaded_operator_image(real_k8s: LocalCluster) -> str:
 def operator_chart(
     real_k8s: LocalCluster, loaded_operator_image: str, tmp_path_factory: pytest.TempPathFactory
 ) -> InstalledOperator:
-    """The README's plain `helm install`: the chart's default image name, loaded from the local
-    build, the operator running on the node."""
-    from tests.support.cluster import epd_crd, install_crd
-    from tests.support.helm import ensure_helm
-
-    install_crd(real_k8s, epd_crd())
-    env = {**os.environ, "KUBECONFIG": str(real_k8s.kubeconfig_path)}
-    chart = Path(__file__).parents[2] / "charts" / "epd-operator"
-    installed = subprocess.run(
-        [str(ensure_helm(3)), "install", "epd-operator", str(chart), "-n", "epd-system", "--create-namespace"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert installed.returncode == 0, installed.stderr
-    kubeconfig = real_k8s.write_kubeconfig(
-        tmp_path_factory.mktemp("system") / "kubeconfig", real_k8s.admin_token, user="epd-admin"
-    )
-    system = KubeView(real_k8s, "epd-system", kubeconfig)
-
-    def operator_pod() -> dict[str, Any] | None:
-        pods = system.list("v1", "Pod", labels={"app.kubernetes.io/name": "epd-operator"})
-        return next((p for p in pods if ready(system, p["metadata"]["name"])), None)
-
-    pod = wait_for(operator_pod, 180, lambda: f"the operator pod is not ready: {system.pods()}")
-    return InstalledOperator(system, pod)
+    """The operator installed from its chart, once per module."""
+    return install_operator_chart(real_k8s, tmp_path_factory.mktemp("system"), load_image=False)
 
 
 @pytest.fixture

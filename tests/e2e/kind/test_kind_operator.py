@@ -1,32 +1,31 @@
-"""The operator on a real kind cluster: image built and loaded, chart installed with helm, an
-example EPDDeployment applied, its objects and status checked, then deleted and collected.
+"""The operator on a real kind cluster: image built and loaded, chart installed with helm, then the
+lifecycle of tests/support/operator_e2e.py (the same body runs on the local cluster's real node,
+tests/node/test_operator_on_real_node.py).
 
 Runs where `kind` and a working Docker are available (CI, laptops); skipped with the reason
 otherwise. `EPD_KIND_CLUSTER=<name>` reuses an existing kind cluster instead of creating (and
-deleting) a throwaway one. vLLM pods cannot become ready without GPUs and model weights, so the
-checks stop at what the operator controls: objects, owner references, status and events.
+deleting) a throwaway one.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.helm import HelmUnavailable, ensure_helm
+from tests.support.operator_e2e import (
+    NAMESPACE,
+    REPO,
+    an_example_becomes_owned_tiers_with_status_and_is_collected_on_delete,
+    sh,
+)
 
-REPO = Path(__file__).resolve().parents[3]
 IMAGE = "epd-operator:kind-e2e"
-EXAMPLE = REPO / "examples" / "epd-nixl-autoscaled.yaml"
-NAMESPACE = "epd-e2e"
 
 
 def _docker_works() -> bool:
@@ -50,12 +49,6 @@ pytestmark = [
     pytest.mark.timeout(1800),
     pytest.mark.skipif(_missing() is not None, reason=_missing() or ""),
 ]
-
-
-def sh(*cmd: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 600) -> str:
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, input=stdin, timeout=timeout)
-    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -107,52 +100,5 @@ def operator_installed(kube_env: dict[str, str]) -> Iterator[dict[str, str]]:
     subprocess.run([helm, "uninstall", "epd-operator", "--namespace", "epd-system"], env=kube_env, capture_output=True)
 
 
-def get_json(env: dict[str, str], *args: str) -> dict:
-    return json.loads(sh("kubectl", "get", *args, "-n", NAMESPACE, "-o", "json", env=env))
-
-
-def wait_for(check, timeout: float = 180, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(2)
-
-
 def test_an_example_becomes_owned_tiers_with_status_and_is_collected_on_delete(operator_installed):
-    env = operator_installed
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["metadata"]["namespace"] = NAMESPACE
-    sh("kubectl", "apply", "-f", "-", stdin=yaml.safe_dump(doc), env=env)
-    name = doc["metadata"]["name"]
-
-    def status() -> dict:
-        return get_json(env, "epd", name).get("status", {})
-
-    wait_for(lambda: status().get("observedGeneration") == 1, what="the operator to reconcile the example")
-    epd = get_json(env, "epd", name)
-    assert status()["topology"] == "E/P/D"
-    # AutoscalingActive: the example autoscales its encoders
-    assert {c["type"] for c in status()["conditions"]} == {
-        "Ready",
-        "Progressing",
-        "Degraded",
-        "SpecValid",
-        "AutoscalingActive",
-    }
-
-    deployments = get_json(env, "deployments", "-l", f"app.kubernetes.io/instance={name}")["items"]
-    assert {d["metadata"]["name"] for d in deployments} == {
-        f"{name}-{t}" for t in ("encoder", "prefill", "decode", "router")
-    }
-    for dep in deployments:
-        assert dep["metadata"]["ownerReferences"][0]["uid"] == epd["metadata"]["uid"]
-    hpa = get_json(env, "hpa", f"{name}-encoder")
-    assert hpa["spec"]["minReplicas"] == 2
-    table = sh("kubectl", "get", "epd", "-n", NAMESPACE, env=env)
-    assert table.split()[:6] == ["NAME", "TOPOLOGY", "ENCODER", "PREFILL", "DECODE", "PHASE"]
-
-    sh("kubectl", "delete", "epd", name, "-n", NAMESPACE, "--wait=true", env=env)
-    wait_for(
-        lambda: not get_json(env, "deployments", "-l", f"app.kubernetes.io/instance={name}")["items"],
-        what="garbage collection of the tiers",
-    )
+    an_example_becomes_owned_tiers_with_status_and_is_collected_on_delete(operator_installed)
