@@ -319,6 +319,7 @@ def test_vllm_container_probes_ports_and_security(examples):
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
             assert "runAsUser" not in c["securityContext"]  # the image's user
+            assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"  # a crash's last log lines
             assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
             assert spec["automountServiceAccountToken"] is False
             shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
