@@ -7,6 +7,10 @@ cgroup (containerd's shims and the containers have left the supervisor's process
 the node's cgroups in every hierarchy, then the node's folder and its egress socket. The node's mounts and network
 namespaces need nothing: they live in namespaces that vanish with their last process.
 
+It inherits the lock of the node's image-store slot (``dev/node_store.py``) and never touches it: the
+kernel drops the lock when the reaper exits, so no other node takes that containerd root while this
+node's processes may still write to it.
+
     python -m dev.node_reaper --cgroup /PATH/IN/EVERY/HIERARCHY [--parent /PATH]... [--remove PATH]... < pipe
 """
 

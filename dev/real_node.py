@@ -17,7 +17,18 @@ Everything the node does happens in namespaces and cgroups it creates for itself
 The node's processes die with the supervising process (``PR_SET_PDEATHSIG``), and ``dev/node_reaper.py``,
 which outlives it, kills what is left in the node's cgroup (shims, containers), removes the cgroups and
 the node's folder; the namespaces vanish with their last process. Nothing remains after a stop or a
-crash.
+crash but the image store, a cache like the image archives.
+
+**Image store**: containerd's root (images, their unpacked snapshots, its metadata) lives in a slot of
+``~/.cache/epd-operator/node/containerd/`` (``dev/node_store.py``), so an image imported once is there
+for the next cluster. The node holds the slot's ``flock`` for its lifetime (the reaper too, until it
+is done), so two clusters never share a root; with every slot taken, the root lives in the node's
+folder for this cluster only. containerd's state (sockets, task bundles) stays private to the
+cluster. A slot an earlier cluster used, even one that crashed, may still hold its containers: before
+the kubelet starts, containerd runs once without its CRI plugin, every container in ``k8s.io`` is
+deleted with its snapshot, leases of unfinished imports go, and the CRI plugin's and the runtime's
+per-container folders are removed, so the CRI plugin and the kubelet start with no pod of the past.
+``make node-store-clean`` empties the store (refused while a slot is in use).
 
 Facts this relies on (cgroup v1 here): runc (crun refuses the hybrid cgroup layout); containerd's
 ``restrict_oom_score_adj`` (CAP_SYS_RESOURCE is missing, so a negative oom_score_adj is refused);
@@ -29,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -41,6 +53,7 @@ from typing import Any
 
 import yaml
 
+from . import node_store
 from .cluster_api import ClusterError
 from .k8s_binaries import CACHE, log
 
@@ -72,6 +85,12 @@ MODEL_CACHE = CACHE / "models"
 CLUSTER_DNS_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 APT_PACKAGES = "runc containerd containernetworking-plugins"
+CRI_PLUGIN = "io.containerd.grpc.v1.cri"
+# What containerd 1.6 keeps per container under its root and does not remove itself when the state
+# folder is new: the CRI plugin's container and sandbox folders (it removes those of containers it no
+# longer knows only when it starts), the v2 runtime's per-task work folders (it removes those only for
+# namespaces present in the state folder).
+PER_CONTAINER_DIRS = (f"{CRI_PLUGIN}/containers", f"{CRI_PLUGIN}/sandboxes", "io.containerd.runtime.v2.task")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +102,9 @@ class RealNodeSpec:
     labels: tuple[tuple[str, str], ...] = ()
     # KubeletConfiguration fields set over this module's (e.g. maxPods).
     kubelet_config: tuple[tuple[str, Any], ...] = ()
+    # The image store whose slots keep containerd's root between clusters (dev/node_store.py); None:
+    # a root in the node's folder, gone with it.
+    store: Path | None = node_store.STORE
 
     @property
     def node_ip(self) -> str:
@@ -167,6 +189,11 @@ class RealNode:
         self._reaper: subprocess.Popen[bytes] | None = None
         self._holder: Any = None
         self.components: list[Any] = []
+        # containerd's root: a slot of the image store when one is free, else in the node's folder.
+        self.slot: node_store.Slot | None = None
+        self.containerd_root = workdir / "containerd" / "root"
+        # The containers an earlier cluster left in the slot, removed before containerd's CRI started.
+        self.cleared: list[str] = []
         self._egress_socket = Path(tempfile.gettempdir()) / f"epd-egress-{secrets.token_hex(4)}.sock"
 
     # -------------------------------------------------------------- paths
@@ -203,6 +230,7 @@ class RealNode:
             )
         started = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._take_slot()
         self._make_cgroups()
         self._start_reaper()
         self._start_holder()
@@ -240,6 +268,9 @@ class RealNode:
         for component in reversed(self.components):
             component.stop()
         self.components.clear()
+        if self.slot is not None:
+            self.slot.release()  # the reaper's copy keeps it until the node's last process is gone
+            self.slot = None
 
     def check_alive(self) -> None:
         for component in self.components:
@@ -268,11 +299,29 @@ class RealNode:
         self._created_parents = sorted(parents)
         self._procs_files = [str(Path(m) / self.cgroup.lstrip("/") / "cgroup.procs") for m in own]
 
+    def _take_slot(self) -> None:
+        store = self.spec.store
+        if store is None:
+            return
+        self.slot = node_store.take(store, owner=f"pid {os.getpid()}, node {self.name} in {self.dir}")
+        if self.slot is None:
+            log(
+                f"real node {self.name}: every slot of the image store {store} is in use (other clusters); "
+                f"its images live in {self.containerd_root} for this cluster only"
+            )
+            return
+        self.containerd_root = self.slot.root
+        log(
+            f"real node {self.name}: containerd's root is {self.containerd_root} (slot {self.slot.index} of the image store)"
+        )
+
     def _start_reaper(self) -> None:
         argv = [sys.executable, "-m", "dev.node_reaper", "--cgroup", self.cgroup]
         argv += ["--remove", str(self.dir), "--remove", str(self.egress_socket)]
         for parent in self._created_parents:
             argv += ["--parent", parent]
+        # The reaper holds the slot's lock too (it never reads it): the slot is free only once it is done.
+        slot_fd = () if self.slot is None else (self.slot.fd,)
         with (self.dir.parent / f"{self.name}-reaper.log").open("ab") as out:
             self._reaper = subprocess.Popen(
                 argv,
@@ -281,6 +330,7 @@ class RealNode:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=Path(__file__).resolve().parents[1],
+                pass_fds=slot_fd,
             )
 
     def enter_argv(self) -> list[str]:
@@ -353,8 +403,10 @@ class RealNode:
 
     # -------------------------------------------------------------- containerd
 
-    def _containerd_config(self) -> Path:
-        root = self.dir / "containerd"
+    def _containerd_config(self, *, cri: bool = True) -> Path:
+        """containerd's config: root in :attr:`containerd_root`, state and sockets private to this
+        cluster; without ``cri``, the CRI plugin disabled (the clean-up of an earlier cluster's slot)."""
+        folder = self.dir / "containerd"
         cni_conf = self.dir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-epd-node.conflist").write_text(
@@ -382,11 +434,18 @@ class RealNode:
                 indent=2,
             )
         )
+        disabled = [
+            "io.containerd.snapshotter.v1.aufs",
+            "io.containerd.snapshotter.v1.btrfs",
+            "io.containerd.snapshotter.v1.devmapper",
+            "io.containerd.snapshotter.v1.zfs",
+            "io.containerd.tracing.processor.v1.otlp",
+            *(() if cri else (CRI_PLUGIN,)),
+        ]
         config = f"""version = 2
-root = "{root / "root"}"
-state = "{root / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp"]
+root = "{self.containerd_root}"
+state = "{folder / "state"}"
+disabled_plugins = {json.dumps(disabled)}
 
 [grpc]
   address = "{self.containerd_socket}"
@@ -412,17 +471,57 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "{CNI_BIN}"
     conf_dir = "{cni_conf}"
 """
-        path = root / "config.toml"
+        path = folder / ("config.toml" if cri else "config-without-cri.toml")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config)
         return path
 
     def _start_containerd(self) -> None:
+        if self.slot is not None and (self.containerd_root / "io.containerd.metadata.v1.bolt").exists():
+            self._clear_earlier_cluster()
         config = self._containerd_config()
         self.components.append(
             self._start_component("containerd-" + self.name, self._in_node(["containerd", "--config", str(config)]))
         )
         self._wait(lambda: self.ctr("version", check=False).returncode == 0, 60, "containerd did not start")
+
+    def _clear_earlier_cluster(self) -> None:
+        """Remove what an earlier cluster (stopped or crashed) left in this slot besides images: its
+        containers with their writable snapshots, leases of unfinished imports, and the per-container
+        folders; images and their unpacked snapshots stay. containerd runs for it once without the CRI
+        plugin, which would otherwise load those containers and hand them to the kubelet as the node's."""
+        started = time.monotonic()
+        config = self._containerd_config(cri=False)
+        cleaner = self._start_component(
+            "containerd-clear-" + self.name, self._in_node(["containerd", "--config", str(config)])
+        )
+        self.components.append(cleaner)
+        try:
+            self._wait(lambda: self.ctr("version", check=False).returncode == 0, 60, "containerd did not start")
+            containers = self.ctr("containers", "list", "--quiet").stdout.split()
+            if containers:
+                self.ctr("containers", "delete", *containers)  # each with its snapshot
+            leases = self.ctr("leases", "list", "--quiet").stdout.split()
+            # A lease deleted with --sync makes containerd collect at once, before it stops, what
+            # the deletions left unreferenced (the containers' snapshots, content of unfinished imports).
+            gc = self.ctr("leases", "create", "--expires", "1m").stdout.strip()
+            self.ctr("leases", "delete", "--sync", *leases, gc)
+        except ClusterError as exc:
+            raise ClusterError(
+                f"real node {self.name}: could not clear the image store's slot {self.containerd_root}: {exc}; "
+                "with no cluster running, `make node-store-clean` empties the store"
+            ) from exc
+        finally:
+            cleaner.stop(timeout=30)
+            self.components.remove(cleaner)
+        for folder in PER_CONTAINER_DIRS:
+            for path in (self.containerd_root / folder).glob("*"):
+                shutil.rmtree(path)
+        self.cleared = containers
+        log(
+            f"real node {self.name}: removed {len(containers)} containers and {len(leases)} leases an earlier "
+            f"cluster left in {self.containerd_root}, in {time.monotonic() - started:.1f} s"
+        )
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """``ctr`` against the node's containerd (see :func:`ctr`)."""

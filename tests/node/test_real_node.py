@@ -174,7 +174,8 @@ c.kubectl("run", "echo", "--image", "localhost/epd-echo:dev", "--image-pull-poli
 while "Running" not in c.kubectl("get", "pod", "echo", "-o", "jsonpath={.status.phase}", check=False).stdout:
     time.sleep(0.5)
 print(json.dumps({"dir": str(node.dir), "cgroup": node.cgroup, "holder": node._holder.process.pid,
-                  "netns": __import__("os").readlink(node.netns)}), flush=True)
+                  "netns": __import__("os").readlink(node.netns), "root": str(node.containerd_root),
+                  "lock": str(node.slot.lock) if node.slot else None}), flush=True)
 time.sleep(600)
 """
 
@@ -198,7 +199,12 @@ def test_a_crashed_owner_leaves_no_process_mount_namespace_cgroup_or_interface(m
 
         wait_for(gone, 60, lambda: f"left behind: {[c for c in cgroups if c.exists()]}, {started['dir']}")
         assert not [p for p in in_node if _alive(p)]
-        assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if started["dir"] in m]
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        assert not [m for m in mounts if started["dir"] in m or started["root"] in m]
+        # The image store's slot (a cache, like the image archives) stays; its lock went with the node's
+        # processes (another cluster may take it at once: only this owner's lock is looked for).
+        if started["lock"] is not None:
+            wait_for(lambda: not _flock_held_by(owner.pid, Path(started["lock"])), 30, "the slot's lock is still held")
         namespaces = set()
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
@@ -212,6 +218,17 @@ def test_a_crashed_owner_leaves_no_process_mount_namespace_cgroup_or_interface(m
         owner.kill()
         owner.wait()
         owner.stdout.close()  # type: ignore[union-attr]
+
+
+def _flock_held_by(pid: int, path: Path) -> bool:
+    """Whether a flock taken by ``pid`` on ``path`` is still held (by it or by a process it handed it to)."""
+    st = path.stat()
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "FLOCK" in fields and str(pid) in fields and where in fields:
+            return True
+    return False
 
 
 def _alive(pid: int) -> bool:
