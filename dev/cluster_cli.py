@@ -111,8 +111,10 @@ def load_images(archives: list[Path]) -> int:
     state = json.loads(REAL_NODE_STATE.read_text())
     try:
         for archive in archives:
-            import_archive(state["enter"], Path(state["socket"]), archive)
-            print(f"loaded {archive.name} into {state['name']}", file=sys.stderr)
+            if import_archive(state["enter"], Path(state["socket"]), archive):
+                print(f"loaded {archive.name} into {state['name']}", file=sys.stderr)
+            else:
+                print(f"{archive.name}: already in {state['name']}", file=sys.stderr)
     except ClusterError as exc:
         print(exc, file=sys.stderr)
         return 1

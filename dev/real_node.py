@@ -21,7 +21,8 @@ crash but the image store, a cache like the image archives.
 
 **Image store**: containerd's root (images, their unpacked snapshots, its metadata) lives in a slot of
 ``~/.cache/epd-operator/node/containerd/`` (``dev/node_store.py``), so an image imported once is there
-for the next cluster. The node holds the slot's ``flock`` for its lifetime (the reaper too, until it
+for the next cluster, and :meth:`RealNode.load_image` skips an archive whose image the node already
+holds under its name. The node holds the slot's ``flock`` for its lifetime (the reaper too, until it
 is done), so two clusters never share a root; with every slot taken, the root lives in the node's
 folder for this cluster only. containerd's state (sockets, task bundles) stays private to the
 cluster. A slot an earlier cluster used, even one that crashed, may still hold its containers: before
@@ -45,6 +46,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -527,9 +529,10 @@ disabled_plugins = {json.dumps(disabled)}
         """``ctr`` against the node's containerd (see :func:`ctr`)."""
         return ctr(self.enter_argv(), self.containerd_socket, *args, check=check, timeout=timeout)
 
-    def load_image(self, archive: Path) -> None:
-        """Import an OCI archive into the node's containerd under the name it carries."""
-        import_archive(self.enter_argv(), self.containerd_socket, archive)
+    def load_image(self, archive: Path) -> bool:
+        """Import an OCI archive into the node's containerd under the name it carries, unless that
+        name already points at the archive's image (see :func:`import_archive`)."""
+        return import_archive(self.enter_argv(), self.containerd_socket, archive)
 
     def images(self) -> list[str]:
         return self.ctr("images", "list", "--quiet").stdout.split()
@@ -711,11 +714,54 @@ def ctr(
     return result
 
 
-def import_archive(enter: Sequence[str], socket: Path, archive: Path) -> None:
-    """Import an OCI archive into a node's containerd under the name it carries."""
+def archive_images(archive: Path) -> dict[str, str]:
+    """The images an OCI archive holds, by the name ``ctr images import`` gives each, with the digest
+    of the manifest it points at (from the archive's ``index.json``, as ``dev/oci.py`` and buildah
+    write it). Empty when the archive names none that way (a name ``ctr`` would prefix with the
+    date, a Docker archive): such an archive is always imported."""
+    try:
+        with tarfile.open(archive) as tar:
+            member = tar.extractfile("index.json")
+            index = json.load(member) if member is not None else {}
+    except (KeyError, OSError, tarfile.TarError, ValueError):
+        return {}
+    found = {}
+    for manifest in index.get("manifests") or []:
+        annotations = manifest.get("annotations") or {}
+        name = annotations.get("io.containerd.image.name") or annotations.get("org.opencontainers.image.ref.name")
+        if not name or not any(c in name for c in "/:@") or not manifest.get("digest"):
+            return {}
+        found[name] = manifest["digest"]
+    return found
+
+
+def ready_images(check_output: str) -> dict[str, str]:
+    """From ``ctr images check``'s table (REF TYPE DIGEST STATUS SIZE UNPACKED): the images whose
+    content is complete and whose layers are unpacked, by name, with their target digest."""
+    ready = {}
+    for line in check_output.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 6 and fields[3] == "complete" and fields[-1] == "true":
+            ready[fields[0]] = fields[2]
+    return ready
+
+
+def import_archive(enter: Sequence[str], socket: Path, archive: Path) -> bool:
+    """Import an OCI archive into a node's containerd under the name it carries; skipped (False)
+    when every name in it already points at its manifest, complete and unpacked. A name that points
+    elsewhere is moved to the archive's image; containerd collects what the old one held alone."""
     if not archive.is_file():
         raise ClusterError(f"no image archive at {archive}: build it with `make images`")
+    wanted = archive_images(archive)
+    if wanted:
+        have = ready_images(ctr(enter, socket, "images", "check", check=False).stdout)
+        if all(have.get(name) == digest for name, digest in wanted.items()):
+            log(f"{', '.join(sorted(wanted))} already present ({archive.name}), not imported")
+            return False
+    started = time.monotonic()
     ctr(enter, socket, "images", "import", "--all-platforms", str(archive))
+    log(f"imported {archive.name} ({', '.join(sorted(wanted)) or 'its images'}) in {time.monotonic() - started:.1f} s")
+    return True
 
 
 def read_sysctls() -> dict[str, str]:
