@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e mutation images image-deps clean
+.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e mutation images image-deps node-store-clean clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,6 +51,11 @@ cluster: k8s-node ## start a local control plane with fake GPU nodes and a real 
 
 cluster-down: install ## stop the local control plane
 	$(BIN)/python -m dev.cluster down
+
+# The real node's image store (~/.cache/epd-operator/node/containerd): containerd roots kept between
+# clusters so that images are imported once. Refused while a cluster's node holds a slot.
+node-store-clean: install ## empty the real node's image store (refused while a cluster runs)
+	$(BIN)/python -m dev.node_store clear
 
 # ruff (lint and format) over the code and tests, mypy over the package (it ships py.typed).
 lint: install ## ruff check, ruff format --check and mypy (what the pre-commit hooks run)
