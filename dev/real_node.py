@@ -88,10 +88,10 @@ CLUSTER_DNS_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 APT_PACKAGES = "runc containerd containernetworking-plugins"
 CRI_PLUGIN = "io.containerd.grpc.v1.cri"
-# What containerd 1.6 keeps per container under its root and does not remove itself when the state
-# folder is new: the CRI plugin's container and sandbox folders (it removes those of containers it no
-# longer knows only when it starts), the v2 runtime's per-task work folders (it removes those only for
-# namespaces present in the state folder).
+# What containerd 1.6 keeps per container under its root: the CRI plugin's container and sandbox
+# folders (the plugin removes those of containers it does not know when it starts) and the v2 runtime's
+# per-task work folders (the runtime removes those only in namespaces its state folder holds, and each
+# cluster's state folder starts empty). A reused slot has them removed before containerd starts.
 PER_CONTAINER_DIRS = (f"{CRI_PLUGIN}/containers", f"{CRI_PLUGIN}/sandboxes", "io.containerd.runtime.v2.task")
 
 
