@@ -174,7 +174,13 @@ def describe(store: Path = STORE) -> list[str]:
     for index in _slot_indexes(store):
         lock, root = _lock_path(store, index), store / f"slot-{index}"
         state = f"in use by {holder(lock)}" if in_use(lock) else "free"
-        lines.append(f"{root}: {size(root) / 2**30:.1f} GiB, {state}" if root.is_dir() else f"{root}: empty, {state}")
+        if not root.is_dir():
+            lines.append(f"{root}: empty, {state}")
+            continue
+        used = size(root)
+        lines.append(
+            f"{root}: {used / 2**30:.1f} GiB, {state}" if used >= 2**30 else f"{root}: {used / 2**20:.0f} MiB, {state}"
+        )
     return lines or [f"{store}: empty"]
 
 
