@@ -165,7 +165,7 @@ STARTER = """
 import json, sys, time
 from dev.cluster import ClusterError, LocalCluster, RealNodeSpec
 from dev.images import build_echo
-c = LocalCluster(real_nodes=(RealNodeSpec(),), nodes=())
+c = LocalCluster(__import__("pathlib").Path(sys.argv[1]), real_nodes=(RealNodeSpec(),), nodes=())
 c.start()
 node = c.real_node()
 node.load_image(build_echo())
@@ -180,9 +180,13 @@ time.sleep(600)
 """
 
 
-def test_a_crashed_owner_leaves_no_process_mount_namespace_cgroup_or_interface(machine_before: dict[str, Any]):
+def test_a_crashed_owner_leaves_no_process_mount_namespace_cgroup_or_interface(
+    machine_before: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+):
+    # The cluster's own folder (etcd's data, logs) is pytest's to remove; the node's folder is the reaper's.
+    workdir = tmp_path_factory.mktemp("crash")
     owner = subprocess.Popen(
-        [sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
+        [sys.executable, "-c", STARTER, str(workdir)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
     )
     try:
         line = owner.stdout.readline()  # type: ignore[union-attr]
