@@ -24,12 +24,12 @@ from dev.cluster import LocalCluster, RealNodeSpec
 from dev.images import ECHO_IMAGE, build_echo
 from dev.node_store import in_use, take
 from dev.real_node import CRI_PLUGIN, PAUSE_IMAGE, RealNode
-from tests.node.test_real_node import _unavailable
 from tests.support.cluster import wait_for
+from tests.support.real_node import unavailable
 
 pytestmark = [
     pytest.mark.timeout(600),
-    pytest.mark.skipif(_unavailable() is not None, reason=_unavailable() or ""),
+    pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
 ]
 
 
