@@ -22,6 +22,7 @@ from epd_operator.controller.status import (
     transitions,
     unschedulable_reason,
 )
+from tests.support.workloads import settled_deployment
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
@@ -30,11 +31,7 @@ def deployment(spec_replicas=2, generation=3, **status) -> dict:
     return {"metadata": {"generation": generation}, "spec": {"replicas": spec_replicas}, "status": status}
 
 
-def settled(n=2, ready=None, **extra) -> dict:
-    ready = n if ready is None else ready
-    return deployment(
-        n, observedGeneration=3, replicas=n, updatedReplicas=n, readyReplicas=ready, availableReplicas=ready, **extra
-    )
+settled = settled_deployment
 
 
 def derive(tiers, previous=None, errors=None, refused=None, now=T0, generation=4):

@@ -13,6 +13,7 @@ from epd_operator.controller.status import (
     tier_state,
     transitions,
 )
+from tests.support.workloads import settled_deployment
 
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
 LOAD = "epd_router_encoder_inflight"
@@ -56,25 +57,11 @@ NOT_ZERO = ("ScaledToZero", "False", "NotScaledToZero", "the HPA controller did 
 INACTIVE = ("ScalingActive", "False", "FailedGetPodsMetric", NOT_SERVED)
 
 
-def ready_deployment(n=1) -> dict:
-    return {
-        "metadata": {"generation": 1},
-        "spec": {"replicas": n},
-        "status": {
-            "observedGeneration": 1,
-            "replicas": n,
-            "updatedReplicas": n,
-            "readyReplicas": n,
-            "availableReplicas": n,
-        },
-    }
-
-
 def derive(encoder_hpa, previous=None, now=T0, decode=None):
     return derive_status(
         tiers={
-            "encoder": TierInput(ready_deployment(), encoder_hpa),
-            "decode": decode or TierInput(ready_deployment()),
+            "encoder": TierInput(settled_deployment(1), encoder_hpa),
+            "decode": decode or TierInput(settled_deployment(1)),
         },
         topology="E+PD",
         endpoint=None,
@@ -102,7 +89,7 @@ def verdict_of(tiers: dict[str, TierInput]) -> AutoscalingVerdict:
 
 
 def test_the_tier_carries_the_hpas_own_conditions_and_replicas():
-    assert shown(TierInput(ready_deployment(), hpa(ABLE, INACTIVE, current=1))).model_dump(exclude_none=True) == {
+    assert shown(TierInput(settled_deployment(1), hpa(ABLE, INACTIVE, current=1))).model_dump(exclude_none=True) == {
         "minReplicas": 1,
         "maxReplicas": 8,
         "currentReplicas": 1,
@@ -111,7 +98,7 @@ def test_the_tier_carries_the_hpas_own_conditions_and_replicas():
             {"type": "ScalingActive", "status": "False", "reason": "FailedGetPodsMetric", "message": NOT_SERVED},
         ],
     }
-    odd = shown(TierInput(ready_deployment(), hpa(("ScalingActive", "Maybe", "", "")))).conditions
+    odd = shown(TierInput(settled_deployment(1), hpa(("ScalingActive", "Maybe", "", "")))).conditions
     assert odd is not None and odd[0].status == "Unknown"
 
 
@@ -143,7 +130,7 @@ def test_an_acting_hpa_keeps_the_deployment_ready():
 def test_no_autoscaling_condition_without_an_hpa():
     status = derive(None)
     assert status.phase == "Ready" and cond(status, "AutoscalingActive") is None
-    assert autoscaling_verdict({"decode": TierInput(ready_deployment())}) is None
+    assert autoscaling_verdict({"decode": TierInput(settled_deployment(1))}) is None
 
 
 def test_an_hpa_that_has_not_reported_yet_is_unknown_and_does_not_degrade():
@@ -175,9 +162,9 @@ def test_every_failing_hpa_is_named_and_the_first_gives_the_reason():
     cannot_scale = ("AbleToScale", "False", "FailedGetScale", "the HPA controller was unable to get the target's")
     verdict = verdict_of(
         {
-            "encoder": TierInput(ready_deployment(), hpa(cannot_scale)),
-            "decode": TierInput(ready_deployment(), hpa(ABLE, no_cpu, metrics=cpu)),
-            "router": TierInput(ready_deployment(), hpa(("ScalingActive", "False", "", "no reason given"))),
+            "encoder": TierInput(settled_deployment(1), hpa(cannot_scale)),
+            "decode": TierInput(settled_deployment(1), hpa(ABLE, no_cpu, metrics=cpu)),
+            "router": TierInput(settled_deployment(1), hpa(("ScalingActive", "False", "", "no reason given"))),
         }
     )
     assert verdict.active is False and verdict.reason == "FailedGetScale"
@@ -193,11 +180,11 @@ def test_every_failing_hpa_is_named_and_the_first_gives_the_reason():
 def test_only_the_metric_the_hpa_names_in_its_message_is_blamed():
     other = {"type": "Pods", "pods": {"metric": {"name": "vllm_num_requests_waiting"}, "target": {}}}
     both = [other, {"type": "Pods", "pods": {"metric": {"name": LOAD}, "target": {}}}]
-    verdict = verdict_of({"encoder": TierInput(ready_deployment(), hpa(ABLE, INACTIVE, metrics=both))})
+    verdict = verdict_of({"encoder": TierInput(settled_deployment(1), hpa(ABLE, INACTIVE, metrics=both))})
     assert f"cannot read {LOAD} from" in verdict.message and "vllm_num" not in verdict.message
     vague = ("ScalingActive", "False", "FailedGetExternalMetric", "unable to get external metric")
     external = [{"type": "External", "external": {"metric": {"name": "queue_depth"}, "target": {}}}]
-    verdict = verdict_of({"encoder": TierInput(ready_deployment(), hpa(vague, metrics=external))})
+    verdict = verdict_of({"encoder": TierInput(settled_deployment(1), hpa(vague, metrics=external))})
     assert verdict.message.startswith("encoder autoscaling inactive: the HPA cannot read queue_depth from the external")
 
 
@@ -239,7 +226,7 @@ def test_autoscaling_degradation_is_not_mistaken_for_lost_pods():
         hpa(ABLE, ACTIVE, desired=2),
     )
     status = derive_status(
-        tiers={"encoder": up, "decode": TierInput(ready_deployment())},
+        tiers={"encoder": up, "decode": TierInput(settled_deployment(1))},
         topology="E+PD",
         endpoint=None,
         observed_generation=1,

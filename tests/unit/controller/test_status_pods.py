@@ -15,6 +15,7 @@ from epd_operator.controller.status import (
     status_document,
     transitions,
 )
+from tests.support.workloads import settled_deployment
 
 T0 = "2026-01-01T00:00:00Z"
 IMAGE = "localhost/epd-missing:never"
@@ -134,21 +135,6 @@ def test_the_first_troubled_pod_by_name_names_itself_and_its_container():
     )
 
 
-def settled(n: int = 1, ready: int | None = None) -> dict[str, Any]:
-    ready = n if ready is None else ready
-    return {
-        "metadata": {"generation": 1},
-        "spec": {"replicas": n},
-        "status": {
-            "observedGeneration": 1,
-            "replicas": n,
-            "updatedReplicas": n,
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-        },
-    }
-
-
 def derive(tiers: dict[str, TierInput], previous=None):
     return derive_status(
         tiers=tiers,
@@ -169,9 +155,9 @@ def observed(encoder: dict[str, Any], decode: dict[str, Any]) -> dict[str, TierI
     """The tiers as a status pass sees them: the encoder's pod in the pull loop, decode's in the
     restart loop, the router ready."""
     return {
-        "encoder": TierInput(settled(1, ready=0), trouble=pod_trouble([pod("vl-encoder-7f-x", encoder)])),
-        "decode": TierInput(settled(1, ready=0), trouble=pod_trouble([pod("vl-decode-5c-y", decode)])),
-        "router": TierInput(settled(1)),
+        "encoder": TierInput(settled_deployment(1, ready=0), trouble=pod_trouble([pod("vl-encoder-7f-x", encoder)])),
+        "decode": TierInput(settled_deployment(1, ready=0), trouble=pod_trouble([pod("vl-decode-5c-y", decode)])),
+        "router": TierInput(settled_deployment(1)),
     }
 
 
@@ -231,9 +217,11 @@ def test_a_new_reason_is_posted_once_and_a_ready_tier_explains_nothing():
     first = derive(observed(PULLING[0], RESTARTING[0]))
     # the encoder's image is fixed; its new pod cannot run the command
     fixed_image = {
-        "encoder": TierInput(settled(1, ready=0), trouble=pod_trouble([pod("vl-encoder-9d-z", RESTARTING[1])])),
+        "encoder": TierInput(
+            settled_deployment(1, ready=0), trouble=pod_trouble([pod("vl-encoder-9d-z", RESTARTING[1])])
+        ),
         "decode": observed(PULLING[0], RESTARTING[0])["decode"],
-        "router": TierInput(settled(1)),
+        "router": TierInput(settled_deployment(1)),
     }
     second = derive(fixed_image, previous=first)
     assert [(t.reason, t.message) for t in transitions(first, second)] == [
@@ -244,7 +232,7 @@ def test_a_new_reason_is_posted_once_and_a_ready_tier_explains_nothing():
     ]
     # every tier ready: a pod still reporting trouble (on its way out) is not the tier's reason
     healthy = {
-        name: TierInput(settled(1), trouble=PodTrouble("ErrImagePull", "stale"))
+        name: TierInput(settled_deployment(1), trouble=PodTrouble("ErrImagePull", "stale"))
         for name in ("encoder", "decode", "router")
     }
     done = derive(healthy, previous=second)
@@ -257,9 +245,9 @@ def test_a_new_reason_is_posted_once_and_a_ready_tier_explains_nothing():
 
 def test_an_unplaced_pod_comes_before_a_failing_one_and_sets_the_ready_reason():
     tiers = {
-        "encoder": TierInput(settled(1, ready=0), trouble=pod_trouble([pod("e", PULLING[0])])),
+        "encoder": TierInput(settled_deployment(1, ready=0), trouble=pod_trouble([pod("e", PULLING[0])])),
         "decode": TierInput(
-            settled(2, ready=0), unschedulable="no GPU", trouble=pod_trouble([pod("d", RESTARTING[0])])
+            settled_deployment(2, ready=0), unschedulable="no GPU", trouble=pod_trouble([pod("d", RESTARTING[0])])
         ),
     }
     st = derive(tiers)
