@@ -7,8 +7,9 @@ Everything the node does happens in namespaces and cgroups it creates for itself
   kube-proxy's iptables rules; nothing is added to the machine's own namespace. Tests reach pods
   only from inside it (:meth:`RealNode.netns_argv`, i.e. ``nsenter --net=...``). The API server and
   the node talk through ``dev/node_bridge.py``;
-- a **mount namespace** (a slave of the machine's) with private ``/run`` and ``/var/lib`` (containerd
-  1.6 and the CNI plugins write there whatever their config says) and, bound read-only over the
+- a **mount namespace** (a slave of the machine's) with private ``/run``, ``/var/lib`` and ``/var/log``
+  (containerd 1.6, the CNI plugins and the kubelet's container-log links write there whatever their
+  config says) and, bound read-only over the
   ``/proc/sys`` entries the kubelet checks, files that already hold the values it wants: with
   ``protectKernelDefaults`` it only reads them, so no kernel setting of the machine changes;
 - one **cgroup**, the same path in every hierarchy, nested under this process's own cgroups (the
@@ -355,10 +356,12 @@ class RealNode:
         masks.mkdir(exist_ok=True)
         lines = [
             "set -e",
-            # Private /run and /var/lib: containerd 1.6 keeps shim sockets under /run/containerd and the
-            # CNI plugins their cache under /var/lib/cni whatever the config says.
+            # Private /run, /var/lib and /var/log: containerd 1.6 keeps shim sockets under /run/containerd,
+            # the CNI plugins their cache under /var/lib/cni whatever the config says, and the kubelet links
+            # every container's log into /var/log/containers.
             "mount -n -t tmpfs -o mode=755 epd-node-run /run",
             "mount -n -t tmpfs -o mode=755 epd-node-varlib /var/lib",
+            "mount -n -t tmpfs -o mode=755 epd-node-varlog /var/log",
             f"mkdir -p {LOCAL_VOLUMES}/models {LOCAL_VOLUMES}/ec-cache",
             f"mount -n --bind {MODEL_CACHE} {LOCAL_VOLUMES}/models",
             f"mount -n -o remount,bind,ro {LOCAL_VOLUMES}/models",

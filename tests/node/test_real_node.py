@@ -159,6 +159,11 @@ def test_the_kubelet_sees_the_kernel_settings_it_wants_and_the_machine_keeps_its
     now = host_state()
     assert not {"cni0"} & set(now["links"]) and not [n for n in now["links"] if n.startswith("veth")]
     assert not [r for r in now["rules"] if "KUBE-" in r or "10.245." in r or "CNI-" in r]
+    # The kubelet's links to container logs stay in the node's own /var/log.
+    containers = node.ctr("containers", "list", "--quiet").stdout.split()
+    assert containers, "the node runs containers"
+    host_logs = os.listdir("/var/log/containers") if os.path.isdir("/var/log/containers") else []
+    assert not [name for name in host_logs if any(c in name for c in containers)]
 
 
 STARTER = """
