@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -28,10 +26,13 @@ import pytest
 import yaml
 
 from dev.client import chat_body, image_part, text_part
-from dev.cluster import LocalCluster, RealNodeSpec
-from dev.images import VLLM_CPU_IMAGE, build_vllm_cpu, operator_image
-from tests.support.cluster import KubeView, wait_for
-from tests.support.real_node import install_operator_chart, is_ready, unavailable
+from dev.images import VLLM_CPU_IMAGE, operator_image
+from tests.support.cluster import wait_for
+from tests.support.mission import Mission, mission_cluster
+from tests.support.mission import all_ready as _allis_ready
+from tests.support.mission import describe as _describe
+from tests.support.mission import port_forward as _port_forward
+from tests.support.real_node import is_ready, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
@@ -48,94 +49,10 @@ pytestmark = [
 ]
 
 
-@dataclass
-class Mission:
-    cluster: LocalCluster
-    kube: KubeView  # the example's namespace
-    system: KubeView  # the operator's
-    name: str = NAME  # the EPDDeployment under test
-
-    def in_node(self, url: str, body: dict[str, Any] | None = None, timeout: float = 120) -> tuple[int, str]:
-        """An HTTP request from inside the node's network namespace (where pod and Service IPs answer)."""
-        code = (
-            "import json,sys,urllib.request,urllib.error\n"
-            "url, body, timeout = json.loads(sys.stdin.read())\n"
-            "data = json.dumps(body).encode() if body is not None else None\n"
-            "req = urllib.request.Request(url, data=data, headers={'Content-Type': 'application/json'})\n"
-            "try:\n"
-            "    r = urllib.request.urlopen(req, timeout=timeout); status, text = r.status, r.read().decode()\n"
-            "except urllib.error.HTTPError as e:\n"
-            "    status, text = e.code, e.read().decode()\n"
-            "sys.stdout.write(json.dumps([status, text]))\n"
-        )
-        out = subprocess.run(
-            self.cluster.real_node().netns_argv(sys.executable, "-c", code),
-            input=json.dumps([url, body, timeout]),
-            capture_output=True,
-            text=True,
-            timeout=timeout + 30,
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        status, text = json.loads(out.stdout)
-        return int(status), str(text)
-
-    def pods(self, role: str) -> list[dict[str, Any]]:
-        return [
-            p
-            for p in self.kube.pods(**{"app.kubernetes.io/instance": self.name, "serving.epd.dev/role": role})
-            if not p["metadata"].get("deletionTimestamp")
-        ]
-
-    def metric(self, role: str, name: str, port: int = 8000, **labels: str) -> float:
-        """The sum of one metric over a tier's pods, read from each pod's own /metrics."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        total = 0.0
-        for pod in self.pods(role):
-            status, text = self.in_node(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=10)
-            assert status == 200, f"{pod['metadata']['name']} /metrics: {status} {text[:300]}"
-            total += sum(
-                s.value
-                for family in text_string_to_metric_families(text)
-                for s in family.samples
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-            )
-        return total
-
-
 @pytest.fixture(scope="module")
 def mission(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mission]:
-    from dev import tiny_model
-
-    tmp = tmp_path_factory.mktemp("mission")
-    vllm = build_vllm_cpu()
-    tiny_model.ensure()
-    with LocalCluster(tmp / "k8s", real_nodes=(RealNodeSpec(),)) as cluster:
-        cluster.real_node().load_image(vllm)
-        installed = install_operator_chart(cluster, tmp)
-        system, kubeconfig = installed.system, installed.system.kubeconfig
-        yield Mission(cluster, KubeView(cluster, NS, kubeconfig), system)
-
-
-def _describe(m: Mission) -> str:
-    epd = m.kube.get(EPD_API, "EPDDeployment", m.name) or {}
-    pods = [
-        (
-            p["metadata"]["name"],
-            p["status"].get("phase"),
-            [c.get("state") for c in p["status"].get("containerStatuses") or []],
-        )
-        for p in m.kube.pods()
-    ]
-    return f"status: {json.dumps(epd.get('status'), indent=1)[:3000]}\npods: {pods}"
-
-
-def _allis_ready(m: Mission, roles: tuple[str, ...] = ("encoder", "decode", "router")) -> bool:
-    epd = m.kube.get(EPD_API, "EPDDeployment", m.name) or {}
-    conditions = {c["type"]: c["status"] for c in epd.get("status", {}).get("conditions") or []}
-    pods = m.kube.pods(**{"app.kubernetes.io/instance": m.name})
-    ready = {p["metadata"]["labels"].get("serving.epd.dev/role") for p in pods if is_ready(p)}
-    return conditions.get("Ready") == "True" and set(roles) <= ready
+    with mission_cluster(tmp_path_factory.mktemp("mission"), NAME) as m:
+        yield m
 
 
 def test_the_example_applies_and_its_vllm_pods_pass_their_probes(mission: Mission):
@@ -160,27 +77,6 @@ def test_the_example_applies_and_its_vllm_pods_pass_their_probes(mission: Missio
 
 def _chat_body(seed: int) -> dict[str, Any]:
     return chat_body(SERVED, [text_part("Describe the image."), image_part(seed)], MAX_TOKENS)
-
-
-@contextlib.contextmanager
-def _port_forward(m: Mission, target: str | None = None) -> Iterator[int]:
-    """`kubectl port-forward` to port 8000 of a pod, or of the router Service; yields the local port."""
-    argv = [str(m.cluster.kubectl_path), "--kubeconfig", str(m.kube.kubeconfig), "-n", NS]
-    with subprocess.Popen(
-        [*argv, "port-forward", target or f"svc/{m.name}", ":8000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        try:
-            assert proc.stdout is not None and proc.stderr is not None
-            line = proc.stdout.readline()
-            found = re.search(r"127\.0\.0\.1:(\d+)", line)
-            assert found, f"kubectl port-forward said {line!r}: {proc.stderr.read() if proc.poll() is not None else ''}"
-            yield int(found.group(1))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
 
 
 def test_a_chat_with_an_image_through_kubectl_port_forward_is_encoded_once(mission: Mission):
