@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e mutation images image-deps node-store-clean clean
+.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale mutation images image-deps node-store-clean clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -129,6 +129,13 @@ bench-quick: install bench-tools ## the benchmarks, shortened
 bench-e2e: vllm-env ## real vLLM tiers behind each router on an image workload (QUICK=1: shorter)
 	@$(BIN)/python -c "import matplotlib, PIL" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.e2e $(if $(QUICK),--quick)
+
+# The encoder autoscaling loop on the local cluster's real node (root, like test-node): light load, a step,
+# light load again through the router Service; the HPA scales the encoders 1 -> 2 -> 1 on the routers' load
+# read through Prometheus and prometheus-adapter. bench/results/autoscale.md, .png, .json (about 15 minutes).
+bench-autoscale: k8s-node test-tools ## the encoder autoscaling loop on real pods: scale-up, new encoder's share, drain
+	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench.autoscale
 
 # Mutation score of the pure core (render, router pickers/protocol/reuse, controller apply/status, api rules/
 # validation) with mutmut: each mutant runs only the unit tests that reach it. Writes bench/results/mutation.md

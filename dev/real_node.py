@@ -762,7 +762,9 @@ def import_archive(enter: Sequence[str], socket: Path, archive: Path) -> bool:
             log(f"{', '.join(sorted(wanted))} already present ({archive.name}), not imported")
             return False
     started = time.monotonic()
-    ctr(enter, socket, "images", "import", "--all-platforms", str(archive))
+    # The vLLM image (7 GB, unpacked as it is imported) took over 10 minutes on 2 cores shared with
+    # other clusters (load average 30); 4-5 minutes on quieter ones.
+    ctr(enter, socket, "images", "import", "--all-platforms", str(archive), timeout=1800)
     log(f"imported {archive.name} ({', '.join(sorted(wanted)) or 'its images'}) in {time.monotonic() - started:.1f} s")
     return True
 

@@ -1,0 +1,225 @@
+"""`make bench-autoscale`: the encoder autoscaling loop on the local cluster's real node, measured.
+
+The same loop as tests/node/test_autoscaling_loop.py (tests/support/autoscale_loop.py): a cluster
+with a real node, the operator chart, examples/epd-local-cpu.yaml with an autoscaled encoder tier
+(1 to 2 pods, `load: {targetPerPod: 4}`, 30 s scale-down window), Prometheus and prometheus-adapter
+(the chart's rules) in the node's network namespace, and chat clients with never-seen images through
+the router Service: light load, a step, light load again. It writes bench/results/autoscale.md (the
+times from the step to the HPA's 2, to the second encoder Ready and serving; each encoder's share of
+the encoder requests after that; every client request's outcome, failures during the scale-down
+first), autoscale.png (encoder replicas, ready encoders, the HPA's load and the routers' items in
+flight over time, vLLM's queue) and autoscale.json (the raw record). Needs root and the real node's
+packages, like `make test-node`; about 15 minutes on 2 shared cores, most of it vLLM starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tests.support.autoscale_loop import (
+    LoopConfig,
+    LoopRecord,
+    metrics_pipeline,
+    record_from_json,
+    run_loop,
+    write_record,
+)
+from tests.support.mission import mission_cluster, unavailable
+
+from .procs import commit, cpu_model
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def _rel(record: LoopRecord, mark: str) -> str:
+    t = record.marks.get(mark)
+    return f"{t - record.marks['step_start']:.0f} s" if t is not None else "n/a"
+
+
+def report(record: LoopRecord, started: datetime, wall: float, load_average: tuple[float, float, float]) -> str:
+    c = record.config
+    m = record.marks
+    share = record.share_after_second()
+    total = sum(share.values()) or 1.0
+    phases = ("light", "step", "light_after")
+    names = {"light": "light (before)", "step": "step", "light_after": "light (after, through the scale-down)"}
+    down = [r for r in record.requests if r["phase"] == "light_after"]
+    draining = [r for r in down if r["end"] >= m["scaled_down"] and r["start"] <= m["left_gone"]]
+    step_loads = [s.load for s in record.samples if s.phase == "step" and s.load is not None]
+    lines = [
+        "# Encoder autoscaling loop on real pods (`make bench-autoscale`)",
+        "",
+        f"Run {started:%Y-%m-%d %H:%M} UTC, commit `{commit()}`, {cpu_model()} ({platform.machine()}), "
+        f"load average {load_average[0]:.1f} / {load_average[1]:.1f} / {load_average[2]:.1f} (1/5/15 min) at the end; "
+        f"{wall / 60:.1f} min in all (cluster, images, vLLM starts, loop). Shared cores: times are upper bounds.",
+        "",
+        "Setup: the local cluster's real node; `examples/epd-local-cpu.yaml` (E+PD, vLLM 0.32 for CPU, tiny "
+        "Qwen2-VL, SharedStorage EC) with `encoder.autoscaling: {minReplicas: 1, maxReplicas: 2, load: "
+        f"{{targetPerPod: {c.target_per_pod}}}, behavior: {{scaleDown: {{stabilizationWindowSeconds: "
+        f"{c.scale_down_window}}}}}}}`; kube-controller-manager's HPA (1 s sync) reads `epd_router_encoder_inflight` "
+        "from prometheus-adapter v0.12.0 (the operator chart's rules, unchanged), which reads Prometheus scraping the "
+        "router and vLLM pods every second. Clients: chat requests (4 tokens out) with 224×224 PNGs never sent "
+        "before, to the router Service's ClusterIP from the node's network namespace; "
+        f"light = {c.light.clients} client × {c.light.images} image, {c.light.pause:g} s between requests; "
+        f"step = {c.step.clients} closed-loop clients × {c.step.images} images per request.",
+        "",
+        "## Scale-up",
+        "",
+        "| event | since the load step |",
+        "|---|---|",
+        f"| HPA sets the encoder Deployment to 2 | {_rel(record, 'scaled_up')} |",
+        f"| second encoder pod Ready (vLLM started, probes passed) | {_rel(record, 'second_ready')} |",
+        f"| **second encoder answers its first request from the router** | **{_rel(record, 'second_serving')}** |",
+        "",
+        f"The HPA's own reading of the load (average items in flight per encoder) during the step: max "
+        f"{max(step_loads, default=float('nan')):.2f}, median {statistics.median(step_loads) if step_loads else float('nan'):.2f} "
+        f"(target {c.target_per_pod}). Its conditions when it asked for 2: "
+        + "; ".join(
+            f"{x['type']}={x['status']} ({x.get('reason')})" for x in record.scaled_up_hpa.get("conditions") or []
+        )
+        + f". The EPDDeployment's `AutoscalingActive`: {record.autoscaling_active.get('status')} "
+        f"({record.autoscaling_active.get('reason')}).",
+        "",
+        f"## Share of encoder requests after the second encoder is Ready ({c.share_seconds:.0f} s of step load after "
+        "it first answered)",
+        "",
+        "vLLM's own `vllm:request_success_total` on each encoder pod (one encoder request carries the images of one "
+        "client request bound for that encoder):",
+        "",
+        "| encoder | requests | share |",
+        "|---|---|---|",
+        *(
+            f"| `{pod}`{' (first)' if pod == record.first_encoder else ' (new)'} | {n:.0f} | {100 * n / total:.0f}% |"
+            for pod, n in sorted(share.items())
+        ),
+        "",
+        "## Scale-down",
+        "",
+        f"The step ends {_rel(record, 'light_after_start')} after it started; the HPA sets 1 encoder "
+        f"{m['scaled_down'] - m['light_after_start']:.0f} s later (window {c.scale_down_window} s), and the leaving "
+        f"encoder (`{record.leaving_encoder or 'n/a'}`) is gone {m['left_gone'] - m['scaled_down']:.0f} s after that "
+        f"(preStop, then vLLM's shutdown). **Failed client requests during the scale-down: "
+        f"{sum(1 for r in draining if r['status'] != 200)} of {len(draining)}** (requests in flight between the HPA's 1 "
+        f"and the leaving pod's end); in the whole light-after phase {sum(1 for r in down if r['status'] != 200)} of "
+        f"{len(down)}.",
+        "",
+        "## Every client request",
+        "",
+        "| phase | requests | failed | p50 latency | p90 latency |",
+        "|---|---|---|---|---|",
+    ]
+    for phase in phases:
+        rs = [r for r in record.requests if r["phase"] == phase]
+        lat = [r["end"] - r["start"] for r in rs if r["status"] == 200]
+        lines.append(
+            f"| {names[phase]} | {len(rs)} | {sum(1 for r in rs if r['status'] != 200)} | "
+            f"{_pct(lat, 0.5):.2f} s | {_pct(lat, 0.9):.2f} s |"
+        )
+    failures = record.failures()
+    lines += [
+        f"| **all** | {len(record.requests)} | **{len(failures)}** | | |",
+        "",
+        *(f"- failed: {json.dumps(r)[:300]}" for r in failures[:10]),
+        "",
+        "![encoder replicas, ready encoders and load over time](autoscale.png)",
+        "",
+        "## What this shows, and what it does not",
+        "",
+        "- The loop closes on real pods: load through the router Service raises the routers' per-encoder items in "
+        "flight, Prometheus and prometheus-adapter serve them with the chart's rules, the HPA scales the encoder "
+        "Deployment, the router discovers the new encoder when it is Ready and sends it images, and the scale-down "
+        "drains an encoder while requests keep coming.",
+        "- The time to a serving second encoder is dominated by vLLM's start on a shared CPU (model load, profiling "
+        "each allowed image); the metrics path (scrape 1 s, adapter relist 2 s, HPA sync 1 s) adds seconds. On GPUs "
+        "with a real model, vLLM's start (weights, CUDA graphs) sets it too; scrape and sync periods are usually "
+        "15–30 s there.",
+        "- One router, one decode pod, a tiny random-weight model on CPU: the items-in-flight numbers are this "
+        "machine's, not a GPU encoder's. See docs/autoscaling.md for what the default target rests on.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(record: LoopRecord, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = record.marks["step_start"]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    s = record.samples
+    ts = [x.t - t0 for x in s]
+    axes[0].step(ts, [x.replicas for x in s], where="post", label="encoder replicas (HPA)")
+    axes[0].step(ts, [x.ready for x in s], where="post", label="ready encoders", linestyle="--")
+    axes[0].set_ylabel("encoders")
+    axes[0].set_ylim(0, 2.6)
+    axes[0].legend(loc="upper right")
+    for key, points in sorted(record.series.items()):
+        kind, _, pod = key.partition(":")
+        if kind == "inflight":
+            axes[1].plot([t - t0 for t, _ in points], [v for _, v in points], label=f"items in flight: {pod[-5:]}")
+        elif kind == "waiting" and "encoder" in pod:
+            axes[2].plot([t - t0 for t, _ in points], [v for _, v in points], label=f"vLLM waiting: {pod[-5:]}")
+    loads = [(x.t - t0, x.load) for x in s if x.load is not None]
+    axes[1].plot([t for t, _ in loads], [v for _, v in loads], "k.", markersize=3, label="HPA's load (avg per pod)")
+    axes[1].axhline(record.config.target_per_pod, color="grey", linestyle=":", label="target per pod")
+    axes[1].set_ylabel("encoder items in flight")
+    axes[1].legend(loc="upper right", fontsize=7)
+    axes[2].set_ylabel("vLLM requests waiting")
+    axes[2].legend(loc="upper right", fontsize=7)
+    axes[2].set_xlabel("seconds since the load step")
+    for name, color in (("step_start", "red"), ("second_serving", "green"), ("light_after_start", "red")):
+        if name in record.marks:
+            for ax in axes:
+                ax.axvline(record.marks[name] - t0, color=color, alpha=0.4)
+    axes[0].set_title("Encoder autoscaling on the real node (red: load step on/off, green: second encoder serving)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.autoscale", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / "autoscale.md")
+    parser.add_argument(
+        "--from-record", type=Path, help="write the report and plot from a run's autoscale.json instead of running"
+    )
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    if args.from_record:
+        data = json.loads(args.from_record.read_text())
+        record = record_from_json(data["record"])
+        plot(record, out.with_suffix(".png"))
+        out.write_text(
+            report(record, datetime.fromisoformat(data["started"]), data["wall"], tuple(data["load_average"]))
+        )
+        print(f"wrote {out} and {out.with_suffix('.png')} from {args.from_record}", file=sys.stderr)
+        return 0
+    if why := unavailable():
+        print(f"bench-autoscale: {why}", file=sys.stderr)
+        return 2
+    started, t = datetime.now(UTC), time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="epd-bench-autoscale-") as tmp:
+        work = Path(tmp)
+        with mission_cluster(work) as m, metrics_pipeline(m, work) as pipeline:
+            record = run_loop(m, pipeline, LoopConfig(), work, say=lambda line: print(line, file=sys.stderr))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_record(out.with_suffix(".json"), record, started, time.monotonic() - t)
+    return main(["--from-record", str(out.with_suffix(".json")), "--out", str(out)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

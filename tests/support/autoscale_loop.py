@@ -1,0 +1,578 @@
+"""The encoder autoscaling loop on the real node: real load through the router Service, real metrics,
+kube-controller-manager's HPA, real vLLM encoder pods coming and going.
+
+- :func:`metrics_pipeline`: Prometheus (Debian's package) and prometheus-adapter (dev/prometheus_adapter.py)
+  inside the node's network namespace, where pod IPs answer. Prometheus finds the EPDDeployment's pods
+  through the API server (Kubernetes service discovery, the labels a PodMonitor gives: `namespace`,
+  `pod`) and scrapes the routers' `metrics` port and the vLLM pods' /metrics every second; the adapter
+  runs the operator chart's rules unchanged and is registered as the custom.metrics.k8s.io
+  APIService (the API server reaches it through the node bridge, its egress to the cluster).
+- :func:`run_loop`: applies examples/epd-local-cpu.yaml with an autoscaled encoder tier, then light
+  load, a load step, light load again, and records what happened: every client request's status,
+  the encoder Deployment, the HPA and the EPDDeployment every two seconds, each encoder's own
+  `vllm:request_success_total`, and Prometheus' series of the load the HPA reads.
+
+The node test (tests/node/test_autoscaling_loop.py) asserts on the record; the benchmark
+(bench/autoscale.py) reports it. The local API server has no front-proxy certificates, so it calls
+aggregated APIs anonymously: the anonymous user may read custom.metrics.k8s.io while the pipeline runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dev import prometheus_adapter
+from epd_operator.render.autoscaling import load_metric_name
+from tests.support.cluster import EPD_API, KubeView, wait_for
+from tests.support.mission import REPO, Mission, all_ready, describe, ready
+
+EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
+ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
+GROUP = "custom.metrics.k8s.io"
+LOAD = load_metric_name("encoder")
+SERVED = "tiny-vl"
+# Inside the node's network namespace nothing else listens on these.
+PROMETHEUS_PORT, ADAPTER_PORT = 19090, 16443
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def _die_with_parent() -> None:  # between fork and exec: nothing outlives the driver, even a SIGKILLed one
+    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass(frozen=True)
+class Phase:
+    clients: int
+    images: int  # per request, each never sent before
+    pause: float  # seconds a client waits after each answer
+
+    def line(self, name: str) -> str:
+        return f"{name} {self.clients} {self.images} {self.pause}\n"
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    target_per_pod: int = 4  # the encoder load target (items in flight per pod): the default
+    scale_down_window: int = 30  # seconds (behavior.scaleDown.stabilizationWindowSeconds)
+    light: Phase = Phase(clients=1, images=1, pause=1.0)  # at most 1 item in flight
+    step: Phase = Phase(clients=4, images=4, pause=0.0)  # up to 16 items in flight
+    light_seconds: float = 30  # before the step
+    share_seconds: float = 60  # of step load after the second encoder serves
+    tail_seconds: float = 10  # of light load after the leaving encoder is gone
+    scale_up_timeout: float = 300  # from the step to the HPA's 2
+    second_ready_timeout: float = 600  # a vLLM CPU pod starting on busy shared cores
+    scale_down_timeout: float = 300
+
+
+@dataclass
+class Sample:
+    t: float  # Unix time
+    phase: str
+    replicas: int  # the encoder Deployment's spec (the HPA writes it)
+    ready: int  # its ready pods
+    desired: int | None  # the HPA's desiredReplicas
+    load: float | None  # the HPA's current average of the load metric
+
+
+@dataclass
+class LoopRecord:
+    config: LoopConfig
+    marks: dict[str, float] = field(default_factory=dict)  # event -> Unix time
+    first_encoder: str = ""
+    second_encoder: str = ""
+    leaving_encoder: str = ""
+    scaled_up_hpa: dict[str, Any] = field(default_factory=dict)  # the HPA's status once it asked for 2
+    autoscaling_active: dict[str, Any] = field(default_factory=dict)  # the EPDDeployment's condition then
+    counts_at_second_ready: dict[str, float] = field(default_factory=dict)  # vllm:request_success_total per encoder
+    counts_at_step_end: dict[str, float] = field(default_factory=dict)
+    requests: list[dict[str, Any]] = field(default_factory=list)  # one per client request
+    samples: list[Sample] = field(default_factory=list)
+    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # from Prometheus
+
+    def failures(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["status"] != 200]
+
+    def share_after_second(self) -> dict[str, float]:
+        """Encoder requests each encoder answered from the second's readiness to the step's end."""
+        return {
+            pod: self.counts_at_step_end[pod] - self.counts_at_second_ready.get(pod, 0.0)
+            for pod in self.counts_at_step_end
+        }
+
+    def since(self, mark: str, until: str) -> float:
+        return self.marks[until] - self.marks[mark]
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("config", "samples")}
+        out["config"] = {k: (v.__dict__ if isinstance(v, Phase) else v) for k, v in self.config.__dict__.items()}
+        out["samples"] = [s.__dict__ for s in self.samples]
+        return out
+
+
+def write_record(path: Path, record: LoopRecord, started: datetime, wall: float) -> None:
+    """The record with when the run started, how long it took and the load average at its end, as
+    `python -m bench.autoscale --from-record` reads it."""
+    raw = {"started": started.isoformat(), "wall": wall, "load_average": os.getloadavg(), "record": record.to_json()}
+    path.write_text(json.dumps(raw, indent=1))
+
+
+def record_from_json(data: dict[str, Any]) -> LoopRecord:
+    """A record as :meth:`LoopRecord.to_json` wrote it."""
+    raw = data["config"]
+    values: dict[str, Any] = {k: Phase(**v) if isinstance(v, dict) else v for k, v in raw.items()}
+    config = LoopConfig(**values)
+    fields = {k: v for k, v in data.items() if k not in ("config", "samples", "series")}
+    record = LoopRecord(config, **fields)
+    record.samples = [Sample(**s) for s in data["samples"]]
+    record.series = {k: [(float(t), float(v)) for t, v in points] for k, points in data["series"].items()}
+    return record
+
+
+def autoscaled_example(config: LoopConfig) -> list[dict[str, Any]]:
+    """examples/epd-local-cpu.yaml with `spec.encoder.autoscaling` (1 to 2 encoders on their load)."""
+    docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
+    epd = next(d for d in docs if d["kind"] == "EPDDeployment")
+    epd["spec"]["encoder"]["autoscaling"] = {
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "load": {"targetPerPod": config.target_per_pod},
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": config.scale_down_window}},
+    }
+    return docs
+
+
+# ---------------------------------------------------------------- the metrics pipeline
+
+
+@dataclass
+class Pipeline:
+    m: Mission
+    logs: dict[str, Path]
+
+    def prometheus(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        status, text = self.m.in_node(f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/{path}?{query}", timeout=30)
+        assert status == 200, text[:500]
+        return json.loads(text)["data"]
+
+    def range(self, query: str, start: float, end: float) -> dict[str, list[tuple[float, float]]]:
+        """A range query at 1 s resolution: series (by their `pod` or `backend_pod` label) -> points."""
+        data = self.prometheus("query_range", query=query, start=f"{start:.3f}", end=f"{end:.3f}", step="1")
+        out = {}
+        for series in data["result"]:
+            labels = series["metric"]
+            key = labels.get("backend_pod") or labels.get("pod") or "total"
+            out[key] = [(float(t), float(v)) for t, v in series["values"]]
+        return out
+
+    def tail(self, name: str) -> str:
+        path = self.logs[name]
+        return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+
+
+def _prometheus_config(m: Mission, tmp: Path) -> Path:
+    token = tmp / "prometheus-token"
+    token.write_text(m.cluster.admin_token)
+    token.chmod(0o600)
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "epd-pods",
+                "kubernetes_sd_configs": [
+                    {
+                        "role": "pod",
+                        # the API server as the node's network namespace reaches it (the node bridge)
+                        "api_server": m.cluster.server,
+                        "namespaces": {"names": [m.kube.ns]},
+                        "tls_config": {"ca_file": str(m.cluster.ca_path)},
+                        "authorization": {"credentials_file": str(token)},
+                    }
+                ],
+                # What the chart's PodMonitors scrape (the routers' `metrics` port, the vLLM pods'),
+                # labelled as they label it.
+                "relabel_configs": [
+                    {
+                        "source_labels": [
+                            "__meta_kubernetes_pod_container_name",
+                            "__meta_kubernetes_pod_container_port_name",
+                        ],
+                        "regex": "router;metrics|vllm;http",
+                        "action": "keep",
+                    },
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                ],
+            }
+        ],
+    }
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def _cluster_objects(kube: KubeView, objects: list[tuple[str, dict[str, Any]]]) -> Iterator[None]:
+    made = []
+    try:
+        for path, body in objects:
+            kube.ok("POST", path, body, content_type="application/json")
+            made.append(f"{path}/{body['metadata']['name']}")
+        yield
+    finally:
+        for path in reversed(made):
+            kube.request("DELETE", path)
+
+
+def _adapter_objects() -> list[tuple[str, dict[str, Any]]]:
+    name = "epd-custom-metrics-anonymous-reader"
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    return [
+        (
+            f"{rbac}/clusterroles",
+            {
+                "metadata": {"name": name},
+                "rules": [{"apiGroups": [GROUP], "resources": ["*"], "verbs": ["get", "list"]}],
+            },
+        ),
+        (
+            f"{rbac}/clusterrolebindings",
+            {
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}],
+            },
+        ),
+        (
+            "/api/v1/namespaces/default/services",
+            {
+                "metadata": {"name": "epd-custom-metrics"},
+                # localhost of the node's network namespace, where the API server's egress dials
+                "spec": {"type": "ExternalName", "externalName": "localhost"},
+            },
+        ),
+        (
+            "/apis/apiregistration.k8s.io/v1/apiservices",
+            {
+                "metadata": {"name": f"v1beta2.{GROUP}"},
+                "spec": {
+                    "group": GROUP,
+                    "version": "v1beta2",
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 200,
+                    "insecureSkipTLSVerify": True,  # the adapter's self-signed serving certificate
+                    "service": {"namespace": "default", "name": "epd-custom-metrics", "port": ADAPTER_PORT},
+                },
+            },
+        ),
+    ]
+
+
+@contextlib.contextmanager
+def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
+    """Prometheus and prometheus-adapter (the chart's rules) in the node's network namespace, the
+    adapter serving custom.metrics.k8s.io; stopped and unregistered on exit."""
+    prometheus = shutil.which("prometheus")
+    assert prometheus is not None, "Prometheus is not installed (apt-get install prometheus; `make test-tools`)"
+    adapter = prometheus_adapter.ensure()
+    node = m.cluster.real_node()
+    rules = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
+    adapter_config = tmp / "adapter.yaml"
+    adapter_config.write_text(yaml.safe_dump({"rules": rules["custom"]}))  # what the adapter chart renders
+    kubeconfig = str(m.cluster.kubeconfig_path)  # https://127.0.0.1:<port>: the node bridge, in the node
+    discovery = [f"/apis/{GROUP}", f"/apis/{GROUP}/v1beta1", f"/apis/{GROUP}/v1beta2", "/openapi/v2", "/openapi/v3"]
+    logs = {"prometheus": tmp / "prometheus.log", "adapter": tmp / "adapter.log"}
+    pipeline = Pipeline(m, logs)
+    with (
+        _process(
+            node.netns_argv(
+                prometheus,
+                f"--config.file={_prometheus_config(m, tmp)}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
+            ),
+            logs["prometheus"],
+        ),
+        _process(
+            node.netns_argv(
+                str(adapter),
+                f"--secure-port={ADAPTER_PORT}",
+                "--bind-address=127.0.0.1",
+                f"--cert-dir={tmp / 'adapter-certs'}",
+                f"--lister-kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--authentication-tolerate-lookup-failure",
+                "--authorization-always-allow-paths=" + ",".join(["/healthz", "/readyz", "/livez", *discovery]),
+                f"--prometheus-url=http://127.0.0.1:{PROMETHEUS_PORT}",
+                f"--config={adapter_config}",
+                "--metrics-relist-interval=2s",
+            ),
+            logs["adapter"],
+        ),
+        _cluster_objects(m.kube, _adapter_objects()),
+    ):
+
+        def available() -> bool:
+            _, body = m.kube.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/v1beta2.{GROUP}")
+            conditions = (body.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+        wait_for(available, 180, lambda: f"APIService not Available; adapter:\n{pipeline.tail('adapter')}", interval=1)
+        yield pipeline
+
+
+# ---------------------------------------------------------------- the loop
+
+
+class _Loop:
+    def __init__(self, m: Mission, pipeline: Pipeline, config: LoopConfig, tmp: Path, say: Callable[[str], None]):
+        self.m, self.pipeline, self.config, self.tmp, self.say = m, pipeline, config, tmp, say
+        self.record = LoopRecord(config)
+        self.phase = "start"
+        self.last_sample = 0.0
+        self.encoder_deployment = f"{m.name}-encoder"
+        self.hpa_name = f"{m.name}-encoder"
+
+    # -- what the cluster says
+
+    def deployment(self) -> dict[str, Any]:
+        return self.m.kube.get("apps/v1", "Deployment", self.encoder_deployment) or {}
+
+    def hpa(self) -> dict[str, Any]:
+        return self.m.kube.get("autoscaling/v2", "HorizontalPodAutoscaler", self.hpa_name) or {}
+
+    def epd_condition(self, kind: str) -> dict[str, Any]:
+        epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
+        return next((c for c in epd.get("status", {}).get("conditions") or [] if c["type"] == kind), {})
+
+    def encoders(self, *, leaving: bool = False) -> list[dict[str, Any]]:
+        pods = self.m.kube.pods(**{"app.kubernetes.io/instance": self.m.name, "serving.epd.dev/role": "encoder"})
+        return [p for p in pods if leaving or not p["metadata"].get("deletionTimestamp")]
+
+    def count(self, pod: dict[str, Any]) -> float:
+        return self.m.pod_metric(pod, "vllm:request_success_total")
+
+    def sample(self, force: bool = False) -> None:
+        now = time.time()
+        if not force and now - self.last_sample < 2:
+            return
+        self.last_sample = now
+        dep, hpa = self.deployment(), self.hpa()
+        status = hpa.get("status") or {}
+        load = None
+        for metric in status.get("currentMetrics") or []:
+            if metric.get("type") == "Pods" and metric["pods"]["metric"]["name"] == LOAD:
+                load = _quantity(metric["pods"]["current"]["averageValue"])
+        self.record.samples.append(
+            Sample(
+                t=now,
+                phase=self.phase,
+                replicas=int(dep.get("spec", {}).get("replicas") or 0),
+                ready=int(dep.get("status", {}).get("readyReplicas") or 0),
+                desired=status.get("desiredReplicas"),
+                load=load,
+            )
+        )
+
+    def wait(self, condition: Callable[[], Any], timeout: float, what: str) -> Any:
+        def tick() -> Any:
+            self.sample()
+            return condition()
+
+        return wait_for(tick, timeout, lambda: f"{what} within {timeout:.0f} s\n{describe(self.m)}", interval=1)
+
+    def hold(self, seconds: float) -> None:
+        until = time.monotonic() + seconds
+        self.wait(lambda: time.monotonic() >= until, seconds + 60, "a pause")
+
+    def mark(self, name: str) -> None:
+        self.record.marks[name] = time.time()
+        self.say(f"{name} (+{self.record.marks[name] - self.record.marks.get('load_start', time.time()):.0f} s)")
+
+    # -- the loop
+
+    def deploy(self) -> None:
+        manifest = self.tmp / "epd-local-cpu-autoscaled.yaml"
+        manifest.write_text(yaml.safe_dump_all(autoscaled_example(self.config)))
+        self.m.kube.kubectl("apply", "-f", str(manifest))
+        started = time.monotonic()
+        wait_for(lambda: all_ready(self.m), 900, lambda: describe(self.m), interval=2)
+        self.say(f"EPDDeployment Ready {time.monotonic() - started:.0f} s after kubectl apply")
+        self.wait(
+            lambda: self.epd_condition("AutoscalingActive").get("status") == "True",
+            300,
+            f"AutoscalingActive; HPA {self.hpa().get('status')}; adapter:\n{self.pipeline.tail('adapter')}",
+        )
+        [first] = self.encoders()
+        self.record.first_encoder = first["metadata"]["name"]
+
+    def run(self, client: subprocess.Popen[str]) -> None:
+        assert client.stdin is not None
+        c = self.config
+
+        def phase(name: str, load: Phase) -> None:
+            self.phase = name
+            assert client.stdin is not None
+            client.stdin.write(load.line(name))
+            client.stdin.flush()
+            self.mark(f"{name}_start")
+
+        self.record.marks["load_start"] = time.time()
+        phase("light", c.light)
+        self.hold(c.light_seconds)
+        assert self.deployment()["spec"]["replicas"] == 1, "light load alone scaled the encoders"
+
+        phase("step", c.step)
+        self.wait(lambda: self.deployment()["spec"]["replicas"] == 2, c.scale_up_timeout, "the HPA scaled to 2")
+        self.mark("scaled_up")
+        self.record.scaled_up_hpa = self.hpa().get("status") or {}
+        self.record.autoscaling_active = self.epd_condition("AutoscalingActive")
+        second = self.wait(
+            lambda: next((p for p in self.encoders() if p["metadata"]["name"] != self.record.first_encoder), None),
+            60,
+            "a second encoder pod",
+        )
+        self.record.second_encoder = second["metadata"]["name"]
+
+        def second_ready() -> dict[str, Any] | None:
+            pod = next((p for p in self.encoders() if p["metadata"]["name"] == self.record.second_encoder), None)
+            return pod if pod is not None and ready(pod) else None
+
+        self.wait(second_ready, c.second_ready_timeout, "the second encoder Ready")
+        self.mark("second_ready")
+        self.record.counts_at_second_ready = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
+
+        def second_serving() -> bool:
+            pod = second_ready()
+            return pod is not None and self.count(pod) > self.record.counts_at_second_ready[self.record.second_encoder]
+
+        self.wait(second_serving, 180, "the second encoder answering the router")
+        self.mark("second_serving")
+        self.hold(c.share_seconds)
+        self.record.counts_at_step_end = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
+
+        phase("light_after", c.light)
+        self.wait(lambda: self.deployment()["spec"]["replicas"] == 1, c.scale_down_timeout, "the HPA scaled to 1")
+        self.mark("scaled_down")
+        leaving = self.wait(
+            lambda: (
+                next((p for p in self.encoders(leaving=True) if p["metadata"].get("deletionTimestamp")), None)
+                or (len(self.encoders(leaving=True)) == 1 and "gone")
+            ),
+            60,
+            "the leaving encoder",
+        )
+        if isinstance(leaving, dict):
+            self.record.leaving_encoder = leaving["metadata"]["name"]
+        self.wait(lambda: len(self.encoders(leaving=True)) == 1, c.scale_down_timeout, "the leaving encoder gone")
+        self.mark("left_gone")
+        self.hold(c.tail_seconds)
+        self.phase = "end"
+
+
+def _quantity(value: str) -> float:
+    if value.endswith("m"):
+        return float(value[:-1]) / 1000
+    return float(value)
+
+
+def run_loop(
+    m: Mission, pipeline: Pipeline, config: LoopConfig, tmp: Path, say: Callable[[str], None] = print
+) -> LoopRecord:
+    """Deploy the autoscaled example, run the loop, and return what happened (raises when a step of
+    the loop does not happen within its bound)."""
+    loop = _Loop(m, pipeline, config, tmp, say)
+    loop.deploy()
+    service = m.kube.get("v1", "Service", m.name)
+    assert service is not None
+    url = f"http://{service['spec']['clusterIP']}:8000"
+    records = tmp / "requests.jsonl"
+    argv = m.cluster.real_node().netns_argv(
+        sys.executable, "-m", "tests.support.load_client", url, str(records), SERVED
+    )
+    with (tmp / "load-client.log").open("wb") as log:
+        client = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            preexec_fn=_die_with_parent,
+        )
+    try:
+        loop.run(client)
+    finally:
+        assert client.stdin is not None
+        with contextlib.suppress(OSError):
+            client.stdin.write("stop\n")
+            client.stdin.close()
+        try:
+            client.wait(timeout=330)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            client.wait()
+        loop.mark("load_end")
+        loop.sample(force=True)
+        record = loop.record
+        if records.exists():
+            record.requests = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+        start, end = record.marks["load_start"] - 5, record.marks["load_end"]
+        with contextlib.suppress(AssertionError, KeyError, json.JSONDecodeError):
+            ns = m.kube.ns
+            record.series = {
+                **{
+                    f"inflight:{k}": v
+                    for k, v in pipeline.range(
+                        f'sum(epd_router_endpoint_inflight{{namespace="{ns}",role="encoder"}}) by (backend_pod)',
+                        start,
+                        end,
+                    ).items()
+                },
+                **{
+                    f"waiting:{k}": v
+                    for k, v in pipeline.range(
+                        f'sum(vllm:num_requests_waiting{{namespace="{ns}"}}) by (pod)', start, end
+                    ).items()
+                },
+                **{
+                    f"success:{k}": v
+                    for k, v in pipeline.range(
+                        f'sum(vllm:request_success_total{{namespace="{ns}"}}) by (pod)', start, end
+                    ).items()
+                },
+            }
+    return record
