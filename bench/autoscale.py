@@ -9,7 +9,8 @@ times from the step to the HPA's 2, to the second encoder Ready and serving; eac
 the encoder requests after that; every client request's outcome, failures during the scale-down
 first), autoscale.png (encoder replicas, ready encoders, the HPA's load and the routers' items in
 flight over time, vLLM's queue) and autoscale.json (the raw record). Needs root and the real node's
-packages, like `make test-node`; about 15 minutes on 2 shared cores, most of it vLLM starting.
+packages, like `make test-node`; about 25 minutes on 2 shared cores, most of it importing the vLLM image
+into the node and vLLM starting.
 """
 
 from __future__ import annotations
@@ -146,6 +147,11 @@ def report(record: LoopRecord, started: datetime, wall: float, load_average: tup
         "each allowed image); the metrics path (scrape 1 s, adapter relist 2 s, HPA sync 1 s) adds seconds. On GPUs "
         "with a real model, vLLM's start (weights, CUDA graphs) sets it too; scrape and sync periods are usually "
         "15–30 s there.",
+        "- The share after the scale-up is the cache-aware picker's doing: it places a new image on the encoder "
+        "with the least in-flight plus recent work (decayed over its last 1,000 picks, not over time), so a new "
+        "encoder, with no history, takes the new images until its recent work comes within the load bound of the "
+        "old one's, while the old encoder idles. Balanced over the picker's window; not balanced in the first "
+        "minutes after a scale-up.",
         "- One router, one decode pod, a tiny random-weight model on CPU: the items-in-flight numbers are this "
         "machine's, not a GPU encoder's. See docs/autoscaling.md for what the default target rests on.",
     ]

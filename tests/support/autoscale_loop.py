@@ -2,11 +2,12 @@
 kube-controller-manager's HPA, real vLLM encoder pods coming and going.
 
 - :func:`metrics_pipeline`: Prometheus (Debian's package) and prometheus-adapter (dev/prometheus_adapter.py)
-  inside the node's network namespace, where pod IPs answer. Prometheus finds the EPDDeployment's pods
-  through the API server (Kubernetes service discovery, the labels a PodMonitor gives: `namespace`,
-  `pod`) and scrapes the routers' `metrics` port and the vLLM pods' /metrics every second; the adapter
-  runs the operator chart's rules unchanged and is registered as the custom.metrics.k8s.io
-  APIService (the API server reaches it through the node bridge, its egress to the cluster).
+  inside the node's network namespace, where pod IPs answer. Prometheus scrapes the routers' `metrics`
+  port and the vLLM pods' /metrics every second, labelled as the chart's PodMonitors label them
+  (`namespace`, `pod`); Debian builds Prometheus without Kubernetes discovery, so the loop lists the
+  EPDDeployment's pods and keeps a file of targets up to date. The adapter runs the operator chart's
+  rules unchanged and is registered as the custom.metrics.k8s.io APIService (the API server reaches
+  it through the node bridge, its egress to the cluster).
 - :func:`run_loop`: applies examples/epd-local-cpu.yaml with an autoscaled encoder tier, then light
   load, a load step, light load again, and records what happened: every client request's status,
   the encoder Deployment, the HPA and the EPDDeployment every two seconds, each encoder's own
@@ -164,6 +165,27 @@ def autoscaled_example(config: LoopConfig) -> list[dict[str, Any]]:
 class Pipeline:
     m: Mission
     logs: dict[str, Path]
+    targets: Path
+    written: str = ""
+
+    def discover(self) -> None:
+        """What the chart's PodMonitors scrape, as Prometheus' file discovery reads it: each router
+        pod's `metrics` port and each vLLM pod's, labelled with `namespace` and `pod`."""
+        groups = []
+        for pod in self.m.kube.pods(**{"app.kubernetes.io/instance": self.m.name}):
+            role = pod["metadata"]["labels"].get("serving.epd.dev/role")
+            ip = pod.get("status", {}).get("podIP")
+            if not ip or role is None:
+                continue
+            port = 9090 if role == "router" else 8000
+            labels = {"namespace": self.m.kube.ns, "pod": pod["metadata"]["name"]}
+            groups.append({"targets": [f"{ip}:{port}"], "labels": labels})
+        text = json.dumps(sorted(groups, key=lambda g: g["labels"]["pod"]))
+        if text != self.written:
+            partial = self.targets.with_suffix(".partial")
+            partial.write_text(text)
+            partial.replace(self.targets)  # Prometheus never reads half a file
+            self.written = text
 
     def prometheus(self, path: str, **params: str) -> Any:
         query = urllib.parse.urlencode(params)
@@ -186,40 +208,14 @@ class Pipeline:
         return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
 
 
-def _prometheus_config(m: Mission, tmp: Path) -> Path:
-    token = tmp / "prometheus-token"
-    token.write_text(m.cluster.admin_token)
-    token.chmod(0o600)
+def _prometheus_config(tmp: Path, targets: Path) -> Path:
+    # Debian's Prometheus is built without Kubernetes service discovery: the targets come from a file
+    # the loop keeps up to date from the API server (Pipeline.discover), labelled as a PodMonitor
+    # labels them.
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [
-            {
-                "job_name": "epd-pods",
-                "kubernetes_sd_configs": [
-                    {
-                        "role": "pod",
-                        # the API server as the node's network namespace reaches it (the node bridge)
-                        "api_server": m.cluster.server,
-                        "namespaces": {"names": [m.kube.ns]},
-                        "tls_config": {"ca_file": str(m.cluster.ca_path)},
-                        "authorization": {"credentials_file": str(token)},
-                    }
-                ],
-                # What the chart's PodMonitors scrape (the routers' `metrics` port, the vLLM pods'),
-                # labelled as they label it.
-                "relabel_configs": [
-                    {
-                        "source_labels": [
-                            "__meta_kubernetes_pod_container_name",
-                            "__meta_kubernetes_pod_container_port_name",
-                        ],
-                        "regex": "router;metrics|vllm;http",
-                        "action": "keep",
-                    },
-                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-                ],
-            }
+            {"job_name": "epd-pods", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}
         ],
     }
     path = tmp / "prometheus.yml"
@@ -313,12 +309,13 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
     kubeconfig = str(m.cluster.kubeconfig_path)  # https://127.0.0.1:<port>: the node bridge, in the node
     discovery = [f"/apis/{GROUP}", f"/apis/{GROUP}/v1beta1", f"/apis/{GROUP}/v1beta2", "/openapi/v2", "/openapi/v3"]
     logs = {"prometheus": tmp / "prometheus.log", "adapter": tmp / "adapter.log"}
-    pipeline = Pipeline(m, logs)
+    pipeline = Pipeline(m, logs, tmp / "targets.json")
+    pipeline.discover()
     with (
         _process(
             node.netns_argv(
                 prometheus,
-                f"--config.file={_prometheus_config(m, tmp)}",
+                f"--config.file={_prometheus_config(tmp, pipeline.targets)}",
                 f"--storage.tsdb.path={tmp / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
             ),
@@ -350,6 +347,14 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
             return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
 
         wait_for(available, 180, lambda: f"APIService not Available; adapter:\n{pipeline.tail('adapter')}", interval=1)
+
+        def prometheus_ready() -> bool:
+            try:
+                return m.in_node(f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready", timeout=5)[0] == 200
+            except AssertionError:  # not listening yet
+                return False
+
+        wait_for(prometheus_ready, 120, lambda: f"Prometheus not ready:\n{pipeline.tail('prometheus')}", interval=2)
         yield pipeline
 
 
@@ -408,6 +413,7 @@ class _Loop:
 
     def wait(self, condition: Callable[[], Any], timeout: float, what: str) -> Any:
         def tick() -> Any:
+            self.pipeline.discover()
             self.sample()
             return condition()
 
@@ -428,12 +434,13 @@ class _Loop:
         manifest.write_text(yaml.safe_dump_all(autoscaled_example(self.config)))
         self.m.kube.kubectl("apply", "-f", str(manifest))
         started = time.monotonic()
-        wait_for(lambda: all_ready(self.m), 900, lambda: describe(self.m), interval=2)
+        self.wait(lambda: all_ready(self.m), 900, "the EPDDeployment Ready")
         self.say(f"EPDDeployment Ready {time.monotonic() - started:.0f} s after kubectl apply")
         self.wait(
             lambda: self.epd_condition("AutoscalingActive").get("status") == "True",
             300,
-            f"AutoscalingActive; HPA {self.hpa().get('status')}; adapter:\n{self.pipeline.tail('adapter')}",
+            f"AutoscalingActive; HPA {self.hpa().get('status')}; adapter:\n{self.pipeline.tail('adapter')}"
+            f"\nprometheus:\n{self.pipeline.tail('prometheus')}",
         )
         [first] = self.encoders()
         self.record.first_encoder = first["metadata"]["name"]
