@@ -33,7 +33,8 @@ from tests.support.autoscale_loop import (
     run_loop,
     write_record,
 )
-from tests.support.mission import mission_cluster, unavailable
+from tests.support.mission import mission_cluster
+from tests.support.real_node import unavailable
 
 from .procs import commit, cpu_model
 

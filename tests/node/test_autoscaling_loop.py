@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.support.autoscale_loop import LOAD, LoopConfig, LoopRecord, metrics_pipeline, run_loop, write_record
-from tests.support.mission import mission_cluster, unavailable
+from tests.support.mission import mission_cluster
+from tests.support.real_node import unavailable
 
 pytestmark = [
     pytest.mark.timeout(2400),  # image import, two vLLM starts and the loop on two shared cores

@@ -41,7 +41,8 @@ import yaml
 from dev import prometheus_adapter
 from epd_operator.render.autoscaling import load_metric_name
 from tests.support.cluster import EPD_API, KubeView, wait_for
-from tests.support.mission import REPO, Mission, all_ready, describe, ready
+from tests.support.mission import REPO, Mission, all_ready, describe
+from tests.support.real_node import is_ready
 
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
 ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
@@ -475,7 +476,7 @@ class _Loop:
 
         def second_ready() -> dict[str, Any] | None:
             pod = next((p for p in self.encoders() if p["metadata"]["name"] == self.record.second_encoder), None)
-            return pod if pod is not None and ready(pod) else None
+            return pod if pod is not None and is_ready(pod) else None
 
         self.wait(second_ready, c.second_ready_timeout, "the second encoder Ready")
         self.mark("second_ready")

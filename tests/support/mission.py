@@ -19,9 +19,7 @@ from typing import Any
 from dev.cluster import LocalCluster, RealNodeSpec
 from dev.images import build_vllm_cpu
 from tests.support.cluster import EPD_API, KubeView
-from tests.support.real_node import install_operator_chart, is_ready, unavailable
-
-__all__ = ["Mission", "all_ready", "describe", "is_ready", "mission_cluster", "port_forward", "unavailable"]
+from tests.support.real_node import install_operator_chart, is_ready
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "epd-local"  # the namespace examples/epd-local-cpu*.yaml apply into
