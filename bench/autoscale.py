@@ -9,8 +9,8 @@ times from the step to the HPA's 2, to the second encoder Ready and serving; eac
 the encoder requests after that; every client request's outcome, failures during the scale-down
 first), autoscale.png (encoder replicas, ready encoders, the HPA's load and the routers' items in
 flight over time, vLLM's queue) and autoscale.json (the raw record). Needs root and the real node's
-packages, like `make test-node`; about 25 minutes on 2 shared cores, most of it importing the vLLM image
-into the node and vLLM starting.
+packages, like `make test-node`; about 15 minutes on 2 shared cores when the node's image store holds
+the vLLM image, most of it vLLM starting.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def _rel(record: LoopRecord, mark: str) -> str:
     return f"{t - record.marks['step_start']:.0f} s" if t is not None else "n/a"
 
 
-def report(record: LoopRecord, started: datetime, wall: float, load_average: tuple[float, float, float]) -> str:
+def report(
+    record: LoopRecord, started: datetime, wall: float, load_average: tuple[float, float, float], ran_at: str
+) -> str:
     c = record.config
     m = record.marks
     share = record.share_after_second()
@@ -64,7 +66,7 @@ def report(record: LoopRecord, started: datetime, wall: float, load_average: tup
     lines = [
         "# Encoder autoscaling loop on real pods (`make bench-autoscale`)",
         "",
-        f"Run {started:%Y-%m-%d %H:%M} UTC, commit `{commit()}`, {cpu_model()} ({platform.machine()}), "
+        f"Run {started:%Y-%m-%d %H:%M} UTC, commit `{ran_at}`, {cpu_model()} ({platform.machine()}), "
         f"load average {load_average[0]:.1f} / {load_average[1]:.1f} / {load_average[2]:.1f} (1/5/15 min) at the end; "
         f"{wall / 60:.1f} min in all (cluster, images, vLLM starts, loop). Shared cores: times are upper bounds.",
         "",
@@ -211,20 +213,26 @@ def main(argv: list[str] | None = None) -> int:
         record = record_from_json(data["record"])
         plot(record, out.with_suffix(".png"))
         out.write_text(
-            report(record, datetime.fromisoformat(data["started"]), data["wall"], tuple(data["load_average"]))
+            report(
+                record,
+                datetime.fromisoformat(data["started"]),
+                data["wall"],
+                tuple(data["load_average"]),
+                data.get("commit", "not recorded"),
+            )
         )
         print(f"wrote {out} and {out.with_suffix('.png')} from {args.from_record}", file=sys.stderr)
         return 0
     if why := unavailable():
         print(f"bench-autoscale: {why}", file=sys.stderr)
         return 2
-    started, t = datetime.now(UTC), time.monotonic()
+    started, t, ran_at = datetime.now(UTC), time.monotonic(), commit()
     with tempfile.TemporaryDirectory(prefix="epd-bench-autoscale-") as tmp:
         work = Path(tmp)
         with mission_cluster(work) as m, metrics_pipeline(m, work) as pipeline:
             record = run_loop(m, pipeline, LoopConfig(), work, say=lambda line: print(line, file=sys.stderr))
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_record(out.with_suffix(".json"), record, started, time.monotonic() - t)
+    write_record(out.with_suffix(".json"), record, started, time.monotonic() - t, ran_at)
     return main(["--from-record", str(out.with_suffix(".json")), "--out", str(out)])
 
 

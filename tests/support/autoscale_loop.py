@@ -127,10 +127,16 @@ class LoopRecord:
         return out
 
 
-def write_record(path: Path, record: LoopRecord, started: datetime, wall: float) -> None:
-    """The record with when the run started, how long it took and the load average at its end, as
-    `python -m bench.autoscale --from-record` reads it."""
-    raw = {"started": started.isoformat(), "wall": wall, "load_average": os.getloadavg(), "record": record.to_json()}
+def write_record(path: Path, record: LoopRecord, started: datetime, wall: float, commit: str = "") -> None:
+    """The record with when the run started, at which commit, how long it took and the load average
+    at its end, as `python -m bench.autoscale --from-record` reads it."""
+    raw = {
+        "started": started.isoformat(),
+        "commit": commit or "not recorded",
+        "wall": wall,
+        "load_average": os.getloadavg(),
+        "record": record.to_json(),
+    }
     path.write_text(json.dumps(raw, indent=1))
 
 
