@@ -132,7 +132,7 @@ bench-e2e: vllm-env ## real vLLM tiers behind each router on an image workload (
 
 # The encoder autoscaling loop on the local cluster's real node (root, like test-node): light load, a step,
 # light load again through the router Service; the HPA scales the encoders 1 -> 2 -> 1 on the routers' load
-# read through Prometheus and prometheus-adapter. bench/results/autoscale.md, .png, .json (about 25 minutes).
+# read through Prometheus and prometheus-adapter. bench/results/autoscale.md, .png, .json (about 15 minutes with the vLLM image in the node store).
 bench-autoscale: k8s-node test-tools ## the encoder autoscaling loop on real pods: scale-up, new encoder's share, drain
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.autoscale
