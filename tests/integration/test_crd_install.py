@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from dev.cluster import NEWEST, OLDEST, LocalCluster
+from dev.runner import load_spec
 from tests.support.cluster import CRD_FILE, KubeView, new_namespace, wait_for
 from tests.support.operator_run import epd_doc
 
@@ -44,7 +45,7 @@ def test_kubectl_apply_installs_the_crd_and_it_is_served(kube: KubeView):
 
     wait_for(established, 30, "the CRD was not established")
     for example in sorted((REPO / "examples").glob("*.yaml")):
-        doc = yaml.safe_load(example.read_text())
+        doc = load_spec(example)
         doc["metadata"]["namespace"] = kube.ns
         kube.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc))
     wait_for(lambda: kube.kubectl("get", "epd", check=False).returncode == 0, 30)
