@@ -235,6 +235,20 @@ class LocalCluster(ClusterApi):
         for node in self.real_nodes:
             node.check_alive()
 
+    def restart_control_plane(self, timeout: float = 180) -> float:
+        """Stop kube-apiserver and etcd, start them again on the same data and flags (etcd first),
+        and wait for /readyz; returns the seconds the API was unavailable. Everything else keeps
+        running and must find its way back, as it would after a control-plane upgrade or crash."""
+        by_name = {c.name: c for c in self.components}
+        apiserver, etcd = by_name["kube-apiserver"], by_name["etcd"]
+        stopped = time.monotonic()
+        apiserver.stop()
+        etcd.stop()
+        etcd.start()
+        apiserver.start()
+        self._wait_ready("/readyz", "kube-apiserver", timeout)
+        return time.monotonic() - stopped
+
     # -------------------------------------------------------------- real nodes
 
     def _real_node(self, spec: RealNodeSpec) -> RealNode:

@@ -247,6 +247,13 @@ class RealNode:
         self.components.append(self._start_component("kubelet-" + self.name, self._in_node(self._kubelet_argv())))
         self.components.append(self._start_component("kube-proxy-" + self.name, self._in_node(self._kube_proxy_argv())))
 
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM, as a service manager would) and start it again with the same
+        flags; the node's containers keep running meanwhile and the new kubelet adopts them."""
+        [kubelet] = [c for c in self.components if c.name == "kubelet-" + self.name]
+        kubelet.stop()
+        kubelet.start()
+
     def kubelet_log_errors(self, lines: int = 15) -> str:
         """The kubelet's own last error lines (klog's `E` lines), or its log's tail when it has none."""
         path = self.dir.parent / f"kubelet-{self.name}.log"
