@@ -13,6 +13,7 @@ to 1 and the leaving encoder drains: no client request fails during the whole ru
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.support.autoscale_loop import LOAD, LoopConfig, LoopRecord, metrics_pipeline, run_loop, write_record
-from tests.support.mission import mission_cluster
+from tests.support.mission import Mission, remove
 from tests.support.real_node import unavailable
 
 pytestmark = [
@@ -32,16 +33,19 @@ CONFIG = LoopConfig()
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopRecord]:
+def loop(shared_mission: Mission, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopRecord]:
     tmp = tmp_path_factory.mktemp("autoscale")
     started, t = datetime.now(UTC), time.monotonic()
-    with mission_cluster(tmp) as m, metrics_pipeline(m, tmp) as pipeline:
-        record = run_loop(m, pipeline, CONFIG, tmp, say=lambda line: print(line, file=sys.stderr))
-        # The run as `python -m bench.autoscale --from-record` reports it.
-        write_record(tmp / "autoscale.json", record, started, time.monotonic() - t)
-        print(f"loop record: {tmp / 'autoscale.json'}", file=sys.stderr)
-        yield record
-        m.kube.kubectl("-n", m.kube.ns, "delete", "epddeployment", m.name, "--wait=false", check=False)
+    m = dataclasses.replace(shared_mission, name="tiny-vl")
+    try:
+        with metrics_pipeline(m, tmp) as pipeline:
+            record = run_loop(m, pipeline, CONFIG, tmp, say=lambda line: print(line, file=sys.stderr))
+            # The run as `python -m bench.autoscale --from-record` reports it.
+            write_record(tmp / "autoscale.json", record, started, time.monotonic() - t)
+            print(f"loop record: {tmp / 'autoscale.json'}", file=sys.stderr)
+            yield record
+    finally:
+        remove(m, m.name)
 
 
 def test_the_hpa_scales_the_encoders_to_two_on_the_load_it_reads(loop: LoopRecord):

@@ -14,6 +14,7 @@ EPDDeployment removes every pod.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -28,7 +29,7 @@ import yaml
 from dev.client import chat_body, image_part, text_part
 from dev.images import VLLM_CPU_IMAGE, operator_image
 from tests.support.cluster import wait_for
-from tests.support.mission import Mission, mission_cluster
+from tests.support.mission import Mission, remove
 from tests.support.mission import all_ready as _allis_ready
 from tests.support.mission import describe as _describe
 from tests.support.mission import port_forward as _port_forward
@@ -50,9 +51,10 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def mission(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mission]:
-    with mission_cluster(tmp_path_factory.mktemp("mission"), NAME) as m:
-        yield m
+def mission(shared_mission: Mission) -> Iterator[Mission]:
+    m = dataclasses.replace(shared_mission, name=NAME)
+    yield m
+    remove(m, NAME, "tiny-vl-pd")  # whatever a failed test left
 
 
 def test_the_example_applies_and_its_vllm_pods_pass_their_probes(mission: Mission):

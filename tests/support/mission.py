@@ -130,3 +130,21 @@ def mission_cluster(tmp: Path, name: str = "tiny-vl") -> Iterator[Mission]:
         cluster.real_node().load_image(vllm)
         installed = install_operator_chart(cluster, tmp)
         yield Mission(cluster, KubeView(cluster, NS, installed.system.kubeconfig), installed.system, name)
+
+
+def remove(m: Mission, *names: str, timeout: float = 300) -> None:
+    """Delete these EPDDeployments (those that exist) and wait until they and their pods are gone, so
+    that the next test of the shared cluster may apply the same names."""
+    from tests.support.cluster import wait_for
+
+    for name in names:
+        m.kube.kubectl("-n", m.kube.ns, "delete", "epddeployment", name, "--ignore-not-found", "--wait=false")
+
+    def gone() -> bool:
+        return all(
+            m.kube.get(EPD_API, "EPDDeployment", name) is None
+            and not m.kube.pods(**{"app.kubernetes.io/instance": name})
+            for name in names
+        )
+
+    wait_for(gone, timeout, lambda: f"left: {[p['metadata']['name'] for p in m.kube.pods()]}", interval=2)
