@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale mutation images image-deps node-store-clean clean
+.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-faults mutation images image-deps node-store-clean clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -136,6 +136,12 @@ bench-e2e: vllm-env ## real vLLM tiers behind each router on an image workload (
 bench-autoscale: k8s-node test-tools ## the encoder autoscaling loop on real pods: scale-up, new encoder's share, drain
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.autoscale
+
+# The fault table on the local cluster's real node (root, like test-node): two pods per tier under steady load
+# through the router Service; pods, a router, the operator, the API server and etcd, the kubelet fail one after
+# another. bench/results/faults.md and .json (about 30 minutes on 2 cores with the vLLM image in the node store).
+bench-faults: k8s-node ## the fault table on real pods: what each fault costs a client, in figures
+	$(BIN)/python -m bench.faults
 
 # Mutation score of the pure core (render, router pickers/protocol/reuse, controller apply/status, api rules/
 # validation) with mutmut: each mutant runs only the unit tests that reach it. Writes bench/results/mutation.md

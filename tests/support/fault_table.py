@@ -1,0 +1,472 @@
+"""The fault table on real pods: what each fault costs a client of the router Service, in figures.
+
+One EPDDeployment (examples/epd-local-cpu.yaml with two encoders, two prefill+decode pods and two
+routers) serves steady load from chat clients in the real node's network namespace: every request
+carries an image never sent before and opens a new connection to the router Service's ClusterIP
+(kube-proxy picks a router per connection). The faults come one after another, each once the
+previous one has recovered; a request belongs to a fault's row when it overlaps the row's window
+(from the fault until the cluster says it has recovered, plus a settle period). Per row: requests
+sent, failed (by status or error), p99 latency, seconds to recover, and what the row checks besides.
+
+Shared by tests/node/test_faults.py (asserts each row's expectation) and `make bench-faults`
+(bench/faults.py writes bench/results/faults.md and .json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dev.cluster import LocalCluster, _die_with_parent
+from dev.images import VLLM_CPU_IMAGE, VLLM_STUB_IMAGE, build_vllm_stub, operator_image
+from tests.support.cluster import EPD_API, wait_for
+from tests.support.mission import Mission, all_ready, describe
+from tests.support.real_node import is_ready
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
+SERVED = "tiny-vl"
+ROLES = ("encoder", "decode", "router")
+SECOND = "tiny-vl-second"  # the EPDDeployment applied while the operator is killed
+OPERATOR_METRICS_PORT = 9090  # charts/epd-operator values: metrics.port
+
+
+@dataclass
+class Row:
+    """One fault's figures. `window` is [fault, recovered + settle] in Unix seconds."""
+
+    name: str
+    fault: str
+    expectation: str
+    start: float = 0.0
+    recovered: float | None = None
+    end: float = 0.0
+    sent: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    failed_started_before: int = 0  # failed requests that had started before the fault
+    p99_ms: float | None = None
+    recover_s: float | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> int:
+        return sum(self.failed.values())
+
+
+@dataclass
+class FaultRecord:
+    rows: list[Row] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    load: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, name: str) -> Row:
+        return next(r for r in self.rows if r.name == name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": [asdict(r) for r in self.rows], "requests": self.requests, "load": self.load}
+
+
+def record_from_json(data: dict[str, Any]) -> FaultRecord:
+    return FaultRecord([Row(**r) for r in data["rows"]], data["requests"], data.get("load", {}))
+
+
+def _kind_of_failure(request: dict[str, Any]) -> str:
+    if request["status"]:
+        return f"HTTP {request['status']}"
+    return (request.get("error") or "no answer").split(":", 1)[0]
+
+
+def figures(row: Row, requests: list[dict[str, Any]]) -> None:
+    """Fill a row's request figures from the clients' records (a request counts when it overlaps the window)."""
+    mine = [r for r in requests if r["start"] <= row.end and r["end"] >= row.start]
+    row.sent = len(mine)
+    failed = [r for r in mine if r["status"] != 200]
+    row.failed = dict(Counter(_kind_of_failure(r) for r in failed))
+    row.failed_started_before = sum(1 for r in failed if r["start"] < row.start)
+    latencies = sorted((r["end"] - r["start"]) * 1000 for r in mine if r["status"] == 200)
+    row.p99_ms = round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1) if latencies else None
+    row.recover_s = round(row.recovered - row.start, 1) if row.recovered is not None else None
+
+
+def fault_example(name: str = SERVED) -> list[dict[str, Any]]:
+    """examples/epd-local-cpu.yaml with two pods in every tier."""
+    docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
+    epd = next(d for d in docs if d["kind"] == "EPDDeployment")
+    epd["metadata"]["name"] = name
+    for role in ROLES:
+        epd["spec"][role]["replicas"] = 2
+    return docs
+
+
+def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """A condition that counts an API error (the API server restarting) as not yet."""
+
+    def call() -> Any:
+        try:
+            return fn()
+        except Exception:  # any failure to read is "not yet"
+            return None
+
+    return call
+
+
+class FaultTable:
+    def __init__(self, m: Mission, tmp: Path, say: Callable[[str], None] = print, settle: float = 10.0) -> None:
+        self.m, self.tmp, self.say, self.settle = m, tmp, say, settle
+        self.record = FaultRecord()
+        self.cluster: LocalCluster = m.cluster
+
+    # -- what the cluster says
+
+    def deployment(self, role: str, name: str | None = None) -> dict[str, Any]:
+        return self.m.kube.get("apps/v1", "Deployment", f"{name or self.m.name}-{role}") or {}
+
+    def settled(self, role: str, name: str | None = None) -> bool:
+        """Every pod of the tier's Deployment is of its current template, Ready, and none is terminating."""
+        dep = self.deployment(role, name)
+        spec, status = dep.get("spec", {}), dep.get("status", {})
+        want = int(spec.get("replicas") or 0)
+        pods = self.m.kube.pods(**{"app.kubernetes.io/instance": name or self.m.name, "serving.epd.dev/role": role})
+        return (
+            status.get("observedGeneration") == dep.get("metadata", {}).get("generation")
+            and status.get("updatedReplicas") == want
+            and status.get("readyReplicas") == want
+            and status.get("replicas") == want
+            and len(pods) == want
+            and all(is_ready(p) and not p["metadata"].get("deletionTimestamp") for p in pods)
+        )
+
+    def all_settled(self) -> bool:
+        return all(self.settled(role) for role in ROLES) and all_ready(self.m)
+
+    def uids(self) -> dict[str, str]:
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.m.kube.pods()}
+
+    def restarts(self) -> dict[str, int]:
+        return {
+            p["metadata"]["name"]: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or [])
+            for p in self.m.kube.pods()
+        }
+
+    def router_metric(self, name: str, **labels: str) -> float:
+        return sum(self.m.pod_metric(p, name, 9090, **labels) for p in self.m.pods("router"))
+
+    def operator_pod(self) -> dict[str, Any] | None:
+        pods = self.m.system.list("v1", "Pod", labels={"app.kubernetes.io/name": "epd-operator"})
+        return next((p for p in pods if is_ready(p) and not p["metadata"].get("deletionTimestamp")), None)
+
+    def operator_writes(self) -> dict[str, float]:
+        """The operator's mutating API requests so far by kind (its own counter), Leases apart."""
+        from tests.support.prom import samples
+
+        pod = self.operator_pod()
+        assert pod is not None, "no operator pod is Ready"
+        status, text = self.m.in_node(f"http://{pod['status']['podIP']}:{OPERATOR_METRICS_PORT}/metrics", timeout=10)
+        assert status == 200, text[:300]
+        writes: Counter[str] = Counter()
+        for sample in samples(text):
+            if sample.name == "epd_operator_api_writes_total" and sample.labels.get("kind") != "Lease":
+                writes[f"{sample.labels.get('verb')} {sample.labels.get('kind')}"] += int(sample.value)
+        return dict(writes)
+
+    def wait(self, condition: Callable[[], Any], timeout: float, what: str) -> Any:
+        return wait_for(_quiet(condition), timeout, lambda: f"{what} within {timeout:.0f} s\n{describe(self.m)}", 1)
+
+    # -- the run
+
+    def deploy(self) -> None:
+        manifest = self.tmp / "epd-local-cpu-faults.yaml"
+        manifest.write_text(yaml.safe_dump_all(fault_example(self.m.name)))
+        self.m.kube.kubectl("apply", "-f", str(manifest))
+        started = time.monotonic()
+        self.wait(self.all_settled, 1200, "the EPDDeployment with two pods per tier Ready")
+        self.say(f"two pods per tier Ready {time.monotonic() - started:.0f} s after kubectl apply")
+        node = self.cluster.real_node()
+        node.load_image(build_vllm_stub())
+        # A second name for each image: an image change of every tier that needs no new build.
+        for image in (VLLM_CPU_IMAGE, operator_image()):
+            node.ctr("images", "tag", "--force", image, f"{image}-rollout")
+
+    @contextlib.contextmanager
+    def row(self, name: str, fault: str, expectation: str) -> Iterator[Row]:
+        row = Row(name, fault, expectation, start=time.time())
+        self.say(f"fault: {fault}")
+        yield row
+        if row.recovered is None:
+            row.recovered = time.time()
+        self.say(f"  recovered after {row.recovered - row.start:.0f} s")
+        time.sleep(self.settle)
+        row.end = time.time()
+        self.record.rows.append(row)
+
+    def delete_pods(self, pods: list[dict[str, Any]]) -> None:
+        names = [p["metadata"]["name"] for p in pods]
+        self.m.kube.kubectl("-n", self.m.kube.ns, "delete", "pod", *names, "--wait=false")
+
+    def rows(self) -> None:
+        m = self.m
+        with self.row(
+            "encoder_pod_deleted", "one of two encoder pods deleted", "0 failed (the other encoder takes its images)"
+        ) as row:
+            self.delete_pods(m.pods("encoder")[:1])
+            self.wait(lambda: self.settled("encoder"), 900, "the encoder tier back to two Ready pods")
+            row.recovered = time.time()
+
+        fallback = self.router_metric("epd_router_encoder_fallback_requests_total")
+        with self.row(
+            "all_encoders_deleted",
+            "every encoder pod deleted",
+            "0 failed (the consumer encodes the images itself), recovery when they return",
+        ) as row:
+            self.delete_pods(m.pods("encoder"))
+            self.wait(lambda: self.settled("encoder"), 900, "the encoder tier back to two Ready pods")
+            row.recovered = time.time()
+        row.facts["fallback_requests"] = self.router_metric("epd_router_encoder_fallback_requests_total") - fallback
+
+        with self.row(
+            "decode_pod_deleted",
+            "one of two prefill+decode pods deleted",
+            "only requests already running on it may fail; none that started after",
+        ) as row:
+            self.delete_pods(m.pods("decode")[:1])
+            self.wait(lambda: self.settled("decode"), 900, "the decode tier back to two Ready pods")
+            row.recovered = time.time()
+
+        with self.row(
+            "router_pod_deleted",
+            "one of two router pods deleted",
+            "failed requests at most those in flight on it; new connections go to the survivor",
+        ) as row:
+            self.delete_pods(m.pods("router")[:1])
+            self.wait(lambda: self.settled("router"), 300, "the router tier back to two Ready pods")
+            row.recovered = time.time()
+
+        self.rolling_image_change()
+        self.missing_image()
+        self.operator_killed_mid_apply()
+        self.control_plane_restarted()
+        self.kubelet_restarted()
+
+    def rolling_image_change(self) -> None:
+        before = self.uids()
+        fallback = self.router_metric("epd_router_encoder_fallback_requests_total", reason="no_encoder_in_generation")
+        seen_generations: set[str] = set()
+
+        def rolled() -> bool:
+            for p in self.m.kube.pods(**{"app.kubernetes.io/instance": self.m.name}):
+                if gen := p["metadata"]["labels"].get("serving.epd.dev/compat-generation"):
+                    seen_generations.add(gen)
+            return self.all_settled() and not set(self.uids().values()) & set(before.values())
+
+        with self.row(
+            "rolling_image_change",
+            "an image change of every tier at once (vLLM and router images)",
+            "0 failed; an encoder of one generation never paired with a consumer of another",
+        ) as row:
+            self.patch(
+                {"spec": {"image": f"{VLLM_CPU_IMAGE}-rollout", "router": {"image": f"{operator_image()}-rollout"}}}
+            )
+            self.wait(rolled, 1800, "every tier rolled to the new images")
+            row.recovered = time.time()
+        row.facts["generations_seen"] = len(seen_generations)
+        # While a generation has no encoder yet, its consumers get the images raw (counted), never an
+        # encoder of the other generation.
+        row.facts["no_encoder_in_generation"] = (
+            self.router_metric("epd_router_encoder_fallback_requests_total", reason="no_encoder_in_generation")
+            - fallback
+        )
+
+    def missing_image(self) -> None:
+        with self.row(
+            "missing_image",
+            "the encoder tier changed to an image that does not exist on the node",
+            "0 failed (the running encoders stay); the tier's status and one Event name the pull error",
+        ) as row:
+            self.patch({"spec": {"encoder": {"image": "localhost/epd-does-not-exist:1"}}})
+
+            def named() -> str | None:
+                epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
+                tier = (epd.get("status") or {}).get("encoder") or {}
+                text = f"{tier.get('reason', '')} {tier.get('message', '')}"
+                return text if "ImagePull" in text else None
+
+            row.facts["status"] = self.wait(named, 300, "the encoder tier's status naming the pull error")
+            events = [
+                e
+                for e in self.m.kube.events(kind="EPDDeployment", name=self.m.name)
+                if e.get("type") == "Warning" and "ImagePull" in (e.get("message") or "") + (e.get("reason") or "")
+            ]
+            row.facts["warning_events"] = len(events)
+            row.facts["ready_encoders_while_failing"] = sum(1 for p in self.m.pods("encoder") if is_ready(p))
+            self.patch({"spec": {"encoder": {"image": None}}})
+            self.wait(lambda: self.settled("encoder"), 600, "the encoder tier back on its image")
+            row.recovered = time.time()
+
+    def operator_killed_mid_apply(self) -> None:
+        from epd_operator.api.validation import parse_epd
+        from epd_operator.render import render
+
+        docs = fault_example(SECOND)
+        epd = next(d for d in docs if d["kind"] == "EPDDeployment")
+        epd["spec"]["image"] = VLLM_STUB_IMAGE  # starts in a second: the row is about the operator
+        for role in ROLES:
+            epd["spec"][role]["replicas"] = 1
+        with self.row(
+            "operator_killed_mid_apply",
+            "the operator pod killed while it applies a new EPDDeployment",
+            "after its restart: converged, nothing duplicated, nothing half-applied; the serving deployment unaffected",
+        ) as row:
+            old = self.operator_pod()
+            assert old is not None
+            self.m.kube.create(epd)
+            time.sleep(0.5)  # the operator has begun: the watch event is delivered within milliseconds
+            self.m.system.kubectl(
+                "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force", "--wait=false", check=False
+            )
+            second = Mission(self.cluster, self.m.kube, self.m.system, SECOND)
+
+            def converged() -> bool:
+                new = self.operator_pod()
+                obj = self.m.kube.get(EPD_API, "EPDDeployment", SECOND) or {}
+                status = obj.get("status") or {}
+                return (
+                    new is not None
+                    and new["metadata"]["uid"] != old["metadata"]["uid"]
+                    and status.get("observedGeneration") == obj["metadata"]["generation"]
+                    and all_ready(second)
+                    and all(self.settled(role, SECOND) for role in ROLES)
+                )
+
+            self.wait(converged, 600, "the restarted operator converging the new EPDDeployment")
+            row.recovered = time.time()
+            # What the operator applies for it, from the same render(), each object once and whole.
+            desired = render(parse_epd(self.m.kube.get(EPD_API, "EPDDeployment", SECOND) or {}))
+            want = {(o["kind"], o["metadata"]["name"]) for o in desired}
+            row.facts["missing"] = sorted(
+                f"{o['kind']}/{o['metadata']['name']}"
+                for o in desired
+                if self.m.kube.get(o["apiVersion"], o["kind"], o["metadata"]["name"]) is None
+            )
+            listed = {
+                (kind, obj["metadata"]["name"])
+                for api, kind in {(o["apiVersion"], o["kind"]) for o in desired}
+                for obj in self.m.kube.list(api, kind, labels={"app.kubernetes.io/instance": SECOND})
+            }
+            row.facts["unexpected"] = sorted(f"{k}/{n}" for k, n in listed - want)
+            row.facts["pods_per_tier"] = {role: len(second.pods(role)) for role in ROLES}
+        self.m.kube.kubectl("-n", self.m.kube.ns, "delete", "epddeployment", SECOND, "--wait=false")
+        self.wait(
+            lambda: not self.m.kube.pods(**{"app.kubernetes.io/instance": SECOND}), 300, "the second deployment gone"
+        )
+
+    def control_plane_restarted(self) -> None:
+        writes = self.operator_writes()
+        restarts = self.restarts()
+        with self.row(
+            "control_plane_restarted",
+            "kube-apiserver and etcd restarted",
+            "0 failed (the routers serve from their last endpoints); the operator resumes without a write storm",
+        ) as row:
+            down = self.cluster.restart_control_plane()
+            row.facts["api_down_s"] = round(down, 1)
+            self.wait(lambda: self.all_settled() and self.operator_pod(), 300, "the cluster settled again")
+            row.recovered = time.time()
+            time.sleep(30)  # what the operator writes once its watches are back
+            after = self.operator_writes()
+            row.facts["operator_writes"] = {
+                k: after.get(k, 0) - writes.get(k, 0) for k in after if after.get(k, 0) != writes.get(k, 0)
+            }
+            row.facts["container_restarts"] = sum(self.restarts().values()) - sum(restarts.values())
+
+    def kubelet_restarted(self) -> None:
+        uids, restarts = self.uids(), self.restarts()
+        with self.row(
+            "kubelet_restarted",
+            "the node's kubelet restarted",
+            "0 failed; the running pods keep serving, none restarted",
+        ) as row:
+            self.cluster.real_node().restart_kubelet()
+            node = self.cluster.real_node().name
+
+            def node_ready() -> bool:
+                obj = self.m.kube.get("v1", "Node", node) or {}
+                conditions = obj.get("status", {}).get("conditions") or []
+                fresh = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                return fresh and self.all_settled()
+
+            time.sleep(2)
+            self.wait(node_ready, 300, "the node Ready again")
+            row.recovered = time.time()
+            row.facts["pods_replaced"] = sorted(n for n, u in uids.items() if self.uids().get(n) != u)
+            row.facts["container_restarts"] = sum(self.restarts().values()) - sum(restarts.values())
+
+    def patch(self, body: dict[str, Any]) -> None:
+        self.m.kube.ok("PATCH", f"/apis/{EPD_API}/namespaces/{self.m.kube.ns}/epddeployments/{self.m.name}", body)
+
+
+@contextlib.contextmanager
+def steady_load(m: Mission, tmp: Path, clients: int, pause: float) -> Iterator[Path]:
+    """Closed-loop chat clients with never-seen images against the router Service's ClusterIP, in the
+    node's network namespace (tests/support/load_client.py); yields the records file."""
+    service = m.kube.get("v1", "Service", m.name)
+    assert service is not None
+    url = f"http://{service['spec']['clusterIP']}:8000"
+    records = tmp / "fault-requests.jsonl"
+    argv = m.cluster.real_node().netns_argv(
+        sys.executable, "-m", "tests.support.load_client", url, str(records), SERVED
+    )
+    with (tmp / "fault-load-client.log").open("wb") as log:
+        client = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            preexec_fn=_die_with_parent,
+        )
+    assert client.stdin is not None
+    try:
+        client.stdin.write(f"steady {clients} 1 {pause}\n")
+        client.stdin.flush()
+        yield records
+    finally:
+        with contextlib.suppress(OSError):
+            client.stdin.write("stop\n")
+            client.stdin.close()
+        try:
+            client.wait(timeout=330)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            client.wait()
+
+
+def run_table(
+    m: Mission, tmp: Path, say: Callable[[str], None] = print, clients: int = 2, pause: float = 0.2
+) -> FaultRecord:
+    """Deploy two pods per tier, run every fault under steady load, and return the figures."""
+    table = FaultTable(m, tmp, say)
+    table.deploy()
+    table.record.load = {"clients": clients, "images_per_request": 1, "pause_s": pause}
+    with steady_load(m, tmp, clients, pause) as records:
+        time.sleep(table.settle)
+        try:
+            table.rows()
+        finally:
+            time.sleep(1)
+    table.record.requests = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    for row in table.record.rows:
+        figures(row, table.record.requests)
+    return table.record
