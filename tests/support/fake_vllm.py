@@ -54,6 +54,7 @@ class Knobs:
     chunk_delay: float = 0.0
     break_stream_after: int | None = None  # decode: drop the connection after this many chunks
     stream_gate: asyncio.Event | None = None  # decode: after the first chunk, wait for this event
+    reply_gate: asyncio.Event | None = None  # decode: wait for this event before a whole (not streamed) answer
     health_status: int = 200
     running: int = 0
     waiting: int = 0
@@ -301,9 +302,11 @@ class FakeVLLM:
     async def _answer(self, request: web.Request, body: dict) -> web.StreamResponse:
         chat = request.path.endswith("chat/completions")
         text = f"answer from {self.name}"
-        if not body.get("stream"):
-            return _json(self._completion(body, text, chat=chat))
         k = self.knobs
+        if not body.get("stream"):
+            if k.reply_gate is not None:
+                await k.reply_gate.wait()
+            return _json(self._completion(body, text, chat=chat))
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await out.prepare(request)
         rid = f"chatcmpl-{self.name}-{next(self._ids)}"

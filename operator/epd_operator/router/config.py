@@ -87,6 +87,8 @@ class RouterConfig:
     health_timeout: float = 2.0
     eject_after: int = 3
     workers: int = 1
+    # On SIGTERM or SIGINT: seconds the requests in flight may take to finish before they are cut.
+    drain_timeout: float = contract.DEFAULT_DRAIN_TIMEOUT_S
     log_requests: bool = False
     # OpenTelemetry traces over OTLP/HTTP (tracing.py), e.g. http://collector:4318/v1/traces; None: off.
     otlp_traces_endpoint: str | None = None
@@ -149,6 +151,8 @@ class RouterConfig:
         for name in ("header_timeout", "body_timeout", "keepalive_timeout", "send_timeout"):
             if not getattr(self, name) > 0:
                 problems.append(f"--{name.replace('_', '-')} must be > 0")
+        if not self.drain_timeout >= 0:
+            problems.append("--drain-timeout must be >= 0")
         for name in ("prefill_dp_size", "decode_dp_size", "ec_consumer_tp_size"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1")

@@ -29,6 +29,11 @@ HOST = "--host"
 PORT = "--port"
 METRICS_PORT = "--metrics-port"
 WORKERS = "--workers"
+# Shutdown: on SIGTERM the router lets the requests in flight finish for up to this many seconds
+# (a request still running then is cut). The renderer passes it and sizes the pod's
+# terminationGracePeriodSeconds from the same number.
+DRAIN_TIMEOUT = "--drain-timeout"
+DEFAULT_DRAIN_TIMEOUT_S = 30
 # Backends: Kubernetes discovery, or E+PD (no prefill tier).
 DISCOVERY = "--discovery"
 DISCOVERY_KUBERNETES: Discovery = "kubernetes"

@@ -198,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of requests traced when the client sent no sampling decision (traceparent)",
     )
     a(contract.WORKERS, type=int, default=D.workers, help="processes sharing the port (SO_REUSEPORT)")
+    a(
+        contract.DRAIN_TIMEOUT,
+        type=float,
+        default=D.drain_timeout,
+        help="on SIGTERM/SIGINT: stop accepting connections and let the requests in flight finish for up to "
+        f"this many seconds, then cut those left and exit (default {D.drain_timeout:g})",
+    )
     a("--log-level", default="info")
     a("--log-requests", action="store_true", help="one log line per request: id, route, status, latency")
     return p
@@ -252,6 +259,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         health_timeout=args.health_timeout,
         eject_after=args.eject_after,
         workers=args.workers,
+        drain_timeout=args.drain_timeout,
         log_requests=args.log_requests,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         trace_sample_ratio=args.trace_sample_ratio,

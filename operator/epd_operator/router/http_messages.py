@@ -43,6 +43,10 @@ class Connection(Protocol):
     def begin_stream(self) -> None:
         """A streamed reply starts: from here, a handler's failure can only cut the connection."""
 
+    def last_reply(self) -> bool:
+        """Whether the reply about to be written is the connection's last: the server is shutting
+        down and the client has sent nothing more to answer. Such a reply carries `Connection: close`."""
+
     def send(self, data: bytes) -> None:
         """Queue `data` for the client (dropped once it is gone)."""
 
@@ -120,9 +124,11 @@ class StreamResponse:
         conn = self._conn = request.connection
         conn.begin_stream()
         self._chunked = not request.http10
-        if not self._chunked:
+        if not self._chunked or conn.last_reply():
             request.keep_alive = False
-        framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b"Connection: close\r\n"
+        framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
+        if not request.keep_alive:
+            framing += b"Connection: close\r\n"
         conn.send(render_head(self.status, self.headers) + framing + b"\r\n")
 
     async def write(self, data: bytes) -> None:

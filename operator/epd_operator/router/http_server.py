@@ -23,6 +23,10 @@ on every reply, streamed or whole); a client that stops reading for `send_timeou
 Each request runs as its own task, cancelled when the client disconnects, so every backend
 call it has open is aborted too. The objects handlers see are in http_messages.py; a streamed
 reply writes through its request's connection by the `Connection` interface declared there.
+
+`HttpServer.shutdown` is the graceful stop: no new connections, idle ones closed, every request
+received answered (the last reply on each connection says `Connection: close`) until a deadline,
+after which what is left is cut.
 """
 
 from __future__ import annotations
@@ -66,10 +70,14 @@ class HttpConnection(asyncio.Protocol):
     # Set by connection_made, which the server runs before any other callback.
     transport: asyncio.Transport
 
-    def __init__(self, handler: Handler, max_body: int, limits: Limits | None = None) -> None:
+    def __init__(
+        self, handler: Handler, max_body: int, limits: Limits | None = None, server: HttpServer | None = None
+    ) -> None:
         self.handler = handler
         self.max_body = max_body
         self.limits = limits or Limits()
+        self.server = server  # told when this connection opens and closes (it tracks them for shutdown)
+        self.finishing = False  # the server is shutting down: answer what was received, then close
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpRequestParser(self)
         self.task: asyncio.Task | None = None
@@ -100,6 +108,8 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)  # a stream server's
+        if self.server is not None:
+            self.server.opened(self)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -122,6 +132,8 @@ class HttpConnection(asyncio.Protocol):
         if self.task is not None:
             self.task.cancel()  # the client left: stop its request and its backend calls
         self._wake_writer()
+        if self.server is not None:
+            self.server.closed(self)
 
     def pause_writing(self) -> None:
         if self.drained is None:
@@ -316,6 +328,21 @@ class HttpConnection(asyncio.Protocol):
     def begin_stream(self) -> None:
         self.streaming = True
 
+    def last_reply(self) -> bool:
+        return self.finishing and not self.queue and not self.held and self.state == _IDLE
+
+    def finish(self) -> None:
+        """The server is shutting down: answer every request received (whole or in part), the last
+        reply with `Connection: close`, then close; an idle connection closes now."""
+        self.finishing = True
+        if self.task is None and not self.queue and self.state == _IDLE:
+            self._close()
+
+    def requests_owed(self) -> int:
+        """Requests received, whole or in part, and not yet answered."""
+        owed = (self.task is not None) + sum(isinstance(item, HttpRequest) for item in self.queue)
+        return owed + (self.state != _IDLE or bool(self.held))
+
     def send(self, data: bytes) -> None:
         if not self.closed:
             self.transport.write(data)
@@ -366,6 +393,8 @@ class HttpConnection(asyncio.Protocol):
                     await response.prepare(request)
                 await response.write_eof()
             else:
+                if self.last_reply():
+                    request.keep_alive = False
                 try:
                     self._write_response(response, request.keep_alive, request.http10, request.method == "HEAD")
                 except ValueError:
@@ -381,7 +410,7 @@ class HttpConnection(asyncio.Protocol):
         self.task = None
         if self.closed:
             return
-        if not request.keep_alive:
+        if not request.keep_alive or self.last_reply():  # a stream that began before the shutdown ends here
             self._close()
             return
         self._next()
@@ -462,7 +491,73 @@ class HttpConnection(asyncio.Protocol):
             self._refuse(408, "request body not received in time")
 
 
-__all__ = ["BodyTooLarge", "HttpConnection", "HttpRequest", "Limits", "Response", "StreamResponse", "start_server"]
+__all__ = [
+    "BodyTooLarge",
+    "HttpConnection",
+    "HttpRequest",
+    "HttpServer",
+    "Limits",
+    "Response",
+    "StreamResponse",
+    "start_server",
+]
+
+
+class HttpServer:
+    """A listening server and its open connections. `close()` stops listening and leaves the
+    connections be; `shutdown()` is the graceful stop."""
+
+    def __init__(self) -> None:
+        self.listener: asyncio.Server | None = None  # set by start_server
+        self.connections: set[HttpConnection] = set()
+        self.shutting_down = False
+        self._emptied: asyncio.Future | None = None
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        assert self.listener is not None, "not listening"
+        return tuple(self.listener.sockets)
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+
+    def opened(self, conn: HttpConnection) -> None:
+        self.connections.add(conn)
+        if self.shutting_down:  # accepted just before the listener closed: it gets one reply
+            conn.finishing = True
+
+    def closed(self, conn: HttpConnection) -> None:
+        self.connections.discard(conn)
+        if not self.connections and self._emptied is not None and not self._emptied.done():
+            self._emptied.set_result(None)
+
+    def requests_owed(self) -> int:
+        return sum(conn.requests_owed() for conn in self.connections)
+
+    async def shutdown(self, deadline: float) -> int:
+        """Stop accepting connections (the listening socket closes: new ones are refused), close
+        idle keep-alive connections, answer every request received, each connection's last reply
+        with `Connection: close`, and wait up to `deadline` seconds for the connections to close;
+        then cut those left. Returns how many requests were cut unanswered."""
+        self.shutting_down = True
+        self.close()
+        for conn in list(self.connections):
+            conn.finish()
+        if self.connections:
+            self._emptied = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(deadline):
+                    await self._emptied
+            except TimeoutError:
+                pass
+        cut = self.requests_owed()
+        tasks = [conn.task for conn in self.connections if conn.task is not None]
+        for conn in list(self.connections):
+            conn.transport.abort()  # connection_lost cancels the request and its backend calls
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        return cut
 
 
 async def start_server(
@@ -473,16 +568,19 @@ async def start_server(
     port: int | None = None,
     sock: socket.socket | None = None,
     limits: Limits | None = None,
-) -> asyncio.Server:
+) -> HttpServer:
     """Serve on `sock` (a listening socket, e.g. shared by workers) or on `host`:`port`."""
     loop = asyncio.get_running_loop()
     limits = limits or Limits()
+    server = HttpServer()
 
     def connection() -> HttpConnection:
-        return HttpConnection(handler, max_body, limits)
+        return HttpConnection(handler, max_body, limits, server)
 
     if sock is not None:
-        return await loop.create_server(connection, sock=sock, backlog=1024)
-    if port is None:
+        server.listener = await loop.create_server(connection, sock=sock, backlog=1024)
+    elif port is None:
         raise ValueError("start_server needs a port or a listening socket")
-    return await loop.create_server(connection, host, port, backlog=1024)
+    else:
+        server.listener = await loop.create_server(connection, host, port, backlog=1024)
+    return server

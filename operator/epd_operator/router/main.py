@@ -1,5 +1,8 @@
 """`epd-router`: the process, its event loop and, with `--workers` > 1, the supervisor of its workers.
 
+SIGTERM or SIGINT drains the router (`RouterServer.shutdown`): new connections are refused, the
+requests in flight finish for up to `--drain-timeout` seconds, then it exits 0.
+
 The flags and the `RouterConfig` they give are `router.flags` (`build_parser` and `config_from_args`,
 re-exported here for the tests and benchmarks that build a router's config from a command line).
 """
@@ -56,9 +59,9 @@ async def _serve(cfg: RouterConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop.set)  # a second signal changes nothing: the deadline bounds the drain
     await stop.wait()
-    await server.cleanup()
+    await server.shutdown(cfg.drain_timeout)
 
 
 def run_worker(cfg: RouterConfig, log_level: str) -> None:
@@ -138,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         with open(os.path.join(metrics_dir, PIDS_FILE), "w") as f:
             f.write("".join(f"{pid}\n" for pid in [os.getpid(), *(w.pid for w in workers)]))
 
+        # SIGTERM/SIGINT: every worker drains on its own (--drain-timeout) and exits; the supervisor
+        # exits once they all have.
         def forward(signum: int, _frame: types.FrameType | None) -> None:
             for w in workers:
                 if w.is_alive() and w.pid:

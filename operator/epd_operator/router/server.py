@@ -22,7 +22,7 @@ from .config import RouterConfig
 from .context import RequestContext
 from .failures import JSON, json_error
 from .http_messages import BodyTooLarge, HttpRequest, Reply, Response
-from .http_server import start_server
+from .http_server import HttpServer, start_server
 from .metrics import RouterMetrics
 from .pickers import make_picker
 from .pipeline import Pipeline
@@ -86,6 +86,7 @@ class Router:
         self.health: HealthChecker | None = None
         self.tracing: Tracing | None = None  # built in start() when an OTLP endpoint is set
         self._tasks: list[asyncio.Task] = []
+        self.draining = False  # shutting down: /health says 503 while the requests in flight finish
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -280,7 +281,7 @@ class Router:
 
     async def health_report(self, request: HttpRequest) -> Response:
         report = {
-            "proxy": "healthy",
+            "proxy": "draining" if self.draining else "healthy",
             "encode_cluster": self.encoders.status(),
             "prefill_cluster": self.prefills.status() if self.prefills is not None else "disabled",
             "decode_cluster": self.decodes.status(),
@@ -289,6 +290,7 @@ class Router:
         # Without encoders the router still serves (consumers encode locally); without a
         # prefill or decode instance it cannot.
         serving = bool(self.decodes.available) and (self.prefills is None or bool(self.prefills.available))
+        serving = serving and not self.draining
         return Response(body=orjson.dumps(report), status=200 if serving else 503, content_type=JSON)
 
     async def livez(self, request: HttpRequest) -> Response:
@@ -302,13 +304,34 @@ class Router:
 
 
 class RouterServer:
-    """A listening router: `url` to reach it, `cleanup()` to stop listening and stop its work."""
+    """A listening router: `url` to reach it, `shutdown()` to drain and stop it, `cleanup()` to stop
+    listening and stop its work at once."""
 
-    def __init__(self, router: Router, server: asyncio.Server) -> None:
+    def __init__(self, router: Router, server: HttpServer) -> None:
         self.router = router
         self.server = server
         host, port = server.sockets[0].getsockname()[:2]
         self.url = f"http://{host}:{port}"
+
+    async def shutdown(self, deadline: float) -> None:
+        """Drain: refuse new connections, say 503 on /health, let the requests in flight finish for
+        up to `deadline` seconds (cutting those left), then stop the router's work."""
+        router = self.router
+        router.draining = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        log.info(
+            "draining: not accepting connections; in flight: %d requests on %d connections; deadline %g s",
+            self.server.requests_owed(),
+            len(self.server.connections),
+            deadline,
+        )
+        cut = await self.server.shutdown(deadline)
+        if cut:
+            log.warning("drain deadline (%g s) reached: cut %d requests still in flight", deadline, cut)
+        else:
+            log.info("drained in %.1f s: every request in flight answered", loop.time() - started)
+        await router.stop()
 
     async def cleanup(self) -> None:
         self.server.close()
