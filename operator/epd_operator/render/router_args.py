@@ -6,6 +6,7 @@ too; a test renders every example and parses these args with that very parser.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from ..api.quantity import parse_quantity
@@ -20,6 +21,11 @@ ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 9090
 ROUTER_HEALTH_PATH = "/health"
 ROUTER_LIVENESS_PATH = "/livez"  # answered by the router's event loop, no backend involved
+# A router pod going away keeps serving this long before SIGTERM, so that kube-proxy (and any load
+# balancer watching the Service's EndpointSlices) stops sending it new connections first.
+ROUTER_PRE_STOP_SECONDS = 5
+# After SIGTERM the router drains for up to --drain-timeout; then room to stop before the kubelet's SIGKILL.
+ROUTER_EXIT_ALLOWANCE_S = 5
 
 
 def reuse_ttl_seconds(janitor_ttl_seconds: int) -> int:
@@ -76,7 +82,29 @@ def router_args(epd: EPDDeployment) -> list[str]:
     workers = router_workers(epd)
     if workers > 1:
         args += [contract.WORKERS, str(workers)]
+    args += [contract.DRAIN_TIMEOUT, str(contract.DEFAULT_DRAIN_TIMEOUT_S)]
     return args + spec.router.extraArgs
+
+
+def router_drain_seconds(epd: EPDDeployment) -> float:
+    """The router's drain deadline: ours, or the last `--drain-timeout` in `extraArgs` (which wins,
+    as the router's parser reads the last one)."""
+    seconds: float = contract.DEFAULT_DRAIN_TIMEOUT_S
+    extra = epd.spec.router.extraArgs
+    for i, arg in enumerate(extra):
+        flag, eq, value = arg.partition("=")
+        if flag != contract.DRAIN_TIMEOUT:
+            continue
+        if not eq:
+            value = extra[i + 1] if i + 1 < len(extra) else ""
+        with contextlib.suppress(ValueError):
+            seconds = max(float(value), 0.0)
+    return seconds
+
+
+def router_termination_grace_seconds(epd: EPDDeployment) -> int:
+    """The router pod's terminationGracePeriodSeconds: the preStop sleep, the drain, time to exit."""
+    return ROUTER_PRE_STOP_SECONDS + math.ceil(router_drain_seconds(epd)) + ROUTER_EXIT_ALLOWANCE_S
 
 
 def router_workers(epd: EPDDeployment) -> int:

@@ -19,7 +19,14 @@ from .pods import (
     resources,
     workload,
 )
-from .router_args import ROUTER_HEALTH_PATH, ROUTER_LIVENESS_PATH, ROUTER_METRICS_PORT, router_args
+from .router_args import (
+    ROUTER_HEALTH_PATH,
+    ROUTER_LIVENESS_PATH,
+    ROUTER_METRICS_PORT,
+    ROUTER_PRE_STOP_SECONDS,
+    router_args,
+    router_termination_grace_seconds,
+)
 from .templating import render_documents, render_one
 
 NONROOT_UID = 65532
@@ -52,13 +59,20 @@ def router_workload(epd: EPDDeployment, router_image: str) -> Workload:
             metrics_port=ROUTER_METRICS_PORT,
             scratch_volume=ROUTER_SCRATCH_VOLUME,
             scratch_path=ROUTER_SCRATCH_PATH,
+            pre_stop_seconds=ROUTER_PRE_STOP_SECONDS,
         ),
         router,
     )  # envFrom, volumeMounts, securityContext (its env, already in, is replaced in place)
     security = {"runAsNonRoot": True, "runAsUser": NONROOT_UID, "runAsGroup": NONROOT_UID, **RUNTIME_DEFAULT_SECCOMP}
     scratch = {"name": ROUTER_SCRATCH_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}
     pod = pod_spec(
-        router, [container], [scratch], epd.spec.imagePullSecrets, security, service_account=object_name(epd, ROUTER)
+        router,
+        [container],
+        [scratch],
+        epd.spec.imagePullSecrets,
+        security,
+        service_account=object_name(epd, ROUTER),
+        termination_grace_seconds=router_termination_grace_seconds(epd),
     )
     service = render_one(
         "service.yaml.j2",

@@ -542,6 +542,25 @@ def test_router_service_annotations_and_workers_per_cpu():
     assert flag(container(find(objects, "Deployment", "qwen-vl-router"), "router")["args"], "--workers") == "4"
 
 
+@pytest.mark.parametrize(
+    ("extra", "deadline", "grace"),
+    [
+        ([], "30", 40),  # 5 s preStop sleep + 30 s drain + 5 s to exit
+        (["--drain-timeout", "90"], "90", 100),  # extraArgs come last: theirs wins, and sizes the grace period
+        (["--drain-timeout=2.5"], "2.5", 13),
+    ],
+)
+def test_router_drains_before_it_goes(extra, deadline, grace):
+    from epd_operator.router.main import build_parser, config_from_args
+
+    objects = render(example(SHARED_STORAGE, **{"spec.router.extraArgs": extra}))
+    router = find(objects, "Deployment", "qwen-vl-router")
+    c = container(router, "router")
+    assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert pod_spec(router)["terminationGracePeriodSeconds"] == grace
+    assert config_from_args(build_parser().parse_args(c["args"])).drain_timeout == float(deadline)
+
+
 def test_vllm_tier_services_are_headless(examples):
     for objects in examples.values():
         for obj in objects:
