@@ -5,6 +5,7 @@ import asyncio
 from contextlib import asynccontextmanager
 
 import orjson
+import pytest
 
 from epd_operator.router.config import RouterConfig
 from epd_operator.router.http_server import Limits, Response, StreamResponse, start_server
@@ -263,3 +264,28 @@ async def test_oversized_bodies_are_refused_without_waiting_for_them():
             assert not pd.received
         finally:
             await server.cleanup()
+
+
+async def test_shutdown_answers_a_request_received_in_part_and_closes_idle_connections():
+    server = await start_server(echo, 1024, host="127.0.0.1", port=0)
+    address = server.sockets[0].getsockname()[:2]
+    busy_reader, busy_writer = await asyncio.open_connection(*address)
+    idle_reader, idle_writer = await asyncio.open_connection(*address)
+    try:
+        busy_writer.write(b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nwx")
+        async with asyncio.timeout(5):
+            while server.requests_owed() < 1 or len(server.connections) < 2:
+                await asyncio.sleep(0.01)
+        shutdown = asyncio.create_task(server.shutdown(10))
+        async with asyncio.timeout(5):
+            assert await idle_reader.read() == b""  # idle: closed at once
+            busy_writer.write(b"yz")  # the rest of a request begun before the shutdown
+            head, body = await read_response(busy_reader)
+            assert body == b"POST /a wxyz" and b"\r\nConnection: close\r\n" in head
+            assert await busy_reader.read() == b""
+            assert await shutdown == 0  # nothing was cut
+        with pytest.raises(ConnectionRefusedError):  # not listening any more
+            await asyncio.open_connection(*address)
+    finally:
+        busy_writer.close()
+        idle_writer.close()
