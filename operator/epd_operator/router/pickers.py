@@ -4,8 +4,10 @@ All pickers take the currently available endpoints (anything with `.key` and `.l
 and return one, or None when there is none. Hash-based pickers use consistent hashing
 with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018): walk the ring clockwise from
 the key and take the first endpoint whose load after this assignment stays within
-ceil(load_factor * (total_load + 1) / n). With load_factor >= 1 such an endpoint always
-exists, so a hot key spills to its ring successor and no key lands on an overloaded one.
+ceil(load_factor * (total_load + 1) / n). With whole loads and load_factor >= 1 such an
+endpoint always exists, so a hot key spills to its ring successor and no key lands on an
+overloaded one. Recent work (below) is fractional: where no endpoint fits, the least loaded takes
+the key, over the bound by less than one item.
 
 A key seen before goes back to the endpoint it was given (its home: the one holding its cached
 encoder output or prompt prefix) while that endpoint's in-flight load is within the bound. A new
@@ -13,6 +15,17 @@ key is placed with a bound on in-flight load *plus recent work*: the new keys th
 there, decayed over the last `work_window` placements. In-flight counts alone balance only what
 overlaps in time; with encoder reuse most items are short and distinct, and plain hashing then
 leaves one encoder with a hash share of the distinct items well above the mean.
+
+Recent work compares endpoints that took part in the same placements, so an endpoint without that
+history is brought level before a placement. One the picker has not seen (a scale-up, a pod
+restarted under a new address) joins at the mean recent work of the candidates that took part in
+the latest placement among them. One that missed placements those took part in (ejected, then
+healthy again; left out of a retry) rejoins at the standing it had when last placed among peers
+(its recent work over the mean of the others', at most load_factor) times that mean. Levelling
+never lowers an endpoint's recent work, and from then on the levelled work is recent work like the
+rest: the bound holds on it and it decays. So right after a scale-up the ring shares new keys
+between old and new endpoints, within the bound, instead of sending them all to the one without
+history until its recent work catches up. A key placed before goes home like any other.
 """
 
 from __future__ import annotations
@@ -83,6 +96,18 @@ def _candidates(endpoints: Sequence[E], exclude: Collection[E]) -> Sequence[E]:
     return [e for e in endpoints if e not in exclude] if exclude else endpoints
 
 
+class _Work:
+    """One endpoint's recent work, stored lazily: `value` as of placement number `at`."""
+
+    __slots__ = ("at", "seen", "standing", "value")
+
+    def __init__(self, value: float, at: int, standing: float) -> None:
+        self.value = value
+        self.at = at
+        self.seen = at  # the last placement it was a candidate of
+        self.standing = standing  # its recent work over the mean of the other candidates then
+
+
 class BoundedHashPicker:
     """cache-aware (key = media uuid) and prefix-aware (key = prompt prefix)."""
 
@@ -99,11 +124,11 @@ class BoundedHashPicker:
             raise ValueError("work_window must be >= 1")
         self.load_factor = load_factor
         self.vnodes = vnodes
-        # Decay by picks, not by time: deterministic, and idle periods do not erase the history
-        # that keeps the next burst balanced. Stored lazily as (value, pick count at last update).
+        # Decay by placements, not by time: deterministic, and idle periods do not erase the history
+        # that keeps the next burst balanced.
         self._decay = 1.0 - 1.0 / work_window
-        self._picks = 0
-        self._work: dict[str, tuple[float, int]] = {}
+        self._picks = 0  # placements so far
+        self._work: dict[str, _Work] = {}
         self._homes: OrderedDict[int, str] = OrderedDict()  # key hash -> endpoint key, least recent first
         self._remembered = remembered_keys
         # One picker serves several pools (prefill and decode) and exclusion sets: keep a ring
@@ -119,11 +144,39 @@ class BoundedHashPicker:
         return ring
 
     def recent_work(self, key: str) -> float:
-        value, at = self._work.get(key, (0.0, self._picks))
-        return value * self._decay ** (self._picks - at)
+        entry = self._work.get(key)
+        return 0.0 if entry is None else entry.value * self._decay ** (self._picks - entry.at)
 
-    def _record(self, key: str) -> None:
-        self._work[key] = (self.recent_work(key) + 1.0, self._picks)
+    def _level(self, keys: tuple[str, ...]) -> dict[str, float]:
+        """Recent work of each candidate, with joining and returning endpoints brought level (module doc)."""
+        work = {k: self.recent_work(k) for k in keys}
+        entries = [self._work.get(k) for k in keys]
+        latest = max((e.seen for e in entries if e is not None), default=None)
+        steady = [k for k, e in zip(keys, entries, strict=True) if e is not None and e.seen == latest]
+        if len(steady) == len(keys) or not steady:
+            return work
+        mean = sum(work[k] for k in steady) / len(steady)
+        for k, e in zip(keys, entries, strict=True):
+            if e is None:
+                work[k] = mean
+            elif e.seen != latest:
+                work[k] = max(work[k], min(e.standing, self.load_factor) * mean)
+        return work
+
+    def _record(self, chosen: str, keys: tuple[str, ...], work: dict[str, float]) -> None:
+        work[chosen] += 1.0
+        total, n = sum(work.values()), len(keys)
+        for k in keys:
+            entry = self._work.get(k)
+            if n == 1:  # no peers to stand against: kept from the last placement among some
+                standing = 1.0 if entry is None else entry.standing
+            else:
+                others = (total - work[k]) / (n - 1)
+                standing = work[k] / others if others > 0 else 1.0
+            if entry is None:
+                self._work[k] = _Work(work[k], self._picks, standing)
+            else:
+                entry.value, entry.at, entry.seen, entry.standing = work[k], self._picks, self._picks, standing
         self._picks += 1
         if len(self._work) > 4 * 1024:  # endpoints come and go with scaling: drop the faded ones
             self._work = {k: v for k, v in self._work.items() if self.recent_work(k) >= 1e-3}
@@ -140,22 +193,23 @@ class BoundedHashPicker:
         ):
             self._homes.move_to_end(key_hash)
             return home
-        chosen = cands[0] if len(cands) == 1 else self._place(cands, by_key, key_hash)
-        self._record(chosen.key)
+        keys = tuple(sorted(by_key))  # the same sums in every router replica, whatever the endpoints' order
+        work = self._level(keys)
+        chosen = by_key[keys[0]] if len(keys) == 1 else self._place(by_key, keys, work, key_hash)
+        self._record(chosen.key, keys, work)
         self._homes[key_hash] = chosen.key
         self._homes.move_to_end(key_hash)
         if len(self._homes) > self._remembered:
             self._homes.popitem(last=False)
         return chosen
 
-    def _place(self, cands: Sequence[E], by_key: dict[str, E], key_hash: int) -> E:
-        ring = self._ring_for(tuple(sorted(by_key)))
-        loads = {k: e.load + self.recent_work(k) for k, e in by_key.items()}
-        bound = load_bound(sum(loads.values()), len(cands), self.load_factor)
-        for k in ring.walk(key_hash):
+    def _place(self, by_key: dict[str, E], keys: tuple[str, ...], work: dict[str, float], key_hash: int) -> E:
+        loads = {k: by_key[k].load + work[k] for k in keys}
+        bound = load_bound(sum(loads.values()), len(keys), self.load_factor)
+        for k in self._ring_for(keys).walk(key_hash):
             if loads[k] + 1 <= bound:
                 return by_key[k]
-        return min(cands, key=lambda e: loads[e.key])  # unreachable for load_factor >= 1
+        return by_key[min(keys, key=loads.__getitem__)]  # fractional loads, all within one of the bound
 
 
 class LeastLoadedPicker:
