@@ -104,8 +104,8 @@ class _Work:
     def __init__(self, value: float, at: int, standing: float) -> None:
         self.value = value
         self.at = at
-        self.seen = at  # the last placement it was a candidate of
-        self.standing = standing  # its recent work over the mean of the other candidates then
+        self.seen = at  # the last placement it was a candidate of (settled when the candidates change)
+        self.standing = standing  # its recent work over the mean of the other candidates' then
 
 
 class BoundedHashPicker:
@@ -129,6 +129,10 @@ class BoundedHashPicker:
         self._decay = 1.0 - 1.0 / work_window
         self._picks = 0  # placements so far
         self._work: dict[str, _Work] = {}
+        # The last placement: its candidates, number, and their total recent work after it.
+        self._last_keys: tuple[str, ...] = ()
+        self._last_at = 0
+        self._last_total = 0.0
         self._homes: OrderedDict[int, str] = OrderedDict()  # key hash -> endpoint key, least recent first
         self._remembered = remembered_keys
         # One picker serves several pools (prefill and decode) and exclusion sets: keep a ring
@@ -149,37 +153,47 @@ class BoundedHashPicker:
 
     def _level(self, keys: tuple[str, ...]) -> dict[str, float]:
         """Recent work of each candidate, with joining and returning endpoints brought level (module doc)."""
-        work = {k: self.recent_work(k) for k in keys}
-        entries = [self._work.get(k) for k in keys]
+        picks, decay, table = self._picks, self._decay, self._work
+        if keys == self._last_keys:  # every candidate took part in the last placement: nothing to level
+            return {k: (w := table[k]).value * decay ** (picks - w.at) for k in keys}
+        entries = [table.get(k) for k in keys]
+        work = {k: 0.0 if e is None else e.value * decay ** (picks - e.at) for k, e in zip(keys, entries, strict=True)}
+        self._settle()
         latest = max((e.seen for e in entries if e is not None), default=None)
         steady = [k for k, e in zip(keys, entries, strict=True) if e is not None and e.seen == latest]
-        if len(steady) == len(keys) or not steady:
-            return work
-        mean = sum(work[k] for k in steady) / len(steady)
+        mean = sum(work[k] for k in steady) / len(steady) if steady else 0.0
         for k, e in zip(keys, entries, strict=True):
             if e is None:
                 work[k] = mean
-            elif e.seen != latest:
-                work[k] = max(work[k], min(e.standing, self.load_factor) * mean)
+                table[k] = _Work(mean, picks, 1.0)
+            elif e.seen != latest and (level := min(e.standing, self.load_factor) * mean) > work[k]:
+                work[k] = e.value = level
+                e.at = picks
         return work
 
-    def _record(self, chosen: str, keys: tuple[str, ...], work: dict[str, float]) -> None:
-        work[chosen] += 1.0
-        total, n = sum(work.values()), len(keys)
+    def _settle(self) -> None:
+        """Mark the last placement's candidates as seen in it, with their standing among each other then."""
+        keys, at, total, n = self._last_keys, self._last_at, self._last_total, len(self._last_keys)
         for k in keys:
             entry = self._work.get(k)
-            if n == 1:  # no peers to stand against: kept from the last placement among some
-                standing = 1.0 if entry is None else entry.standing
-            else:
-                others = (total - work[k]) / (n - 1)
-                standing = work[k] / others if others > 0 else 1.0
             if entry is None:
-                self._work[k] = _Work(work[k], self._picks, standing)
-            else:
-                entry.value, entry.at, entry.seen, entry.standing = work[k], self._picks, self._picks, standing
+                continue
+            entry.seen = at
+            if n > 1:  # alone, an endpoint keeps the standing it had among peers
+                value = entry.value * self._decay ** (at - entry.at)
+                others = (total - value) / (n - 1)
+                entry.standing = value / others if others > 0 else 1.0
+
+    def _record(self, chosen: str, keys: tuple[str, ...], work: dict[str, float]) -> None:
+        # Only the chosen one's work changes. The candidates' `seen` and `standing` are settled when a
+        # placement among other candidates comes: with a steady pool, that is not on every placement.
+        entry = self._work[chosen]
+        entry.value, entry.at = work[chosen] + 1.0, self._picks
+        self._last_keys, self._last_at, self._last_total = keys, self._picks, sum(work.values()) + 1.0
         self._picks += 1
         if len(self._work) > 4 * 1024:  # endpoints come and go with scaling: drop the faded ones
-            self._work = {k: v for k, v in self._work.items() if self.recent_work(k) >= 1e-3}
+            last = set(keys)
+            self._work = {k: v for k, v in self._work.items() if k in last or self.recent_work(k) >= 1e-3}
 
     def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[E] = ()) -> E | None:
         cands = _candidates(endpoints, exclude)

@@ -520,3 +520,34 @@ def test_with_endpoints_joining_and_leaving_new_keys_stay_within_the_bound(steps
         elif len(cands) > 1:  # fractional work, all within one item of the bound: the least loaded
             assert judged[chosen.key] == pytest.approx(min(judged.values()))
             assert judged[chosen.key] + 1 < bound + 1
+
+
+def test_one_picker_alternating_between_two_pools_levels_nothing():
+    # Prefill and decode share the PD picker: each pool's endpoints miss the other pool's placements,
+    # which are not theirs to take, so none of them is ever levelled.
+    picker = BoundedHashPicker(work_window=10)
+    prefills, decodes = eps(2), [Ep(f"10.0.1.{i}:8000") for i in range(3)]
+    for i in range(200):
+        pool = prefills if i % 2 else decodes
+        before = {e.key: picker.recent_work(e.key) for e in pool}
+        chosen = picked(picker.pick(pool, f"request-{i}"))
+        if i >= 2:  # both pools known
+            for e in pool:
+                expected = (before[e.key] + (1.0 if e is chosen else 0.0)) * 0.9
+                assert picker.recent_work(e.key) == pytest.approx(expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sets(st.integers(min_value=0, max_value=5), min_size=1), st.integers(min_value=0, max_value=40)),
+        min_size=1,
+        max_size=80,
+    )
+)
+def test_router_replicas_agree_with_endpoints_joining_and_leaving(steps):
+    pool = eps(6)
+    one, other = BoundedHashPicker(work_window=20), BoundedHashPicker(work_window=20)
+    for members, k in steps:
+        cands = [pool[i] for i in sorted(members)]
+        assert one.pick(cands, f"image-{k}") is other.pick(list(reversed(cands)), f"image-{k}")
