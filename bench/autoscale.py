@@ -150,11 +150,11 @@ def report(
         "each allowed image); the metrics path (scrape 1 s, adapter relist 2 s, HPA sync 1 s) adds seconds. On GPUs "
         "with a real model, vLLM's start (weights, CUDA graphs) sets it too; scrape and sync periods are usually "
         "15–30 s there.",
-        "- The share after the scale-up is the cache-aware picker's doing: it places a new image on the encoder "
-        "with the least in-flight plus recent work (decayed over its last 1,000 picks, not over time), so a new "
-        "encoder, with no history, takes the new images until its recent work comes within the load bound of the "
-        "old one's, while the old encoder idles. Balanced over the picker's window; not balanced in the first "
-        "minutes after a scale-up.",
+        "- The share after the scale-up is the cache-aware picker's doing: a new image goes to its hash-ring "
+        "owner unless that encoder's in-flight plus recent work (decayed over the picker's last 1,000 placements) "
+        "would pass the load bound, and an encoder the picker has not seen starts level with the mean recent work "
+        "of the others, so the ring shares new images between old and new encoders from the first one. Images "
+        "already encoded go back to the encoder that has them.",
         "- One router, one decode pod, a tiny random-weight model on CPU: the items-in-flight numbers are this "
         "machine's, not a GPU encoder's. See docs/autoscaling.md for what the default target rests on.",
     ]
