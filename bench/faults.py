@@ -40,7 +40,8 @@ FACTS = {
     ),
     "missing_image": lambda f: (
         f"status: `{f['status'].strip()}`; {f['warning_events']} Warning Event; "
-        f"{f['ready_encoders_while_failing']} encoders Ready meanwhile"
+        f"{f['ready_encoders_while_failing']} encoders Ready meanwhile; {f['no_encoder_in_generation']:.0f} requests "
+        "sent raw to consumers of the new generation, which has no encoder"
     ),
     "operator_killed_mid_apply": lambda f: (
         f"missing {f['missing'] or 'none'}, unexpected {f['unexpected'] or 'none'}, pods per tier {f['pods_per_tier']}"

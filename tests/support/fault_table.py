@@ -288,6 +288,7 @@ class FaultTable:
         )
 
     def missing_image(self) -> None:
+        fallback = self.router_metric("epd_router_encoder_fallback_requests_total", reason="no_encoder_in_generation")
         with self.row(
             "missing_image",
             "the encoder tier changed to an image that does not exist on the node",
@@ -297,21 +298,31 @@ class FaultTable:
 
             def named() -> str | None:
                 epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
-                tier = (epd.get("status") or {}).get("encoder") or {}
-                text = f"{tier.get('reason', '')} {tier.get('message', '')}"
+                tier = (epd.get("status") or {}).get("tiers", {}).get("encoder") or {}
+                text = f"{tier.get('reason', '')}: {tier.get('message', '')}"
                 return text if "ImagePull" in text else None
 
-            row.facts["status"] = self.wait(named, 300, "the encoder tier's status naming the pull error")
-            events = [
-                e
-                for e in self.m.kube.events(kind="EPDDeployment", name=self.m.name)
-                if e.get("type") == "Warning" and "ImagePull" in (e.get("message") or "") + (e.get("reason") or "")
-            ]
-            row.facts["warning_events"] = len(events)
+            def warnings() -> list[dict[str, Any]]:
+                return [
+                    e
+                    for e in self.m.kube.events(kind="EPDDeployment", name=self.m.name)
+                    if e.get("type") == "Warning" and "ImagePull" in (e.get("reason") or "")
+                ]
+
+            row.facts["status"] = self.wait(named, 300, "the encoder tier's status naming the pull error")[:300]
+            self.wait(warnings, 60, "a Warning Event naming the pull error")
+            time.sleep(10)  # the kubelet's retries (ImagePullBackOff) must not add Events
+            row.facts["warning_events"] = sum(int(e.get("count") or 1) for e in warnings())
             row.facts["ready_encoders_while_failing"] = sum(1 for p in self.m.pods("encoder") if is_ready(p))
             self.patch({"spec": {"encoder": {"image": None}}})
-            self.wait(lambda: self.settled("encoder"), 600, "the encoder tier back on its image")
+            self.wait(self.all_settled, 1200, "every tier back on its generation")
             row.recovered = time.time()
+        # The encoder image is part of the compatibility generation: the consumers roll to the new one
+        # meanwhile, and its images go to them raw while it has no encoder.
+        row.facts["no_encoder_in_generation"] = (
+            self.router_metric("epd_router_encoder_fallback_requests_total", reason="no_encoder_in_generation")
+            - fallback
+        )
 
     def operator_killed_mid_apply(self) -> None:
         from epd_operator.api.validation import parse_epd
