@@ -30,3 +30,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid}: a test lives in one of the tier folders tests/{{{','.join(TIERS)}}}"
             )
         item.add_marker(tier)
+        # `make test` runs two streams (pytest-xdist, --dist loadgroup): the node tier, whose time is mostly
+        # waiting for pods, beside every other tier in their usual order.
+        item.add_marker(pytest.mark.xdist_group("node" if tier == "node" else "rest"))

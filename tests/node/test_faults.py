@@ -25,6 +25,7 @@ from tests.support.mission import Mission, remove
 from tests.support.real_node import unavailable
 
 pytestmark = [
+    pytest.mark.long,  # make test-node, not make test
     pytest.mark.timeout(3600),  # two pods per tier start, and several faults restart vLLM pods on two shared cores
     pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
 ]
