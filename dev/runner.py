@@ -6,7 +6,8 @@
 The spec goes through the same `render()` the operator uses; `plan` turns the rendered
 Deployments into local command lines (see its docstring for the few substitutions). Every
 process starts in its own process group, so stopping a tier also stops the engine and worker
-processes vLLM forks; everything started is stopped on exit, on errors and on Ctrl-C.
+processes vLLM forks; everything started is stopped on exit, on errors and on Ctrl-C, and killed
+when the owning process is killed (`group_reaper`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 
 from . import tiny_model, venv
+from .group_reaper import GroupReaper
 from .plan import ROUTER, LocalPlan, LocalProcess, plan
 
 # A cold start of three vLLM instances on 2 cores takes ~40 s; leave room for a loaded machine.
@@ -68,6 +70,7 @@ class LocalEPD:
         self.progress = progress
         self.logs = workdir / "logs"
         self._procs: dict[str, subprocess.Popen] = {}  # by role
+        self._reaper = GroupReaper()  # kills the tiers' groups if this process dies without stop()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -108,6 +111,7 @@ class LocalEPD:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() reaches vLLM's children too
             )
+        self._reaper.watch(self._procs[process.role].pid)
 
     def _wait_healthy(self, processes: list[LocalProcess], deadline: float) -> None:
         waiting = list(processes)
@@ -133,6 +137,7 @@ class LocalEPD:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        self._reaper.forget(proc.pid)
 
     def restart(self, role: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Replace one tier's process by a fresh one, as Kubernetes does after a failed liveness probe."""
@@ -156,7 +161,9 @@ class LocalEPD:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            self._reaper.forget(proc.pid)
         self._procs.clear()
+        self._reaper.close()
 
     def __enter__(self) -> LocalEPD:
         return self
