@@ -16,7 +16,6 @@ import contextlib
 import http.server
 import shutil
 import socket
-import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from epd_operator.controller.metrics import Metrics
 from epd_operator.render.autoscaling import load_metric_name
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
 from epd_operator.router.metrics import RouterMetrics
-from tests.support.cluster import KubeView, volumes
+from tests.support.cluster import KubeView, cluster_objects, logged_process, volumes
 from tests.support.operator_run import (
     condition,
     create,
@@ -86,35 +85,6 @@ def router_exposition(encoder_pods: list[str]) -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-@contextlib.contextmanager
-def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@contextlib.contextmanager
-def cluster_objects(kube: KubeView, objects: list[tuple[str, dict[str, Any]]]) -> Iterator[None]:
-    """Cluster-scoped objects for the duration of the test (the session's cluster is shared)."""
-    made = []
-    try:
-        for path, body in objects:
-            kube.ok("POST", path, body, content_type="application/json")
-            made.append(f"{path}/{body['metadata']['name']}")
-        yield
-    finally:
-        for path in reversed(made):
-            kube.request("DELETE", path)
 
 
 def log_tail(path: Path) -> str:
@@ -213,7 +183,7 @@ async def test_the_hpa_reads_the_encoder_load_through_prometheus_and_the_charts_
         )
         prom_log, adapter_log = tmp_path / "prometheus.log", tmp_path / "adapter.log"
         with (
-            process(
+            logged_process(
                 [
                     prometheus,
                     f"--config.file={prom_config}",
@@ -222,7 +192,7 @@ async def test_the_hpa_reads_the_encoder_load_through_prometheus_and_the_charts_
                 ],
                 prom_log,
             ),
-            process(
+            logged_process(
                 [
                     str(adapter),
                     f"--secure-port={adapter_port}",

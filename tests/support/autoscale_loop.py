@@ -21,11 +21,9 @@ aggregated APIs anonymously: the anonymous user may read custom.metrics.k8s.io w
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -40,7 +38,7 @@ import yaml
 
 from dev import prometheus_adapter
 from epd_operator.render.autoscaling import load_metric_name
-from tests.support.cluster import EPD_API, KubeView, wait_for
+from tests.support.cluster import EPD_API, cluster_objects, kill_with_parent, logged_process, wait_for
 from tests.support.mission import REPO, Mission, all_ready, describe
 from tests.support.real_node import is_ready
 
@@ -51,11 +49,6 @@ LOAD = load_metric_name("encoder")
 SERVED = "tiny-vl"
 # Inside the node's network namespace nothing else listens on these.
 PROMETHEUS_PORT, ADAPTER_PORT = 19090, 16443
-_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
-
-
-def _die_with_parent() -> None:  # between fork and exec: nothing outlives the driver, even a SIGKILLed one
-    _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass(frozen=True)
@@ -230,34 +223,6 @@ def _prometheus_config(tmp: Path, targets: Path) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def _cluster_objects(kube: KubeView, objects: list[tuple[str, dict[str, Any]]]) -> Iterator[None]:
-    made = []
-    try:
-        for path, body in objects:
-            kube.ok("POST", path, body, content_type="application/json")
-            made.append(f"{path}/{body['metadata']['name']}")
-        yield
-    finally:
-        for path in reversed(made):
-            kube.request("DELETE", path)
-
-
 def _adapter_objects() -> list[tuple[str, dict[str, Any]]]:
     name = "epd-custom-metrics-anonymous-reader"
     rbac = "/apis/rbac.authorization.k8s.io/v1"
@@ -319,7 +284,7 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
     pipeline = Pipeline(m, logs, tmp / "targets.json")
     pipeline.discover()
     with (
-        _process(
+        logged_process(
             node.netns_argv(
                 prometheus,
                 f"--config.file={_prometheus_config(tmp, pipeline.targets)}",
@@ -327,8 +292,9 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
                 f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
             ),
             logs["prometheus"],
+            die_with_parent=True,
         ),
-        _process(
+        logged_process(
             node.netns_argv(
                 str(adapter),
                 f"--secure-port={ADAPTER_PORT}",
@@ -344,8 +310,9 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
                 "--metrics-relist-interval=2s",
             ),
             logs["adapter"],
+            die_with_parent=True,
         ),
-        _cluster_objects(m.kube, _adapter_objects()),
+        cluster_objects(m.kube, _adapter_objects()),
     ):
 
         def available() -> bool:
@@ -545,7 +512,7 @@ def run_loop(
             text=True,
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
-            preexec_fn=_die_with_parent,
+            preexec_fn=kill_with_parent,
         )
     try:
         loop.run(client)

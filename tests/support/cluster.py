@@ -10,9 +10,12 @@ The first use builds the binaries (minutes, once; cached in ``~/.cache/epd-opera
 from __future__ import annotations
 
 import builtins
+import contextlib
+import ctypes
 import itertools
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -228,6 +231,49 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(message() if callable(message) else message)
         time.sleep(interval)
+
+
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def kill_with_parent() -> None:
+    """A `preexec_fn` (between fork and exec): the child gets SIGKILL when the thread that started it
+    ends, so nothing outlives the test driver, even a SIGKILLed one (PR_SET_PDEATHSIG)."""
+    _LIBC.prctl(1, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def logged_process(argv: list[str], log: Path, *, die_with_parent: bool = False) -> Iterator[subprocess.Popen[bytes]]:
+    """A process writing stdout and stderr to `log` for the duration of the block: SIGTERM at the end,
+    SIGKILL if it is still there 20 s later. With `die_with_parent`, it also dies with this process."""
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=kill_with_parent if die_with_parent else None
+        )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def cluster_objects(kube: KubeView, objects: list[tuple[str, dict[str, Any]]]) -> Iterator[None]:
+    """Cluster-scoped objects (API path of the collection, body) for the duration of the block, deleted
+    in reverse order at its end (the session's cluster is shared)."""
+    made = []
+    try:
+        for path, body in objects:
+            kube.ok("POST", path, body, content_type="application/json")
+            made.append(f"{path}/{body['metadata']['name']}")
+        yield
+    finally:
+        for path in reversed(made):
+            kube.request("DELETE", path)
 
 
 def install_crd(cluster: LocalCluster, crd: dict[str, Any]) -> None:
