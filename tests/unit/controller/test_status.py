@@ -28,7 +28,8 @@ T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
 
 def deployment(spec_replicas=2, generation=3, **status) -> dict:
-    return {"metadata": {"generation": generation}, "spec": {"replicas": spec_replicas}, "status": status}
+    """A Deployment with exactly the given `status` fields (none derived from the spec)."""
+    return {**settled_deployment(spec_replicas, generation=generation), "status": status}
 
 
 settled = settled_deployment
