@@ -2,12 +2,11 @@
 into ``~/.cache/epd-operator/coredns/<version>/``.
 
 The release's own ``main`` compiles in every plugin (cloud DNS providers' SDKs included). The binary
-built here is CoreDNS's ``coremain`` with the plugins the cluster's Corefile uses (``PLUGINS``): the
-module's source is downloaded (``go mod download``), copied (the module cache is read-only) and a
-``main`` package importing those plugins is built in it, static (``CGO_ENABLED=0``), against the
-release's own go.mod and go.sum. A lock file serialises concurrent builds of the cache. Cold (empty Go
-build cache, dependencies downloaded): 21.5 minutes on a 2-core machine at a load average of 14-20,
-5.7 CPU-minutes.
+built here is CoreDNS's ``coremain`` with the plugins the cluster's Corefile uses (``PLUGINS``): a
+``main`` package importing those plugins, built static (``CGO_ENABLED=0``) in the release's module
+against its own go.mod and go.sum (``dev/go_module.py``). A lock file serialises concurrent builds of
+the cache. Cold (empty Go build cache, dependencies downloaded): 21.5 minutes on a 2-core machine at a
+load average of 14-20, 5.7 CPU-minutes.
 
     python -m dev.coredns      # build (or find) it and print its path
 """
@@ -16,16 +15,12 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import IO
 
+from dev import go_module
 from dev.k8s_binaries import CACHE
 
 MODULE = "github.com/coredns/coredns"
@@ -57,9 +52,7 @@ def ensure() -> Path:
     """The CoreDNS binary, built when absent."""
     if os.access(BINARY, os.X_OK):
         return BINARY
-    go = shutil.which("go")
-    if go is None:
-        raise RuntimeError("building CoreDNS needs Go (https://go.dev/dl)")
+    go = go_module.require_go("CoreDNS")
     BINARY.parent.mkdir(parents=True, exist_ok=True)
     with (BINARY.parent / ".build.lock").open("w") as lock:
         if not _try_lock(lock):
@@ -80,30 +73,18 @@ def _try_lock(lock: IO[str]) -> bool:
 
 
 def _build(go: str) -> None:
-    log(f"building {MODULE}@{VERSION} from the Go module proxy (once; cached in {BINARY.parent})")
-    started = time.monotonic()
-    download = subprocess.run(
-        [go, "mod", "download", "-json", f"{MODULE}@{VERSION}"], capture_output=True, text=True, check=True
+    imports = "\n".join(f'\t_ "{MODULE}/plugin/{p}"' for p in PLUGINS)
+    go_module.build(
+        go,
+        MODULE,
+        VERSION,
+        "./cmd/epd-coredns",
+        BINARY,
+        log,
+        files={"cmd/epd-coredns/main.go": _MAIN.format(imports=imports)},
+        flags=["-trimpath", "-ldflags=-s -w"],
+        env={"CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"},
     )
-    source = Path(json.loads(download.stdout)["Dir"])
-    with tempfile.TemporaryDirectory(prefix="coredns-", dir=BINARY.parent) as work:
-        tree = Path(work) / "src"
-        shutil.copytree(source, tree)
-        for path in tree.rglob("*"):
-            path.chmod(path.stat().st_mode | 0o200)
-        main = tree / "cmd" / "epd-coredns"
-        main.mkdir(parents=True)
-        imports = "\n".join(f'\t_ "{MODULE}/plugin/{p}"' for p in PLUGINS)
-        (main / "main.go").write_text(_MAIN.format(imports=imports))
-        partial = Path(work) / "coredns"
-        subprocess.run(
-            [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "./cmd/epd-coredns"],
-            cwd=tree,
-            check=True,
-            env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"},
-        )
-        partial.replace(BINARY)
-    log(f"built in {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":
