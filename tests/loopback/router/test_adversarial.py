@@ -103,7 +103,8 @@ class RouterProcess:
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                stderr = self.proc.stderr.read() if self.proc.stderr else b""
+                self.proc.kill()
+                _, stderr = self.proc.communicate()  # closes the pipe
                 raise RuntimeError(f"router did not start: {stderr.decode()[-2000:]}")
             time.sleep(0.1)
 
@@ -137,6 +138,9 @@ class RouterProcess:
             self.proc.kill()
             self.proc.wait(5)
             return -9
+        finally:
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
 
 
 def read_all(s: socket.socket, wait: float) -> bytes:
