@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -38,8 +37,8 @@ import yaml
 
 from dev import prometheus_adapter
 from epd_operator.render.autoscaling import load_metric_name
-from tests.support.cluster import EPD_API, cluster_objects, kill_with_parent, logged_process, wait_for
-from tests.support.mission import REPO, Mission, all_ready, describe
+from tests.support.cluster import EPD_API, cluster_objects, logged_process, wait_for
+from tests.support.mission import REPO, Mission, all_ready, describe, load_clients
 from tests.support.real_node import is_ready
 
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
@@ -496,36 +495,11 @@ def run_loop(
     the loop does not happen within its bound)."""
     loop = _Loop(m, pipeline, config, tmp, say)
     loop.deploy()
-    service = m.kube.get("v1", "Service", m.name)
-    assert service is not None
-    url = f"http://{service['spec']['clusterIP']}:8000"
     records = tmp / "requests.jsonl"
-    argv = m.cluster.real_node().netns_argv(
-        sys.executable, "-m", "tests.support.load_client", url, str(records), SERVED
-    )
-    with (tmp / "load-client.log").open("wb") as log:
-        client = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            preexec_fn=kill_with_parent,
-        )
     try:
-        loop.run(client)
+        with load_clients(m, records, tmp / "load-client.log", SERVED) as client:
+            loop.run(client)
     finally:
-        assert client.stdin is not None
-        with contextlib.suppress(OSError):
-            client.stdin.write("stop\n")
-            client.stdin.close()
-        try:
-            client.wait(timeout=330)
-        except subprocess.TimeoutExpired:
-            client.kill()
-            client.wait()
         loop.mark("load_end")
         loop.sample(force=True)
         record = loop.record

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,10 +25,10 @@ from typing import Any
 
 import yaml
 
-from dev.cluster import LocalCluster, _die_with_parent
+from dev.cluster import LocalCluster
 from dev.images import VLLM_CPU_IMAGE, VLLM_STUB_IMAGE, build_vllm_stub, operator_image
 from tests.support.cluster import EPD_API, wait_for
-from tests.support.mission import Mission, all_ready, describe
+from tests.support.mission import Mission, all_ready, describe, load_clients
 from tests.support.real_node import is_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -426,44 +423,6 @@ class FaultTable:
         self.m.kube.ok("PATCH", f"/apis/{EPD_API}/namespaces/{self.m.kube.ns}/epddeployments/{self.m.name}", body)
 
 
-@contextlib.contextmanager
-def steady_load(m: Mission, tmp: Path, clients: int, pause: float) -> Iterator[Path]:
-    """Closed-loop chat clients with never-seen images against the router Service's ClusterIP, in the
-    node's network namespace (tests/support/load_client.py); yields the records file."""
-    service = m.kube.get("v1", "Service", m.name)
-    assert service is not None
-    url = f"http://{service['spec']['clusterIP']}:8000"
-    records = tmp / "fault-requests.jsonl"
-    argv = m.cluster.real_node().netns_argv(
-        sys.executable, "-m", "tests.support.load_client", url, str(records), SERVED
-    )
-    with (tmp / "fault-load-client.log").open("wb") as log:
-        client = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            preexec_fn=_die_with_parent,
-        )
-    assert client.stdin is not None
-    try:
-        client.stdin.write(f"steady {clients} 1 {pause}\n")
-        client.stdin.flush()
-        yield records
-    finally:
-        with contextlib.suppress(OSError):
-            client.stdin.write("stop\n")
-            client.stdin.close()
-        try:
-            client.wait(timeout=330)
-        except subprocess.TimeoutExpired:
-            client.kill()
-            client.wait()
-
-
 def run_table(
     m: Mission, tmp: Path, say: Callable[[str], None] = print, clients: int = 2, pause: float = 0.2
 ) -> FaultRecord:
@@ -471,12 +430,13 @@ def run_table(
     table = FaultTable(m, tmp, say)
     table.deploy()
     table.record.load = {"clients": clients, "images_per_request": 1, "pause_s": pause}
-    with steady_load(m, tmp, clients, pause) as records:
+    records = tmp / "fault-requests.jsonl"
+    with load_clients(m, records, tmp / "fault-load-client.log", SERVED) as client:
+        assert client.stdin is not None
+        client.stdin.write(f"steady {clients} 1 {pause}\n")
+        client.stdin.flush()
         time.sleep(table.settle)
-        try:
-            table.rows()
-        finally:
-            time.sleep(1)
+        table.rows()
     table.record.requests = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
     for row in table.record.rows:
         figures(row, table.record.requests)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 
 from dev.cluster import LocalCluster, RealNodeSpec
 from dev.images import build_vllm_cpu
-from tests.support.cluster import EPD_API, KubeView
+from tests.support.cluster import EPD_API, KubeView, kill_with_parent, wait_for
 from tests.support.real_node import install_operator_chart, is_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,8 +136,6 @@ def mission_cluster(tmp: Path, name: str = "tiny-vl") -> Iterator[Mission]:
 def remove(m: Mission, *names: str, timeout: float = 300) -> None:
     """Delete these EPDDeployments (those that exist) and wait until they and their pods are gone, so
     that the next test of the shared cluster may apply the same names."""
-    from tests.support.cluster import wait_for
-
     for name in names:
         m.kube.kubectl("-n", m.kube.ns, "delete", "epddeployment", name, "--ignore-not-found", "--wait=false")
 
@@ -148,3 +147,38 @@ def remove(m: Mission, *names: str, timeout: float = 300) -> None:
         )
 
     wait_for(gone, timeout, lambda: f"left: {[p['metadata']['name'] for p in m.kube.pods()]}", interval=2)
+
+
+@contextlib.contextmanager
+def load_clients(m: Mission, records: Path, log: Path, model: str = "tiny-vl") -> Iterator[subprocess.Popen[str]]:
+    """tests/support/load_client.py in the node's network namespace, calling the router Service's
+    ClusterIP for `model` (the examples' served model name); yields the process, whose stdin takes
+    the phases. On exit it is told to stop and its clients finish the requests they are in (each is
+    bounded by the client's timeout)."""
+    service = m.kube.get("v1", "Service", m.name)
+    assert service is not None
+    url = f"http://{service['spec']['clusterIP']}:8000"
+    argv = m.cluster.real_node().netns_argv(sys.executable, "-m", "tests.support.load_client", url, str(records), model)
+    with log.open("wb") as out:
+        client = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            preexec_fn=kill_with_parent,
+        )
+    try:
+        yield client
+    finally:
+        assert client.stdin is not None
+        with contextlib.suppress(OSError):
+            client.stdin.write("stop\n")
+            client.stdin.close()
+        try:
+            client.wait(timeout=330)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            client.wait()
