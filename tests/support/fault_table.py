@@ -96,13 +96,13 @@ def figures(row: Row, requests: list[dict[str, Any]]) -> None:
     row.recover_s = round(row.recovered - row.start, 1) if row.recovered is not None else None
 
 
-def fault_example(name: str = SERVED) -> list[dict[str, Any]]:
-    """examples/epd-local-cpu.yaml with two pods in every tier."""
+def fault_example(name: str, replicas: dict[str, int]) -> list[dict[str, Any]]:
+    """examples/epd-local-cpu.yaml under another name, with these pods per tier."""
     docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
     epd = next(d for d in docs if d["kind"] == "EPDDeployment")
     epd["metadata"]["name"] = name
-    for role in ROLES:
-        epd["spec"][role]["replicas"] = 2
+    for role, n in replicas.items():
+        epd["spec"][role]["replicas"] = n
     return docs
 
 
@@ -119,8 +119,10 @@ def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 class FaultTable:
-    def __init__(self, m: Mission, tmp: Path, say: Callable[[str], None] = print, settle: float = 10.0) -> None:
-        self.m, self.tmp, self.say, self.settle = m, tmp, say, settle
+    def __init__(
+        self, m: Mission, tmp: Path, say: Callable[[str], None], replicas: dict[str, int], settle: float = 10.0
+    ) -> None:
+        self.m, self.tmp, self.say, self.replicas, self.settle = m, tmp, say, replicas, settle
         self.record = FaultRecord()
         self.cluster: LocalCluster = m.cluster
 
@@ -184,11 +186,11 @@ class FaultTable:
 
     def deploy(self) -> None:
         manifest = self.tmp / "epd-local-cpu-faults.yaml"
-        manifest.write_text(yaml.safe_dump_all(fault_example(self.m.name)))
+        manifest.write_text(yaml.safe_dump_all(fault_example(self.m.name, self.replicas)))
         self.m.kube.kubectl("apply", "-f", str(manifest))
         started = time.monotonic()
-        self.wait(self.all_settled, 1200, "the EPDDeployment with two pods per tier Ready")
-        self.say(f"two pods per tier Ready {time.monotonic() - started:.0f} s after kubectl apply")
+        self.wait(self.all_settled, 1200, f"the EPDDeployment with {self.replicas} pods Ready")
+        self.say(f"{self.replicas} pods Ready {time.monotonic() - started:.0f} s after kubectl apply")
         node = self.cluster.real_node()
         node.load_image(build_vllm_stub())
         # A second name for each image: an image change of every tier that needs no new build.
@@ -211,49 +213,45 @@ class FaultTable:
         names = [p["metadata"]["name"] for p in pods]
         self.m.kube.kubectl("-n", self.m.kube.ns, "delete", "pod", *names, "--wait=false")
 
-    def rows(self) -> None:
-        m = self.m
+    def encoder_pod_deleted(self) -> None:
         with self.row(
             "encoder_pod_deleted", "one of two encoder pods deleted", "0 failed (the other encoder takes its images)"
         ) as row:
-            self.delete_pods(m.pods("encoder")[:1])
+            self.delete_pods(self.m.pods("encoder")[:1])
             self.wait(lambda: self.settled("encoder"), 900, "the encoder tier back to two Ready pods")
             row.recovered = time.time()
 
+    def all_encoders_deleted(self) -> None:
         fallback = self.router_metric("epd_router_encoder_fallback_requests_total")
         with self.row(
             "all_encoders_deleted",
             "every encoder pod deleted",
             "0 failed (the consumer encodes the images itself), recovery when they return",
         ) as row:
-            self.delete_pods(m.pods("encoder"))
+            self.delete_pods(self.m.pods("encoder"))
             self.wait(lambda: self.settled("encoder"), 900, "the encoder tier back to two Ready pods")
             row.recovered = time.time()
         row.facts["fallback_requests"] = self.router_metric("epd_router_encoder_fallback_requests_total") - fallback
 
+    def decode_pod_deleted(self) -> None:
         with self.row(
             "decode_pod_deleted",
             "one of two prefill+decode pods deleted",
             "only requests already running on it may fail; none that started after",
         ) as row:
-            self.delete_pods(m.pods("decode")[:1])
+            self.delete_pods(self.m.pods("decode")[:1])
             self.wait(lambda: self.settled("decode"), 900, "the decode tier back to two Ready pods")
             row.recovered = time.time()
 
+    def router_pod_deleted(self) -> None:
         with self.row(
             "router_pod_deleted",
             "one of two router pods deleted",
             "failed requests at most those in flight on it; new connections go to the survivor",
         ) as row:
-            self.delete_pods(m.pods("router")[:1])
+            self.delete_pods(self.m.pods("router")[:1])
             self.wait(lambda: self.settled("router"), 300, "the router tier back to two Ready pods")
             row.recovered = time.time()
-
-        self.rolling_image_change()
-        self.missing_image()
-        self.operator_killed_mid_apply()
-        self.control_plane_restarted()
-        self.kubelet_restarted()
 
     def rolling_image_change(self) -> None:
         before = self.uids()
@@ -325,11 +323,9 @@ class FaultTable:
         from epd_operator.api.validation import parse_epd
         from epd_operator.render import render
 
-        docs = fault_example(SECOND)
+        docs = fault_example(SECOND, {role: 1 for role in ROLES})
         epd = next(d for d in docs if d["kind"] == "EPDDeployment")
         epd["spec"]["image"] = VLLM_STUB_IMAGE  # starts in a second: the row is about the operator
-        for role in ROLES:
-            epd["spec"][role]["replicas"] = 1
         with self.row(
             "operator_killed_mid_apply",
             "the operator pod killed while it applies a new EPDDeployment",
@@ -423,20 +419,47 @@ class FaultTable:
         self.m.kube.ok("PATCH", f"/apis/{EPD_API}/namespaces/{self.m.kube.ns}/epddeployments/{self.m.name}", body)
 
 
+# Every row, in the order they run, and the pods per tier they need.
+ROWS = (
+    "encoder_pod_deleted",
+    "all_encoders_deleted",
+    "decode_pod_deleted",
+    "router_pod_deleted",
+    "rolling_image_change",
+    "missing_image",
+    "operator_killed_mid_apply",
+    "control_plane_restarted",
+    "kubelet_restarted",
+)
+EVERY_TIER_TWICE = {"encoder": 2, "decode": 2, "router": 2}
+# The rows that restart no vLLM pod, on one encoder, one prefill+decode pod and two routers: minutes
+# rather than tens of minutes on two cores (`make test`'s share of the table).
+QUICK_ROWS = ("router_pod_deleted", "operator_killed_mid_apply", "control_plane_restarted", "kubelet_restarted")
+QUICK_REPLICAS = {"encoder": 1, "decode": 1, "router": 2}
+
+
 def run_table(
-    m: Mission, tmp: Path, say: Callable[[str], None] = print, clients: int = 2, pause: float = 0.2
+    m: Mission,
+    tmp: Path,
+    say: Callable[[str], None] = print,
+    rows: tuple[str, ...] = ROWS,
+    replicas: dict[str, int] = EVERY_TIER_TWICE,
+    clients: int = 2,
+    pause: float = 0.2,
 ) -> FaultRecord:
-    """Deploy two pods per tier, run every fault under steady load, and return the figures."""
-    table = FaultTable(m, tmp, say)
+    """Deploy the example with these pods per tier, run these faults one after another under steady
+    load, and return the figures."""
+    table = FaultTable(m, tmp, say, replicas)
     table.deploy()
-    table.record.load = {"clients": clients, "images_per_request": 1, "pause_s": pause}
+    table.record.load = {"clients": clients, "images_per_request": 1, "pause_s": pause, "replicas": replicas}
     records = tmp / "fault-requests.jsonl"
     with load_clients(m, records, tmp / "fault-load-client.log", SERVED) as client:
         assert client.stdin is not None
         client.stdin.write(f"steady {clients} 1 {pause}\n")
         client.stdin.flush()
         time.sleep(table.settle)
-        table.rows()
+        for name in rows:
+            getattr(table, name)()
     table.record.requests = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
     for row in table.record.rows:
         figures(row, table.record.requests)
