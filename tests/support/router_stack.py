@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -15,6 +16,11 @@ from epd_operator.router.config import RouterConfig
 from epd_operator.router.server import Router, RouterServer
 
 from .fake_vllm import FakeVLLM
+
+
+def router_argv(port: int, *args: str) -> list[str]:
+    """The real `epd-router` process (this checkout's, by module) on 127.0.0.1:`port`, with `args`."""
+    return [sys.executable, "-m", "epd_operator.router.main", "--host", "127.0.0.1", "--port", str(port), *args]
 
 
 @dataclass

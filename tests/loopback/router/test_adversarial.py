@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -25,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.fake_vllm import FakeVLLM
+from tests.support.router_stack import router_argv
 
 MAX_BODY = 1 << 20
 CHAT = b"/v1/chat/completions"
@@ -66,13 +66,7 @@ class RouterProcess:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "epd_operator.router.main",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
+                *router_argv(self.port),
                 "--encode-servers-urls",
                 backends.encoder.url,
                 "--decode-servers-urls",

@@ -5,13 +5,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 
 import aiohttp
 import orjson
 
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.prom import sample_values
+from tests.support.router_stack import router_argv
 
 
 def free_port() -> int:
@@ -24,21 +24,7 @@ async def test_workers_share_the_port_and_report_metrics_together():
     async with FakeVLLM("pd", "d0") as pd:
         port = free_port()
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "epd_operator.router.main",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--decode-servers-urls",
-                pd.url,
-                "--workers",
-                "2",
-                "--log-level",
-                "warning",
-            ],
+            router_argv(port, "--decode-servers-urls", pd.url, "--workers", "2", "--log-level", "warning"),
             env={**os.environ, "PYTHONPATH": os.getcwd()},
         )
         try:

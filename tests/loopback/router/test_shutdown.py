@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import orjson
 import pytest
 
 from tests.support.fake_vllm import FakeVLLM
+from tests.support.router_stack import router_argv
 
 CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 STREAM = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
@@ -73,20 +73,7 @@ async def router_process(decode_url: str, log: Path, *args: str) -> AsyncIterato
     port = free_port()
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "epd_operator.router.main",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--decode-servers-urls",
-                decode_url,
-                "--health-interval",
-                "0",
-                *args,
-            ],
+            router_argv(port, "--decode-servers-urls", decode_url, "--health-interval", "0", *args),
             env={**os.environ, "PYTHONPATH": os.getcwd()},
             stderr=err,
         )

@@ -16,7 +16,7 @@ import orjson
 
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.otlp_receiver import OTLPReceiver, ReceivedSpan
-from tests.support.router_stack import router_stack
+from tests.support.router_stack import router_argv, router_stack
 
 CHAT = "/v1/chat/completions"
 CHAT_SPAN = "POST /v1/chat/completions"
@@ -57,18 +57,7 @@ async def router_process(*args: str):
     port = free_port()
     env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "epd_operator.router.main",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--health-interval",
-        "0",
-        "--log-level",
-        "warning",
-        *args,
+        *router_argv(port, "--health-interval", "0", "--log-level", "warning", *args),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
