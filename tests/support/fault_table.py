@@ -336,7 +336,7 @@ class FaultTable:
             self.m.kube.create(epd)
             time.sleep(0.5)  # the operator has begun: the watch event is delivered within milliseconds
             self.m.system.kubectl(
-                "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force", "--wait=false", check=False
+                "-n", self.m.system.ns, "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force"
             )
             second = Mission(self.cluster, self.m.kube, self.m.system, SECOND)
 

@@ -33,7 +33,9 @@ class InstalledOperator(NamedTuple):
     pod: dict[str, Any]  # the operator's pod, ready
 
     def logs(self) -> str:
-        return self.system.kubectl("logs", self.pod["metadata"]["name"], check=False).stdout[-2000:]
+        return self.system.kubectl("-n", self.system.ns, "logs", self.pod["metadata"]["name"], check=False).stdout[
+            -2000:
+        ]
 
 
 def install_operator_chart(
