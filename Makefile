@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-builds test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-faults mutation images image-deps node-store-clean clean
+.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-faults mutation images image-deps node-store-clean clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -64,23 +64,13 @@ lint: install ## ruff check, ruff format --check and mypy (what the pre-commit h
 	$(BIN)/mypy
 
 # The test tiers, one folder each, named by what they need (docs/development.md#test-tiers).
-# `make test` is lint plus every tier in one pytest run of two streams (pytest-xdist): the node tier,
-# mostly waiting for pods to start, beside the other tiers; the long node experiments (`-m long`: the
-# fault table, the autoscaling loop) are `make test-node`'s and the benchmarks'. .ci/run calls it.
+# `make test` is lint plus every tier but `node` in one pytest run; .ci/run calls it.
 # The heavy caches build side by side: the vLLM venv is mostly downloading and unpacking, the Go
 # builds are CPU, so a cold run takes the longer of the two rather than their sum.
-test: install ## lint, then every test tier in one pytest run, the node tier beside the rest (CI: .ci/run)
-	$(MAKE) -j2 vllm-env test-builds test-tools
+test: install ## lint, then every test tier but node in one pytest run (CI: .ci/run)
+	$(MAKE) -j2 vllm-env k8s test-tools
 	$(MAKE) lint
-	$(BIN)/pytest -n 2 --dist loadgroup -m "not long"
-
-# Every Go build `make test` needs, one after another: the control plane with the node's kubelet and
-# kube-proxy (one `go build`), CoreDNS, the oldest supported kube-apiserver, prometheus-adapter.
-test-builds: install
-	$(BIN)/python -m dev.cluster build --real-node
-	$(BIN)/python -m dev.coredns
-	$(BIN)/python -m dev.cluster build --oldest
-	$(BIN)/python -m dev.prometheus_adapter
+	$(BIN)/pytest -m "not node"
 
 # Pure tests: no process, no socket, no heavy build; a fresh clone needs only the venv.
 test-unit: install ## the pure tier (tests/unit): needs only the venv
@@ -101,6 +91,7 @@ test-e2e: vllm-env ## real vLLM on CPU (tests/e2e; kind tests need kind and Dock
 	$(BIN)/pytest tests/e2e
 
 # Pods on the local cluster's real node: root, Debian's runtime packages, the kubelet (built on first use).
+# `-m "not long"` leaves out the experiments of tens of minutes (the whole fault table, the autoscaling loop).
 test-node: k8s-node ## the local cluster's real node (tests/node; root, containerd, runc, CNI plugins)
 	$(BIN)/pytest tests/node
 

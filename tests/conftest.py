@@ -13,7 +13,6 @@ Every test carries its tier's marker, so ``-m`` selects by need as well as by fo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,18 +30,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid}: a test lives in one of the tier folders tests/{{{','.join(TIERS)}}}"
             )
         item.add_marker(tier)
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test`'s two streams (`-n 2 --dist loadgroup`): the node tier, whose time is mostly waiting for
-    pods, on one worker and every other tier, in their usual order, on the other. The groups are the tier
-    folders rather than `xdist_group` marks, which pytest-xdist 3.8 cannot attach to pytest 9's node ids."""
-    if config.getoption("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
-
-    class TierStreams(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "node" if nodeid.startswith("tests/node/") else "rest"
-
-    return TierStreams(config, log)

@@ -26,7 +26,7 @@ from tests.support.mission import Mission, remove
 from tests.support.real_node import unavailable
 
 pytestmark = [
-    pytest.mark.long,  # make test-node, not make test
+    pytest.mark.long,  # tens of minutes: `-m "not long"` leaves it out
     pytest.mark.timeout(2400),  # image import, two vLLM starts and the loop on two shared cores
     pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
 ]

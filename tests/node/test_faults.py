@@ -4,9 +4,9 @@ the router Service, and what it cost the clients.
 examples/epd-local-cpu.yaml (vLLM 0.32 for CPU, the router from the operator image) on the local
 cluster's real node; chat clients with never-seen images call the router Service's ClusterIP, one new
 connection per request. The faults come one after another, each after the previous one has
-recovered, and every row's expectation is checked. `make test` runs the rows that restart no vLLM
-pod (one encoder, one prefill+decode pod, two routers: minutes); the whole table, on two pods in every
-tier, is marked `long` (`make test-node`), and `make bench-faults` writes its figures to
+recovered, and every row's expectation is checked. The rows that restart no vLLM pod run on one
+encoder, one prefill+decode pod and two routers (minutes); the whole table, on two pods in every tier,
+is marked `long` (tens of minutes), and `make bench-faults` writes its figures to
 bench/results/faults.md.
 """
 

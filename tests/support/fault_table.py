@@ -433,7 +433,7 @@ ROWS = (
 )
 EVERY_TIER_TWICE = {"encoder": 2, "decode": 2, "router": 2}
 # The rows that restart no vLLM pod, on one encoder, one prefill+decode pod and two routers: minutes
-# rather than tens of minutes on two cores (`make test`'s share of the table).
+# rather than tens of minutes on two cores (the node tier's share of the table outside `-m long`).
 QUICK_ROWS = ("router_pod_deleted", "operator_killed_mid_apply", "control_plane_restarted", "kubelet_restarted")
 QUICK_REPLICAS = {"encoder": 1, "decode": 1, "router": 2}
 
