@@ -47,8 +47,8 @@ FACTS = {
         f"missing {f['missing'] or 'none'}, unexpected {f['unexpected'] or 'none'}, pods per tier {f['pods_per_tier']}"
     ),
     "control_plane_restarted": lambda f: (
-        f"API unavailable {f['api_down_s']} s; operator writes after it: {f['operator_writes'] or 'none'}; "
-        f"{f['container_restarts']} container restarts"
+        f"API unavailable {f['api_down_s']} s; the operator {'restarted' if f['operator_restarted'] else 'kept running'}, "
+        f"its writes after it: {f['operator_writes'] or 'none'}; {f['container_restarts']} serving container restarts"
     ),
     "kubelet_restarted": lambda f: (
         f"pods replaced: {f['pods_replaced'] or 'none'}; {f['container_restarts']} container restarts"
@@ -84,7 +84,10 @@ def report(record: FaultRecord, started: datetime, wall: float, load_average: li
         "|---|---|---|---|---|---|---|",
     ]
     for row in record.rows:
-        also = FACTS[row.name](row.facts) if row.name in FACTS else ""
+        if "error" in row.facts:
+            also = f"**did not complete**: {row.facts['error'][:200]}"
+        else:
+            also = FACTS[row.name](row.facts) if row.name in FACTS else ""
         p99 = f"{row.p99_ms / 1000:.2f} s" if row.p99_ms is not None else "n/a"
         recovered = f"{row.recover_s:.0f} s" if row.recover_s is not None else "n/a"
         lines.append(

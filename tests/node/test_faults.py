@@ -137,10 +137,14 @@ CHECKS: dict[str, Callable[[FaultRecord, Row], None]] = {
 
 @pytest.mark.parametrize("name", QUICK_ROWS)
 def test_a_fault_that_restarts_no_vllm_pod_costs_what_its_row_allows(quick: FaultRecord, name: str):
-    CHECKS[name](quick, quick.row(name))
+    row = quick.row(name)
+    assert "error" not in row.facts, _show(row)
+    CHECKS[name](quick, row)
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("name", ROWS)
 def test_every_fault_costs_what_its_row_allows(table: FaultRecord, name: str):
-    CHECKS[name](table, table.row(name))
+    row = table.row(name)
+    assert "error" not in row.facts, _show(row)
+    CHECKS[name](table, row)

@@ -61,6 +61,10 @@ class Row:
         return sum(self.failed.values())
 
 
+class RowFailed(Exception):
+    """A row did not complete; its Row carries the error."""
+
+
 @dataclass
 class FaultRecord:
     rows: list[Row] = field(default_factory=list)
@@ -104,6 +108,10 @@ def fault_example(name: str, replicas: dict[str, int]) -> list[dict[str, Any]]:
     for role, n in replicas.items():
         epd["spec"][role]["replicas"] = n
     return docs
+
+
+def _restarts(pod: dict[str, Any]) -> int:
+    return sum(c.get("restartCount", 0) for c in (pod.get("status") or {}).get("containerStatuses") or [])
 
 
 def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -201,7 +209,14 @@ class FaultTable:
     def row(self, name: str, fault: str, expectation: str) -> Iterator[Row]:
         row = Row(name, fault, expectation, start=time.time())
         self.say(f"fault: {fault}")
-        yield row
+        try:
+            yield row
+        except Exception as exc:  # a bound or a step of the row failed: recorded, and the table goes on
+            row.facts["error"] = f"{type(exc).__name__}: {exc}"[:3000]
+            row.end = time.time()
+            self.record.rows.append(row)
+            self.say(f"  failed: {row.facts['error'][:300]}")
+            raise RowFailed(name) from exc
         if row.recovered is None:
             row.recovered = time.time()
         self.say(f"  recovered after {row.recovered - row.start:.0f} s")
@@ -377,6 +392,7 @@ class FaultTable:
     def control_plane_restarted(self) -> None:
         writes = self.operator_writes()
         restarts = self.restarts()
+        operator = self.operator_pod() or {}
         with self.row(
             "control_plane_restarted",
             "kube-apiserver and etcd restarted",
@@ -384,12 +400,22 @@ class FaultTable:
         ) as row:
             down = self.cluster.restart_control_plane()
             row.facts["api_down_s"] = round(down, 1)
-            self.wait(lambda: self.all_settled() and self.operator_pod(), 300, "the cluster settled again")
+            # The operator stops when it cannot renew its Lease within its deadline (its process exits and
+            # the kubelet restarts it, with back-off after earlier restarts): wait for it to be Ready again.
+            self.wait(lambda: self.all_settled() and self.operator_pod(), 900, "the cluster and the operator back")
             row.recovered = time.time()
             time.sleep(30)  # what the operator writes once its watches are back
             after = self.operator_writes()
+            now = self.operator_pod() or {}
+            restarted = _restarts(now) != _restarts(operator) or now.get("metadata", {}).get("uid") != operator.get(
+                "metadata", {}
+            ).get("uid")
+            row.facts["operator_restarted"] = restarted
+            # A restarted operator's counter starts at zero: everything it shows was written since.
             row.facts["operator_writes"] = {
-                k: after.get(k, 0) - writes.get(k, 0) for k in after if after.get(k, 0) != writes.get(k, 0)
+                k: v - (0 if restarted else writes.get(k, 0))
+                for k, v in after.items()
+                if v != (0 if restarted else writes.get(k, 0))
             }
             row.facts["container_restarts"] = sum(self.restarts().values()) - sum(restarts.values())
 
@@ -459,7 +485,8 @@ def run_table(
         client.stdin.flush()
         time.sleep(table.settle)
         for name in rows:
-            getattr(table, name)()
+            with contextlib.suppress(RowFailed):  # the row says why; the next one runs
+                getattr(table, name)()
     table.record.requests = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
     for row in table.record.rows:
         figures(row, table.record.requests)
