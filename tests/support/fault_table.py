@@ -161,10 +161,7 @@ class FaultTable:
         return {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.m.kube.pods()}
 
     def restarts(self) -> dict[str, int]:
-        return {
-            p["metadata"]["name"]: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or [])
-            for p in self.m.kube.pods()
-        }
+        return {p["metadata"]["name"]: _restarts(p) for p in self.m.kube.pods()}
 
     def router_metric(self, name: str, **labels: str) -> float:
         return sum(self.m.pod_metric(p, name, 9090, **labels) for p in self.m.pods("router"))
@@ -174,7 +171,7 @@ class FaultTable:
         return next((p for p in pods if is_ready(p) and not p["metadata"].get("deletionTimestamp")), None)
 
     def operator_writes(self) -> dict[str, float]:
-        """The operator's mutating API requests so far by kind (its own counter), Leases apart."""
+        """The operator's mutating API requests so far by verb and kind (its own counter), Leases apart."""
         from tests.support.prom import samples
 
         pod = self.operator_pod()
