@@ -40,13 +40,27 @@ def reads_of_children(requests: Counter[tuple[str, str]]) -> dict[tuple[str, str
     return {k: n for k, n in requests.items() if k[0] in ("get", "list") and k[1].split("/")[0] in READ_BY_PASSES}
 
 
-async def at_rest(metrics: Metrics, passes: int) -> None:
-    """Until a few resyncs in a row write nothing (status settled: rollouts, HPAs and pods reported)."""
+# What the cluster's own controllers keep changing while the tiers roll out (the operator reports it).
+WATCHED_BY_STATUS = (("apps/v1", "Deployment"), ("apps/v1", "ReplicaSet"), ("v1", "Pod"))
+
+
+def world(kube: KubeView) -> set[tuple[str, str, str]]:
+    """Every object the status reads from, by resourceVersion: unchanged means no controller wrote."""
+    return {
+        (kind, obj["metadata"]["name"], obj["metadata"]["resourceVersion"])
+        for api_version, kind in WATCHED_BY_STATUS
+        for obj in kube.list(api_version, kind)
+    }
+
+
+async def at_rest(metrics: Metrics, kube: KubeView, passes: int) -> None:
+    """Until a few resyncs in a row write nothing while no Deployment, ReplicaSet or Pod changed:
+    the Deployment and ReplicaSet controllers and the scheduler are done, and the status says so."""
 
     async def quiet() -> bool:
-        mark = writes(metrics)
+        mark, before = writes(metrics), world(kube)
         await resyncs(metrics, passes)
-        return writes(metrics) == mark
+        return writes(metrics) == mark and world(kube) == before
 
     await wait_until(quiet, 120, "the operator kept writing", interval=0)
 
@@ -66,7 +80,7 @@ async def test_a_resync_at_rest_reads_and_writes_nothing_and_a_restart_lists_eac
                 await create(kube, epd_doc(name=name))
             for name in NAMES:
                 await observed(kube, 1, name)
-            await at_rest(metrics, passes)
+            await at_rest(metrics, kube, passes)
 
             mark = len(proxy.queries)
             await resyncs(metrics, passes)
