@@ -29,7 +29,8 @@ from epd_operator.controller.metrics import Metrics
 from epd_operator.render.autoscaling import load_metric_name
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
 from epd_operator.router.metrics import RouterMetrics
-from tests.support.cluster import KubeView, cluster_objects, logged_process, volumes
+from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
+from tests.support.cluster import KubeView, cluster_objects, custom_metrics_api, logged_process, volumes
 from tests.support.operator_run import (
     condition,
     create,
@@ -44,7 +45,6 @@ from tests.support.operator_run import (
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
 LOAD = load_metric_name("encoder")
-GROUP = "custom.metrics.k8s.io"
 # Items in flight per encoder pod; with the default target (4 per pod) 2 encoders ask for ceil(2*10/4) = 5.
 INFLIGHT = 10
 pytestmark = pytest.mark.timeout(600)
@@ -138,49 +138,6 @@ async def test_the_hpa_reads_the_encoder_load_through_prometheus_and_the_charts_
         adapter_config.write_text(yaml.safe_dump({"rules": rules["custom"]}))  # what the adapter chart renders
         discovery = [f"/apis/{GROUP}", f"/apis/{GROUP}/v1beta1", f"/apis/{GROUP}/v1beta2", "/openapi/v2", "/openapi/v3"]
         kubeconfig = str(kube.cluster.kubeconfig_path)
-        anonymous_reader = [
-            (
-                "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-                {
-                    "metadata": {"name": f"{kube.ns}-custom-metrics-reader"},
-                    "rules": [{"apiGroups": [GROUP], "resources": ["*"], "verbs": ["get", "list"]}],
-                },
-            ),
-            (
-                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-                {
-                    "metadata": {"name": f"{kube.ns}-custom-metrics-reader"},
-                    "roleRef": {
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": f"{kube.ns}-custom-metrics-reader",
-                    },
-                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}],
-                },
-            ),
-        ]
-        kube.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": "custom-metrics", "namespace": kube.ns},
-                "spec": {"type": "ExternalName", "externalName": "localhost"},
-            }
-        )
-        api_service = (
-            "/apis/apiregistration.k8s.io/v1/apiservices",
-            {
-                "metadata": {"name": f"v1beta2.{GROUP}"},
-                "spec": {
-                    "group": GROUP,
-                    "version": "v1beta2",
-                    "groupPriorityMinimum": 100,
-                    "versionPriority": 200,
-                    "insecureSkipTLSVerify": True,  # the adapter's self-signed serving certificate
-                    "service": {"namespace": kube.ns, "name": "custom-metrics", "port": adapter_port},
-                },
-            },
-        )
         prom_log, adapter_log = tmp_path / "prometheus.log", tmp_path / "adapter.log"
         with (
             logged_process(
@@ -209,7 +166,9 @@ async def test_the_hpa_reads_the_encoder_load_through_prometheus_and_the_charts_
                 ],
                 adapter_log,
             ),
-            cluster_objects(kube, [*anonymous_reader, api_service]),
+            cluster_objects(
+                kube, custom_metrics_api(f"{kube.ns}-custom-metrics-reader", kube.ns, "custom-metrics", adapter_port)
+            ),
         ):
 
             def available() -> bool:

@@ -37,13 +37,13 @@ import yaml
 
 from dev import prometheus_adapter
 from epd_operator.render.autoscaling import load_metric_name
-from tests.support.cluster import EPD_API, cluster_objects, logged_process, wait_for
+from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
+from tests.support.cluster import EPD_API, cluster_objects, custom_metrics_api, logged_process, wait_for
 from tests.support.mission import REPO, Mission, all_ready, describe, load_clients
 from tests.support.real_node import is_ready
 
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
 ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
-GROUP = "custom.metrics.k8s.io"
 LOAD = load_metric_name("encoder")
 SERVED = "tiny-vl"
 # Inside the node's network namespace nothing else listens on these.
@@ -222,50 +222,6 @@ def _prometheus_config(tmp: Path, targets: Path) -> Path:
     return path
 
 
-def _adapter_objects() -> list[tuple[str, dict[str, Any]]]:
-    name = "epd-custom-metrics-anonymous-reader"
-    rbac = "/apis/rbac.authorization.k8s.io/v1"
-    return [
-        (
-            f"{rbac}/clusterroles",
-            {
-                "metadata": {"name": name},
-                "rules": [{"apiGroups": [GROUP], "resources": ["*"], "verbs": ["get", "list"]}],
-            },
-        ),
-        (
-            f"{rbac}/clusterrolebindings",
-            {
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}],
-            },
-        ),
-        (
-            "/api/v1/namespaces/default/services",
-            {
-                "metadata": {"name": "epd-custom-metrics"},
-                # localhost of the node's network namespace, where the API server's egress dials
-                "spec": {"type": "ExternalName", "externalName": "localhost"},
-            },
-        ),
-        (
-            "/apis/apiregistration.k8s.io/v1/apiservices",
-            {
-                "metadata": {"name": f"v1beta2.{GROUP}"},
-                "spec": {
-                    "group": GROUP,
-                    "version": "v1beta2",
-                    "groupPriorityMinimum": 100,
-                    "versionPriority": 200,
-                    "insecureSkipTLSVerify": True,  # the adapter's self-signed serving certificate
-                    "service": {"namespace": "default", "name": "epd-custom-metrics", "port": ADAPTER_PORT},
-                },
-            },
-        ),
-    ]
-
-
 @contextlib.contextmanager
 def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
     """Prometheus and prometheus-adapter (the chart's rules) in the node's network namespace, the
@@ -311,7 +267,11 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
             logs["adapter"],
             die_with_parent=True,
         ),
-        cluster_objects(m.kube, _adapter_objects()),
+        # The adapter listens on localhost of the node's network namespace, where the API server's egress dials.
+        cluster_objects(
+            m.kube,
+            custom_metrics_api("epd-custom-metrics-anonymous-reader", "default", "epd-custom-metrics", ADAPTER_PORT),
+        ),
     ):
 
         def available() -> bool:

@@ -276,6 +276,52 @@ def cluster_objects(kube: KubeView, objects: list[tuple[str, dict[str, Any]]]) -
             kube.request("DELETE", path)
 
 
+CUSTOM_METRICS_GROUP = "custom.metrics.k8s.io"
+
+
+def custom_metrics_api(reader: str, namespace: str, service: str, port: int) -> list[tuple[str, dict[str, Any]]]:
+    """For :func:`cluster_objects`: prometheus-adapter listening on `port` of the API server's localhost,
+    registered as custom.metrics.k8s.io v1beta2 through an ExternalName Service `namespace/service`.
+    The local API server has no front-proxy certificates and calls aggregated APIs anonymously, so the
+    anonymous user may read the group (ClusterRole and ClusterRoleBinding named `reader`)."""
+    group, rbac = CUSTOM_METRICS_GROUP, "/apis/rbac.authorization.k8s.io/v1"
+    return [
+        (
+            f"{rbac}/clusterroles",
+            {
+                "metadata": {"name": reader},
+                "rules": [{"apiGroups": [group], "resources": ["*"], "verbs": ["get", "list"]}],
+            },
+        ),
+        (
+            f"{rbac}/clusterrolebindings",
+            {
+                "metadata": {"name": reader},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:anonymous"}],
+            },
+        ),
+        (
+            f"/api/v1/namespaces/{namespace}/services",
+            {"metadata": {"name": service}, "spec": {"type": "ExternalName", "externalName": "localhost"}},
+        ),
+        (
+            "/apis/apiregistration.k8s.io/v1/apiservices",
+            {
+                "metadata": {"name": f"v1beta2.{group}"},
+                "spec": {
+                    "group": group,
+                    "version": "v1beta2",
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 200,
+                    "insecureSkipTLSVerify": True,  # the adapter's self-signed serving certificate
+                    "service": {"namespace": namespace, "name": service, "port": port},
+                },
+            },
+        ),
+    ]
+
+
 def install_crd(cluster: LocalCluster, crd: dict[str, Any]) -> None:
     """Server-side apply a CRD and wait until it is Established (served)."""
     name = crd["metadata"]["name"]
