@@ -40,8 +40,9 @@ FACTS = {
     ),
     "missing_image": lambda f: (
         f"status: `{f['status'].strip()}`; {f['warning_events']} Warning Event; "
-        f"{f['ready_encoders_while_failing']} encoders Ready meanwhile; {f['no_encoder_in_generation']:.0f} requests "
-        "sent raw to consumers of the new generation, which has no encoder"
+        f"{f['ready_encoders_while_failing']} encoders Ready meanwhile; consumers' generations meanwhile "
+        f"{', '.join(f.get('consumer_generations_while_failing', [])) or '?'} (before: {f.get('generation_before', '?')}); "
+        f"{f['no_encoder_in_generation']:.0f} requests sent raw to consumers whose generation had no encoder"
     ),
     "operator_killed_mid_apply": lambda f: (
         f"missing {f['missing'] or 'none'}, unexpected {f['unexpected'] or 'none'}, pods per tier {f['pods_per_tier']}"

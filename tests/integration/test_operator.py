@@ -9,8 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from epd_operator.api.labels import GENERATION_LABEL as GENERATION
+from epd_operator.api.validation import parse_epd
 from epd_operator.controller.apply import HANDOVER_MANAGER
 from epd_operator.controller.metrics import Metrics
+from epd_operator.render.generation import compatibility_generation
 from tests.support.cluster import KubeView, volumes
 from tests.support.operator_run import (
     EPD_API,
@@ -185,6 +188,42 @@ async def test_changing_one_tier_rolls_only_that_tier(ns, operator):
     assert {k for k in after if after[k] != again[k]} == {("Deployment", "vl-decode")}
     args = deployment(ns, "vl-decode")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-2:] == ["--max-num-seqs", "64"]
+
+
+async def test_consumers_keep_their_generation_until_an_encoder_of_the_new_one_is_ready(ns, operator):
+    doc = epd_doc()
+    await create(ns, doc)
+    await phase(ns, "Ready", timeout=60)
+    old = compatibility_generation(parse_epd(doc))
+
+    def template_generation(name: str) -> str:
+        return str(deployment(ns, name)["spec"]["template"]["metadata"]["labels"][GENERATION])
+
+    # A new encoder image (a new generation) whose pods cannot start: here no node fits them; on a real
+    # node, an image that cannot be pulled is the same case.
+    encoder = {**doc["spec"]["encoder"], "image": "vllm/vllm-openai:v0.33.1"}
+    stuck = {**encoder, "resources": {**encoder["resources"], "limits": {"nvidia.com/gpu": 64}}}
+    await patch_spec(ns, {"encoder": stuck})
+    new = compatibility_generation(parse_epd({**doc, "spec": {**doc["spec"], "encoder": stuck}}))
+    await observed(ns, 2)
+    assert template_generation("vl-encoder") == new
+    await wait_until(
+        lambda: condition(epd(ns), "Progressing").get("reason") == "WaitingForEncoders", 30, lambda: epd(ns)["status"]
+    )
+    message = condition(epd(ns), "Progressing")["message"]
+    assert message.startswith(
+        f"decode (generation {old}) keep serving until an encoder pod of generation {new} is Ready"
+    )
+    assert "rolling out: encoder" in message
+    await resyncs(operator, 5)  # full passes apply nothing to the decode tier meanwhile
+    assert template_generation("vl-decode") == old
+    assert epd(ns)["status"]["phase"] == "Progressing"
+
+    # The new encoders fit: as soon as one is Ready, the decode tier follows.
+    await patch_spec(ns, {"encoder": encoder})
+    await wait_until(lambda: template_generation("vl-decode") == new, 60, lambda: epd(ns)["status"])
+    await phase(ns, "Ready", timeout=60)
+    assert condition(epd(ns), "Progressing")["reason"] == "RolloutComplete"
 
 
 async def test_the_real_hpa_owns_replicas_and_the_operator_never_resets_them(ns, operator):

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
 SERVED = "tiny-vl"
 ROLES = ("encoder", "decode", "router")
+GENERATION = "serving.epd.dev/compat-generation"
 SECOND = "tiny-vl-second"  # the EPDDeployment applied while the operator is killed
 OPERATOR_METRICS_PORT = 9090  # charts/epd-operator values: metrics.port
 
@@ -272,7 +273,7 @@ class FaultTable:
 
         def rolled() -> bool:
             for p in self.m.kube.pods(**{"app.kubernetes.io/instance": self.m.name}):
-                if gen := p["metadata"]["labels"].get("serving.epd.dev/compat-generation"):
+                if gen := p["metadata"]["labels"].get(GENERATION):
                     seen_generations.add(gen)
             return self.all_settled() and not set(self.uids().values()) & set(before.values())
 
@@ -301,6 +302,7 @@ class FaultTable:
             "the encoder tier changed to an image that does not exist on the node",
             "0 failed (the running encoders stay); the tier's status and one Event name the pull error",
         ) as row:
+            before = self.m.pods("decode")[0]["metadata"]["labels"].get(GENERATION, "")
             self.patch({"spec": {"encoder": {"image": "localhost/epd-does-not-exist:1"}}})
 
             def named() -> str | None:
@@ -321,11 +323,15 @@ class FaultTable:
             time.sleep(10)  # the kubelet's retries (ImagePullBackOff) must not add Events
             row.facts["warning_events"] = sum(int(e.get("count") or 1) for e in warnings())
             row.facts["ready_encoders_while_failing"] = sum(1 for p in self.m.pods("encoder") if is_ready(p))
+            # Encoders first: the consumers keep the generation they run until an encoder of the new one is Ready.
+            row.facts["consumer_generations_while_failing"] = sorted(
+                {p["metadata"]["labels"].get(GENERATION, "") for p in self.m.pods("decode")}
+            )
+            row.facts["generation_before"] = before
             self.patch({"spec": {"encoder": {"image": None}}})
             self.wait(self.all_settled, 1200, "every tier back on its generation")
             row.recovered = time.time()
-        # The encoder image is part of the compatibility generation: the consumers roll to the new one
-        # meanwhile, and its images go to them raw while it has no encoder.
+        # Requests a consumer got raw because its generation had no encoder: none while the consumers wait.
         row.facts["no_encoder_in_generation"] = (
             self.router_metric("epd_router_encoder_fallback_requests_total", reason="no_encoder_in_generation")
             - fallback

@@ -10,6 +10,8 @@ it), and writes only differences. Watch events, the resync timer and a restart a
   repaired on the resync timer (and on spec changes), not on every child event, so a controller or
   webhook that fights us over a field costs one write per resync instead of a hot loop; a deleted
   child Deployment or HPA gets a FULL pass at once;
+- while consumers wait for an encoder of a new generation (controller/rollout.py), a child's or a
+  pod's change gets a FULL pass, so they move as soon as one is Ready;
 - every `resync_seconds` -> a FULL pass for every known EPDDeployment.
 """
 
@@ -29,7 +31,8 @@ from ..api.validation import FieldError, SpecError, parse_epd
 from ..kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube
 from ..render import render
 from ..render.generation import compatibility_generation
-from . import apply
+from ..render.naming import ENCODER
+from . import apply, rollout
 from . import status as status_rules
 from .cache import Cache
 from .events import post_event, utcnow
@@ -133,6 +136,7 @@ class Reconciler:
         self.known: dict[Key, str] = {}  # key -> uid of every EPDDeployment seen and not deleted
         self._reconciled: dict[Key, tuple[str, int | None]] = {}  # key -> (uid, generation) last fully reconciled
         self._last_error: dict[Key, str] = {}
+        self._held: dict[Key, list[rollout.Held]] = {}  # consumers waiting for an encoder of their new generation
 
     # ---------------------------------------------------------------- triggers (from watch events)
 
@@ -146,6 +150,7 @@ class Reconciler:
             self.known.pop(key, None)
             self._reconciled.pop(key, None)
             self._last_error.pop(key, None)
+            self._held.pop(key, None)
         else:
             self.known[key] = meta["uid"]
             if self._reconciled.get(key) != (meta["uid"], meta.get("generation")):
@@ -161,8 +166,9 @@ class Reconciler:
         owned = any(
             ref.get("kind") == KIND and ref.get("name") == instance for ref in meta.get("ownerReferences") or []
         )
-        if owned and (meta["namespace"], instance) in self.known:
-            self.queue.add((meta["namespace"], instance), FULL if event_type == "DELETED" else STATUS)
+        key = (meta["namespace"], instance)
+        if owned and key in self.known:
+            self.queue.add(key, FULL if event_type == "DELETED" or key in self._held else STATUS)
 
     def pod_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A tier's pod changed: cached for the unready tiers' explanation (the scheduler's or the
@@ -172,7 +178,7 @@ class Reconciler:
         meta = body["metadata"]
         key = (meta["namespace"], meta.get("labels", {}).get(INSTANCE_LABEL, ""))
         if key in self._reconciled:  # before its first full pass there is no status to refresh
-            self.queue.add(key, STATUS)
+            self.queue.add(key, FULL if key in self._held else STATUS)
 
     # ---------------------------------------------------------------- running
 
@@ -314,11 +320,29 @@ class Reconciler:
         live = self.cache.owned(seen.namespace, seen.name, CHILD_RESOURCES)
         todo = apply.plan(desired, live, seen.meta["uid"])
         if not todo:
+            self._held.pop((seen.namespace, seen.name), None)
             return live, []
+        # The dry run judges the whole plan, held consumers included: a spec is applied whole or not at all.
         refused = await apply.refused_by_server(self.kube, todo)
-        if not refused:
-            live = await self._converge(seen.body, todo, live)
+        if refused:
+            self._held.pop((seen.namespace, seen.name), None)
+        else:
+            live = await self._converge(seen.body, self._hold_consumers(seen, todo, desired, live), live)
         return live, refused
+
+    def _hold_consumers(
+        self, seen: Seen, todo: apply.Plan, desired: list[dict[str, Any]], live: list[dict[str, Any]]
+    ) -> apply.Plan:
+        """`todo` less the consumers that wait for an encoder of their new generation (rollout.py)."""
+        encoders = self.cache.pods(seen.namespace, seen.name, {ROLE_LABEL: ENCODER})
+        held = rollout.held_consumers(desired, live, encoders)
+        key = (seen.namespace, seen.name)
+        if not held:
+            self._held.pop(key, None)
+            return todo
+        self._held[key] = held
+        kept = {(h.kind, h.name) for h in held}
+        return dataclasses.replace(todo, applies=[a for a in todo.applies if apply.key_of(a.desired) not in kept])
 
     async def _report(self, seen: Seen, live: list[dict[str, Any]], *, observed: int | None, refused: list[str]) -> str:
         """Derive the status from `live` children, publish it if it changed, and export the phase
@@ -346,6 +370,7 @@ class Reconciler:
             now=utcnow(),
             refused=refused,
             generations=generations,
+            held=self._held.get((namespace, name), []) if seen.epd is not None else [],
         )
         await self._publish(seen.body, seen.previous, new)
         self.metrics.set_phase(namespace, name, new.phase)

@@ -16,6 +16,10 @@ and CrashLoopBackOff, whose messages carry a changing delay); both sides of each
 as one stable reason and message, so a pod failing the same way writes the status and posts an
 Event once, not once per retry.
 
+Consumers kept on their generation until an encoder of the new one is Ready (controller/rollout.py)
+make the deployment Progressing (the condition's reason WaitingForEncoders names the tiers and both
+generations): their pods serve, but not from the template the spec asks for.
+
 An autoscaled tier also reports its HPA's own conditions. An HPA that cannot act (ScalingActive or
 AbleToScale False, e.g. its metric is not served) makes the AutoscalingActive condition False, and
 a deployment whose tiers are otherwise all ready Degraded, so a broken autoscaler is never hidden
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -44,6 +48,9 @@ from ..api.status import (
     TierStatus,
 )
 from ..api.validation import FieldError
+
+if TYPE_CHECKING:
+    from .rollout import Held
 
 TIERS = ("encoder", "prefill", "decode", "router")
 VLLM_TIERS = ("encoder", "prefill", "decode")
@@ -279,9 +286,11 @@ def derive_status(
     now: str,
     refused: list[str] | None = None,
     generations: list[GenerationStatus] | None = None,
+    held: list[Held] | None = None,
 ) -> EPDDeploymentStatus:
     """`spec_errors`: our rules refused the spec; `refused`: the API server refused objects rendered
-    from it (its messages). Either way nothing was applied, and the spec is reported invalid."""
+    from it (its messages). Either way nothing was applied, and the spec is reported invalid.
+    `held`: consumer workloads kept on their generation until an encoder of the new one is Ready."""
     states = {name: tier_state(tiers[name]) for name in TIERS if name in tiers}
     rolling = [n for n, s in states.items() if not s.settled]
     unready = [n for n, s in states.items() if s.settled and not s.ready]
@@ -298,7 +307,7 @@ def derive_status(
         phase = "Pending"
     elif stuck or lost:
         phase = "Degraded"
-    elif rolling or unready:
+    elif rolling or unready or held:
         phase = "Progressing"
     elif scaling_inactive:
         phase = "Degraded"
@@ -329,17 +338,20 @@ def derive_status(
         )
     else:
         ready_reason, ready_message = "TiersNotReady", f"not ready: {summary(not_ready)}"
+    if held:
+        waiting = ", ".join(f"{h.role} (generation {h.runs})" for h in held)
+        progress = (
+            "WaitingForEncoders",
+            f"{waiting} keep serving until an encoder pod of generation {held[0].waits_for} is Ready"
+            + (f"; rolling out: {summary(rolling)}" if rolling else ""),
+        )
+    elif rolling:
+        progress = ("RollingOut", f"rolling out: {summary(rolling)}")
+    else:
+        progress = ("RolloutComplete", "every tier runs its latest template")
     conditions = [
         _set_condition(old, "Ready", all_ready, ready_reason, ready_message, gen, now),
-        _set_condition(
-            old,
-            "Progressing",
-            bool(rolling),
-            "RollingOut" if rolling else "RolloutComplete",
-            f"rolling out: {summary(rolling)}" if rolling else "every tier runs its latest template",
-            gen,
-            now,
-        ),
+        _set_condition(old, "Progressing", bool(rolling or held), *progress, gen, now),
         _set_condition(
             old,
             "Degraded",

@@ -9,6 +9,7 @@ from typing import Any
 
 from epd_operator.api.status import Condition, EPDDeploymentStatus, GenerationStatus
 from epd_operator.api.validation import FieldError
+from epd_operator.controller.rollout import Held
 from epd_operator.controller.status import (
     TierInput,
     derive_status,
@@ -821,3 +822,24 @@ def test_pods_are_counted_per_generation_current_first():
 
 def test_without_pods_there_are_no_generations():
     assert generations([], current="aaa") == []
+
+
+def test_consumers_held_for_an_encoder_make_it_progressing_and_name_both_generations():
+    tiers = {"encoder": TierInput(settled(1)), "decode": TierInput(settled(2))}
+    held = [Held("Deployment", "vl-decode", "decode", runs="old", waits_for="new")]
+    st = derive_status(
+        tiers=tiers,
+        topology="E+PD",
+        endpoint=None,
+        observed_generation=2,
+        spec_errors=None,
+        previous=None,
+        now=T0,
+        held=held,
+    )
+    assert st.phase == "Progressing"
+    progressing = cond(st, "Progressing")
+    assert (progressing.status, progressing.reason) == ("True", "WaitingForEncoders")
+    assert progressing.message == "decode (generation old) keep serving until an encoder pod of generation new is Ready"
+    assert cond(st, "Ready").status == "True"  # its pods serve meanwhile
+    assert derive(tiers).phase == "Ready"

@@ -1,0 +1,74 @@
+"""Encoder first: a new compatibility generation reaches the consumers once an encoder serves it.
+
+A change of the compatibility generation (render/generation.py: an image, the model, a connector) rolls
+every vLLM tier, and the router pairs pods only within one generation. Rolled together, the consumers
+(prefill, decode) of the new generation find no encoder of it until a new encoder pod is Ready, and
+encode every image themselves meanwhile; with an encoder that never starts (an image that cannot be
+pulled, a crash loop) they would do so for good. So while no encoder pod of the new generation is
+Ready, a consumer workload that runs another generation is left as it is: nothing of it is applied
+(any other change of it waits too), and it keeps serving with the encoders of its own generation.
+
+Not held: a consumer that does not exist yet (a new EPDDeployment starts every tier at once), one
+already on the new generation, and every consumer when the spec asks for no encoder pod at all.
+The plan is pure: the reconciler gives it the rendered objects, the live ones and the encoder pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..api.labels import GENERATION_LABEL, ROLE_LABEL
+from ..render.naming import ENCODER
+from .status import pod_ready
+
+
+def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    """The labels of a workload's pods (a LeaderWorkerSet's from its worker template); {} for other kinds."""
+    spec = workload.get("spec") or {}
+    if workload.get("kind") == "LeaderWorkerSet":
+        template = (spec.get("leaderWorkerTemplate") or {}).get("workerTemplate") or {}
+    elif workload.get("kind") == "Deployment":
+        template = spec.get("template") or {}
+    else:
+        return {}
+    return dict((template.get("metadata") or {}).get("labels") or {})
+
+
+def _asks_for_encoders(workload: dict[str, Any]) -> bool:
+    replicas = (workload.get("spec") or {}).get("replicas")
+    return replicas is None or replicas > 0  # no replicas rendered: an HPA owns them (minReplicas >= 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A consumer workload kept on the generation it runs until an encoder pod of `waits_for` is Ready."""
+
+    kind: str
+    name: str
+    role: str
+    runs: str
+    waits_for: str
+
+
+def held_consumers(
+    desired: list[dict[str, Any]], live: list[dict[str, Any]], encoder_pods: list[dict[str, Any]]
+) -> list[Held]:
+    """The consumer workloads whose move to the new generation waits for an encoder of it."""
+    encoders = [w for w in desired if pod_labels(w).get(ROLE_LABEL) == ENCODER]
+    new = pod_labels(encoders[0]).get(GENERATION_LABEL) if encoders else None
+    if new is None or not any(_asks_for_encoders(w) for w in encoders):
+        return []
+    if any(pod_ready(p) and p["metadata"].get("labels", {}).get(GENERATION_LABEL) == new for p in encoder_pods):
+        return []
+    running = {(w["kind"], w["metadata"]["name"]): pod_labels(w) for w in live}
+    held = []
+    for workload in desired:
+        role = pod_labels(workload).get(ROLE_LABEL)
+        current = running.get((workload["kind"], workload["metadata"]["name"]))
+        if role in (None, ENCODER) or current is None:
+            continue
+        runs = current.get(GENERATION_LABEL)
+        if runs is not None and runs != new:
+            held.append(Held(workload["kind"], workload["metadata"]["name"], role, runs, new))
+    return held
