@@ -98,18 +98,30 @@ async def test_a_crashed_leader_is_replaced_after_its_lease_expires(cluster):
         assert transitions == 1
 
 
-async def test_a_leader_that_loses_its_lease_stops_and_exits(cluster):
-    async with operator(cluster, identity="first") as op:
+async def test_a_leader_that_loses_its_lease_stops_acting_stands_by_and_leads_again(cluster):
+    async with operator(cluster, "--lease-duration", "6", identity="first") as op:
         lease = cluster.get(*LEASE)
-        # Someone else takes the Lease over (as a partitioned leader would find on its return).
+        # Someone else takes the Lease over (as a partitioned leader would find on its return), and
+        # then never renews it.
         lease["spec"]["holderIdentity"] = "usurper"
         path = f"/apis/coordination.k8s.io/v1/namespaces/{cluster.ns}/leases/epd-operator"
         status, body = cluster.request("PUT", path, lease, content_type="application/json")
         assert status == 200, body
-        await wait_until(lambda: op.returncode is not None, 15, lambda: f"still running:\n{op.output}")
-        assert op.returncode == 1
+        await op.wait_for_role("standby")
         assert "leadership lost" in op.output
-    assert lease_holder(cluster) == "usurper"
+        assert await op.metric("epd_operator_leader") == 0
+        passes = await op.metric("epd_operator_reconciles_total")
+        await create(cluster, epd_doc())
+        await asyncio.sleep(0.5)
+        assert cluster.get("apps/v1", "Deployment", "vl-encoder") is None  # a standby writes nothing
+        assert await op.metric("epd_operator_reconciles_total") == passes
+
+        # The usurper's Lease expires: the same process leads again, its watches kept, and acts.
+        await op.wait_for_role("leader")
+        assert lease_holder(cluster) == "first"
+        await deployed(cluster, "vl-encoder", "vl-decode", "vl-router")
+        await observed(cluster, 1)
+        assert op.returncode is None and await op.metric("epd_operator_leader") == 1
 
 
 def test_the_scope_must_be_chosen():

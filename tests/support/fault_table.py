@@ -403,8 +403,8 @@ class FaultTable:
         ) as row:
             down = self.cluster.restart_control_plane()
             row.facts["api_down_s"] = round(down, 1)
-            # The operator stops when it cannot renew its Lease within its deadline (its process exits and
-            # the kubelet restarts it, with back-off after earlier restarts): wait for it to be Ready again.
+            # An operator that cannot renew its Lease within its deadline stands by until the API server
+            # answers, then leads again (its pod Ready throughout, unless it crashed): wait for both.
             self.wait(lambda: self.all_settled() and self.operator_pod(), 900, "the cluster and the operator back")
             row.recovered = time.time()
             time.sleep(30)  # what the operator writes once its watches are back

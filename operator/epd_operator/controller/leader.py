@@ -8,7 +8,7 @@ Safety: a candidate takes an expired Lease only after it has watched the *same* 
 lease duration on its own monotonic clock (clock skew between nodes does not matter), and writes
 with the Lease's resourceVersion, so of two candidates only one write wins. The leader stops acting
 if it could not renew within `renew_deadline` (< lease duration) of its last renewal, i.e. before
-any candidate may take over.
+any candidate may take over, and is a candidate again (controller/main.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
 It serves liveness on `--liveness-port` (`/healthz`) and Prometheus metrics on `--metrics-port`
 (`/metrics`) from the start, waits for the leader Lease when leader election is on (the default:
 two replicas never both act), then runs kopf's watches and the reconciler until SIGTERM. A leader
-that loses its Lease stops acting at once and exits with status 1, so its pod restarts as a standby.
+that loses its Lease (another replica took it, or the API server did not answer before its renew
+deadline) stops writing at once and stands by in the same process, its watches kept: when the Lease
+is free again, or still its own once the API server answers, it leads again without a restart.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Awaitable, Sequence
+from typing import Any
 
 import kopf
 from aiohttp import web
@@ -268,28 +271,37 @@ async def _act(
         ),
         name="kopf",
     )
-    guards = {
-        reconciling,
-        watching,
-        asyncio.create_task(stop.wait(), name="stop"),
-        asyncio.create_task(_reclaim_signals(kopf_ready, stop), name="signals"),
-    }
-    holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
-    if holding:
-        guards.add(holding)
-    done, _ = await asyncio.wait(guards, return_when=asyncio.FIRST_COMPLETED)
-    lost = holding is not None and holding in done
-    # Stop writing first — a lost Lease may already be someone else's — then stop watching.
-    reconciling.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await reconciling
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    signals = asyncio.create_task(_reclaim_signals(kopf_ready, stop), name="signals")
+    while True:
+        holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
+        guards = {reconciling, watching, stopping, signals, *([holding] if holding else [])}
+        done, _ = await asyncio.wait(guards, return_when=asyncio.FIRST_COMPLETED)
+        if elector is None or holding not in done or done - {holding}:
+            break
+        # Leadership lost: stop writing at once (the Lease may already be someone else's), keep
+        # watching, so the cache stays current, and stand by until the Lease is ours again.
+        await _cancelled(reconciling)
+        health.role = "standby"
+        metrics.leader.set(0)
+        regained = asyncio.create_task(elector.acquire(), name="lease")
+        done, _ = await asyncio.wait({regained, watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if regained not in done:
+            await _cancelled(regained)
+            break
+        health.role = "leader"
+        metrics.leader.set(1)
+        reconciler.resume()  # what changed while another replica (or nobody) acted
+        reconciling = asyncio.create_task(reconciler.run(), name="reconciler")
+        health.reconciler_task = reconciling
+    # Stop writing first, then stop watching.
+    await _cancelled(reconciling)
     kopf_stop.set()
     (watch_error,) = await asyncio.gather(watching, return_exceptions=True)
-    for task in guards - {reconciling, watching}:
-        task.cancel()
+    for task in (stopping, signals, holding):
+        if task is not None:
+            task.cancel()
     _forget_signal_handlers()
-    if lost:
-        return 1
     crashed = reconciling in done and not reconciling.cancelled()
     for what, error in (
         ("the reconciler", reconciling.exception() if crashed else None),
@@ -299,6 +311,12 @@ async def _act(
             log.error("%s crashed", what, exc_info=error)
             return 1
     return 0
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` and wait until it is over; how it ended stays in the task."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _reclaim_signals(kopf_ready: asyncio.Event, stop: asyncio.Event) -> None:

@@ -180,6 +180,12 @@ class Reconciler:
         if key in self._reconciled:  # before its first full pass there is no status to refresh
             self.queue.add(key, FULL if key in self._held else STATUS)
 
+    def resume(self) -> None:
+        """Leading again after standing by: another replica (or nobody) acted meanwhile, so every
+        EPDDeployment gets a full pass over what the watches kept in the cache."""
+        for key in self.known:
+            self.queue.add(key, FULL)
+
     # ---------------------------------------------------------------- running
 
     async def run(self) -> None:
