@@ -36,7 +36,7 @@ def deployment(spec_replicas=2, generation=3, **status) -> dict:
 settled = settled_deployment
 
 
-def derive(tiers, previous=None, errors=None, refused=None, now=T0, generation=4):
+def derive(tiers, previous=None, errors=None, refused=None, now=T0, generation=4, held=None):
     return derive_status(
         tiers=tiers,
         topology="E/P/D",
@@ -46,6 +46,7 @@ def derive(tiers, previous=None, errors=None, refused=None, now=T0, generation=4
         previous=previous,
         now=now,
         refused=refused,
+        held=held,
     )
 
 
@@ -827,16 +828,7 @@ def test_without_pods_there_are_no_generations():
 def test_consumers_held_for_an_encoder_make_it_progressing_and_name_both_generations():
     tiers = {"encoder": TierInput(settled(1)), "decode": TierInput(settled(2))}
     held = [Held("Deployment", "vl-decode", "decode", runs="old", waits_for="new")]
-    st = derive_status(
-        tiers=tiers,
-        topology="E+PD",
-        endpoint=None,
-        observed_generation=2,
-        spec_errors=None,
-        previous=None,
-        now=T0,
-        held=held,
-    )
+    st = derive(tiers, held=held)
     assert st.phase == "Progressing"
     progressing = cond(st, "Progressing")
     assert (progressing.status, progressing.reason) == ("True", "WaitingForEncoders")
