@@ -102,6 +102,9 @@ def _missing_image(record: FaultRecord, row: Row) -> None:
     _no_failure(record, row)
     assert "ImagePull" in row.facts["status"] and row.facts["warning_events"] == 1, _show(row)
     assert row.facts["ready_encoders_while_failing"] == 2, _show(row)
+    # Encoders first: the consumers stay on their generation, with their encoders, while the new one fails.
+    assert row.facts["consumer_generations_while_failing"] == [row.facts["generation_before"]], _show(row)
+    assert row.facts["no_encoder_in_generation"] == 0, _show(row)
 
 
 def _operator_killed_mid_apply(record: FaultRecord, row: Row) -> None:
@@ -115,6 +118,8 @@ def _control_plane_restarted(record: FaultRecord, row: Row) -> None:
     writes = row.facts["operator_writes"]
     assert sum(writes.values()) <= 4, f"the operator rewrote what it had applied: {writes}"
     assert row.facts["container_restarts"] == 0, _show(row)
+    # A Lease it could not renew meanwhile makes it stand by, not exit: its container never restarts.
+    assert row.facts["operator_restarted"] is False, _show(row)
 
 
 def _kubelet_restarted(record: FaultRecord, row: Row) -> None:
