@@ -282,7 +282,7 @@ async def _act(
         # Leadership lost: stop writing at once (the Lease may already be someone else's), keep
         # watching, so the cache stays current, and stand by until the Lease is ours again.
         await _cancelled(reconciling)
-        health.role = "standby"
+        health.role, health.reconciler_task = "standby", None  # a standby is healthy: no restart
         metrics.leader.set(0)
         regained = asyncio.create_task(elector.acquire(), name="lease")
         done, _ = await asyncio.wait({regained, watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
