@@ -110,6 +110,7 @@ async def test_a_leader_that_loses_its_lease_stops_acting_stands_by_and_leads_ag
         await op.wait_for_role("standby")
         assert "leadership lost" in op.output
         health = await op.healthz()  # what the liveness probe reads: a standby is healthy, not restarted
+        assert health is not None
         assert (health["http_status"], health["status"], health["problems"]) == (200, "ok", []), health
         assert await op.metric("epd_operator_leader") == 0
         passes = await op.metric("epd_operator_reconciles_total")
