@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -105,8 +105,31 @@ async def refused(port: int) -> None:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
         except ConnectionRefusedError:
             return
+        except ConnectionResetError:
+            # The listener closed with this connection still in its accept queue: the kernel resets it.
+            # Closing has begun; the next attempt is refused.
+            await asyncio.sleep(0.05)
+            continue
         writer.close()
         await asyncio.sleep(0.05)
+
+
+Connect = Callable[[int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Connect]:
+    """Client connections to the router, closed when the test ends, whether it passed or not."""
+    opened: list[asyncio.StreamWriter] = []
+
+    async def open_(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        opened.append(writer)
+        return reader, writer
+
+    yield open_
+    for writer in opened:
+        writer.close()
 
 
 async def exit_code(proc: subprocess.Popen, within: float) -> int:
@@ -114,7 +137,7 @@ async def exit_code(proc: subprocess.Popen, within: float) -> int:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-async def test_sigterm_drains_what_is_in_flight_and_exits_0(tmp_path, workers):
+async def test_sigterm_drains_what_is_in_flight_and_exits_0(tmp_path, workers, connect):
     pd = FakeVLLM("pd", "d0")
     pd.knobs.reply_gate = asyncio.Event()  # the whole answer waits for it
     pd.knobs.stream_gate = asyncio.Event()  # the streamed answer waits for it after its first chunk
@@ -122,17 +145,17 @@ async def test_sigterm_drains_what_is_in_flight_and_exits_0(tmp_path, workers):
         log = tmp_path / "router.log"
         async with router_process(pd.url, log, "--drain-timeout", "30", "--workers", str(workers)) as (proc, port):
             # A: a whole reply in flight, and /health pipelined behind it on the same connection.
-            a_reader, a_writer = await asyncio.open_connection("127.0.0.1", port)
+            a_reader, a_writer = await connect(port)
             a_writer.write(post(CHAT) + GET_HEALTH)
             # B: a streamed reply, its first chunk already out.
-            b_reader, b_writer = await asyncio.open_connection("127.0.0.1", port)
+            b_reader, b_writer = await connect(port)
             b_writer.write(post(STREAM))
             status, headers = await read_head(b_reader)
             assert status == 200 and headers["transfer-encoding"] == "chunked"
             first = await read_chunk(b_reader)
             assert b"[0]" in first
             # C: an idle keep-alive connection.
-            c_reader, c_writer = await asyncio.open_connection("127.0.0.1", port)
+            c_reader, c_writer = await connect(port)
             c_writer.write(GET_HEALTH)
             status, headers, _ = await read_reply(c_reader)
             assert status == 200 and headers.get("connection") != "close"
@@ -168,13 +191,13 @@ async def test_sigterm_drains_what_is_in_flight_and_exits_0(tmp_path, workers):
     assert "draining: not accepting connections" in text and "every request in flight answered" in text, text
 
 
-async def test_the_drain_deadline_cuts_a_request_too_slow_and_exits_0(tmp_path):
+async def test_the_drain_deadline_cuts_a_request_too_slow_and_exits_0(tmp_path, connect):
     pd = FakeVLLM("pd", "d0")
     pd.knobs.reply_gate = asyncio.Event()  # never set: the answer never comes
     async with pd, asyncio.timeout(60):
         log = tmp_path / "router.log"
         async with router_process(pd.url, log, "--drain-timeout", "1") as (proc, port):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await connect(port)
             writer.write(post(CHAT))
             while not pd.received:
                 await asyncio.sleep(0.02)
