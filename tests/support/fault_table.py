@@ -27,6 +27,7 @@ import yaml
 
 from dev.cluster import LocalCluster
 from dev.images import VLLM_CPU_IMAGE, VLLM_STUB_IMAGE, build_vllm_stub, operator_image
+from epd_operator.api.labels import GENERATION_LABEL as GENERATION
 from tests.support.cluster import EPD_API, wait_for
 from tests.support.mission import Mission, all_ready, describe, load_clients
 from tests.support.real_node import is_ready
@@ -35,7 +36,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
 SERVED = "tiny-vl"
 ROLES = ("encoder", "decode", "router")
-GENERATION = "serving.epd.dev/compat-generation"
 SECOND = "tiny-vl-second"  # the EPDDeployment applied while the operator is killed
 OPERATOR_METRICS_PORT = 9090  # charts/epd-operator values: metrics.port
 

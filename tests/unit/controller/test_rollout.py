@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from epd_operator.api.labels import GENERATION_LABEL as GEN
+from epd_operator.api.labels import ROLE_LABEL
 from epd_operator.controller.rollout import Held, held_consumers, pod_labels
 from epd_operator.render import render
 from epd_operator.render.generation import compatibility_generation
 from tests.support.render_examples import NIXL_AUTOSCALED, SHARED_STORAGE, example
 
-GEN = "serving.epd.dev/compat-generation"
 NEW_IMAGE = "vllm/vllm-openai:v0.33.1"
 
 
@@ -20,7 +21,7 @@ def workloads(epd: Any) -> list[dict[str, Any]]:
 
 def encoder_pod(generation: str, ready: bool = True) -> dict[str, Any]:
     return {
-        "metadata": {"name": f"encoder-{generation}", "labels": {"serving.epd.dev/role": "encoder", GEN: generation}},
+        "metadata": {"name": f"encoder-{generation}", "labels": {ROLE_LABEL: "encoder", GEN: generation}},
         "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
@@ -54,7 +55,7 @@ def test_nothing_is_held_without_a_generation_change_a_live_consumer_or_encoder_
     # The encoder tier asks for no pod: nothing would ever release the consumers.
     no_encoders = copy.deepcopy(workloads(after))
     for w in no_encoders:
-        if pod_labels(w).get("serving.epd.dev/role") == "encoder":
+        if pod_labels(w).get(ROLE_LABEL) == "encoder":
             w["spec"]["replicas"] = 0
     assert held_consumers(no_encoders, workloads(before), []) == []
     # The router has no generation: it is never held.
