@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -65,12 +66,20 @@ async def test_kubectl_get_watch_goes_progressing_to_ready(ns):
         "--request-timeout=60s",
     ]
     watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
         ns.kubectl("apply", "-f", "-", input=yaml.safe_dump(epd_doc()))
         await phase(ns, "Ready", timeout=60)
+        # kubectl prints the Ready event a moment after the API server serves it: read until it has.
+        await wait_until(lambda: any("Ready" in line.split() for line in list(lines)), 30, lambda: "".join(lines))
     finally:
         watch.terminate()
-        out, _ = watch.communicate(timeout=10)
+        watch.wait(timeout=10)
+        reader.join(timeout=10)
+        watch.stdout.close()  # type: ignore[union-attr]
+    out = "".join(lines)
     known = {"Pending", "Progressing", "Ready", "Degraded", "Failed"}
     phases = [
         word for line in out.splitlines() if line.split()[1:2] == ["vl"] for word in line.split() if word in known
