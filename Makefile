@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s k8s-node cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-faults mutation images image-deps node-store-clean clean
+.PHONY: help install vllm-env k8s k8s-node node-images cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-faults mutation images image-deps node-store-clean clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,20 +28,26 @@ vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, i
 	$(BIN)/python -m dev.vllm_wheel
 
 # The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok), built once from the official Go modules into ~/.cache/epd-operator/k8s
-# (cold: tens of minutes on 2 cores, with progress), plus the oldest supported kube-apiserver, and
-# prometheus-adapter for the custom metrics API the encoder HPA reads (~/.cache/epd-operator/prometheus-adapter).
-k8s: install ## the Kubernetes control plane (1.37, and 1.34's kube-apiserver) and prometheus-adapter from source, cached
-	$(BIN)/python -m dev.cluster build
+# kube-scheduler, kubectl, kwok) and the real node's kubelet and kube-proxy, built once by one `go build`
+# from the official Go modules into ~/.cache/epd-operator/k8s (cold: tens of minutes on 2 cores, with
+# progress), and the cluster's DNS, CoreDNS, from the Go module proxy (~/.cache/epd-operator/coredns).
+k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet and kube-proxy (one go build) and CoreDNS
+	$(BIN)/python -m dev.cluster build --real-node
+	$(BIN)/python -m dev.coredns
+
+# Plus the oldest supported kube-apiserver, and prometheus-adapter for the custom metrics API the encoder
+# HPA reads (~/.cache/epd-operator/prometheus-adapter). `make test` builds these two in the background
+# while its tests run (dev/test_streams.py).
+k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver and prometheus-adapter, from source, cached
 	$(BIN)/python -m dev.cluster build --oldest
 	$(BIN)/python -m dev.prometheus_adapter
 
-# The real node's kubelet and kube-proxy, from the same module and `go build` as the control plane
-# (215 s more than the control plane alone, measured with its Go build cache warm on a busy 2-core machine),
-# and the cluster's DNS, CoreDNS, from the Go module proxy (~/.cache/epd-operator/coredns).
-k8s-node: install ## the kubelet and kube-proxy of the local cluster's real node, built like the control plane, and CoreDNS
-	$(BIN)/python -m dev.cluster build --real-node
-	$(BIN)/python -m dev.coredns
+# The node tier's images as archives (dev/images.py), built beside the Go builds: they copy files where
+# those compile. Only where a real node can run (root, buildah, mmdebstrap); elsewhere its tests skip.
+node-images: vllm-env ## the node tier's images as archives, without loading them (where a real node can run)
+	@if [ "$$(id -u)" = 0 ] && command -v buildah >/dev/null && command -v mmdebstrap >/dev/null; then \
+	  $(BIN)/python -m dev.images build pause coredns echo vllm-stub base operator vllm-cpu >/dev/null; \
+	else echo "make test: no root, buildah or mmdebstrap here: the node tier's images are not built and its tests skip"; fi
 
 # A local control plane with fake GPU nodes and a real node (containerd, runc, CNI, kubelet, kube-proxy,
 # in namespaces of its own: root and `apt-get install runc containerd containernetworking-plugins`),
@@ -64,13 +70,13 @@ lint: install ## ruff check, ruff format --check and mypy (what the pre-commit h
 	$(BIN)/mypy
 
 # The test tiers, one folder each, named by what they need (docs/development.md#test-tiers).
-# `make test` is lint plus every tier but `node` in one pytest run; .ci/run calls it.
-# The heavy caches build side by side: the vLLM venv is mostly downloading and unpacking, the Go
-# builds are CPU, so a cold run takes the longer of the two rather than their sum.
-test: install ## lint, then every test tier but node in one pytest run (CI: .ci/run)
-	$(MAKE) -j2 vllm-env k8s test-tools
+# `make test` is lint, then every tier in one pytest run with the node tier's quick part beside it and the
+# two late builds' tests last (dev/test_streams.py); .ci/run calls it. The caches build side by side: the
+# Go builds are CPU, the vLLM venv and the images mostly download, unpack and copy.
+test: install ## lint, then every test tier, the node tier's quick part beside the rest (CI: .ci/run)
+	$(MAKE) -j3 vllm-env k8s-node test-tools node-images
 	$(MAKE) lint
-	$(BIN)/pytest -m "not node"
+	$(BIN)/python -m dev.test_streams
 
 # Pure tests: no process, no socket, no heavy build; a fresh clone needs only the venv.
 test-unit: install ## the pure tier (tests/unit): needs only the venv

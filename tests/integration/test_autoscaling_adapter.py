@@ -47,7 +47,8 @@ ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "value
 LOAD = load_metric_name("encoder")
 # Items in flight per encoder pod; with the default target (4 per pod) 2 encoders ask for ceil(2*10/4) = 5.
 INFLIGHT = 10
-pytestmark = pytest.mark.timeout(600)
+# prometheus-adapter is a late build (dev/test_streams.py): `make test` runs this module once it is built.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
 
 
 def free_port() -> int:
