@@ -36,8 +36,8 @@ k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet 
 	$(BIN)/python -m dev.coredns
 
 # Plus the oldest supported kube-apiserver, and prometheus-adapter for the custom metrics API the encoder
-# HPA reads (~/.cache/epd-operator/prometheus-adapter). `make test` builds these two in the background
-# while its tests run (dev/test_streams.py).
+# HPA reads (~/.cache/epd-operator/prometheus-adapter): only six tests need them (marker late_build), which
+# `make test` runs once they are built; their cold builds would take it past its time budget.
 k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver and prometheus-adapter, from source, cached
 	$(BIN)/python -m dev.cluster build --oldest
 	$(BIN)/python -m dev.prometheus_adapter
@@ -70,9 +70,9 @@ lint: install ## ruff check, ruff format --check and mypy (what the pre-commit h
 	$(BIN)/mypy
 
 # The test tiers, one folder each, named by what they need (docs/development.md#test-tiers).
-# `make test` is lint, then every tier in one pytest run with the node tier's quick part beside it and the
-# two late builds' tests last (dev/test_streams.py); .ci/run calls it. The caches build side by side: the
-# Go builds are CPU, the vLLM venv and the images mostly download, unpack and copy.
+# `make test` is lint, then every tier in one pytest run with the node tier's quick part beside it
+# (dev/test_streams.py); .ci/run calls it. The caches build side by side: the Go builds are CPU, the vLLM
+# venv and the images mostly download, unpack and copy.
 test: install ## lint, then every test tier, the node tier's quick part beside the rest (CI: .ci/run)
 	$(MAKE) -j3 vllm-env k8s-node test-tools node-images
 	$(MAKE) lint

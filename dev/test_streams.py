@@ -1,18 +1,20 @@
-"""``make test``'s test run, once its caches are built: three things side by side.
+"""``make test``'s test run, once its caches are built: two pytest runs side by side.
 
-- **the tiers** (every tier but the node's) in one pytest run on the terminal;
-- **the node tier's quick part** (``-m "node and not long"``) beside them, its output in
-  ``build/test-node.log``, printed whole when it ends;
-- **the late builds**, the two binaries only a few tests need (the oldest supported kube-apiserver for
-  tests/integration/test_crd_install.py, prometheus-adapter for tests/integration/test_autoscaling_adapter.py),
-  built in the background at the lowest CPU priority when absent; the tests marked ``late_build`` run once
-  the tiers and those builds are done.
+- **the tiers** (every tier but the node's) on the terminal;
+- **the node tier's quick part** (``-m "node and not long"``) beside them at a lower CPU priority (nice 10:
+  its kubelet, containerd and pods inherit it), its output in ``build/test-node.log``, printed whole when it ends.
 
 Why: the tiers keep about one of two cores busy on average (they mostly wait on servers, vLLM and the control
-plane) and the node tier mostly waits on its pods, so side by side they take about as long as the longer
-of the two; a cold build of the late binaries fills the cycles they leave idle instead of delaying every test.
+plane) and the node tier mostly waits on its pods, so side by side they take about as long as the longer of
+the two. When both want the cores (vLLM starting in a tier's test and in a pod at once), the tiers' tests go
+first: their timeouts are the tighter ones.
 
-Exit status: 0 when every part passed, else the first failing part's pytest status (2 when a late build failed).
+The tests marked ``late_build`` need a binary nothing else needs and whose cold build would take a cold run
+past its time budget (the oldest supported kube-apiserver for tests/integration/test_crd_install.py,
+prometheus-adapter for tests/integration/test_autoscaling_adapter.py): they run when ``make k8s`` has built
+those binaries, and otherwise ``make test`` names them and the command that builds them.
+
+Exit status: 0 when both runs passed, else the first failing run's pytest status.
 
     python -m dev.test_streams        # what `make test` runs after `make lint`
 """
@@ -23,29 +25,30 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from . import prometheus_adapter
 from .k8s_binaries import CACHE, OLDEST, REPO
 
 BUILD = REPO / "build"
 NODE_LOG = BUILD / "test-node.log"
-LATE_LOG = BUILD / "late-builds.log"
 PYTEST = [sys.executable, "-m", "pytest"]
+# The two pytest runs, by marker: together they select every test but the node tier's long experiments,
+# each once; without the late binaries, the tiers' run leaves out the late_build tests
+# (tests/unit/dev/test_test_streams.py).
+TIERS = "not node"
+TIERS_WITHOUT_LATE = "not node and not late_build"
+NODE = "node and not long"
 
 
-def late_builds() -> list[tuple[str, list[str]]]:
-    """The late binaries still missing: (what, the command that builds it)."""
+def missing_late_binaries() -> list[str]:
+    """The late binaries not in the cache, by name."""
     missing = []
     if not os.access(CACHE / "k8s" / OLDEST / "kube-apiserver", os.X_OK):
-        missing.append((f"kube-apiserver {OLDEST}", [sys.executable, "-m", "dev.cluster", "build", "--oldest"]))
+        missing.append(f"kube-apiserver {OLDEST}")
     if not os.access(prometheus_adapter.BINARY, os.X_OK):
-        missing.append(
-            (f"prometheus-adapter {prometheus_adapter.VERSION}", [sys.executable, "-m", "dev.prometheus_adapter"])
-        )
+        missing.append(f"prometheus-adapter {prometheus_adapter.VERSION}")
     return missing
 
 
@@ -53,108 +56,52 @@ def say(msg: str) -> None:
     print(f"[make test] {msg}", flush=True)
 
 
-class Background:
-    """A child in a session of its own (its whole group is signalled), output to a log file."""
-
-    def __init__(self, argv: list[str], log: Path, *, nice: bool = False) -> None:
-        self.log = log.open("ab")
-        self.proc = subprocess.Popen(
-            (["nice", "-n", "19"] if nice else []) + argv,
+def main() -> int:
+    BUILD.mkdir(exist_ok=True)
+    NODE_LOG.unlink(missing_ok=True)
+    missing = missing_late_binaries()
+    if missing:
+        say(
+            f"not built: {', '.join(missing)}; the tests marked late_build (-m late_build) do not run: "
+            "`make k8s` builds them (long Go builds), then `make test` runs them"
+        )
+    say(f"the node tier's quick part runs beside the other tiers; its output: {NODE_LOG}")
+    with NODE_LOG.open("wb") as log:
+        # Its own session: signalled as a group by this process, not by the terminal. No cache provider:
+        # the tiers' run owns .pytest_cache.
+        node = subprocess.Popen(
+            ["nice", "-n", "10", *PYTEST, "-m", NODE, "-p", "no:cacheprovider"],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
-            stdout=self.log,
+            stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def wait(self) -> int:
-        try:
-            return self.proc.wait()
-        finally:
-            self.log.close()
-
-
-class LateBuilds(threading.Thread):
-    """Builds the missing late binaries one after another at nice 19; ``failed`` names those that failed."""
-
-    def __init__(self, todo: list[tuple[str, list[str]]]) -> None:
-        super().__init__(daemon=True)
-        self.todo = todo
-        self.failed: list[str] = []
-        self.current: Background | None = None
-        self.stopped = False
-
-    def run(self) -> None:
-        for what, argv in self.todo:
-            if self.stopped:
-                self.failed.append(what)
-                continue
-            started = time.monotonic()
-            self.current = Background(argv, LATE_LOG, nice=True)
-            if self.current.wait() != 0:
-                self.failed.append(what)
-            else:
-                say(f"late build: {what} built in {time.monotonic() - started:.0f} s")
-
-    def stop(self) -> None:
-        self.stopped = True
-        if self.current is not None:
-            self.current.stop()
-
-
-def main() -> int:
-    BUILD.mkdir(exist_ok=True)
-    NODE_LOG.unlink(missing_ok=True)
-    todo = late_builds()
-    late = LateBuilds(todo)
-    if todo:
-        LATE_LOG.unlink(missing_ok=True)
-        say(f"building {', '.join(w for w, _ in todo)} in the background at low priority ({LATE_LOG})")
-    late.start()
-    say(f"the node tier's quick part runs beside the other tiers; its output: {NODE_LOG}")
-    # No cache provider: the tiers' run owns .pytest_cache.
-    node = Background(PYTEST + ["-m", "node and not long", "-p", "no:cacheprovider"], NODE_LOG)
-
-    def stop_all(signum: int, _frame: FrameType | None) -> None:
-        late.stop()
-        node.stop()
+    def stop_node(signum: int, _frame: FrameType | None) -> NoReturn:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGTERM)  # its fixtures' reapers stop the cluster it started
+            node.wait()
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop_all)
+    signal.signal(signal.SIGTERM, stop_node)
     try:
-        tiers = subprocess.run(PYTEST + ["-m", "not node and not late_build"], cwd=REPO).returncode
-        if late.is_alive():
-            say("the tiers are done; waiting for the late builds")
-        late.join()
-        if late.failed:
-            say(f"late build failed: {', '.join(late.failed)} (its output: {LATE_LOG})")
-            if LATE_LOG.exists():
-                sys.stdout.write(LATE_LOG.read_text(errors="replace")[-4000:])
-            late_status = 2
-        else:
-            late_status = subprocess.run(
-                PYTEST + ["-m", "late_build and not node", "-p", "no:cacheprovider"], cwd=REPO
-            ).returncode
-        if node.proc.poll() is None:
-            say(f"waiting for the node tier ({NODE_LOG})")
+        tiers = subprocess.run(PYTEST + ["-m", TIERS_WITHOUT_LATE if missing else TIERS], cwd=REPO).returncode
+        if node.poll() is None:
+            say(f"the other tiers are done; waiting for the node tier ({NODE_LOG})")
         node_status = node.wait()
     except KeyboardInterrupt:
-        late.stop()
-        node.stop()
-        node.wait()
-        return 130
+        stop_node(signal.SIGINT, None)
     say("the node tier's quick part:")
     sys.stdout.write(NODE_LOG.read_text(errors="replace"))
-    statuses = {"the tiers": tiers, "the late-build tests": late_status, "the node tier": node_status}
-    failed = {part: status for part, status in statuses.items() if status != 0}
+    failed = {run: status for run, status in (("the tiers", tiers), ("the node tier", node_status)) if status != 0}
     if failed:
-        say("failed: " + ", ".join(f"{part} (exit {status})" for part, status in failed.items()))
+        say("failed: " + ", ".join(f"{run} (exit {status})" for run, status in failed.items()))
         return next(iter(failed.values()))
-    say("passed: the tiers, the late-build tests and the node tier's quick part")
+    say(
+        "passed: the tiers and the node tier's quick part"
+        + (f"; not run: -m late_build ({', '.join(missing)})" if missing else "")
+    )
     return 0
 
 

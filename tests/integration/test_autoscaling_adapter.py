@@ -47,7 +47,7 @@ ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "value
 LOAD = load_metric_name("encoder")
 # Items in flight per encoder pod; with the default target (4 per pod) 2 encoders ask for ceil(2*10/4) = 5.
 INFLIGHT = 10
-# prometheus-adapter is a late build (dev/test_streams.py): `make test` runs this module once it is built.
+# prometheus-adapter is a late build: `make test` runs this module once `make k8s` has built it (dev/test_streams.py).
 pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
 
 

@@ -19,7 +19,7 @@ from tests.support.operator_run import epd_doc
 REPO = Path(__file__).resolve().parents[2]
 
 
-# The oldest apiserver is a late build (dev/test_streams.py): `make test` runs its tests once it is built.
+# The oldest apiserver is a late build: `make test` runs its tests once `make k8s` has built it (dev/test_streams.py).
 @pytest.fixture(
     scope="module", params=[NEWEST, pytest.param(OLDEST, marks=pytest.mark.late_build)], ids=lambda v: f"k8s-{v}"
 )
