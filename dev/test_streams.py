@@ -31,6 +31,7 @@ from types import FrameType
 from typing import NoReturn
 
 from . import prometheus_adapter
+from .group_reaper import GroupReaper
 from .k8s_binaries import CACHE, OLDEST, REPO
 
 BUILD = REPO / "build"
@@ -69,6 +70,7 @@ def main() -> int:
             "`make k8s` builds them (long Go builds), then `make test` runs them"
         )
     say(f"the node tier's quick part runs beside the tiers that start no vLLM; its output: {NODE_LOG}")
+    reaper = GroupReaper()  # however this process ends, the node run ends with it
     with NODE_LOG.open("wb") as log:
         # Its own session: signalled as a group by this process, not by the terminal. No cache provider:
         # the tiers' run owns .pytest_cache.
@@ -80,11 +82,14 @@ def main() -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    reaper.watch(node.pid)
 
     def stop_node(signum: int, _frame: FrameType | None) -> NoReturn:
         if node.poll() is None:
             os.killpg(node.pid, signal.SIGTERM)  # its fixtures' reapers stop the cluster it started
             node.wait()
+        reaper.forget(node.pid)
+        reaper.close()
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop_node)
@@ -93,6 +98,8 @@ def main() -> int:
         if node.poll() is None:
             say(f"waiting for the node tier ({NODE_LOG}) before the e2e tier: both start vLLM")
         node_status = node.wait()
+        reaper.forget(node.pid)
+        reaper.close()
         say("the node tier's quick part:")
         sys.stdout.write(NODE_LOG.read_text(errors="replace"))
         say("the e2e tier")

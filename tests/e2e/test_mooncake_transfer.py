@@ -33,6 +33,7 @@ import pytest
 
 from dev import tiny_model, venv
 from dev.client import image_part, post
+from dev.group_reaper import GroupReaper
 from dev.plan import CPU_ENV, free_port
 
 pytestmark = [pytest.mark.usefixtures("vllm_ready"), pytest.mark.timeout(900)]
@@ -61,7 +62,11 @@ def transfer_engine() -> Path:
     return site
 
 
-def serve(role: str, port: int, logs: Path, site: Path, extra_config: dict, *flags: str) -> subprocess.Popen:
+def serve(
+    role: str, port: int, logs: Path, site: Path, reaper: GroupReaper, extra_config: dict, *flags: str
+) -> subprocess.Popen:
+    """vLLM in a session of its own (stopping it reaches its engine and workers), killed with this test run
+    however that ends (``reaper``)."""
     config = {
         "ec_connector": "ECMooncakeConnector",
         "ec_role": role,
@@ -76,7 +81,9 @@ def serve(role: str, port: int, logs: Path, site: Path, extra_config: dict, *fla
     argv += ["--port", str(port), "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4"]
     argv += ["--kv-cache-memory-bytes", str(BUFFER), "--ec-transfer-config", json.dumps(config), *flags]
     with open(logs / f"{role}.log", "wb") as log:
-        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    reaper.watch(proc.pid)
+    return proc
 
 
 def wait_healthy(procs: dict[str, tuple[subprocess.Popen, int]], logs: Path, timeout_s: float = 600) -> None:
@@ -114,13 +121,12 @@ def test_the_encoders_transfer_engine_writes_the_embedding_into_the_consumer_ove
     site = transfer_engine()
     ec_port, encoder_port, consumer_port = free_port(), free_port(), free_port()
     consumer_zmq = f"tcp://127.0.0.1:{ec_port}"
+    reaper = GroupReaper()
+    encoder_flags = ("--mm-encoder-only", "--no-enable-prefix-caching")
     procs = {
-        "encoder": (
-            serve("ec_producer", encoder_port, tmp_path, site, {}, "--mm-encoder-only", "--no-enable-prefix-caching"),
-            encoder_port,
-        ),
+        "encoder": (serve("ec_producer", encoder_port, tmp_path, site, reaper, {}, *encoder_flags), encoder_port),
         "consumer": (
-            serve("ec_consumer", consumer_port, tmp_path, site, {"ec_ip": "127.0.0.1", "ec_port": ec_port}),
+            serve("ec_consumer", consumer_port, tmp_path, site, reaper, {"ec_ip": "127.0.0.1", "ec_port": ec_port}),
             consumer_port,
         ),
     }
@@ -153,3 +159,5 @@ def test_the_encoders_transfer_engine_writes_the_embedding_into_the_consumer_ove
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            reaper.forget(proc.pid)
+        reaper.close()
