@@ -1,22 +1,21 @@
-"""``make test``'s test run, once its caches are built: three pytest runs.
+"""``make test``'s test run, once its caches are built: two pytest runs side by side.
 
-- **the node tier's quick part** (``-m "node and not long"``) in the background at a lower CPU priority (nice
-  10: its kubelet, containerd and pods inherit it), its output in ``build/test-node.log``, printed whole when it
-  ends;
-- beside it, on the terminal, **the tiers that start no vLLM** (unit, loopback, integration, helm);
-- once both are done, **the e2e tier** (real vLLM as local processes).
+- **the tiers** (every tier but the node's) on the terminal;
+- **the node tier's quick part** (``-m "node and not long"``) beside them at a lower CPU priority (nice 10:
+  its kubelet, containerd and pods inherit it), its output in ``build/test-node.log``, printed whole when it ends.
 
-Why: those tiers keep about one of two cores busy on average (they mostly wait on servers and the control
-plane) and the node tier mostly waits on its pods, so side by side they take about as long as the longer of
-the two. vLLM starting on the same two cores in a pod and in an e2e test at once is what does not fit:
-measured side by side, the e2e tier took over three times as long, and one of its vLLM starts passed its bound.
+Why: the tiers keep about one of two cores busy on average (they mostly wait on servers, vLLM and the control
+plane) and the node tier mostly waits on its pods, so side by side they take less than one after the other.
+When both want the cores (vLLM starting in an e2e test and in a pod at once), the tiers' tests go first: their
+timeouts are the tighter ones. Running the e2e tier after the node tier instead, so that vLLM never starts in
+both at once, only adds the e2e tier's minutes: the node tier went no faster (docs/development.md#tests).
 
 The tests marked ``late_build`` need a binary nothing else needs and whose cold build would take a cold run
 past its time budget (the oldest supported kube-apiserver for tests/integration/test_crd_install.py,
 prometheus-adapter for tests/integration/test_autoscaling_adapter.py): they run when ``make k8s`` has built
 those binaries, and otherwise ``make test`` names them and the command that builds them.
 
-Exit status: 0 when every run passed, else the first failing run's pytest status.
+Exit status: 0 when both runs passed, else the first failing run's pytest status.
 
     python -m dev.test_streams        # what `make test` runs after `make lint`
 """
@@ -37,13 +36,12 @@ from .k8s_binaries import CACHE, OLDEST, REPO
 BUILD = REPO / "build"
 NODE_LOG = BUILD / "test-node.log"
 PYTEST = [sys.executable, "-m", "pytest"]
-# The three pytest runs, by marker: together they select every test but the node tier's long experiments,
+# The two pytest runs, by marker: together they select every test but the node tier's long experiments,
 # each once; without the late binaries, the tiers' run leaves out the late_build tests
 # (tests/unit/dev/test_test_streams.py).
 NODE = "node and not long"
-TIERS = "not node and not e2e"
-TIERS_WITHOUT_LATE = "not node and not e2e and not late_build"
-E2E = "e2e"
+TIERS = "not node"
+TIERS_WITHOUT_LATE = "not node and not late_build"
 
 
 def missing_late_binaries() -> list[str]:
@@ -69,7 +67,7 @@ def main() -> int:
             f"not built: {', '.join(missing)}; the tests marked late_build (-m late_build) do not run: "
             "`make k8s` builds them (long Go builds), then `make test` runs them"
         )
-    say(f"the node tier's quick part runs beside the tiers that start no vLLM; its output: {NODE_LOG}")
+    say(f"the node tier's quick part runs beside the other tiers; its output: {NODE_LOG}")
     reaper = GroupReaper()  # however this process ends, the node run ends with it
     with NODE_LOG.open("wb") as log:
         # Its own session: signalled as a group by this process, not by the terminal. No cache provider:
@@ -96,23 +94,21 @@ def main() -> int:
     try:
         tiers = subprocess.run(PYTEST + ["-m", TIERS_WITHOUT_LATE if missing else TIERS], cwd=REPO).returncode
         if node.poll() is None:
-            say(f"waiting for the node tier ({NODE_LOG}) before the e2e tier: both start vLLM")
+            say(f"the other tiers are done; waiting for the node tier ({NODE_LOG})")
         node_status = node.wait()
         reaper.forget(node.pid)
         reaper.close()
-        say("the node tier's quick part:")
-        sys.stdout.write(NODE_LOG.read_text(errors="replace"))
-        say("the e2e tier")
-        e2e = subprocess.run(PYTEST + ["-m", E2E, "-p", "no:cacheprovider"], cwd=REPO).returncode
     except KeyboardInterrupt:
         stop_node(signal.SIGINT, None)
-    runs = (("the tiers", tiers), ("the node tier", node_status), ("the e2e tier", e2e))
+    say("the node tier's quick part:")
+    sys.stdout.write(NODE_LOG.read_text(errors="replace"))
+    runs = (("the tiers", tiers), ("the node tier", node_status))
     failed = {run: status for run, status in runs if status != 0}
     if failed:
         say("failed: " + ", ".join(f"{run} (exit {status})" for run, status in failed.items()))
         return next(iter(failed.values()))
     late = f"; not run: -m late_build ({', '.join(missing)})" if missing else ""
-    say(f"passed: the tiers, the node tier's quick part and the e2e tier{late}")
+    say(f"passed: the tiers and the node tier's quick part{late}")
     return 0
 
 

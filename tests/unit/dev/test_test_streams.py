@@ -1,4 +1,4 @@
-"""`make test`'s three pytest runs (dev/test_streams.py): what they select, and when the late_build tests run."""
+"""`make test`'s two pytest runs (dev/test_streams.py): what they select, and when the late_build tests run."""
 
 from __future__ import annotations
 
@@ -24,15 +24,13 @@ def selects(expr: str, marks: set[str]) -> bool:
 def test_every_test_runs_once_but_the_node_tiers_long_experiments(tier: str, late: bool, long: bool):
     marks = {tier} | ({"late_build"} if late else set()) | ({"long"} if long else set())
     for tiers in (test_streams.TIERS, test_streams.TIERS_WITHOUT_LATE):
-        runs = [selects(expr, marks) for expr in (test_streams.NODE, tiers, test_streams.E2E)]
+        runs = [selects(test_streams.NODE, marks), selects(tiers, marks)]
         if tier == "node":
-            assert runs == [not long, False, False]  # a node test needing a late binary builds it on first use
-        elif tier == "e2e":
-            assert runs == [False, False, True]  # alone: vLLM in a pod and in a test at once do not fit
+            assert runs == [not long, False]  # a node test needing a late binary builds it on first use
         elif late and tiers == test_streams.TIERS_WITHOUT_LATE:
-            assert runs == [False, False, False]
+            assert runs == [False, False]
         else:
-            assert runs == [False, True, False]
+            assert runs == [False, True]
 
 
 def test_the_late_binaries_are_looked_for_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
