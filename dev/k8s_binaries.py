@@ -26,6 +26,11 @@ def log(msg: str) -> None:
     print(f"[cluster] {msg}", file=sys.stderr, flush=True)
 
 
+def built(version: str, names: tuple[str, ...]) -> bool:
+    """Whether the cache holds these binaries of this version."""
+    return all(os.access(CACHE / "k8s" / version / b, os.X_OK) for b in names)
+
+
 def binaries(version: str = NEWEST, *, apiserver_only: bool = False, node: bool = False) -> Path:
     """The folder holding the control-plane binaries (with ``node``: the kubelet and kube-proxy too),
     built once when absent.
@@ -40,7 +45,7 @@ def binaries(version: str = NEWEST, *, apiserver_only: bool = False, node: bool 
     if assets is not None and from_assets == set(needed):
         return assets
     folder = CACHE / "k8s" / version
-    if any(b not in from_assets and not os.access(folder / b, os.X_OK) for b in needed):
+    if not built(version, tuple(b for b in needed if b not in from_assets)):
         what = "apiserver-only" if apiserver_only else "node" if node else "all"
         log(f"building the Kubernetes {version} control plane from the official Go modules (once; cached in {folder})")
         subprocess.run(["bash", str(BUILD_SCRIPT), version, what], check=True, stdout=subprocess.DEVNULL)
