@@ -7,8 +7,10 @@ the encoder and prefill+decode pods, which mount the tiny model from the node's 
 share the encoder cache through an RWX hostPath volume (`examples/epd-local-cpu.yaml`, unchanged).
 The tests run in file order on one deployment: probes pass, a request with an image answers through
 `kubectl port-forward` and through the Service's ClusterIP from a client pod, vLLM's own metrics
-show the encoder encoded the image once, a change to one tier rolls only that tier, and deleting the
-EPDDeployment removes every pod.
+show the encoder encoded the image once, the faults that restart no vLLM pod cost what their rows of
+the fault table allow (tests/support/fault_table.py, under load, with the router tier scaled to two),
+a change to one tier rolls only that tier, and deleting the EPDDeployment removes every pod. Then
+the E/P/D variant moves the KV cache between pods over NIXL.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import yaml
 from dev.client import chat_body, image_part, text_part
 from dev.images import VLLM_CPU_IMAGE, operator_image
 from tests.support.cluster import wait_for
+from tests.support.fault_checks import check
+from tests.support.fault_table import QUICK_REPLICAS, QUICK_ROWS, SECOND, FaultRecord, run_recorded
 from tests.support.mission import Mission, remove
 from tests.support.mission import all_ready as _allis_ready
 from tests.support.mission import describe as _describe
@@ -158,6 +162,53 @@ def test_a_chat_through_the_cluster_ip_from_a_client_pod(mission: Mission):
 
 def _uids(m: Mission) -> dict[str, set[str]]:
     return {role: {p["metadata"]["uid"] for p in m.pods(role)} for role in ("encoder", "decode", "router")}
+
+
+@dataclass
+class QuickFaults:
+    record: FaultRecord
+    vllm_before: dict[str, set[str]]
+    vllm_after: dict[str, set[str]]
+
+
+@pytest.fixture(scope="module")
+def quick_faults(mission: Mission, tmp_path_factory: pytest.TempPathFactory) -> QuickFaults:
+    """The fault rows that restart no vLLM pod, on this deployment: the example applied again with two
+    routers (only the router tier changes), the rows one after another under load, then the example as
+    shipped again (one router) for the tests after them."""
+    before = _uids(mission)
+    try:
+        record = run_recorded(
+            mission,
+            tmp_path_factory.mktemp("faults-quick"),
+            lambda line: print(line, file=sys.stderr),
+            QUICK_ROWS,
+            QUICK_REPLICAS,
+        )
+    finally:
+        remove(mission, SECOND)  # whatever a failed row left
+        mission.kube.kubectl("apply", "-f", str(EXAMPLE))
+        wait_for(
+            lambda: _allis_ready(mission) and len(mission.pods("router")) == 1,
+            600,
+            lambda: _describe(mission),
+            interval=2,
+        )
+    after = _uids(mission)
+    return QuickFaults(
+        record,
+        {role: before[role] for role in ("encoder", "decode")},
+        {role: after[role] for role in ("encoder", "decode")},
+    )
+
+
+@pytest.mark.parametrize("name", QUICK_ROWS)
+def test_a_fault_that_restarts_no_vllm_pod_costs_what_its_row_allows(quick_faults: QuickFaults, name: str):
+    check(quick_faults.record, name)
+
+
+def test_the_fault_rows_ran_on_this_deployments_vllm_pods_and_left_them_serving(quick_faults: QuickFaults):
+    assert quick_faults.vllm_after == quick_faults.vllm_before, "the faults or the router change replaced a vLLM pod"
 
 
 def test_a_change_of_one_tier_rolls_only_that_tier(mission: Mission):

@@ -8,18 +8,21 @@ previous one has recovered; a request belongs to a fault's row when it overlaps 
 (from the fault until the cluster says it has recovered, plus a settle period). Per row: requests
 sent, failed (by status or error), p99 latency, seconds to recover, and what the row checks besides.
 
-Shared by tests/node/test_faults.py (asserts each row's expectation) and `make bench-faults`
-(bench/faults.py writes bench/results/faults.md and .json).
+Shared by tests/node/test_faults.py (the whole table; tests/support/fault_checks.py asserts each row's
+expectation), tests/node/test_mission_loop.py (the rows that restart no vLLM pod, on the mission's own
+deployment) and `make bench-faults` (bench/faults.py writes bench/results/faults.md and .json).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +159,10 @@ class FaultTable:
         )
 
     def all_settled(self) -> bool:
-        return all(self.settled(role) for role in ROLES) and all_ready(self.m)
+        """The operator has acted on the EPDDeployment's current spec and every tier has settled on it."""
+        epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
+        seen = (epd.get("status") or {}).get("observedGeneration") == epd.get("metadata", {}).get("generation")
+        return seen and all(self.settled(role) for role in ROLES) and all_ready(self.m)
 
     def uids(self) -> dict[str, str]:
         return {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.m.kube.pods()}
@@ -166,6 +172,20 @@ class FaultTable:
 
     def router_metric(self, name: str, **labels: str) -> float:
         return sum(self.m.pod_metric(p, name, 9090, **labels) for p in self.m.pods("router"))
+
+    def router_requests(self) -> dict[str, float]:
+        """Requests each router pod has answered, by pod name (its own counter)."""
+        return {
+            p["metadata"]["name"]: self.m.pod_metric(p, "epd_router_requests_total", 9090)
+            for p in self.m.pods("router")
+        }
+
+    def every_router_serving(self, before: dict[str, float]) -> bool:
+        """Every router pod has answered requests through the Service since ``before`` (the counts then):
+        kube-proxy sends new connections to each, as the router rows assume. A router just scaled up is
+        Ready some seconds before the node's rules send it anything."""
+        now = self.router_requests()
+        return set(now) == set(before) and all(now[name] > before[name] for name in now)
 
     def operator_pod(self) -> dict[str, Any] | None:
         pods = self.m.system.list("v1", "Pod", labels={"app.kubernetes.io/name": "epd-operator"})
@@ -462,9 +482,28 @@ ROWS = (
 )
 EVERY_TIER_TWICE = {"encoder": 2, "decode": 2, "router": 2}
 # The rows that restart no vLLM pod, on one encoder, one prefill+decode pod and two routers: minutes
-# rather than tens of minutes on two cores (the node tier's share of the table outside `-m long`).
+# rather than tens of minutes on two cores. The mission loop runs them on the example it has applied
+# (applied again with two routers, only the router tier changes); the whole table is `-m long`.
 QUICK_ROWS = ("router_pod_deleted", "operator_killed_mid_apply", "control_plane_restarted", "kubelet_restarted")
 QUICK_REPLICAS = {"encoder": 1, "decode": 1, "router": 2}
+
+
+def run_recorded(
+    m: Mission, tmp: Path, say: Callable[[str], None], rows: tuple[str, ...], replicas: dict[str, int]
+) -> FaultRecord:
+    """:func:`run_table`, its record also written to ``tmp/faults.json`` (``python -m bench.faults
+    --from-record`` turns it into the results table)."""
+    started, t = datetime.now(UTC), time.monotonic()
+    record = run_table(m, tmp, say=say, rows=rows, replicas=replicas)
+    raw = {
+        "started": started.isoformat(),
+        "wall": time.monotonic() - t,
+        "load_average": list(os.getloadavg()),
+        "record": record.to_json(),
+    }
+    (tmp / "faults.json").write_text(json.dumps(raw, indent=1))
+    say(f"fault record (python -m bench.faults --from-record): {tmp / 'faults.json'}")
+    return record
 
 
 def run_table(
@@ -484,8 +523,12 @@ def run_table(
     records = tmp / "fault-requests.jsonl"
     with load_clients(m, records, tmp / "fault-load-client.log", SERVED) as client:
         assert client.stdin is not None
+        routers = table.router_requests()
         client.stdin.write(f"steady {clients} 1 {pause}\n")
         client.stdin.flush()
+        table.wait(
+            lambda: table.every_router_serving(routers), 300, "the router Service sending requests to every router"
+        )
         time.sleep(table.settle)
         for name in rows:
             with contextlib.suppress(RowFailed):  # the row says why; the next one runs

@@ -1,0 +1,88 @@
+"""What each fault row of the table (tests/support/fault_table.py) must show, in its figures and facts:
+the expectation a row states in words, as assertions. Used by tests/node/test_faults.py (the whole
+table) and tests/node/test_mission_loop.py (the rows that restart no vLLM pod)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+
+from tests.support.fault_table import FaultRecord, Row
+
+
+def _show(row: Row) -> str:
+    return json.dumps(dataclasses.asdict(row), indent=1)
+
+
+def _no_failure(record: FaultRecord, row: Row) -> None:
+    assert row.sent > 0 and row.failures == 0, _show(row)
+
+
+def _encoder_pod_deleted(record: FaultRecord, row: Row) -> None:
+    _no_failure(record, row)
+
+
+def _all_encoders_deleted(record: FaultRecord, row: Row) -> None:
+    _no_failure(record, row)
+    assert row.facts["fallback_requests"] > 0, "requests went to the consumer raw while no encoder was up"
+
+
+def _only_requests_in_flight_fail(record: FaultRecord, row: Row) -> None:
+    assert row.sent > 0, _show(row)
+    assert row.failures == row.failed_started_before, f"a request that started after the fault failed: {_show(row)}"
+    assert row.failures <= record.load["clients"], _show(row)
+
+
+def _rolling_image_change(record: FaultRecord, row: Row) -> None:
+    _no_failure(record, row)
+    assert row.facts["generations_seen"] >= 2, "the change made a new generation"
+
+
+def _missing_image(record: FaultRecord, row: Row) -> None:
+    _no_failure(record, row)
+    assert "ImagePull" in row.facts["status"] and row.facts["warning_events"] == 1, _show(row)
+    assert row.facts["ready_encoders_while_failing"] == 2, _show(row)
+    # Encoders first: the consumers stay on their generation, with their encoders, while the new one fails.
+    assert row.facts["consumer_generations_while_failing"] == [row.facts["generation_before"]], _show(row)
+    assert row.facts["no_encoder_in_generation"] == 0, _show(row)
+
+
+def _operator_killed_mid_apply(record: FaultRecord, row: Row) -> None:
+    assert row.facts["missing"] == [] and row.facts["unexpected"] == [], _show(row)
+    assert row.facts["pods_per_tier"] == {"encoder": 1, "decode": 1, "router": 1}, _show(row)
+    assert row.failures == 0, f"the serving deployment lost requests: {_show(row)}"
+
+
+def _control_plane_restarted(record: FaultRecord, row: Row) -> None:
+    _no_failure(record, row)
+    writes = row.facts["operator_writes"]
+    assert sum(writes.values()) <= 4, f"the operator rewrote what it had applied: {writes}"
+    assert row.facts["container_restarts"] == 0, _show(row)
+    # A Lease it could not renew meanwhile makes it stand by, not exit: its container never restarts.
+    assert row.facts["operator_restarted"] is False, _show(row)
+
+
+def _kubelet_restarted(record: FaultRecord, row: Row) -> None:
+    _no_failure(record, row)
+    assert row.facts["pods_replaced"] == [] and row.facts["container_restarts"] == 0, _show(row)
+
+
+CHECKS: dict[str, Callable[[FaultRecord, Row], None]] = {
+    "encoder_pod_deleted": _encoder_pod_deleted,
+    "all_encoders_deleted": _all_encoders_deleted,
+    "decode_pod_deleted": _only_requests_in_flight_fail,
+    "router_pod_deleted": _only_requests_in_flight_fail,
+    "rolling_image_change": _rolling_image_change,
+    "missing_image": _missing_image,
+    "operator_killed_mid_apply": _operator_killed_mid_apply,
+    "control_plane_restarted": _control_plane_restarted,
+    "kubelet_restarted": _kubelet_restarted,
+}
+
+
+def check(record: FaultRecord, name: str) -> None:
+    """The row completed and shows what its expectation says."""
+    row = record.row(name)
+    assert "error" not in row.facts, _show(row)
+    CHECKS[name](record, row)
