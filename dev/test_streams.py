@@ -1,14 +1,17 @@
 """``make test``'s test run, once its caches are built: two pytest runs side by side.
 
 - **the tiers** (every tier but the node's) on the terminal;
-- **the node tier's quick part** (``-m "node and not long"``) beside them at a lower CPU priority (nice 10:
-  its kubelet, containerd and pods inherit it), its output in ``build/test-node.log``, printed whole when it ends.
+- **the node tier's quick part** (``-m "node and not long"``) beside them, its output in ``build/test-node.log``,
+  printed whole when it ends. Its modules that start no vLLM (the real node, its image store) come first, while
+  the e2e tier, first in the tiers' run, starts its vLLM servers; its mission loop's vLLM pods start later.
 
-Why: the tiers keep about one of two cores busy on average (they mostly wait on servers, vLLM and the control
-plane) and the node tier mostly waits on its pods, so side by side they take less than one after the other.
-When both want the cores (vLLM starting in an e2e test and in a pod at once), the tiers' tests go first: their
-timeouts are the tighter ones. Running the e2e tier after the node tier instead, so that vLLM never starts in
-both at once, only adds the e2e tier's minutes: the node tier went no faster (docs/development.md#tests).
+Why: neither run keeps both cores busy on its own (the tiers wait on servers, vLLM and control planes; the node
+tier on its pods), so side by side they take less than one after the other. The node run is at nice 10, so its
+control plane yields to the tiers' processes, whose timeouts are the tighter ones; the node itself (kubelet,
+containerd, kube-proxy, the pods) runs in the node's cgroup, which the kernel weighs against the tiers'
+processes as one process of nice 0. Running the
+e2e tier after the node tier instead, so that vLLM never starts in both at once, only adds the e2e tier's
+minutes: the node tier went no faster (docs/development.md#tests).
 
 The tests marked ``late_build`` need a binary nothing else needs and whose cold build would take a cold run
 past its time budget (the oldest supported kube-apiserver for tests/integration/test_crd_install.py,
@@ -29,9 +32,9 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-from . import prometheus_adapter
+from . import k8s_binaries, prometheus_adapter
 from .group_reaper import GroupReaper
-from .k8s_binaries import CACHE, OLDEST, REPO
+from .k8s_binaries import OLDEST, REPO
 
 BUILD = REPO / "build"
 NODE_LOG = BUILD / "test-node.log"
@@ -42,12 +45,24 @@ PYTEST = [sys.executable, "-m", "pytest"]
 NODE = "node and not long"
 TIERS = "not node"
 TIERS_WITHOUT_LATE = "not node and not late_build"
+# The node tier's modules that start no vLLM run first, while the e2e tier (first in the tiers' run)
+# starts its vLLM servers; the node tier's own vLLM pods start once the tiers have moved on.
+NODE_DIR = REPO / "tests" / "node"
+NODE_FIRST = ("test_real_node.py", "test_node_store.py")
+
+
+def node_modules() -> list[str]:
+    """The node tier's test modules in the order its run takes them (pytest collects a folder's
+    files by name, so they are named one by one)."""
+    names = sorted(p.name for p in NODE_DIR.glob("test_*.py"))
+    ordered = [n for n in NODE_FIRST if n in names] + [n for n in names if n not in NODE_FIRST]
+    return [str((NODE_DIR / n).relative_to(REPO)) for n in ordered]
 
 
 def missing_late_binaries() -> list[str]:
     """The late binaries not in the cache, by name."""
     missing = []
-    if not os.access(CACHE / "k8s" / OLDEST / "kube-apiserver", os.X_OK):
+    if not k8s_binaries.built(OLDEST, ("kube-apiserver",)):
         missing.append(f"kube-apiserver {OLDEST}")
     if not os.access(prometheus_adapter.BINARY, os.X_OK):
         missing.append(f"prometheus-adapter {prometheus_adapter.VERSION}")
@@ -73,7 +88,7 @@ def main() -> int:
         # Its own session: signalled as a group by this process, not by the terminal. No cache provider:
         # the tiers' run owns .pytest_cache.
         node = subprocess.Popen(
-            ["nice", "-n", "10", *PYTEST, "-m", NODE, "-p", "no:cacheprovider"],
+            ["nice", "-n", "10", *PYTEST, "-m", NODE, "-p", "no:cacheprovider", *node_modules()],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=log,

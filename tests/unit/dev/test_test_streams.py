@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from dev import prometheus_adapter, test_streams
+from dev import k8s_binaries, prometheus_adapter, test_streams
 from dev.k8s_binaries import OLDEST
 from tests.conftest import TIERS
 
@@ -34,7 +34,7 @@ def test_every_test_runs_once_but_the_node_tiers_long_experiments(tier: str, lat
 
 
 def test_the_late_binaries_are_looked_for_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(test_streams, "CACHE", tmp_path)
+    monkeypatch.setattr(k8s_binaries, "CACHE", tmp_path)
     adapter = tmp_path / "prometheus-adapter" / "adapter"
     monkeypatch.setattr(prometheus_adapter, "BINARY", adapter)
     assert test_streams.missing_late_binaries() == [
@@ -48,3 +48,10 @@ def test_the_late_binaries_are_looked_for_in_the_cache(tmp_path: Path, monkeypat
         binary.write_text("")
         binary.chmod(0o755)
     assert test_streams.missing_late_binaries() == []
+
+
+def test_the_node_run_takes_every_node_module_once_those_that_start_no_vllm_first():
+    modules = test_streams.node_modules()
+    every = sorted(str(p.relative_to(test_streams.REPO)) for p in test_streams.NODE_DIR.glob("test_*.py"))
+    assert sorted(modules) == every and len(set(modules)) == len(modules)
+    assert [Path(m).name for m in modules[: len(test_streams.NODE_FIRST)]] == list(test_streams.NODE_FIRST)
