@@ -1,17 +1,18 @@
 """``make test``'s test run, once its caches are built: two pytest runs side by side.
 
-- **the tiers** (every tier but the node's) on the terminal;
+- **the tiers** (every tier but the node's) on the terminal, the e2e tier last;
 - **the node tier's quick part** (``-m "node and not long"``) beside them, its output in ``build/test-node.log``,
-  printed whole when it ends. Its modules that start no vLLM (the real node, its image store) come first, while
-  the e2e tier, first in the tiers' run, starts its vLLM servers; its mission loop's vLLM pods start later.
+  printed whole when it ends. Its mission loop, which starts vLLM pods, comes first, while the other tiers
+  (unit, loopback, helm, integration: about one core busy) run; the e2e tier's vLLM servers start later.
 
-Why: neither run keeps both cores busy on its own (the tiers wait on servers, vLLM and control planes; the node
-tier on its pods), so side by side they take less than one after the other. The node run is at nice 10, so its
+Why: apart from the e2e tier's vLLM starts, neither run keeps both cores busy on its own (the tiers wait on
+servers and control planes, the node tier on its pods), so side by side they take less than one after the other,
+and the e2e tier's vLLM starts least beside the node tier's when they come last. The node run is at nice 10, so its
 control plane yields to the tiers' processes, whose timeouts are the tighter ones; the node itself (kubelet,
 containerd, kube-proxy, the pods) runs in the node's cgroup, which the kernel weighs against the tiers'
-processes as one process of nice 0. Running the
-e2e tier after the node tier instead, so that vLLM never starts in both at once, only adds the e2e tier's
-minutes: the node tier went no faster (docs/development.md#tests).
+processes as one process of nice 0. Running the e2e tier only once the node tier has finished, so that vLLM
+never starts in both at once, only adds the e2e tier's minutes: the node tier went no faster
+(docs/development.md#tests).
 
 The tests marked ``late_build`` need a binary nothing else needs and whose cold build would take a cold run
 past its time budget (the oldest supported kube-apiserver for tests/integration/test_crd_install.py,
@@ -45,18 +46,10 @@ PYTEST = [sys.executable, "-m", "pytest"]
 NODE = "node and not long"
 TIERS = "not node"
 TIERS_WITHOUT_LATE = "not node and not late_build"
-# The node tier's modules that start no vLLM run first, while the e2e tier (first in the tiers' run)
-# starts its vLLM servers; the node tier's own vLLM pods start once the tiers have moved on.
-NODE_DIR = REPO / "tests" / "node"
-NODE_FIRST = ("test_real_node.py", "test_node_store.py")
-
-
-def node_modules() -> list[str]:
-    """The node tier's test modules in the order its run takes them (pytest collects a folder's
-    files by name, so they are named one by one)."""
-    names = sorted(p.name for p in NODE_DIR.glob("test_*.py"))
-    ordered = [n for n in NODE_FIRST if n in names] + [n for n in names if n not in NODE_FIRST]
-    return [str((NODE_DIR / n).relative_to(REPO)) for n in ordered]
+# The tiers' folders in the order their run takes them: the e2e tier, which starts vLLM servers on both
+# cores, last; the others keep about one core busy while the node tier starts its cluster and the mission
+# loop's vLLM pods (tests/unit/dev/test_test_streams.py checks that every tier but the node's is here).
+TIER_FOLDERS = ("tests/unit", "tests/loopback", "tests/helm", "tests/integration", "tests/e2e")
 
 
 def missing_late_binaries() -> list[str]:
@@ -88,7 +81,7 @@ def main() -> int:
         # Its own session: signalled as a group by this process, not by the terminal. No cache provider:
         # the tiers' run owns .pytest_cache.
         node = subprocess.Popen(
-            ["nice", "-n", "10", *PYTEST, "-m", NODE, "-p", "no:cacheprovider", *node_modules()],
+            ["nice", "-n", "10", *PYTEST, "-m", NODE, "-p", "no:cacheprovider"],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -107,7 +100,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop_node)
     try:
-        tiers = subprocess.run(PYTEST + ["-m", TIERS_WITHOUT_LATE if missing else TIERS], cwd=REPO).returncode
+        tiers_run = [*PYTEST, "-m", TIERS_WITHOUT_LATE if missing else TIERS, *TIER_FOLDERS]
+        tiers = subprocess.run(tiers_run, cwd=REPO).returncode
         if node.poll() is None:
             say(f"the other tiers are done; waiting for the node tier ({NODE_LOG})")
         node_status = node.wait()

@@ -50,8 +50,6 @@ def test_the_late_binaries_are_looked_for_in_the_cache(tmp_path: Path, monkeypat
     assert test_streams.missing_late_binaries() == []
 
 
-def test_the_node_run_takes_every_node_module_once_those_that_start_no_vllm_first():
-    modules = test_streams.node_modules()
-    every = sorted(str(p.relative_to(test_streams.REPO)) for p in test_streams.NODE_DIR.glob("test_*.py"))
-    assert sorted(modules) == every and len(set(modules)) == len(modules)
-    assert [Path(m).name for m in modules[: len(test_streams.NODE_FIRST)]] == list(test_streams.NODE_FIRST)
+def test_the_tiers_run_names_every_tier_folder_but_the_nodes_once():
+    assert sorted(test_streams.TIER_FOLDERS) == sorted(f"tests/{t}" for t in TIERS if t != "node")
+    assert test_streams.TIER_FOLDERS[-1] == "tests/e2e"
