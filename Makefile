@@ -32,14 +32,14 @@ vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, i
 # from the official Go modules into ~/.cache/epd-operator/k8s (cold: tens of minutes on 2 cores, with
 # progress), and the cluster's DNS, CoreDNS, from the Go module proxy (~/.cache/epd-operator/coredns).
 k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet and kube-proxy (one go build) and CoreDNS
-	$(BIN)/python -m dev.cluster build --real-node
+	$(BIN)/python -m dev.cluster_cli build --real-node
 	$(BIN)/python -m dev.coredns
 
 # Plus the oldest supported kube-apiserver, and prometheus-adapter for the custom metrics API the encoder
 # HPA reads (~/.cache/epd-operator/prometheus-adapter): only six tests need them (marker late_build), which
 # `make test` runs once they are built; their cold builds would take it past its time budget.
 k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver and prometheus-adapter, from source, cached
-	$(BIN)/python -m dev.cluster build --oldest
+	$(BIN)/python -m dev.cluster_cli build --oldest
 	$(BIN)/python -m dev.prometheus_adapter
 
 # The node tier's images as archives (dev/images.py), built beside the Go builds: they copy files where
@@ -53,10 +53,10 @@ node-images: vllm-env ## the node tier's images as archives, without loading the
 # in namespaces of its own: root and `apt-get install runc containerd containernetworking-plugins`),
 # in the background: prints the kubeconfig and how to stop it. `make images` loads the images into it.
 cluster: k8s-node ## start a local control plane with fake GPU nodes and a real node in the background
-	$(BIN)/python -m dev.cluster up --detach --real-node
+	$(BIN)/python -m dev.cluster_cli up --detach --real-node
 
 cluster-down: install ## stop the local control plane
-	$(BIN)/python -m dev.cluster down
+	$(BIN)/python -m dev.cluster_cli down
 
 # The real node's image store (~/.cache/epd-operator/node/containerd): containerd roots kept between
 # clusters so that images are imported once. Refused while a cluster's node holds a slot.

@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dev.ports import free_port
+
 from . import thirdparty
-from .procs import free_port
 
 CHAT_PATH = "/v1/chat/completions"
 

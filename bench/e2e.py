@@ -136,7 +136,8 @@ def _set(argv: list[str], flag: str, value: str) -> list[str]:
 
 def build_plan(workdir: Path):
     """The local plan of the rendered deployment, with the encoder Deployment's 2 replicas as 2 processes."""
-    from dev.plan import ENCODER, ROUTER, free_port
+    from dev.plan import ENCODER, ROUTER
+    from dev.ports import free_port
     from dev.runner import local_plan
 
     spec, changes = _spec()

@@ -32,8 +32,10 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from dev.ports import free_port
+
 from .overhead import ROUTER_CORE
-from .procs import commit, cpu_model, cpu_seconds, free_port, peak_rss_mib, start
+from .procs import commit, cpu_model, cpu_seconds, peak_rss_mib, start
 from .report import Target, table
 
 REPO = Path(__file__).resolve().parents[1]

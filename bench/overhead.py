@@ -20,9 +20,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dev.ports import free_port
+
 from . import contenders as C
 from .loadgen import LoadResult, run_wrk
-from .procs import Proc, cpu_seconds, free_port, peak_rss_mib, start, start_server, wait_http
+from .procs import Proc, cpu_seconds, peak_rss_mib, start, start_server, wait_http
 from .report import Target, table
 from .workload import chat_request, write_bodies
 

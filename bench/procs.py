@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -17,15 +16,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from dev.ports import free_port
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_NICE = -20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpus() -> list[int]:

@@ -24,10 +24,12 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from dev.ports import free_port
+
 from . import contenders as C
 from .backends import COMPLETION, encoder_report
 from .overhead import ROUTER_CORE
-from .procs import free_port, start_server
+from .procs import start_server
 from .report import Target, table
 from .workload import chat_request
 

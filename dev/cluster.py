@@ -11,24 +11,21 @@ real; the fake GPU nodes then carry the ``nvidia.com/gpu`` NoSchedule taint, whi
 tolerate (the ExtendedResourceToleration admission plugin, as on clouds' GPU pools), so only GPU pods
 land on them.
 
-    python -m dev.cluster up [--detach]   # prints the kubeconfig path and how to stop
-    python -m dev.cluster down
+    python -m dev.cluster_cli up [--detach]   # prints the kubeconfig path and how to stop (dev/cluster_cli.py)
+    python -m dev.cluster_cli down
 
 The tests use :class:`LocalCluster` directly (``tests/support/cluster.py``). Every process it starts
-is tied to it: they get SIGKILL when the supervising Python process dies (``PR_SET_PDEATHSIG``), so
+is tied to it: they get SIGKILL when the supervising Python process dies (``dev/lifetimes.py``), so
 a crashed run leaves nothing listening.
 """
 
 from __future__ import annotations
 
 import base64
-import ctypes
 import dataclasses
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,15 +41,10 @@ from .cluster_api import ClusterApi, ClusterError
 from .cluster_pki import ADMIN_TOKEN_USER, kubeconfig, make_pki
 from .fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, GPU, FakeNode
 from .k8s_binaries import NEWEST, OLDEST, binaries, log
-from .real_node import (
-    APT_PACKAGES,
-    CLUSTER_DNS_IP,
-    CLUSTER_DOMAIN,
-    SERVICE_CIDR,
-    RealNode,
-    RealNodeSpec,
-    missing_runtime,
-)
+from .lifetimes import die_with_parent
+from .node_kube_config import CLUSTER_DNS_IP, CLUSTER_DOMAIN, SERVICE_CIDR
+from .ports import free_port
+from .real_node import RealNode, RealNodeSpec, unavailable
 
 # What the tests and the benchmarks import from here.
 __all__ = [
@@ -64,7 +56,6 @@ __all__ = [
     "RealNode",
     "RealNodeSpec",
     "binaries",
-    "free_port",
 ]
 # Fake GPU nodes beside a real node: only pods that ask for GPUs (and so tolerate this) land on them.
 GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
@@ -99,25 +90,6 @@ CONTROLLERS = tuple(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-# ------------------------------------------------------------------------------------ processes
-
-_PR_SET_PDEATHSIG = 1
-# Loaded here, not in the child: the client library's thread may be running when we fork, and a
-# dlopen in the child could wait forever on a lock that thread held at the fork.
-_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.setpgrp()  # a Ctrl-C in the terminal reaches the supervisor, which stops us in order
-
-
 @dataclasses.dataclass
 class Component:
     name: str
@@ -132,7 +104,7 @@ class Component:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             env=env,
         )
         out.close()
@@ -199,8 +171,8 @@ class LocalCluster(ClusterApi):
 
     def start(self) -> None:
         started = time.monotonic()
-        if self.real_node_specs and (missing := missing_runtime()):
-            raise ClusterError(f"a real node needs {', '.join(missing)}: apt-get install -y {APT_PACKAGES}")
+        if self.real_node_specs and (why := unavailable()) is not None:
+            raise ClusterError(why)  # before anything starts
         self.bin = binaries(self.version, apiserver_only=self.apiserver_only, node=bool(self.real_node_specs))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.real_nodes = [self._real_node(spec) for spec in self.real_node_specs]
@@ -508,12 +480,6 @@ class LocalCluster(ClusterApi):
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.kubectl_argv(*args), input=input, text=True, capture_output=True, check=check)
-
-
-if __name__ == "__main__":
-    from .cluster_cli import main
-
-    sys.exit(main())
 
 
 def _component_flags(kubeconfig: str) -> list[str]:

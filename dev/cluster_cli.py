@@ -1,6 +1,6 @@
-"""``python -m dev.cluster up [--detach] [--real-node] | down | build``: a local control plane for a
-person (``make cluster``), kept running in the background until ``down``; ``make images`` loads
-images into its real node (:func:`load_images`)."""
+"""``python -m dev.cluster_cli up [--detach] [--real-node] | down | build``: a local control plane
+(``dev/cluster.py``) for a person (``make cluster``), kept running in the background until ``down``;
+what it leaves for other commands (its kubeconfig, its real node's address) is ``dev/cluster_state.py``'s."""
 
 from __future__ import annotations
 
@@ -12,21 +12,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from .cluster import ClusterError, LocalCluster, RealNodeSpec
-from .k8s_binaries import CACHE, NEWEST, OLDEST, binaries
-from .real_node import import_archive
-
-STATE_DIR = CACHE / "cluster"
-REAL_NODE_STATE = STATE_DIR / "real-node.json"
+from .cluster import LocalCluster, RealNodeSpec
+from .cluster_state import REAL_NODE_STATE, STATE_DIR, running_pid
+from .k8s_binaries import NEWEST, OLDEST, binaries
 
 
 def _up(args: argparse.Namespace) -> int:
     if args.detach:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         log = STATE_DIR / "supervisor.log"
-        if _running_pid() is not None:
+        if running_pid() is not None:
             print("a local cluster is already running; stop it with `make cluster-down`", file=sys.stderr)
             return 1
         (STATE_DIR / "ready").unlink(missing_ok=True)  # left by a supervisor that was killed
@@ -35,7 +31,7 @@ def _up(args: argparse.Namespace) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "dev.cluster",
+                    "dev.cluster_cli",
                     "up",
                     "--version",
                     args.version,
@@ -91,7 +87,7 @@ def _up(args: argparse.Namespace) -> int:
             f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.\n"
             f"  export KUBECONFIG={kc}\n"
             f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
-            f"  stop it with: make cluster-down   (or: python -m dev.cluster down)\n"
+            f"  stop it with: make cluster-down   (or: python -m dev.cluster_cli down)\n"
         )
         (STATE_DIR / "ready").write_text(message)
         print(message, end="", flush=True)
@@ -103,35 +99,8 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_images(archives: list[Path]) -> int:
-    """Import image archives into the running local cluster's real node (``make images``)."""
-    if _running_pid() is None or not REAL_NODE_STATE.exists():
-        print("no local cluster with a real node is running: images built, not loaded (make cluster)", file=sys.stderr)
-        return 0
-    state = json.loads(REAL_NODE_STATE.read_text())
-    try:
-        for archive in archives:
-            if import_archive(state["enter"], Path(state["socket"]), archive):
-                print(f"loaded {archive.name} into {state['name']}", file=sys.stderr)
-            else:
-                print(f"{archive.name}: already in {state['name']}", file=sys.stderr)
-    except ClusterError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return 0
-
-
-def _running_pid() -> int | None:
-    try:
-        pid = int((STATE_DIR / "pid").read_text())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
-    return pid
-
-
 def _down(_: argparse.Namespace) -> int:
-    pid = _running_pid()
+    pid = running_pid()
     if pid is None:
         print("no local cluster is running", file=sys.stderr)
         return 0
@@ -152,7 +121,7 @@ def _down(_: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dev.cluster",
+        prog="python -m dev.cluster_cli",
         description="A real Kubernetes control plane on this machine, with fake GPU nodes.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -173,3 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         print(binaries(OLDEST, apiserver_only=True) if args.oldest else binaries(args.version, node=args.real_node))
         return 0
     return _down(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

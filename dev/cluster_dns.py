@@ -17,7 +17,7 @@ import socket
 import struct
 from typing import Any
 
-from .real_node import CLUSTER_DNS_IP, CLUSTER_DOMAIN, REAL_NODE_LABEL
+from .node_kube_config import CLUSTER_DNS_IP, CLUSTER_DOMAIN, REAL_NODE_LABEL
 
 NAMESPACE = "kube-system"
 NAME = "coredns"

@@ -41,10 +41,11 @@ from typing import Any
 import yaml
 
 from . import coredns, venv
-from .k8s_binaries import CACHE, REPO
+from .cluster_state import load_images
+from .node_containerd import PAUSE_IMAGE
 from .oci import single_file_layer, write_archive, write_layered_archive
+from .paths import CACHE, REPO
 from .plan import CPU_NIXL_DIR, CPU_NIXL_ENV
-from .real_node import PAUSE_IMAGE
 
 IMAGES = CACHE / "images"
 ECHO_IMAGE = "localhost/epd-echo:dev"
@@ -398,8 +399,6 @@ def main(argv: list[str] | None = None) -> int:
     for archive in archives.values():
         print(archive)
     if args.command == "load":
-        from .cluster_cli import load_images
-
         return load_images(list(archives.values()))
     return 0
 

@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes control plane the tests run on, from the official Go modules, once per
-# version, into ~/.cache/epd-operator/k8s/<version>/ (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok; with `node` also kubelet and kube-proxy for the real node). k8s.io/kubernetes is not consumable as a module (its go.mod points
+# Builds the Kubernetes components the tests run on, from the official Go modules, once per version, into
+# ~/.cache/epd-operator/k8s/<version>/ (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl;
+# with `node` also kubelet and kube-proxy for the real node). Called by dev/k8s_binaries.py, which pins the
+# versions and adds etcd and kwok (dev/go_module.py). k8s.io/kubernetes is not consumable as a module (its go.mod points
 # the staging modules at ./staging with replace lines a dependent ignores), so a wrapper module
 # re-pins each staging module to its published v0.<minor>.<patch> tag (kubernetes issue 79384).
 #
-# usage: dev/k8s-binaries.sh [K8S_VERSION] [what]   (what: apiserver-only | all | node; default all)
+# usage: dev/k8s-binaries.sh K8S_VERSION [what]   (what: apiserver-only | all | node; default all)
 # Every missing Kubernetes binary is built by one `go build`: the packages they share compile once and
 # the links run in parallel.
 # Prints the directory holding the binaries on its last line.
 set -euo pipefail
 
-K8S_VERSION=${1:-${EPD_K8S_VERSION:-v1.37.2}}
+K8S_VERSION=${1:?usage: dev/k8s-binaries.sh K8S_VERSION [apiserver-only|all|node] (dev/k8s_binaries.py pins the versions)}
 WHAT=${2:-all}
-ETCD_VERSION=${EPD_ETCD_VERSION:-v3.6.5}
-KWOK_VERSION=${EPD_KWOK_VERSION:-v0.7.0}
 CACHE=${EPD_CACHE:-$HOME/.cache/epd-operator}
 OUT="$CACHE/k8s/$K8S_VERSION"
 WORK="$CACHE/k8s/build/$K8S_VERSION"
@@ -85,33 +84,5 @@ GO
   log "${missing[*]} built in $(( $(date +%s) - start )) s"
 fi
 
-if [ ! -x "$CACHE/k8s/etcd-$ETCD_VERSION" ]; then
-  log "building etcd $ETCD_VERSION"
-  ew="$CACHE/k8s/build/etcd-$ETCD_VERSION"; mkdir -p "$ew"
-  cat > "$ew/main.go" <<'GO'
-package main
-
-import (
-	"os"
-
-	"go.etcd.io/etcd/server/v3/etcdmain"
-)
-
-func main() { etcdmain.Main(os.Args) }
-GO
-  (cd "$ew" && { [ -f go.mod ] || go mod init epd.local/etcd >/dev/null 2>&1; } \
-    && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null 2>&1 \
-    && go build -trimpath -ldflags "-s -w" -o "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" .)
-  mv "$CACHE/k8s/etcd-$ETCD_VERSION.tmp" "$CACHE/k8s/etcd-$ETCD_VERSION"
-fi
-ln -sf "../etcd-$ETCD_VERSION" "$OUT/etcd"
-if [ "$WHAT" != apiserver-only ]; then
-  if [ ! -x "$CACHE/k8s/kwok-$KWOK_VERSION" ]; then
-    log "building kwok $KWOK_VERSION"
-    GOBIN="$CACHE/k8s/build/kwok-$KWOK_VERSION" go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-    mv "$CACHE/k8s/build/kwok-$KWOK_VERSION/kwok" "$CACHE/k8s/kwok-$KWOK_VERSION"
-  fi
-  ln -sf "../kwok-$KWOK_VERSION" "$OUT/kwok"
-fi
 log "ready"
 echo "$OUT"

@@ -9,7 +9,7 @@ node keeps its root in its own folder, removed with it.
 
 The lock belongs to an open file description: the kernel drops it when the last process holding it
 ends, however it ends (SIGKILL included). The cluster's process takes it and hands it to the node's
-reaper (``dev/node_reaper.py``), so the slot stays taken until the node's last process is gone; no
+watcher (``dev/lifetimes.py``), so the slot stays taken until the node's last process is gone; no
 other child inherits it (Python opens files close-on-exec, and ``subprocess`` closes the rest).
 
 Each slot costs the disk its images take twice (the archives' blobs and their unpacked snapshots).
@@ -29,7 +29,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .k8s_binaries import CACHE
+from .paths import CACHE
 
 STORE = CACHE / "node" / "containerd"
 SLOTS = 2

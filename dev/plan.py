@@ -24,8 +24,6 @@ This module only plans (no processes, no I/O besides choosing free ports): see `
 from __future__ import annotations
 
 import json
-import random
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +32,11 @@ from typing import Any
 from epd_operator.api.labels import ROLE_LABEL
 
 from .argv import drop_flags, expand_vars, flag_value, map_flag_values, set_flag
+from .ports import LOCALHOST, free_port
 from .volumes import PathMap, volume_key
 
 ENCODER, PREFILL, DECODE, ROUTER = "encoder", "prefill", "decode", "router"
 VLLM_ROLES = (ENCODER, PREFILL, DECODE)
-LOCALHOST = "127.0.0.1"
 
 # 64 MiB of KV cache is plenty for a 2-layer model and saves ~1 GB per instance against vLLM's
 # default of sizing the cache from a fraction of "device" (here: host) memory.
@@ -119,40 +117,6 @@ class LocalPlan:
 
     def volume(self, key: str) -> Path:
         return self.volumes[key]
-
-
-# Ports are chosen when planning and bound by vLLM minutes later (a cold start on a busy machine). A port
-# from the kernel's ephemeral range (what bind(0) returns) can meanwhile become the local end of any
-# outgoing connection on the machine, and vLLM's bind then fails (seen with NIXL's side channel). So
-# local ports come from below that range, where the kernel never hands out ports by itself.
-LOW_PORTS = (10000, 32768)
-_handed_out: set[int] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return LOW_PORTS[1]
-
-
-def free_port() -> int:
-    """A loopback port free now, below the kernel's ephemeral range when there is room, never handed out twice."""
-    low, high = LOW_PORTS[0], min(LOW_PORTS[1], _ephemeral_low())
-    for _ in range(200 if high - low > 1000 else 0):
-        port = random.randrange(low, high)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((LOCALHOST, port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    with socket.socket() as s:
-        s.bind((LOCALHOST, 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------------

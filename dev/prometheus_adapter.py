@@ -11,29 +11,18 @@ module, so the pinned version's source is downloaded and built against its own g
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
-from dev import go_module
-from dev.k8s_binaries import CACHE
+from . import go_module
 
-MODULE = "sigs.k8s.io/prometheus-adapter"
-VERSION = "v0.12.0"
-BINARY = CACHE / "prometheus-adapter" / VERSION / "adapter"
-
-
-def log(msg: str) -> None:
-    print(f"[prometheus-adapter] {msg}", file=sys.stderr, flush=True)
+ADAPTER = go_module.GoBinary(
+    "prometheus-adapter", "sigs.k8s.io/prometheus-adapter", "v0.12.0", "./cmd/adapter", "adapter"
+)
 
 
 def ensure() -> Path:
     """The adapter binary, built when absent."""
-    if os.access(BINARY, os.X_OK):
-        return BINARY
-    go = go_module.require_go("prometheus-adapter")
-    go_module.build(go, MODULE, VERSION, "./cmd/adapter", BINARY, log)
-    return BINARY
+    return go_module.ensure(ADAPTER)
 
 
 if __name__ == "__main__":

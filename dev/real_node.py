@@ -12,18 +12,24 @@ Everything the node does happens in namespaces and cgroups it creates for itself
   config says) and, bound read-only over the
   ``/proc/sys`` entries the kubelet checks, files that already hold the values it wants: with
   ``protectKernelDefaults`` it only reads them, so no kernel setting of the machine changes;
-- one **cgroup**, the same path in every hierarchy, nested under this process's own cgroups (the
-  kubelet's ``cgroupRoot``, cgroupfs driver); containerd, its shims and every container live in it.
+- one **cgroup**, nested under this process's own (the kubelet's ``cgroupRoot``, cgroupfs driver; on
+  cgroup v1 the same path in every hierarchy, on cgroup v2 a child with every controller delegated:
+  ``dev/cgroups.py``); containerd, its shims and every container live in it.
 
-The node's processes die with the supervising process (``PR_SET_PDEATHSIG``), and ``dev/node_reaper.py``,
+The node's processes die with the supervising process, and the node's watcher (``dev/lifetimes.py``),
 which outlives it, kills what is left in the node's cgroup (shims, containers), removes the cgroups and
 the node's folder; the namespaces vanish with their last process. Nothing remains after a stop or a
-crash but the image store, a cache like the image archives.
+crash but the image store, a cache like the image archives. What stops a node from starting here (root,
+the runtime packages, a cgroup layout it cannot nest in) is said before anything starts (:func:`unavailable`).
+
+Its seams: containerd's and the pod network's configuration, and image imports, are
+``dev/node_containerd.py``'s; the kubelet's and kube-proxy's configuration ``dev/node_kube_config.py``'s;
+this module starts, watches and stops the node.
 
 **Image store**: containerd's root (images, their unpacked snapshots, its metadata) lives in a slot of
 ``~/.cache/epd-operator/node/containerd/`` (``dev/node_store.py``), so an image imported once is there
 for the next cluster, and :meth:`RealNode.load_image` skips an archive whose image the node already
-holds under its name. The node holds the slot's ``flock`` for its lifetime (the reaper too, until it
+holds under its name. The node holds the slot's ``flock`` for its lifetime (its watcher too, until it
 is done), so two clusters never share a root; with every slot taken, the root lives in the node's
 folder for this cluster only. containerd's state (sockets, task bundles) stays private to the
 cluster. A slot an earlier cluster used, even one that crashed, may still hold its containers: before
@@ -32,14 +38,10 @@ deleted with its snapshot, leases of unfinished imports go, and the CRI plugin's
 per-container folders are removed, so the CRI plugin and the kubelet start with no pod of the past.
 ``make node-store-clean`` empties the store (refused while a slot is in use).
 
-Facts this relies on (cgroup v1 here): runc (crun refuses the hybrid cgroup layout); containerd's
-``restrict_oom_score_adj`` (CAP_SYS_RESOURCE is missing, so a negative oom_score_adj is refused);
-the kubelet's ``failCgroupV1: false`` (from 1.35 it refuses cgroup v1 otherwise).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -47,7 +49,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -56,44 +57,21 @@ from typing import Any
 
 import yaml
 
-from . import node_store
+from . import cgroups, lifetimes, node_containerd, node_kube_config, node_store
 from .cluster_api import ClusterError
-from .k8s_binaries import CACHE, log
+from .k8s_binaries import log
+from .node_containerd import CNI_BIN, CNI_PLUGINS, PER_CONTAINER_DIRS, ctr, import_archive
+from .node_kube_config import KUBELET_SYSCTLS, REAL_NODE_LABEL, SERVICE_CIDR
+from .paths import CACHE, REPO
 
-CGROUP_FS = Path("/sys/fs/cgroup")
-REAL_NODE_LABEL = "epd.dev/real-node"
-# What the kubelet checks (and, unprotected, writes) in /proc/sys: its wanted values.
-KUBELET_SYSCTLS = {
-    "vm/overcommit_memory": "1",
-    "vm/panic_on_oom": "0",
-    "kernel/panic": "10",
-    "kernel/panic_on_oops": "1",
-    "kernel/keys/root_maxkeys": "1000000",
-    "kernel/keys/root_maxbytes": "25000000",
-}
 # The runtime and CNI binaries: Debian's packages (runc, containerd, containernetworking-plugins).
 RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "unshare", "ip", "iptables")
-CNI_BIN = Path("/usr/lib/cni")
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-# In the node's mount namespace only (a tmpfs over /run there).
-NODE_RUN = Path("/run/epd-node")
-# The API server's --service-cluster-ip-range (dev/cluster.py).
-SERVICE_CIDR = "10.96.0.0/16"
+APT_PACKAGES = "runc containerd containernetworking-plugins"
 # The node's directory for local volumes (examples/epd-local-cpu.yaml's hostPath volumes): `models`
 # is the machine's model cache (read-only; `make images` builds the tiny model into it), `ec-cache`
 # the encoder cache the tiers share. Both live in the node's private /var/lib and vanish with it.
 LOCAL_VOLUMES = Path("/var/lib/epd-local")
 MODEL_CACHE = CACHE / "models"
-# The cluster's DNS (dev/cluster_dns.py): the `kube-dns` Service's ClusterIP, in SERVICE_CIDR.
-CLUSTER_DNS_IP = "10.96.0.10"
-CLUSTER_DOMAIN = "cluster.local"
-APT_PACKAGES = "runc containerd containernetworking-plugins"
-CRI_PLUGIN = "io.containerd.grpc.v1.cri"
-# What containerd 1.6 keeps per container under its root: the CRI plugin's container and sandbox
-# folders (the plugin removes those of containers it does not know when it starts) and the v2 runtime's
-# per-task work folders (the runtime removes those only in namespaces its state folder holds, and each
-# cluster's state folder starts empty). A reused slot has them removed before containerd starts.
-PER_CONTAINER_DIRS = (f"{CRI_PLUGIN}/containers", f"{CRI_PLUGIN}/sandboxes", "io.containerd.runtime.v2.task")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,51 +97,33 @@ class RealNodeSpec:
 def missing_runtime() -> list[str]:
     """The runtime pieces this machine lacks (empty when a real node can start)."""
     missing = [b for b in RUNTIME_BINARIES if shutil.which(b) is None]
-    missing += [f"{CNI_BIN}/{p}" for p in ("bridge", "host-local", "loopback", "portmap") if not (CNI_BIN / p).exists()]
+    missing += [f"{CNI_BIN}/{p}" for p in CNI_PLUGINS if not (CNI_BIN / p).exists()]
     return missing
 
 
-def own_cgroups() -> dict[str, str]:
-    """This process's cgroup path per hierarchy, keyed by the hierarchy's mount point name."""
-    by_controllers: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        by_controllers[controllers] = path
-    own = {}
-    for mount in _hierarchy_mounts():
-        name = mount.name
-        key = next(
-            (
-                c
-                for c in by_controllers
-                if name in c.split(",") or c == f"name={name}" or (c == "" and name == "unified")
-            ),
-            None,
-        )
-        own[str(mount)] = by_controllers.get(key, "/") if key is not None else "/"
-    return own
+def cgroup_refusal() -> str | None:
+    """Why this machine's cgroup layout cannot host a real node, with what to do; None when it can
+    (``dev/cgroups.py``). Checked before anything starts, so a node never fails midway for it."""
+    found = cgroups.mounts()
+    if not found:
+        return "no cgroup hierarchy is mounted (/sys/fs/cgroup): a real node needs cgroups"
+    own = cgroups.own_cgroups(found)
+    if cgroups.unified_only(found):
+        return cgroups.v2_refusal(found[0], own[str(found[0].path)])
+    try:
+        cgroups.node_cgroup_path(own, "probe")
+    except ValueError as exc:
+        return f"{exc}; run it from a shell whose cgroups are the same path in every hierarchy"
+    return None
 
 
-def _hierarchy_mounts() -> list[Path]:
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        pre, _, post = line.partition(" - ")
-        if post.split()[0] in ("cgroup", "cgroup2"):
-            found.append(Path(pre.split()[4]))
-    return found
-
-
-def node_cgroup_path(own: dict[str, str], name: str) -> str:
-    """One path for the node, the same in every hierarchy and nested under this process's own cgroup
-    in each (the kubelet's ``cgroupRoot`` is one path). Possible when the own paths form a chain, as
-    here (the memory hierarchy places us deep, the others at the root)."""
-    deepest = max(own.values(), key=len)
-    for mount, path in own.items():
-        if not (deepest + "/").startswith(path.rstrip("/") + "/"):
-            raise ClusterError(
-                f"cannot nest a node's cgroup under this process's own: it is {path} in {mount} but {deepest} elsewhere"
-            )
-    return deepest.rstrip("/") + "/" + name
+def unavailable() -> str | None:
+    """Why a real node cannot start on this machine (root, the runtime packages, the cgroup layout), or None."""
+    if os.geteuid() != 0:
+        return "a real node needs root (namespaces, cgroups, mounts)"
+    if missing := missing_runtime():
+        return f"a real node needs {', '.join(missing)}: apt-get install -y {APT_PACKAGES} (Debian/Ubuntu)"
+    return cgroup_refusal()
 
 
 class RealNode:
@@ -189,6 +149,9 @@ class RealNode:
         self._start_component = start_component
         self.cgroup = ""
         self._created_parents: list[str] = []
+        # cgroup v2: this process's cgroup, prepared to hand its controllers to the node's, and what was enabled.
+        self._v2_here: Path | None = None
+        self._v2_enabled: list[str] = []
         self._reaper: subprocess.Popen[bytes] | None = None
         self._holder: Any = None
         self.components: list[Any] = []
@@ -207,7 +170,7 @@ class RealNode:
 
     # Unix socket paths are limited to about 100 bytes, and the node's folder may be deep (a test's
     # tmp_path): containerd's sockets live in the node's private /run, the egress socket in /tmp.
-    containerd_socket = NODE_RUN / "containerd.sock"
+    containerd_socket = node_containerd.SOCKET
 
     @property
     def egress_socket(self) -> Path:
@@ -226,11 +189,8 @@ class RealNode:
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        missing = missing_runtime()
-        if missing:
-            raise ClusterError(
-                f"a real node needs {', '.join(missing)}: apt-get install -y {APT_PACKAGES} (Debian/Ubuntu)"
-            )
+        if (why := unavailable()) is not None:
+            raise ClusterError(why)
         started = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._take_slot()
@@ -289,8 +249,12 @@ class RealNode:
     # -------------------------------------------------------------- cgroups
 
     def _make_cgroups(self) -> None:
-        own = own_cgroups()
-        self.cgroup = node_cgroup_path(own, f"epd-node-{self.name}-{secrets.token_hex(3)}")
+        found = cgroups.mounts()
+        own = cgroups.own_cgroups(found)
+        self.cgroup = cgroups.node_cgroup_path(own, f"epd-node-{self.name}-{secrets.token_hex(3)}")
+        if cgroups.unified_only(found):
+            self._make_v2_cgroup(found[0].path, own[str(found[0].path)])
+            return
         parents: set[str] = set()
         for mount in own:
             path = Path(mount)
@@ -302,12 +266,23 @@ class RealNode:
                 rel = "/" + str(path.relative_to(mount))
                 if rel != self.cgroup:
                     parents.add(rel)
-                # A new cpuset cgroup starts with no CPUs and no memory nodes: nothing could join it.
+                # A new v1 cpuset cgroup starts with no CPUs and no memory nodes: nothing could join it.
                 for f in ("cpuset.cpus", "cpuset.mems"):
                     if (parent / f).exists():
                         (path / f).write_text((parent / f).read_text())
         self._created_parents = sorted(parents)
         self._procs_files = [str(Path(m) / self.cgroup.lstrip("/") / "cgroup.procs") for m in own]
+
+    def _make_v2_cgroup(self, mount: Path, own: str) -> None:
+        """cgroup v2 only: the node's cgroup a child of this process's, every controller enabled for it
+        and below it (``dev/cgroups.py``; the node's watcher undoes the preparation)."""
+        here = mount / own.lstrip("/")
+        self._v2_here = here
+        self._v2_enabled = cgroups.v2_prepare(here, is_root=own == "/")
+        node = mount / self.cgroup.lstrip("/")
+        node.mkdir()
+        cgroups.v2_enable_all(node)
+        self._procs_files = [str(node / "cgroup.procs")]
 
     def _take_slot(self) -> None:
         store = self.spec.store
@@ -326,10 +301,12 @@ class RealNode:
         )
 
     def _start_reaper(self) -> None:
-        argv = [sys.executable, "-m", "dev.node_reaper", "--cgroup", self.cgroup]
+        argv = lifetimes.watcher_argv("node", "--cgroup", self.cgroup)
         argv += ["--remove", str(self.dir), "--remove", str(self.egress_socket)]
         for parent in self._created_parents:
             argv += ["--parent", parent]
+        if self._v2_here is not None:
+            argv += ["--v2-here", str(self._v2_here), *(f"--v2-enabled={c}" for c in self._v2_enabled)]
         # The reaper holds the slot's lock too (it never reads it): the slot is free only once it is done.
         slot_fd = () if self.slot is None else (self.slot.fd,)
         with (self.dir.parent / f"{self.name}-reaper.log").open("ab") as out:
@@ -339,7 +316,7 @@ class RealNode:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                cwd=Path(__file__).resolve().parents[1],
+                cwd=REPO,
                 pass_fds=slot_fd,
             )
 
@@ -416,73 +393,17 @@ class RealNode:
     # -------------------------------------------------------------- containerd
 
     def _containerd_config(self, *, cri: bool = True) -> Path:
-        """containerd's config: root in :attr:`containerd_root`, state and sockets private to this
-        cluster; without ``cri``, the CRI plugin disabled (the clean-up of an earlier cluster's slot)."""
+        """containerd's config (``dev/node_containerd.py``) and the pod network's, written into the node's folder."""
         folder = self.dir / "containerd"
         cni_conf = self.dir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
-        (cni_conf / "10-epd-node.conflist").write_text(
-            json.dumps(
-                {
-                    "cniVersion": "1.0.0",
-                    "name": "epd-node",
-                    "plugins": [
-                        {
-                            "type": "bridge",
-                            "bridge": "cni0",
-                            "isGateway": True,
-                            "ipMasq": False,
-                            "hairpinMode": True,
-                            "ipam": {
-                                "type": "host-local",
-                                "ranges": [[{"subnet": self.spec.pod_subnet, "gateway": self.spec.node_ip}]],
-                                "routes": [{"dst": "0.0.0.0/0"}],
-                                "dataDir": str(self.dir / "cni" / "ipam"),
-                            },
-                        },
-                        {"type": "portmap", "capabilities": {"portMappings": True}},
-                    ],
-                },
-                indent=2,
-            )
+        conflist = node_containerd.cni_conflist(
+            pod_subnet=self.spec.pod_subnet, node_ip=self.spec.node_ip, ipam_dir=self.dir / "cni" / "ipam"
         )
-        disabled = [
-            "io.containerd.snapshotter.v1.aufs",
-            "io.containerd.snapshotter.v1.btrfs",
-            "io.containerd.snapshotter.v1.devmapper",
-            "io.containerd.snapshotter.v1.zfs",
-            "io.containerd.tracing.processor.v1.otlp",
-            *(() if cri else (CRI_PLUGIN,)),
-        ]
-        config = f"""version = 2
-root = "{self.containerd_root}"
-state = "{folder / "state"}"
-disabled_plugins = {json.dumps(disabled)}
-
-[grpc]
-  address = "{self.containerd_socket}"
-
-[ttrpc]
-  address = "{NODE_RUN / "containerd.sock.ttrpc"}"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  # CAP_SYS_RESOURCE is missing here: a negative oom_score_adj would fail every sandbox.
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  disable_apparmor = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        BinaryName = "{shutil.which("runc")}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN}"
-    conf_dir = "{cni_conf}"
-"""
+        (cni_conf / "10-epd-node.conflist").write_text(json.dumps(conflist, indent=2))
+        config = node_containerd.containerd_config(
+            root=self.containerd_root, state=folder / "state", cni_conf=cni_conf, cri=cri
+        )
         path = folder / ("config.toml" if cri else "config-without-cri.toml")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(config)
@@ -554,45 +475,13 @@ disabled_plugins = {json.dumps(disabled)}
         root.mkdir(parents=True, exist_ok=True)
         # Pods with dnsPolicy Default (CoreDNS itself) get this: no upstream is reachable from the node.
         (self.dir / "resolv.conf").write_text("options ndots:1\n")
-        sock = f"unix://{self.containerd_socket}"
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            # cgroup v1 here; from 1.35 the kubelet refuses it unless told otherwise.
-            "failCgroupV1": False,
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": self.cgroup,
-            # Only check the kernel settings (they read as wanted inside the node's mount namespace).
-            "protectKernelDefaults": True,
-            "containerRuntimeEndpoint": sock,
-            "imageServiceEndpoint": sock,
-            "address": "0.0.0.0",
-            "port": 10250,
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": 10248,
-            # Reached only inside the node's network namespace (the API server comes through the bridge).
-            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
-            "authorization": {"mode": "AlwaysAllow"},
-            "podLogsDir": str(self.dir / "pod-logs"),
-            "resolvConf": str(self.dir / "resolv.conf"),
-            # ClusterFirst pods: nameserver CLUSTER_DNS_IP, search <ns>.svc.<domain> svc.<domain> <domain>, ndots:5.
-            "clusterDNS": [CLUSTER_DNS_IP],
-            "clusterDomain": CLUSTER_DOMAIN,
-            "failSwapOn": False,
-            # No registry can give an image back: never collect one, never evict for the shared disk.
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "evictionHard": {
-                "memory.available": "100Mi",
-                "nodefs.available": "1%",
-                "imagefs.available": "1%",
-                "nodefs.inodesFree": "1%",
-            },
-            "serializeImagePulls": False,
-            "maxPods": 110,
-        }
-        config.update(self.spec.kubelet_config)
+        config = node_kube_config.kubelet_config(
+            cgroup_root=self.cgroup,
+            runtime_socket=self.containerd_socket,
+            pod_logs=self.dir / "pod-logs",
+            resolv_conf=self.dir / "resolv.conf",
+            overrides=dict(self.spec.kubelet_config),
+        )
         path = self.dir / "kubelet-config.yaml"
         path.write_text(yaml.safe_dump(config))
         labels = ",".join(f"{k}={v}" for k, v in ((REAL_NODE_LABEL, "true"), *self.spec.labels))
@@ -617,60 +506,20 @@ disabled_plugins = {json.dumps(disabled)}
         ]
 
     def _kube_proxy_argv(self) -> list[str]:
-        config = {
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-            "kind": "KubeProxyConfiguration",
-            "clientConnection": {"kubeconfig": str(self.kubeconfig())},
-            "mode": "iptables",
-            "hostnameOverride": self.name,
-            "clusterCIDR": self.spec.pod_subnet,
-            "bindAddress": "0.0.0.0",
-            "healthzBindAddress": "127.0.0.1:10256",
-            "metricsBindAddress": "127.0.0.1:10249",
-            # Every Service hop is masqueraded: a pod answering a pod on the same bridge then answers
-            # through the node, where the DNAT is undone. No route_localnet (no localhost NodePorts).
-            "iptables": {"masqueradeAll": True, "localhostNodePorts": False},
-            # Leave the (machine-wide) conntrack table size and timeouts alone.
-            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
-        }
+        config = node_kube_config.kube_proxy_config(
+            kubeconfig=self.kubeconfig(), node_name=self.name, pod_subnet=self.spec.pod_subnet
+        )
         path = self.dir / "kube-proxy-config.yaml"
         path.write_text(yaml.safe_dump(config))
         return [str(self.bin / "kube-proxy"), "--config", str(path), "-v", "1"]
 
     def api_endpoint_slice(self) -> dict[str, Any]:
-        """The `kubernetes` Service's endpoints as pods on this node reach them: the bridge's listener
-        at the node's address (the API server's own endpoint reconciler is off: it refuses loopback)."""
-        return {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": "kubernetes",
-                "namespace": "default",
-                "labels": {
-                    "kubernetes.io/service-name": "kubernetes",
-                    "endpointslice.kubernetes.io/managed-by": "epd-local-cluster",
-                },
-            },
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [self.spec.node_ip], "conditions": {"ready": True}}],
-            "ports": [{"name": "https", "port": self.api_port, "protocol": "TCP"}],
-        }
+        """The `kubernetes` Service's endpoints as pods on this node reach them (``dev/node_kube_config.py``)."""
+        return node_kube_config.api_endpoint_slice(node_ip=self.spec.node_ip, api_port=self.api_port)
 
     def egress_config(self) -> dict[str, Any]:
         """The API server's egress selector: kubelets (logs, exec, port-forward) through the bridge."""
-        return {
-            "apiVersion": "apiserver.k8s.io/v1beta1",
-            "kind": "EgressSelectorConfiguration",
-            "egressSelections": [
-                {
-                    "name": "cluster",
-                    "connection": {
-                        "proxyProtocol": "HTTPConnect",
-                        "transport": {"uds": {"udsName": str(self.egress_socket)}},
-                    },
-                }
-            ],
-        }
+        return node_kube_config.egress_config(self.egress_socket)
 
     # -------------------------------------------------------------- helpers
 
@@ -685,101 +534,6 @@ disabled_plugins = {json.dumps(disabled)}
     def kubeconfig(self) -> Path:
         """What the kubelet and kube-proxy log in with: the API server as the node namespace reaches it."""
         path = self.dir / "kubeconfig"
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "local",
-                            "cluster": {
-                                "server": f"https://127.0.0.1:{self.api_port}",
-                                "certificate-authority": str(self.ca_path),
-                            },
-                        }
-                    ],
-                    "users": [{"name": "node", "user": {"token": self.admin_token}}],
-                    "contexts": [{"name": "local", "context": {"cluster": "local", "user": "node"}}],
-                    "current-context": "local",
-                }
-            )
-        )
+        config = node_kube_config.node_kubeconfig(api_port=self.api_port, ca_path=self.ca_path, token=self.admin_token)
+        path.write_text(yaml.safe_dump(config))
         return path
-
-
-def ctr(
-    enter: Sequence[str], socket: Path, *args: str, check: bool = True, timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
-    """``ctr`` against a node's containerd, in the namespace the CRI uses (k8s.io), run inside the
-    node's namespaces (``enter``: its fifos live in the node's private /run)."""
-    result = subprocess.run(
-        [*enter, "ctr", "--address", str(socket), "--namespace", "k8s.io", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and result.returncode != 0:
-        raise ClusterError(f"ctr {' '.join(args)} failed: {result.stderr.strip()}")
-    return result
-
-
-def archive_images(archive: Path) -> dict[str, str]:
-    """The images an OCI archive holds, by the name ``ctr images import`` gives each, with the digest
-    of the manifest it points at (from the archive's ``index.json``, as ``dev/oci.py`` and buildah
-    write it). Empty when the archive names none that way (a name ``ctr`` would prefix with the
-    date, a Docker archive): such an archive is always imported."""
-    try:
-        with tarfile.open(archive) as tar:
-            member = tar.extractfile("index.json")
-            index = json.load(member) if member is not None else {}
-    except (KeyError, OSError, tarfile.TarError, ValueError):
-        return {}
-    found = {}
-    for manifest in index.get("manifests") or []:
-        annotations = manifest.get("annotations") or {}
-        name = annotations.get("io.containerd.image.name") or annotations.get("org.opencontainers.image.ref.name")
-        if not name or not any(c in name for c in "/:@") or not manifest.get("digest"):
-            return {}
-        found[name] = manifest["digest"]
-    return found
-
-
-def ready_images(check_output: str) -> dict[str, str]:
-    """From ``ctr images check``'s table (REF TYPE DIGEST STATUS SIZE UNPACKED): the images whose
-    content is complete and whose layers are unpacked, by name, with their target digest."""
-    ready = {}
-    for line in check_output.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) >= 6 and fields[3] == "complete" and fields[-1] == "true":
-            ready[fields[0]] = fields[2]
-    return ready
-
-
-def import_archive(enter: Sequence[str], socket: Path, archive: Path) -> bool:
-    """Import an OCI archive into a node's containerd under the name it carries; skipped (False)
-    when every name in it already points at its manifest, complete and unpacked. A name that points
-    elsewhere is moved to the archive's image; containerd collects what the old one held alone."""
-    if not archive.is_file():
-        raise ClusterError(f"no image archive at {archive}: build it with `make images`")
-    wanted = archive_images(archive)
-    if wanted:
-        have = ready_images(ctr(enter, socket, "images", "check", check=False).stdout)
-        if all(have.get(name) == digest for name, digest in wanted.items()):
-            log(f"{', '.join(sorted(wanted))} already present ({archive.name}), not imported")
-            return False
-    started = time.monotonic()
-    # The vLLM image (7 GB, unpacked as it is imported) took over 10 minutes on 2 cores shared with
-    # other clusters (load average 30); 4-5 minutes on quieter ones.
-    ctr(enter, socket, "images", "import", "--all-platforms", str(archive), timeout=1800)
-    log(f"imported {archive.name} ({', '.join(sorted(wanted)) or 'its images'}) in {time.monotonic() - started:.1f} s")
-    return True
-
-
-def read_sysctls() -> dict[str, str]:
-    """The machine's values of the kernel settings the kubelet cares about (to show they never change)."""
-    out = {}
-    for key in KUBELET_SYSCTLS:
-        with contextlib.suppress(OSError):
-            out[key] = Path("/proc/sys", key).read_text().strip()
-    return out

@@ -7,7 +7,7 @@ The spec goes through the same `render()` the operator uses; `plan` turns the re
 Deployments into local command lines (see its docstring for the few substitutions). Every
 process starts in its own process group, so stopping a tier also stops the engine and worker
 processes vLLM forks; everything started is stopped on exit, on errors and on Ctrl-C, and killed
-when the owning process is killed (`group_reaper`).
+when the owning process is killed (``dev/lifetimes.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from . import tiny_model, venv
-from .group_reaper import GroupReaper
+from .lifetimes import GroupReaper
 from .plan import ROUTER, LocalPlan, LocalProcess, plan
 
 # A cold start of three vLLM instances on 2 idle cores takes ~40 s; the bound leaves room for a loaded

@@ -34,8 +34,9 @@ from types import FrameType
 from typing import NoReturn
 
 from . import k8s_binaries, prometheus_adapter
-from .group_reaper import GroupReaper
-from .k8s_binaries import OLDEST, REPO
+from .k8s_binaries import OLDEST
+from .lifetimes import GroupReaper
+from .paths import REPO
 
 BUILD = REPO / "build"
 NODE_LOG = BUILD / "test-node.log"
@@ -57,8 +58,8 @@ def missing_late_binaries() -> list[str]:
     missing = []
     if not k8s_binaries.built(OLDEST, ("kube-apiserver",)):
         missing.append(f"kube-apiserver {OLDEST}")
-    if not os.access(prometheus_adapter.BINARY, os.X_OK):
-        missing.append(f"prometheus-adapter {prometheus_adapter.VERSION}")
+    if not prometheus_adapter.ADAPTER.built():
+        missing.append(f"prometheus-adapter {prometheus_adapter.ADAPTER.version}")
     return missing
 
 

@@ -33,8 +33,9 @@ import pytest
 
 from dev import tiny_model, venv
 from dev.client import image_part, post
-from dev.group_reaper import GroupReaper
-from dev.plan import CPU_ENV, free_port
+from dev.lifetimes import GroupReaper
+from dev.plan import CPU_ENV
+from dev.ports import free_port
 
 pytestmark = [pytest.mark.usefixtures("vllm_ready"), pytest.mark.timeout(900)]
 

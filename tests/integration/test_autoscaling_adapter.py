@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import shutil
-import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from dev import prometheus_adapter
+from dev.ports import free_port
 from epd_operator.controller.metrics import Metrics
 from epd_operator.render.autoscaling import load_metric_name
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
@@ -49,12 +49,6 @@ LOAD = load_metric_name("encoder")
 INFLIGHT = 10
 # prometheus-adapter is a late build: `make test` runs this module once `make k8s` has built it (dev/test_streams.py).
 pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

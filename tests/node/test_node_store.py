@@ -22,8 +22,9 @@ import pytest
 
 from dev.cluster import LocalCluster, RealNodeSpec
 from dev.images import ECHO_IMAGE, build_echo
+from dev.node_containerd import CRI_PLUGIN, PAUSE_IMAGE
 from dev.node_store import in_use, take
-from dev.real_node import CRI_PLUGIN, PAUSE_IMAGE, RealNode
+from dev.real_node import RealNode
 from tests.support.cluster import wait_for
 from tests.support.real_node import unavailable
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
+from dev import cgroups
 from dev.cluster import ClusterError, LocalCluster, RealNodeSpec
 from dev.images import ECHO_IMAGE, VLLM_STUB_IMAGE, build_echo, build_vllm_stub
-from dev.real_node import KUBELET_SYSCTLS, REAL_NODE_LABEL, read_sysctls
+from dev.node_kube_config import KUBELET_SYSCTLS, REAL_NODE_LABEL, read_sysctls
 from epd_operator.api.labels import INSTANCE_LABEL, ROLE_LABEL
 from tests.support.cluster import KubeView, new_namespace, wait_for
 from tests.support.real_node import InstalledOperator, install_operator_chart, is_ready, unavailable
@@ -197,16 +198,16 @@ def test_a_crashed_owner_leaves_no_process_mount_namespace_cgroup_or_interface(
         line = owner.stdout.readline()  # type: ignore[union-attr]
         assert line, "the cluster with a real node did not start"
         started = json.loads(line)
-        cgroups = [Path(m) / started["cgroup"].lstrip("/") for m in _cgroup_mounts()]
-        in_node = {int(p) for cg in cgroups if cg.exists() for p in _procs(cg)}
+        node_cgroups = [m / started["cgroup"].lstrip("/") for m in cgroups.hierarchies()]
+        in_node = cgroups.pids(node_cgroups)
         assert len(in_node) >= 4  # holder, containerd, kubelet, kube-proxy, a shim, the pod's processes
         owner.send_signal(signal.SIGKILL)  # no clean-up code of the owner runs
         owner.wait(10)
 
         def gone() -> bool:
-            return not any(cg.exists() for cg in cgroups) and not Path(started["dir"]).exists()
+            return not any(cg.exists() for cg in node_cgroups) and not Path(started["dir"]).exists()
 
-        wait_for(gone, 60, lambda: f"left behind: {[c for c in cgroups if c.exists()]}, {started['dir']}")
+        wait_for(gone, 60, lambda: f"left behind: {[c for c in node_cgroups if c.exists()]}, {started['dir']}")
         assert not [p for p in in_node if _alive(p)]
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
         assert not [m for m in mounts if started["dir"] in m or started["root"] in m]
@@ -246,23 +247,6 @@ def _alive(pid: int) -> bool:
         return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
-
-
-def _cgroup_mounts() -> list[str]:
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        pre, _, post = line.partition(" - ")
-        if post.split()[0] in ("cgroup", "cgroup2"):
-            found.append(pre.split()[4])
-    return found
-
-
-def _procs(cgroup: Path) -> list[str]:
-    out: list[str] = []
-    for d, _, _ in os.walk(cgroup):
-        with contextlib.suppress(OSError):
-            out += (Path(d) / "cgroup.procs").read_text().split()
-    return out
 
 
 # Run by a client pod (the operator image's Python, glibc's resolver as users' clients have it): the

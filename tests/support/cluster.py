@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import ctypes
 import itertools
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -27,6 +25,7 @@ import pytest
 import yaml
 
 from dev.cluster import LocalCluster
+from dev.lifetimes import kill_with_parent
 from epd_operator.kube import ApiError, Credentials, load_credentials
 
 REPO = Path(__file__).resolve().parents[2]
@@ -231,15 +230,6 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(message() if callable(message) else message)
         time.sleep(interval)
-
-
-_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
-
-
-def kill_with_parent() -> None:
-    """A `preexec_fn` (between fork and exec): the child gets SIGKILL when the thread that started it
-    ends, so nothing outlives the test driver, even a SIGKILLed one (PR_SET_PDEATHSIG)."""
-    _LIBC.prctl(1, signal.SIGKILL)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ from typing import Any
 
 from dev.cluster import LocalCluster, RealNodeSpec
 from dev.images import build_vllm_cpu
-from tests.support.cluster import EPD_API, KubeView, kill_with_parent, wait_for
+from dev.lifetimes import kill_with_parent
+from tests.support.cluster import EPD_API, KubeView, wait_for
 from tests.support.real_node import install_operator_chart, is_ready
 
 REPO = Path(__file__).resolve().parents[2]

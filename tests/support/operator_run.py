@@ -17,7 +17,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from dev.ports import free_port
 from epd_operator.controller.main import Options, run
 from epd_operator.controller.metrics import Metrics
 from epd_operator.kube import CredentialSource
@@ -33,12 +33,6 @@ from tests.support.render_examples import SHARED_STORAGE, example_document
 
 if TYPE_CHECKING:
     from tests.support.cluster import KubeView
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def operator_command() -> list[str]:

@@ -3,24 +3,20 @@ installed from its chart the way the README says, from the locally built image."
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from dev import real_node
 from dev.cluster import LocalCluster
-from dev.real_node import APT_PACKAGES, missing_runtime
 from tests.support.cluster import KubeView, epd_crd, install_crd, wait_for
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "epd-operator"
 
 
 def unavailable() -> str | None:
-    """Why a real node cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "a real node needs root (namespaces, cgroups, mounts)"
-    missing = missing_runtime()
-    return f"missing {', '.join(missing)} (apt-get install -y {APT_PACKAGES})" if missing else None
+    """Why a real node cannot run here (root, the runtime packages, the cgroup layout), or None."""
+    return real_node.unavailable()
 
 
 def is_ready(pod: dict[str, Any] | None) -> bool:

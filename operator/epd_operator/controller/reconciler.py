@@ -37,6 +37,7 @@ from . import status as status_rules
 from .cache import Cache
 from .events import post_event, utcnow
 from .metrics import Metrics
+from .pods import pod_trouble, unschedulable_reason
 from .workqueue import FULL, STATUS, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -395,9 +396,7 @@ class Reconciler:
             # A LeaderWorkerSet has no selector of its own: its pods (leaders and workers) carry the tier's role.
             selector = dep["spec"].get("selector", {}).get("matchLabels") or {ROLE_LABEL: role}
             pods = self.cache.pods(namespace, name, selector)
-            tiers[role] = dataclasses.replace(
-                tier, unschedulable=status_rules.unschedulable_reason(pods), trouble=status_rules.pod_trouble(pods)
-            )
+            tiers[role] = dataclasses.replace(tier, unschedulable=unschedulable_reason(pods), trouble=pod_trouble(pods))
 
     async def _converge(
         self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]

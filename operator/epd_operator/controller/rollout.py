@@ -20,7 +20,7 @@ from typing import Any
 
 from ..api.labels import GENERATION_LABEL, ROLE_LABEL
 from ..render.naming import ENCODER
-from .status import pod_ready
+from .pods import pod_ready
 
 
 def pod_labels(workload: dict[str, Any]) -> dict[str, str]:

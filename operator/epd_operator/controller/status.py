@@ -29,7 +29,6 @@ behind Ready.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -48,6 +47,7 @@ from ..api.status import (
     TierStatus,
 )
 from ..api.validation import FieldError
+from .pods import PodTrouble, condition, pod_ready
 
 if TYPE_CHECKING:
     from .rollout import Held
@@ -58,23 +58,6 @@ VLLM_TIERS = ("encoder", "prefill", "decode")
 
 UNSCHEDULABLE = "Unschedulable"
 PODS_FAILING = "PodsFailing"  # the Ready condition's reason when the kubelet cannot run a tier's pods
-# The reason a container in the kubelet's restart loop is reported under, whichever side of the loop
-# (RunContainerError, CrashLoopBackOff, running again but not ready) the pod shows at the moment.
-CRASH_LOOP = "CrashLoopBackOff"
-# Waiting reasons of a container on its way up: no trouble.
-_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
-# The kubelet's back-off after a failed pull carries the pull's own reason and message
-# (`Back-off pulling image "<image>": ErrImagePull: <message>`).
-_PULL_BACK_OFF = re.compile(r'Back-off pulling image "[^"]*": (?P<reason>[A-Za-z]+): (?P<message>.*)', re.S)
-
-
-@dataclasses.dataclass(frozen=True)
-class PodTrouble:
-    """Why a pod of a tier does not run: the kubelet's reason for one of its containers, and a
-    message naming the pod and the container with the kubelet's words."""
-
-    reason: str
-    message: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +75,6 @@ class TierState:
     settled: bool
     ready: bool
     stuck: bool
-
-
-def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in obj.get("status", {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
 def _why(tier: TierInput) -> tuple[str | None, str | None]:
@@ -137,7 +116,7 @@ def tier_state(tier: TierInput) -> TierState:
         reason=reason,
         message=message,
     )
-    stuck = _condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
+    stuck = condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
     return TierState(status, settled, is_ready, stuck)
 
 
@@ -235,7 +214,7 @@ def autoscaling_verdict(tiers: dict[str, TierInput]) -> AutoscalingVerdict | Non
     return AutoscalingVerdict(True, "ScalingActive", "every HPA computes its replica count from its metrics")
 
 
-def _set_condition(
+def _setcondition(
     previous: list[Condition], type_: str, status: bool, reason: str, message: str, generation: int | None, now: str
 ) -> Condition:
     value = "True" if status else "False"
@@ -320,13 +299,13 @@ def derive_status(
     old = previous.conditions if previous is not None else []
     gen = observed_generation
     if spec_errors:
-        spec_valid = _set_condition(
+        spec_valid = _setcondition(
             old, "SpecValid", False, INVALID_SPEC, "; ".join(str(e) for e in spec_errors), gen, now
         )
     elif refused:
-        spec_valid = _set_condition(old, "SpecValid", False, REFUSED_BY_API_SERVER, "; ".join(refused), gen, now)
+        spec_valid = _setcondition(old, "SpecValid", False, REFUSED_BY_API_SERVER, "; ".join(refused), gen, now)
     else:
-        spec_valid = _set_condition(old, "SpecValid", True, "Valid", "the spec was accepted and applied", gen, now)
+        spec_valid = _setcondition(old, "SpecValid", True, "Valid", "the spec was accepted and applied", gen, now)
     not_ready = [n for n, s in states.items() if not s.ready]
     if all_ready:
         ready_reason, ready_message = "AllTiersReady", "every tier has its pods ready"
@@ -350,9 +329,9 @@ def derive_status(
     else:
         progress = ("RolloutComplete", "every tier runs its latest template")
     conditions = [
-        _set_condition(old, "Ready", all_ready, ready_reason, ready_message, gen, now),
-        _set_condition(old, "Progressing", bool(rolling or held), *progress, gen, now),
-        _set_condition(
+        _setcondition(old, "Ready", all_ready, ready_reason, ready_message, gen, now),
+        _setcondition(old, "Progressing", bool(rolling or held), *progress, gen, now),
+        _setcondition(
             old,
             "Degraded",
             phase == "Degraded",
@@ -423,11 +402,6 @@ def generations(pods: list[dict[str, Any]], current: str | None) -> list[Generat
     return [GenerationStatus(name=g, current=g == current, pods=counts[g][0], readyPods=counts[g][1]) for g in order]
 
 
-def pod_ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def standing_refusal(previous: EPDDeploymentStatus | None, generation: int | None) -> list[str]:
     """The API server's refusal reported for this very generation, if any (kept by status passes)."""
     if previous is None:
@@ -448,65 +422,6 @@ def last_described(previous: EPDDeploymentStatus | None) -> tuple[Topology | Non
     """(topology, endpoint) as the last status gave them: what a refused spec's status keeps saying,
     since the children of the last accepted spec keep running."""
     return (previous.topology, previous.endpoint) if previous else (None, None)
-
-
-def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
-    """The scheduler's message on the first pod it could not place (PodScheduled=False, Unschedulable)."""
-    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        scheduled = _condition(pod, "PodScheduled")
-        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-            return str(scheduled.get("message") or "Unschedulable")
-    return None
-
-
-def _exit(terminated: dict[str, Any]) -> str:
-    """How a container ended: `StartError (exit code 128): <the runtime's message>`."""
-    words = f"{terminated.get('reason') or 'exited'} (exit code {terminated.get('exitCode', '?')})"
-    message = str(terminated.get("message") or "").strip()
-    return f"{words}: {message}" if message else words
-
-
-def container_trouble(container: dict[str, Any], *, init: bool = False) -> tuple[str, str] | None:
-    """(reason, message) for one container status that says it does not run, else None. Each side of
-    the kubelet's retry loops gives the same answer: ImagePullBackOff the pull error it carries;
-    RunContainerError, CrashLoopBackOff and a restarted container not yet ready its last exit."""
-    state = container.get("state") or {}
-    last = (container.get("lastState") or {}).get("terminated")
-    waiting = state.get("waiting")
-    if waiting is not None:
-        reason, message = str(waiting.get("reason") or ""), str(waiting.get("message") or "")
-        if not reason or reason in _STARTING:
-            return None
-        pull = _PULL_BACK_OFF.fullmatch(message) if reason == "ImagePullBackOff" else None
-        if pull is not None:
-            return pull["reason"], pull["message"]
-        if reason in ("RunContainerError", CRASH_LOOP) and last:
-            return CRASH_LOOP, _exit(last)
-        return reason, message
-    terminated = state.get("terminated")
-    if terminated is not None:
-        if init and terminated.get("exitCode") == 0:
-            return None  # an init container that did its work
-        return CRASH_LOOP, _exit(terminated)
-    if last and not container.get("ready"):
-        return CRASH_LOOP, _exit(last)  # running again after an exit, not ready yet
-    return None
-
-
-def pod_trouble(pods: list[dict[str, Any]]) -> PodTrouble | None:
-    """The kubelet's reason for the first pod by name (not ready, not on its way out) with a container
-    that does not run: its init containers first, then its containers."""
-    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        meta, st = pod["metadata"], pod.get("status") or {}
-        if meta.get("deletionTimestamp") or st.get("phase") in ("Succeeded", "Failed") or pod_ready(pod):
-            continue
-        for kind, field in (("init container", "initContainerStatuses"), ("container", "containerStatuses")):
-            for container in st.get(field) or []:
-                found = container_trouble(container, init=field == "initContainerStatuses")
-                if found is not None:
-                    reason, message = found
-                    return PodTrouble(reason, f"pod {meta['name']} {kind} {container.get('name')}: {message}")
-    return None
 
 
 def status_document(status: EPDDeploymentStatus) -> dict[str, Any]:

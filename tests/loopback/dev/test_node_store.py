@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dev.k8s_binaries import REPO
 from dev.node_store import in_use
+from dev.paths import REPO
 from tests.support.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(60)

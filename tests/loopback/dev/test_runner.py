@@ -6,14 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dev.k8s_binaries import REPO
+from dev.paths import REPO
+from dev.ports import free_port
 from tests.support.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,12 +49,6 @@ LocalEPD(LocalPlan(processes, "E+PD", "m", {}), workdir, progress=lambda _: None
 print("started", flush=True)
 time.sleep(60)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gone(pid: int) -> bool:

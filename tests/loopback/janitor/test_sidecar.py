@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
 
+from dev.ports import free_port
 from epd_operator import janitor
 from tests.support.prom import sample_values
 
@@ -15,9 +15,7 @@ from tests.support.prom import sample_values
 def test_metrics_are_served_over_http():
     metrics = janitor.Metrics()
     metrics.sweeps.inc()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = metrics.serve(port, addr="127.0.0.1")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:

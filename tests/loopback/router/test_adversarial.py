@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dev.ports import free_port
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.router_stack import router_argv
 
@@ -53,12 +54,6 @@ class Backends:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RouterProcess:

@@ -3,21 +3,15 @@
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 
 import aiohttp
 import orjson
 
+from dev.ports import free_port
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.prom import sample_values
 from tests.support.router_stack import router_argv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_workers_share_the_port_and_report_metrics_together():

@@ -15,7 +15,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from dev.ports import free_port
 from epd_operator.render import render
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.prom import sample_values, samples
@@ -59,12 +59,6 @@ if touch /.epd-rw-check 2>/dev/null || touch "$HOME/.epd-rw-check" 2>/dev/null; 
 fi
 exec "$@"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def user_namespaces_work() -> bool:

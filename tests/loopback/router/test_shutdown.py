@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -16,17 +15,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from dev.ports import free_port
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.router_stack import router_argv
 
 CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 STREAM = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(body: bytes, path: str = "/v1/chat/completions") -> bytes:

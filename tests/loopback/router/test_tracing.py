@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -14,6 +13,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import aiohttp
 import orjson
 
+from dev.ports import free_port
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.otlp_receiver import OTLPReceiver, ReceivedSpan
 from tests.support.router_stack import router_argv, router_stack
@@ -26,12 +26,6 @@ REQUEST = {
     "max_tokens": 4,
     "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"}, IMG]}],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ from typing import Any
 
 from epd_operator.api.status import Condition, EPDDeploymentStatus, GenerationStatus
 from epd_operator.api.validation import FieldError
+from epd_operator.controller.pods import unschedulable_reason
 from epd_operator.controller.rollout import Held
 from epd_operator.controller.status import (
     TierInput,
@@ -21,7 +22,6 @@ from epd_operator.controller.status import (
     status_document,
     tier_state,
     transitions,
-    unschedulable_reason,
 )
 from tests.support.workloads import settled_deployment
 

@@ -6,15 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from epd_operator.controller.status import (
-    PodTrouble,
-    TierInput,
-    container_trouble,
-    derive_status,
-    pod_trouble,
-    status_document,
-    transitions,
-)
+from epd_operator.controller.pods import PodTrouble, container_trouble, pod_trouble
+from epd_operator.controller.status import TierInput, derive_status, status_document, transitions
 from tests.support.workloads import settled_deployment
 
 T0 = "2026-01-01T00:00:00Z"

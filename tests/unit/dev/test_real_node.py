@@ -9,8 +9,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from dev.node_containerd import archive_images, ready_images
 from dev.oci import single_file_layer, write_archive
-from dev.real_node import archive_images, ready_images
 
 
 def _layout(path: Path, index: dict[str, Any]) -> Path:
