@@ -4,6 +4,10 @@ Checked, in every page: relative links (the file, and the heading a `#anchor` po
 written in backticks or in code blocks (`tests/...`, `dev/...`, `charts/...`, and paths inside the package
 such as `router/upstream.py`), the modules of `python -m ...` and the targets of `make ...`; and the README
 links every page of docs/. Pure: it reads files and runs nothing.
+
+Paths under the folders commands write (``build/``, ``dist/``: .gitignore's top-level outputs) are outputs a page
+may name (``build/test-node.log``): never checked, and the verdict is the same whether a run left them or not.
+Which names count as the repository's top level ignores such leftovers too.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ PAGES = sorted(
 # the package and its subpackages (`render/vllm.py`), and folder names a reader might expect from elsewhere
 # but which this repository does not have.
 ABSENT_ROOTS = {"hack", "reference"}
+# What commands write into the tree (never committed): a page names them as outputs.
+OUTPUT_ROOTS = {"build", "dist"}
 MODULE_ROOTS = {"dev", "tests", "bench", "epd_operator"}
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -36,7 +42,8 @@ _SKIP = ("<", ">", "{", "}", "$", "…", "...", "~", "=")
 
 
 def _roots() -> set[str]:
-    top = {p.name for p in REPO.iterdir() if not p.name.startswith(".")} | {".ci"}
+    top = {p.name for p in REPO.iterdir() if not p.name.startswith(".") and not p.name.endswith(".egg-info")}
+    top = (top - OUTPUT_ROOTS) | {".ci"}
     subpackages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_")}
     return top | subpackages | {"epd_operator"} | ABSENT_ROOTS
 
@@ -161,6 +168,8 @@ def test_the_checker_notices_what_does_not_exist():
             "`tests/support/apiserver.py`, `hack/run.sh`, `reference/vllm-epd.md`, `router/nowhere.py`",
             "`tests/unit/test_nothing*.py` and `epd_operator/local` and `make no-such-target`",
             "kept: `serving.epd.dev/role`, `core/v1 Affinity`, `~/.cache/epd-operator`, `dev/plan.py`, `router/pickers.py`",
+            # outputs a command writes: the same verdict with or without a build/ left in the tree
+            "kept: `build/test-node.log`, `build/mutation/mutation.md`, `dist/epd_operator-0.1.0.whl`",
             "```bash",
             "python tests/support/gone.py && python -m dev.no_such && python -m dev.demo && make demo",
             "```",
