@@ -42,6 +42,7 @@ import yaml
 
 from . import coredns, venv
 from .cluster_state import load_images
+from .go_module import GoMissing
 from .node_containerd import PAUSE_IMAGE
 from .oci import single_file_layer, write_archive, write_layered_archive
 from .paths import CACHE, REPO
@@ -122,7 +123,12 @@ def _go_image(what: str, image: str, entrypoint: list[str], user: str, source: s
     """A one-layer image holding one static Go binary built from ``dev/<source>`` (default: ``what``)
     at ``entrypoint[0]``, keyed by its source and the Go version; the archive is named by ``what``."""
     source = source or what
-    go = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+    # Without Go no archive matches ("no go" is no Go version): `_need` below says what to install.
+    go = (
+        subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+        if shutil.which("go")
+        else "no go"
+    )
     archive = IMAGES / f"{what}-{_key(what, image, go, *_files(f'dev/{source}'))}.tar"
     if archive.exists():
         return archive
@@ -392,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
 
             # The model the CPU image serves comes from the node's model cache, not the image.
             _log(f"model for examples/epd-local-cpu.yaml: {tiny_model.ensure()}")
-    except (ImageError, subprocess.CalledProcessError) as exc:
+    except (ImageError, GoMissing, subprocess.CalledProcessError) as exc:
         print(f"make images: {exc}", file=sys.stderr)
         return 1
     prune(archives.values())

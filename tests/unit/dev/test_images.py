@@ -6,6 +6,9 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
+
+from dev import images
 from dev.images import REPO, dockerfile_inputs
 from dev.oci import single_file_layer, write_archive
 
@@ -38,3 +41,12 @@ def test_an_archive_names_its_image_for_containerd_and_buildah(tmp_path: Path):
     assert config["config"]["Entrypoint"] == ["/pause"]
     assert len(config["rootfs"]["diff_ids"]) == len(manifest["layers"]) == 1
     assert f"blobs/sha256/{manifest['layers'][0]['digest'].split(':')[1]}" in names
+
+
+def test_without_go_the_images_command_says_what_to_install_instead_of_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no go, no buildah: nothing can be started either
+    monkeypatch.setattr(images, "IMAGES", tmp_path / "images")
+    assert images.main(["build", "pause"]) == 1
+    assert capsys.readouterr().err.strip() == "make images: building the local images needs Go (https://go.dev/dl)"
