@@ -14,6 +14,13 @@ holds when it is closed.
 Connections are noted by wrapping the running loop's `create_connection`, through which aiohttp (kopf's client and
 `kubernetes_asyncio` alike) opens each one; a loop that does not let that method be replaced is not tracked.
 Every connection made on the loop while inside is closed on exit, so the caller owns the loop for that time.
+
+Why this is product code and not a test fixture: it is part of `controller.main.run()`'s contract, that it
+leaves no connection to the API server open when it returns. The operator's own process exits right after, so
+there it changes nothing; any caller that goes on running in the same process (the tests run the operator
+in-process many times; a program embedding `run()`) would otherwise keep sockets to the API server open, with
+their TLS sessions, until the garbage collector finds them. Only `run()` knows where its connections begin and
+end (kopf opens its watches inside it), so the wrapping stays with it.
 """
 
 from __future__ import annotations
