@@ -163,14 +163,11 @@ image-deps: install ## whether images/vllm-epd's pins resolve with its base imag
 
 # The images a local real node runs, without Docker or a registry: buildah and mmdebstrap (Debian's
 # packages) build them into ~/.cache/epd-operator/images as OCI archives keyed by their inputs, and load
-# them into a running `make cluster`. With a working Docker daemon, docker builds the Dockerfiles from
-# their usual bases instead (images/vllm-epd is a CUDA image: it cannot be built or run here).
-images: install ## the images the real node runs, without Docker, loaded into `make cluster` (Docker: docker build)
-	@if docker info >/dev/null 2>&1; then \
-	  docker build -t epd-operator:dev -f images/operator/Dockerfile . \
-	  && docker build -t localhost/epd-vllm-cpu:0.32.0 -f images/vllm-cpu/Dockerfile . \
-	  && docker build -t vllm-epd:dev -f images/vllm-epd/Dockerfile images/vllm-epd; \
-	else $(BIN)/python -m dev.images load; fi
+# them into a running `make cluster`. With a working Docker daemon, docker builds the operator and vLLM CPU
+# Dockerfiles from their usual bases instead, under the names the chart and the example use, and they are
+# loaded the same way (dev/images.py).
+images: install ## the images the real node runs, loaded into `make cluster` (buildah, or docker build where Docker works)
+	$(BIN)/python -m dev.images load
 
 clean: ## remove .venv and build outputs
 	rm -rf $(VENV) .pytest_cache build *.egg-info operator/*.egg-info

@@ -15,7 +15,9 @@
 
 Each is an OCI archive under ``~/.cache/epd-operator/images/``, named by a hash of its inputs (the
 files it is made from, its build arguments, its base's key), rebuilt only when one changes. Where a
-Docker daemon works, ``make images`` builds the Dockerfiles with it from their usual bases instead.
+Docker daemon works, the operator and vllm-cpu images are built by ``docker build`` from their usual
+bases instead, under the same names, and saved (``docker save``) as archives the node imports the same
+way: the node runs containerd, so an image only in Docker's store would never reach it.
 
     python -m dev.images build [pause|base|operator|vllm-cpu|echo|vllm-stub]...   # prints each archive
     python -m dev.images load  [pause|base|operator|vllm-cpu|echo|vllm-stub]...   # into the running `make cluster` node
@@ -366,9 +368,43 @@ NODE_IMAGES = ("pause", "operator")
 DEFAULT_IMAGES = (*NODE_IMAGES, "vllm-cpu")
 
 
-def build(names: Iterable[str] = NODE_IMAGES) -> dict[str, Path]:
+# What Docker builds, where a Docker daemon answers: the image a name stands for, under the name the chart
+# and the example expect, from its Dockerfile and build context (the rest: as without Docker).
+DOCKER_BUILDS = {
+    "operator": (operator_image, "images/operator/Dockerfile", "."),
+    "vllm-cpu": (lambda: VLLM_CPU_IMAGE, "images/vllm-cpu/Dockerfile", "."),
+}
+
+
+def docker_works() -> bool:
+    """Whether a Docker daemon answers here."""
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+def docker_archive(name: str) -> Path:
+    return IMAGES / f"{name}-docker.tar"
+
+
+def build_with_docker(name: str) -> Path:
+    """``docker build`` of the image under the name the chart (or the example) expects, saved as an archive
+    (``docker save``) that the real node imports like the others: the node runs containerd, not Docker."""
+    image, dockerfile, context = DOCKER_BUILDS[name]
+    tag = image()
+    _log(f"building {tag} from {dockerfile} with docker")
+    subprocess.run(["docker", "build", "-t", tag, "-f", str(REPO / dockerfile), str(REPO / context)], check=True)
+    archive = docker_archive(name)
+    partial = archive.with_suffix(".partial")
+    subprocess.run(["docker", "save", "-o", str(partial), tag], check=True)
+    partial.rename(archive)
+    return archive
+
+
+def build(names: Iterable[str] = NODE_IMAGES, *, docker: bool = False) -> dict[str, Path]:
+    """The archives of the named images; with ``docker``, those Docker builds (``DOCKER_BUILDS``) by Docker."""
     IMAGES.mkdir(parents=True, exist_ok=True)
-    return {name: BUILDERS[name]() for name in names}
+    return {name: build_with_docker(name) if docker and name in DOCKER_BUILDS else BUILDERS[name]() for name in names}
 
 
 def prune(keep: Iterable[Path]) -> None:
@@ -391,8 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.images) - set(BUILDERS)
     if unknown:
         parser.error(f"unknown image {', '.join(sorted(unknown))}: choose from {', '.join(BUILDERS)}")
+    docker = docker_works()
+    if docker:
+        _log(f"a Docker daemon answers: {', '.join(DOCKER_BUILDS)} are built by docker, then loaded like the others")
     try:
-        archives = build(args.images or DEFAULT_IMAGES)
+        archives = build(args.images or DEFAULT_IMAGES, docker=docker)
         if "vllm-cpu" in archives:
             from . import tiny_model
 

@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dev import images
 from dev.images import REPO, dockerfile_inputs
@@ -50,3 +51,34 @@ def test_without_go_the_images_command_says_what_to_install_instead_of_a_traceba
     monkeypatch.setattr(images, "IMAGES", tmp_path / "images")
     assert images.main(["build", "pause"]) == 1
     assert capsys.readouterr().err.strip() == "make images: building the local images needs Go (https://go.dev/dl)"
+
+
+def test_with_docker_the_chart_s_and_the_example_s_names_are_built_saved_and_loaded_like_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The Docker path tags what the chart (its default image: repository and appVersion) and the example
+    expect, and saves each as an archive, which `load` imports into the node; no process runs here: the
+    docker commands are recorded."""
+    values = yaml.safe_load((REPO / "charts" / "epd-operator" / "values.yaml").read_text())
+    assert images.operator_image() == f"{values['image']['repository']}:{images.chart_app_version()}"
+    example = (REPO / "examples" / "epd-local-cpu.yaml").read_text()
+    assert f"image: {images.VLLM_CPU_IMAGE}" in example
+    ran: list[list[str]] = []
+
+    def docker(argv: list[str], **_: object) -> None:
+        ran.append(argv)
+        if argv[1] == "save":
+            Path(argv[3]).write_text("archive")
+
+    monkeypatch.setattr(images, "IMAGES", tmp_path)
+    monkeypatch.setattr(images.subprocess, "run", docker)
+    monkeypatch.setattr(images, "BUILDERS", {**images.BUILDERS, "pause": lambda: tmp_path / "pause.tar"})
+    archives = images.build(images.DEFAULT_IMAGES, docker=True)
+    assert archives == {
+        "pause": tmp_path / "pause.tar",
+        "operator": tmp_path / "operator-docker.tar",
+        "vllm-cpu": tmp_path / "vllm-cpu-docker.tar",
+    }
+    tags = [argv[3] for argv in ran if argv[1] == "build"]
+    assert tags == [images.operator_image(), images.VLLM_CPU_IMAGE]
+    assert [argv[-1] for argv in ran if argv[1] == "save"] == tags
