@@ -57,7 +57,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "controller": (
-        ["controller/apply.py", "controller/status.py"],
+        ["controller/apply.py", "controller/status.py", "controller/pods.py"],
         [
             "tests/unit/controller/test_apply.py",
             "tests/unit/controller/test_status.py",

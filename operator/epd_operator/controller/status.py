@@ -3,18 +3,16 @@
 Rollout state per tier follows `kubectl rollout status`: a tier is *settled* when its Deployment
 controller has seen the latest template and no pod of an older template is left; it is *ready*
 when enough of its pods are ready and available. A settled tier that is not ready is only called
-Degraded when it lost pods it had ready (fewer ready than the last status showed, or already
-Degraded), or when the Deployment controller gave up (ProgressDeadlineExceeded): a fresh
+Degraded when it lost pods it had ready (fewer ready than the last status showed, or marked
+`lost` by the last status and not back), or when the Deployment controller gave up (ProgressDeadlineExceeded): a fresh
 deployment still loading its model, and a Ready tier scaling up, are Progressing. (New pods count
 as "updated" at once on a scale-up, so the Deployment's status alone cannot tell the two apart.)
 
 A tier that is not ready says why when Kubernetes says it (`reason` and `message` of its status,
 the Ready condition, and one Warning Event per change): the scheduler's reason for a pod it cannot
-place, or the kubelet's reason for a container that does not run (`pod_trouble`). The kubelet
-alternates between a failure and its back-off (ErrImagePull and ImagePullBackOff, RunContainerError
-and CrashLoopBackOff, whose messages carry a changing delay); both sides of each pair are reported
-as one stable reason and message, so a pod failing the same way writes the status and posts an
-Event once, not once per retry.
+place, or the kubelet's reason for a container that does not run (controller/pods.py). Both sides
+of the kubelet's retry loops read the same there, so a pod failing the same way writes the status
+and posts an Event once, not once per retry.
 
 Consumers kept on their generation until an encoder of the new one is Ready (controller/rollout.py)
 make the deployment Progressing (the condition's reason WaitingForEncoders names the tiers and both
@@ -29,8 +27,7 @@ behind Ready.
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -48,33 +45,12 @@ from ..api.status import (
     TierStatus,
 )
 from ..api.validation import FieldError
-
-if TYPE_CHECKING:
-    from .rollout import Held
+from .pods import UNSCHEDULABLE, PodTrouble, condition, pod_ready
+from .rollout import Held
 
 TIERS = ("encoder", "prefill", "decode", "router")
 VLLM_TIERS = ("encoder", "prefill", "decode")
-
-
-UNSCHEDULABLE = "Unschedulable"
 PODS_FAILING = "PodsFailing"  # the Ready condition's reason when the kubelet cannot run a tier's pods
-# The reason a container in the kubelet's restart loop is reported under, whichever side of the loop
-# (RunContainerError, CrashLoopBackOff, running again but not ready) the pod shows at the moment.
-CRASH_LOOP = "CrashLoopBackOff"
-# Waiting reasons of a container on its way up: no trouble.
-_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
-# The kubelet's back-off after a failed pull carries the pull's own reason and message
-# (`Back-off pulling image "<image>": ErrImagePull: <message>`).
-_PULL_BACK_OFF = re.compile(r'Back-off pulling image "[^"]*": (?P<reason>[A-Za-z]+): (?P<message>.*)', re.S)
-
-
-@dataclasses.dataclass(frozen=True)
-class PodTrouble:
-    """Why a pod of a tier does not run: the kubelet's reason for one of its containers, and a
-    message naming the pod and the container with the kubelet's words."""
-
-    reason: str
-    message: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +68,6 @@ class TierState:
     settled: bool
     ready: bool
     stuck: bool
-
-
-def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in obj.get("status", {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
 def _why(tier: TierInput) -> tuple[str | None, str | None]:
@@ -137,7 +109,7 @@ def tier_state(tier: TierInput) -> TierState:
         reason=reason,
         message=message,
     )
-    stuck = _condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
+    stuck = condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
     return TierState(status, settled, is_ready, stuck)
 
 
@@ -262,17 +234,13 @@ def parse_status(raw: dict[str, Any] | None) -> EPDDeploymentStatus | None:
 
 def _lost_pods(name: str, state: TierState, previous: EPDDeploymentStatus | None) -> bool:
     """A settled, unready tier lost pods it had: fewer ready than last reported, or reported lost
-    before and not recovered. A scale-up keeps its ready pods, so it is not a loss."""
+    before (its `lost` mark) and not recovered. A scale-up keeps its ready pods, so it is not a loss."""
     if previous is None or previous.phase not in ("Ready", "Degraded"):
         return False
     before = getattr(previous.tiers, name)
     if before is None:
         return False
-    degraded_before = previous.phase == "Degraded" and any(
-        c.type == "Degraded" and c.status == "True" and c.reason != AUTOSCALING_INACTIVE and f"{name} " in c.message
-        for c in previous.conditions
-    )
-    return state.status.readyReplicas < before.readyReplicas or degraded_before
+    return state.status.readyReplicas < before.readyReplicas or (previous.phase == "Degraded" and bool(before.lost))
 
 
 def derive_status(
@@ -382,7 +350,9 @@ def derive_status(
         topology=topology,
         endpoint=endpoint,
         conditions=conditions,
-        tiers=Tiers(**{n: s.status for n, s in states.items()}),
+        tiers=Tiers(
+            **{n: s.status.model_copy(update={"lost": True}) if n in lost else s.status for n, s in states.items()}
+        ),
         generations=generations or None,
     )
 
@@ -423,11 +393,6 @@ def generations(pods: list[dict[str, Any]], current: str | None) -> list[Generat
     return [GenerationStatus(name=g, current=g == current, pods=counts[g][0], readyPods=counts[g][1]) for g in order]
 
 
-def pod_ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def standing_refusal(previous: EPDDeploymentStatus | None, generation: int | None) -> list[str]:
     """The API server's refusal reported for this very generation, if any (kept by status passes)."""
     if previous is None:
@@ -448,65 +413,6 @@ def last_described(previous: EPDDeploymentStatus | None) -> tuple[Topology | Non
     """(topology, endpoint) as the last status gave them: what a refused spec's status keeps saying,
     since the children of the last accepted spec keep running."""
     return (previous.topology, previous.endpoint) if previous else (None, None)
-
-
-def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
-    """The scheduler's message on the first pod it could not place (PodScheduled=False, Unschedulable)."""
-    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        scheduled = _condition(pod, "PodScheduled")
-        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-            return str(scheduled.get("message") or "Unschedulable")
-    return None
-
-
-def _exit(terminated: dict[str, Any]) -> str:
-    """How a container ended: `StartError (exit code 128): <the runtime's message>`."""
-    words = f"{terminated.get('reason') or 'exited'} (exit code {terminated.get('exitCode', '?')})"
-    message = str(terminated.get("message") or "").strip()
-    return f"{words}: {message}" if message else words
-
-
-def container_trouble(container: dict[str, Any], *, init: bool = False) -> tuple[str, str] | None:
-    """(reason, message) for one container status that says it does not run, else None. Each side of
-    the kubelet's retry loops gives the same answer: ImagePullBackOff the pull error it carries;
-    RunContainerError, CrashLoopBackOff and a restarted container not yet ready its last exit."""
-    state = container.get("state") or {}
-    last = (container.get("lastState") or {}).get("terminated")
-    waiting = state.get("waiting")
-    if waiting is not None:
-        reason, message = str(waiting.get("reason") or ""), str(waiting.get("message") or "")
-        if not reason or reason in _STARTING:
-            return None
-        pull = _PULL_BACK_OFF.fullmatch(message) if reason == "ImagePullBackOff" else None
-        if pull is not None:
-            return pull["reason"], pull["message"]
-        if reason in ("RunContainerError", CRASH_LOOP) and last:
-            return CRASH_LOOP, _exit(last)
-        return reason, message
-    terminated = state.get("terminated")
-    if terminated is not None:
-        if init and terminated.get("exitCode") == 0:
-            return None  # an init container that did its work
-        return CRASH_LOOP, _exit(terminated)
-    if last and not container.get("ready"):
-        return CRASH_LOOP, _exit(last)  # running again after an exit, not ready yet
-    return None
-
-
-def pod_trouble(pods: list[dict[str, Any]]) -> PodTrouble | None:
-    """The kubelet's reason for the first pod by name (not ready, not on its way out) with a container
-    that does not run: its init containers first, then its containers."""
-    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        meta, st = pod["metadata"], pod.get("status") or {}
-        if meta.get("deletionTimestamp") or st.get("phase") in ("Succeeded", "Failed") or pod_ready(pod):
-            continue
-        for kind, field in (("init container", "initContainerStatuses"), ("container", "containerStatuses")):
-            for container in st.get(field) or []:
-                found = container_trouble(container, init=field == "initContainerStatuses")
-                if found is not None:
-                    reason, message = found
-                    return PodTrouble(reason, f"pod {meta['name']} {kind} {container.get('name')}: {message}")
-    return None
 
 
 def status_document(status: EPDDeploymentStatus) -> dict[str, Any]:

@@ -1,20 +1,13 @@
-"""controller/status: a tier's pods the kubelet cannot run, named in the status and in one Event per
-change. The container statuses are the kubelet's own (1.37, containerd, runc), as the real node
+"""controller/pods and controller/status: a tier's pods the kubelet cannot run, named in the status and in one
+Event per change. The container statuses are the kubelet's own (1.37, containerd, runc), as the real node
 reported them for an image no registry serves and for an image without the command it is told to run."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from epd_operator.controller.status import (
-    PodTrouble,
-    TierInput,
-    container_trouble,
-    derive_status,
-    pod_trouble,
-    status_document,
-    transitions,
-)
+from epd_operator.controller.pods import PodTrouble, container_trouble, pod_trouble
+from epd_operator.controller.status import TierInput, derive_status, status_document, transitions
 from tests.support.workloads import settled_deployment
 
 T0 = "2026-01-01T00:00:00Z"
