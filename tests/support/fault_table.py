@@ -428,7 +428,9 @@ class FaultTable:
                 },
                 "validations": [
                     {
-                        "expression": f"request.dryRun == true || !object.metadata.name.startsWith('{SECOND}-')",
+                        "expression": (
+                            f"(has(request.dryRun) && request.dryRun) || !object.metadata.name.startsWith('{SECOND}-')"
+                        ),
                         "message": "held by the fault table until the operator is killed",
                     }
                 ],
