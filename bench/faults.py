@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.support.fault_table import FaultRecord, Row, record_from_json, run_table
+from tests.support.fault_table import FaultRecord, Row, record_document, record_from_json, run_table
 from tests.support.mission import mission_cluster
 from tests.support.real_node import unavailable
 
@@ -45,7 +44,12 @@ FACTS = {
         f"{f['no_encoder_in_generation']:.0f} requests sent raw to consumers whose generation had no encoder"
     ),
     "operator_killed_mid_apply": lambda f: (
-        f"missing {f['missing'] or 'none'}, unexpected {f['unexpected'] or 'none'}, pods per tier {f['pods_per_tier']}"
+        (
+            f"killed with {len(f['applied_at_kill'])} objects applied and {len(f['missing_at_kill'])} not; "
+            if "applied_at_kill" in f
+            else ""
+        )
+        + f"missing {f['missing'] or 'none'}, unexpected {f['unexpected'] or 'none'}, pods per tier {f['pods_per_tier']}"
     ),
     "control_plane_restarted": lambda f: (
         f"API unavailable {f['api_down_s']} s; the operator {'restarted' if f['operator_restarted'] else 'kept running'}, "
@@ -53,6 +57,11 @@ FACTS = {
     ),
     "kubelet_restarted": lambda f: (
         f"pods replaced: {f['pods_replaced'] or 'none'}; {f['container_restarts']} container restarts"
+        + (
+            f"; the new kubelet's first heartbeat {f['heartbeat_after_restart_s']} s after the restart"
+            if "heartbeat_after_restart_s" in f
+            else ""
+        )
     ),
 }
 
@@ -132,13 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     started, t, ran_at = datetime.now(UTC), time.monotonic(), commit()
     with tempfile.TemporaryDirectory(prefix="epd-bench-faults-") as tmp, mission_cluster(Path(tmp)) as m:
         record = run_table(m, Path(tmp), say=lambda line: print(line, file=sys.stderr))
-    raw = {
-        "started": started.isoformat(),
-        "commit": ran_at,
-        "wall": time.monotonic() - t,
-        "load_average": list(os.getloadavg()),
-        "record": record.to_json(),
-    }
+    raw = record_document(record, started, t, commit=ran_at)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
     write(raw, out)

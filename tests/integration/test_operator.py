@@ -26,6 +26,7 @@ from tests.support.operator_run import (
     epd_doc,
     epd_path,
     events,
+    full_passes,
     metric_value,
     observed,
     operator_in_process,
@@ -224,6 +225,64 @@ async def test_consumers_keep_their_generation_until_an_encoder_of_the_new_one_i
     await wait_until(lambda: template_generation("vl-decode") == new, 60, lambda: epd(ns)["status"])
     await phase(ns, "Ready", timeout=60)
     assert condition(epd(ns), "Progressing")["reason"] == "RolloutComplete"
+
+
+def status_passes(metrics: Metrics) -> float:
+    return metric_value(metrics.exposition().decode(), "epd_operator_reconciles_total", kind="status")
+
+
+async def test_while_consumers_are_held_only_the_awaited_encoder_turning_ready_costs_a_full_pass(ns: KubeView):
+    """Watch events alone (the resync is an hour away): a held decode tier's and a never-ready encoder's
+    events refresh the status without a full pass (no dry run per event), and the new encoder pod
+    turning Ready moves the decode tier at once."""
+    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "3600") as m:
+        doc = epd_doc()
+        await create(ns, doc)
+        await phase(ns, "Ready", timeout=60)
+        encoder = {**doc["spec"]["encoder"], "image": "vllm/vllm-openai:v0.33.1"}
+        stuck = {**encoder, "resources": {**encoder["resources"], "limits": {"nvidia.com/gpu": 64}}}
+        await patch_spec(ns, {"encoder": stuck})
+        new = compatibility_generation(parse_epd({**doc, "spec": {**doc["spec"], "encoder": stuck}}))
+        await wait_until(
+            lambda: condition(epd(ns), "Progressing").get("reason") == "WaitingForEncoders",
+            30,
+            lambda: epd(ns)["status"],
+        )
+
+        def waiting() -> list[str]:
+            """The new generation's encoder pods (Pending: no node fits them)."""
+            pods = ns.pods(**{"serving.epd.dev/role": "encoder"})
+            return [p["metadata"]["name"] for p in pods if p["metadata"]["labels"].get(GENERATION) == new]
+
+        await wait_until(waiting, 30, lambda: ns.pods())
+        held = {p["metadata"]["name"] for p in ns.pods(**{"serving.epd.dev/role": "decode"})}
+        assert held
+        full = full_passes(m)
+        # Pod and child events, one at a time, each seen by a status pass.
+        for i, target in enumerate(
+            [
+                f"pod/{waiting()[0]}",
+                *(f"pod/{name}" for name in sorted(held)),
+                "deployment/vl-decode",
+                "deployment/vl-encoder",
+            ]
+        ):
+            passes = status_passes(m)
+            ns.kubectl("annotate", "--overwrite", target, f"test.epd.dev/touch={i}")
+            await wait_until(
+                lambda passes=passes: status_passes(m) > passes, 20, f"no status pass after touching {target}"
+            )
+        assert full_passes(m) == full, "a watch event during the hold ran a full pass"
+        assert condition(epd(ns), "Progressing")["reason"] == "WaitingForEncoders"
+
+        # The new encoders fit: the spec change's own pass applies them; their pod's Ready event releases decode.
+        await patch_spec(ns, {"encoder": encoder})
+        await wait_until(
+            lambda: deployment(ns, "vl-decode")["spec"]["template"]["metadata"]["labels"][GENERATION] == new,
+            60,
+            lambda: epd(ns)["status"],
+        )
+        await phase(ns, "Ready", timeout=60)
 
 
 async def test_the_real_hpa_owns_replicas_and_the_operator_never_resets_them(ns, operator):

@@ -5,12 +5,14 @@ Everything runs on the real node from locally built images: the operator (from i
 ServiceAccount), the router it renders, and vLLM 0.32 for CPU (`localhost/epd-vllm-cpu:0.32.0`) in
 the encoder and prefill+decode pods, which mount the tiny model from the node's model cache and
 share the encoder cache through an RWX hostPath volume (`examples/epd-local-cpu.yaml`, unchanged).
-The tests run in file order on one deployment: probes pass, a request with an image answers through
-`kubectl port-forward` and through the Service's ClusterIP from a client pod, vLLM's own metrics
-show the encoder encoded the image once, the faults that restart no vLLM pod cost what their rows of
-the fault table allow (tests/support/fault_table.py, under load, with the router tier scaled to two),
-a change to one tier rolls only that tier, and deleting the EPDDeployment removes every pod. Then
-the E/P/D variant moves the KV cache between pods over NIXL.
+The tests share one deployment: probes pass, a request with an image answers through `kubectl
+port-forward` and through the Service's ClusterIP from a client pod, vLLM's own metrics show the
+encoder encoded the image once, the faults that restart no vLLM pod cost what their rows of the fault
+table allow (tests/support/fault_table.py, under load, with the router tier scaled to two), a change
+to one tier rolls only that tier, and deleting the EPDDeployment removes every pod. Then the E/P/D
+variant moves the KV cache between pods over NIXL. Each test asks a fixture for the state it needs
+(the example applied and settled, the E+PD answer it compares with), so any test runs alone or in any
+order; in file order each state is already there when the next test asks for it.
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
 NS, NAME, SERVED = "epd-local", "tiny-vl", "tiny-vl"
 EPD_API = "serving.epd.dev/v1alpha1"
 MAX_TOKENS = 4
-# Greedy answers of the E+PD deployment by image seed; the E/P/D one must give the same.
-E_PD_ANSWERS: dict[int, list[int]] = {}
+ROLES = ("encoder", "decode", "router")
 
 
 pytestmark = [
@@ -54,20 +55,58 @@ pytestmark = [
 ]
 
 
+@dataclass
+class Example:
+    """examples/epd-local-cpu.yaml on the shared cluster, as this module's tests need it."""
+
+    m: Mission
+    applied: list[str] = dataclasses.field(default_factory=list)  # each `kubectl apply`'s output, in order
+    # Greedy answers of the E+PD deployment by image seed; the E/P/D one must give the same.
+    answers: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+
+    def settled(self) -> bool:
+        """Ready on its current spec, one pod per tier, none on its way out or still starting."""
+        pods = self.m.kube.pods(**{"app.kubernetes.io/instance": NAME})
+        return (
+            _allis_ready(self.m)
+            and all(len(self.m.pods(role)) == 1 for role in ROLES)
+            and all(is_ready(p) and not p["metadata"].get("deletionTimestamp") for p in pods)
+        )
+
+    def deployed(self) -> Mission:
+        """The example as shipped applied (a no-op when it is), and settled on it."""
+        started = time.monotonic()
+        out = self.m.kube.kubectl("apply", "-f", str(EXAMPLE)).stdout
+        self.applied.append(out)
+        wait_for(self.settled, 900, lambda: _describe(self.m), interval=2)
+        if f"epddeployment.serving.epd.dev/{NAME} unchanged" not in out:
+            print(f"EPDDeployment settled {time.monotonic() - started:.0f} s after kubectl apply", file=sys.stderr)
+        return self.m
+
+    def present(self) -> Mission:
+        """The example's EPDDeployment, in whatever state the tests before left it (applied when absent)."""
+        if self.m.kube.get(EPD_API, "EPDDeployment", NAME) is None:
+            return self.deployed()
+        return self.m
+
+
 @pytest.fixture(scope="module")
-def mission(shared_mission: Mission) -> Iterator[Mission]:
+def example(shared_mission: Mission) -> Iterator[Example]:
     m = dataclasses.replace(shared_mission, name=NAME)
-    yield m
+    remove(m, NAME, "tiny-vl-pd")  # the module starts from nothing of its own
+    yield Example(m)
     remove(m, NAME, "tiny-vl-pd")  # whatever a failed test left
 
 
-def test_the_example_applies_and_its_vllm_pods_pass_their_probes(mission: Mission):
-    applied = mission.kube.kubectl("apply", "-f", str(EXAMPLE))
-    assert f"epddeployment.serving.epd.dev/{NAME} created" in applied.stdout
+@pytest.fixture
+def mission(example: Example) -> Mission:
+    """The example applied and settled."""
+    return example.deployed()
 
-    started = time.monotonic()
-    wait_for(lambda: _allis_ready(mission), 900, lambda: _describe(mission), interval=2)
-    print(f"EPDDeployment Ready {time.monotonic() - started:.0f} s after kubectl apply", file=sys.stderr)
+
+def test_the_example_applies_and_its_vllm_pods_pass_their_probes(mission: Mission, example: Example):
+    # The module's first apply created it (the module starts with no EPDDeployment of its own).
+    assert f"epddeployment.serving.epd.dev/{NAME} created" in example.applied[0]
 
     for role in ("encoder", "decode"):
         [pod] = mission.pods(role)
@@ -85,7 +124,7 @@ def _chat_body(seed: int) -> dict[str, Any]:
     return chat_body(SERVED, [text_part("Describe the image."), image_part(seed)], MAX_TOKENS)
 
 
-def test_a_chat_with_an_image_through_kubectl_port_forward_is_encoded_once(mission: Mission):
+def test_a_chat_with_an_image_through_kubectl_port_forward_is_encoded_once(mission: Mission, example: Example):
     from dev.client import chat
 
     encoded = mission.metric("encoder", "vllm:request_success_total")
@@ -95,7 +134,7 @@ def test_a_chat_with_an_image_through_kubectl_port_forward_is_encoded_once(missi
         first = chat(f"http://127.0.0.1:{port}", _chat_body(1))
         assert first.ok, f"through port-forward: {first}"
         assert first.completion_tokens == MAX_TOKENS
-        E_PD_ANSWERS[1] = first.token_ids
+        example.answers[1] = first.token_ids
         assert mission.metric("encoder", "vllm:request_success_total") == encoded + 1, "the encoder encoded the image"
 
         again = chat(f"http://127.0.0.1:{port}", _chat_body(1))
@@ -137,6 +176,8 @@ def test_a_chat_through_the_cluster_ip_from_a_client_pod(mission: Mission):
         },
     }
     request = {"body.json": json.dumps(_chat_body(2))}  # a data URL is too long for an env var or argument
+    for kind, name in (("pod", "chat-client"), ("configmap", "chat-request")):  # what a failed run left
+        mission.kube.kubectl("-n", NS, "delete", kind, name, "--ignore-not-found", "--wait=true")
     mission.kube.create(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "chat-request"}, "data": request}
     )
@@ -172,10 +213,11 @@ class QuickFaults:
 
 
 @pytest.fixture(scope="module")
-def quick_faults(mission: Mission, tmp_path_factory: pytest.TempPathFactory) -> QuickFaults:
+def quick_faults(example: Example, tmp_path_factory: pytest.TempPathFactory) -> QuickFaults:
     """The fault rows that restart no vLLM pod, on this deployment: the example applied again with two
     routers (only the router tier changes), the rows one after another under load, then the example as
     shipped again (one router) for the tests after them."""
+    mission = example.deployed()
     before = _uids(mission)
     try:
         record = run_recorded(
@@ -187,13 +229,7 @@ def quick_faults(mission: Mission, tmp_path_factory: pytest.TempPathFactory) -> 
         )
     finally:
         remove(mission, SECOND)  # whatever a failed row left
-        mission.kube.kubectl("apply", "-f", str(EXAMPLE))
-        wait_for(
-            lambda: _allis_ready(mission) and len(mission.pods("router")) == 1,
-            600,
-            lambda: _describe(mission),
-            interval=2,
-        )
+        example.deployed()
     after = _uids(mission)
     return QuickFaults(
         record,
@@ -239,7 +275,8 @@ def test_a_change_of_one_tier_rolls_only_that_tier(mission: Mission):
     assert mission.metric("encoder", "vllm:request_success_total") == encoded + 1
 
 
-def test_deleting_the_epddeployment_removes_every_pod(mission: Mission):
+def test_deleting_the_epddeployment_removes_every_pod(example: Example):
+    mission = example.present()
     mission.kube.kubectl("-n", NS, "delete", "epddeployment", NAME, "--wait=false")
     wait_for(
         lambda: not mission.kube.pods(**{"app.kubernetes.io/instance": NAME}),
@@ -269,7 +306,24 @@ class _PodsEPD:
         return path
 
 
-def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(mission: Mission, tmp_path: Path):
+@pytest.fixture
+def e_pd_answer(example: Example) -> list[int]:
+    """The E+PD deployment's greedy answer for image 1 (the port-forward test's, else asked for here),
+    with the E+PD deployment then removed: the E/P/D variant needs the node's cores to itself."""
+    from dev.client import chat
+
+    if 1 not in example.answers:
+        with _port_forward(example.deployed()) as port:
+            reply = chat(f"http://127.0.0.1:{port}", _chat_body(1))
+        assert reply.ok, reply
+        example.answers[1] = reply.token_ids
+    remove(example.m, NAME)
+    return example.answers[1]
+
+
+def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(
+    example: Example, e_pd_answer: list[int], tmp_path: Path
+):
     """examples/epd-local-cpu-nixl.yaml: prefill and decode in separate pods, the KV cache read by
     decode from prefill with NIXL (UCX over TCP) through the rendered side channel (the pod's IP),
     unchanged; vLLM's own counters say every transfer succeeded and no lease expired, and the greedy
@@ -277,9 +331,9 @@ def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(mission: Mi
     from dev import kv_transfer
     from dev.client import chat
 
+    mission = dataclasses.replace(example.m, name="tiny-vl-pd")
     applied = mission.kube.kubectl("apply", "-f", str(REPO / "examples" / "epd-local-cpu-nixl.yaml"))
     assert "epddeployment.serving.epd.dev/tiny-vl-pd created" in applied.stdout
-    mission.name = "tiny-vl-pd"
     try:
         wait_for(
             lambda: _allis_ready(mission, ("encoder", "prefill", "decode", "router")),
@@ -308,7 +362,7 @@ def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(mission: Mi
             moved = kv_transfer.read(running).since(before)
         assert not moved.problems(), moved.line()
         assert moved.transfers >= 2, moved.line()
-        assert reply.token_ids == E_PD_ANSWERS[1], "E/P/D over NIXL answers as E+PD does (greedy, same image)"
+        assert reply.token_ids == e_pd_answer, "E/P/D over NIXL answers as E+PD does (greedy, same image)"
         print(f"E/P/D over NIXL between pods: {moved.line()}", file=sys.stderr)
     finally:
         mission.kube.kubectl("-n", NS, "delete", "epddeployment", mission.name, "--wait=false", check=False)

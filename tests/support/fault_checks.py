@@ -42,6 +42,7 @@ def _rolling_image_change(record: FaultRecord, row: Row) -> None:
 def _missing_image(record: FaultRecord, row: Row) -> None:
     _no_failure(record, row)
     assert "ImagePull" in row.facts["status"] and row.facts["warning_events"] == 1, _show(row)
+    assert row.facts["pulls_after_warning"] >= 2, f"the kubelet's retries were not waited for: {_show(row)}"
     assert row.facts["ready_encoders_while_failing"] == 2, _show(row)
     # Encoders first: the consumers stay on their generation, with their encoders, while the new one fails.
     assert row.facts["consumer_generations_while_failing"] == [row.facts["generation_before"]], _show(row)
@@ -49,6 +50,11 @@ def _missing_image(record: FaultRecord, row: Row) -> None:
 
 
 def _operator_killed_mid_apply(record: FaultRecord, row: Row) -> None:
+    # Killed mid-apply: some objects applied, the Deployments not; still so when the restarted one led.
+    assert row.facts["applied_at_kill"] and row.facts["missing_at_kill"], f"no partial apply at the kill: {_show(row)}"
+    assert any(o.startswith("Deployment/") for o in row.facts["missing_at_release"]), _show(row)
+    assert row.facts["leader_at_release"], _show(row)
+    # The restarted operator completed it.
     assert row.facts["missing"] == [] and row.facts["unexpected"] == [], _show(row)
     assert row.facts["pods_per_tier"] == {"encoder": 1, "decode": 1, "router": 1}, _show(row)
     assert row.failures == 0, f"the serving deployment lost requests: {_show(row)}"
@@ -65,6 +71,7 @@ def _control_plane_restarted(record: FaultRecord, row: Row) -> None:
 
 def _kubelet_restarted(record: FaultRecord, row: Row) -> None:
     _no_failure(record, row)
+    assert row.facts["heartbeat_after_restart_s"] > 0, f"no heartbeat of the restarted kubelet: {_show(row)}"
     assert row.facts["pods_replaced"] == [] and row.facts["container_restarts"] == 0, _show(row)
 
 

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,10 @@ EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
 SERVED = "tiny-vl"
 ROLES = ("encoder", "decode", "router")
 SECOND = "tiny-vl-second"  # the EPDDeployment applied while the operator is killed
+MISSING_IMAGE = "localhost/epd-does-not-exist:1"
+# The admission policy that holds the second EPDDeployment's apply half-done (FaultTable.hold_deployments).
+HOLD = "epd-faults-hold-second"
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 OPERATOR_METRICS_PORT = 9090  # charts/epd-operator values: metrics.port
 
 
@@ -114,6 +119,11 @@ def fault_example(name: str, replicas: dict[str, int]) -> list[dict[str, Any]]:
     return docs
 
 
+def event_count(event: dict[str, Any]) -> int:
+    """How often an Event happened: its count, or its series' (Events written through events.k8s.io)."""
+    return int(event.get("count") or (event.get("series") or {}).get("count") or 1)
+
+
 def _restarts(pod: dict[str, Any]) -> int:
     return sum(c.get("restartCount", 0) for c in (pod.get("status") or {}).get("containerStatuses") or [])
 
@@ -159,16 +169,22 @@ class FaultTable:
         )
 
     def all_settled(self) -> bool:
-        """The operator has acted on the EPDDeployment's current spec and every tier has settled on it."""
-        epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
-        seen = (epd.get("status") or {}).get("observedGeneration") == epd.get("metadata", {}).get("generation")
-        return seen and all(self.settled(role) for role in ROLES) and all_ready(self.m)
+        """The operator has reported the EPDDeployment's current spec Ready and every tier has settled on it."""
+        return all(self.settled(role) for role in ROLES) and all_ready(self.m)
 
     def uids(self) -> dict[str, str]:
         return {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.m.kube.pods()}
 
     def restarts(self) -> dict[str, int]:
         return {p["metadata"]["name"]: _restarts(p) for p in self.m.kube.pods()}
+
+    def pull_attempts(self, image: str) -> int:
+        """How often the kubelet has started pulling `image` for a pod of this namespace (its Pulling Events)."""
+        return sum(
+            event_count(e)
+            for e in self.m.kube.events(kind="Pod")
+            if e.get("reason") == "Pulling" and f'"{image}"' in (e.get("message") or "")
+        )
 
     def router_metric(self, name: str, **labels: str) -> float:
         return sum(self.m.pod_metric(p, name, 9090, **labels) for p in self.m.pods("router"))
@@ -191,16 +207,34 @@ class FaultTable:
         pods = self.m.system.list("v1", "Pod", labels={"app.kubernetes.io/name": "epd-operator"})
         return next((p for p in pods if is_ready(p) and not p["metadata"].get("deletionTimestamp")), None)
 
-    def operator_writes(self) -> dict[str, float]:
-        """The operator's mutating API requests so far by verb and kind (its own counter), Leases apart."""
-        from tests.support.prom import samples
-
+    def operator_metrics(self) -> str:
+        """The Ready operator pod's own /metrics."""
         pod = self.operator_pod()
         assert pod is not None, "no operator pod is Ready"
         status, text = self.m.in_node(f"http://{pod['status']['podIP']}:{OPERATOR_METRICS_PORT}/metrics", timeout=10)
         assert status == 200, text[:300]
+        return text
+
+    def operator_leads(self) -> bool:
+        from tests.support.prom import metric_value
+
+        return metric_value(self.operator_metrics(), "epd_operator_leader") == 1
+
+    def operator_passes(self) -> float:
+        """Reconcile passes the operator has made, full and status (its own counter)."""
+        from tests.support.prom import metric_value
+
+        return metric_value(self.operator_metrics(), "epd_operator_reconciles_total")
+
+    def passes_since(self, passes: float) -> bool:
+        return self.operator_passes() > passes
+
+    def operator_writes(self) -> dict[str, float]:
+        """The operator's mutating API requests so far by verb and kind (its own counter), Leases apart."""
+        from tests.support.prom import samples
+
         writes: Counter[str] = Counter()
-        for sample in samples(text):
+        for sample in samples(self.operator_metrics()):
             if sample.name == "epd_operator_api_writes_total" and sample.labels.get("kind") != "Lease":
                 writes[f"{sample.labels.get('verb')} {sample.labels.get('kind')}"] += int(sample.value)
         return dict(writes)
@@ -323,7 +357,7 @@ class FaultTable:
             "0 failed (the running encoders stay); the tier's status and one Event name the pull error",
         ) as row:
             before = self.m.pods("decode")[0]["metadata"]["labels"].get(GENERATION, "")
-            self.patch({"spec": {"encoder": {"image": "localhost/epd-does-not-exist:1"}}})
+            self.patch({"spec": {"encoder": {"image": MISSING_IMAGE}}})
 
             def named() -> str | None:
                 epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
@@ -340,8 +374,14 @@ class FaultTable:
 
             row.facts["status"] = self.wait(named, 300, "the encoder tier's status naming the pull error")[:300]
             self.wait(warnings, 60, "a Warning Event naming the pull error")
-            time.sleep(10)  # the kubelet's retries (ImagePullBackOff) must not add Events
-            row.facts["warning_events"] = sum(int(e.get("count") or 1) for e in warnings())
+            # The kubelet's retries (ErrImagePull, ImagePullBackOff, a pull again) must not add Events: two
+            # more of its pulls after the Warning, each after a back-off.
+            pulls = self.pull_attempts(MISSING_IMAGE)
+            self.wait(
+                lambda: self.pull_attempts(MISSING_IMAGE) >= pulls + 2, 300, "two more pulls of the missing image"
+            )
+            row.facts["pulls_after_warning"] = self.pull_attempts(MISSING_IMAGE) - pulls
+            row.facts["warning_events"] = sum(event_count(e) for e in warnings())
             row.facts["ready_encoders_while_failing"] = sum(1 for p in self.m.pods("encoder") if is_ready(p))
             # Encoders first: the consumers keep the generation they run until an encoder of the new one is Ready.
             row.facts["consumer_generations_while_failing"] = sorted(
@@ -357,6 +397,93 @@ class FaultTable:
             - fallback
         )
 
+    def children(self, name: str, desired: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        """(kind, name) of every object of the kinds in `desired` that belongs to the EPDDeployment `name`."""
+        return {
+            (kind, obj["metadata"]["name"])
+            for api, kind in {(o["apiVersion"], o["kind"]) for o in desired}
+            for obj in self.m.kube.list(api, kind, labels={"app.kubernetes.io/instance": name})
+        }
+
+    def hold_deployments(self) -> None:
+        """Until :meth:`release_deployments`: the API server refuses to write (not to dry-run) a Deployment
+        of the second EPDDeployment, so the operator's apply of it stops after the objects it applies
+        before the Deployments (ConfigMap, ServiceAccount, RBAC, Services) and it retries. Returns once
+        the API server enforces it (it compiles a new policy in the background)."""
+        policy = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": HOLD},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["apps"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": ["deployments"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": (
+                            f"(has(request.dryRun) && request.dryRun) || !object.metadata.name.startsWith('{SECOND}-')"
+                        ),
+                        "message": "held by the fault table until the operator is killed",
+                    }
+                ],
+            },
+        }
+        binding = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": HOLD},
+            "spec": {
+                "policyName": HOLD,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.m.kube.ns}}
+                },
+            },
+        }
+        for kind, obj in (("validatingadmissionpolicies", policy), ("validatingadmissionpolicybindings", binding)):
+            self.m.kube.ok("POST", f"{ADMISSION_API}/{kind}", obj, content_type="application/json")
+        probe: dict[str, Any] = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": f"{SECOND}-hold-probe"},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "hold-probe"}},
+                "template": {
+                    "metadata": {"labels": {"app": "hold-probe"}},
+                    "spec": {"containers": [{"name": "c", "image": VLLM_STUB_IMAGE}]},
+                },
+            },
+        }
+        path = f"/apis/apps/v1/namespaces/{self.m.kube.ns}/deployments"
+
+        def refused() -> bool:
+            status, answer = self.m.kube.request("POST", path, probe, content_type="application/json")
+            if status < 300:  # not enforced yet: the probe was created
+                self.m.kube.delete("apps/v1", "Deployment", probe["metadata"]["name"])
+                return False
+            assert "held by the fault table" in json.dumps(answer), answer
+            return True
+
+        self.wait(refused, 60, "the API server enforcing the hold on the second EPDDeployment's Deployments")
+
+    def release_deployments(self) -> None:
+        for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
+            self.m.kube.request("DELETE", f"{ADMISSION_API}/{kind}/{HOLD}")
+
+    def lease_holder(self) -> str | None:
+        """Who holds the operator's leader Lease (epd-operator, in its namespace): `<pod name>_<suffix>`."""
+        lease = self.m.system.get("coordination.k8s.io/v1", "Lease", "epd-operator") or {}
+        return (lease.get("spec") or {}).get("holderIdentity")
+
     def operator_killed_mid_apply(self) -> None:
         from epd_operator.api.validation import parse_epd
         from epd_operator.render import render
@@ -364,48 +491,55 @@ class FaultTable:
         docs = fault_example(SECOND, {role: 1 for role in ROLES})
         epd = next(d for d in docs if d["kind"] == "EPDDeployment")
         epd["spec"]["image"] = VLLM_STUB_IMAGE  # starts in a second: the row is about the operator
+        desired = render(parse_epd({**epd, "metadata": {**epd["metadata"], "namespace": self.m.kube.ns}}))
+        want = {(o["kind"], o["metadata"]["name"]) for o in desired}
         with self.row(
             "operator_killed_mid_apply",
-            "the operator pod killed while it applies a new EPDDeployment",
+            "the operator pod killed with a new EPDDeployment half applied (an admission policy refuses its "
+            "Deployments until the kill)",
             "after its restart: converged, nothing duplicated, nothing half-applied; the serving deployment unaffected",
         ) as row:
             old = self.operator_pod()
             assert old is not None
-            self.m.kube.create(epd)
-            time.sleep(0.5)  # the operator has begun: the watch event is delivered within milliseconds
-            self.m.system.kubectl(
-                "-n", self.m.system.ns, "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force"
-            )
-            second = Mission(self.cluster, self.m.kube, self.m.system, SECOND)
-
-            def converged() -> bool:
-                new = self.operator_pod()
-                obj = self.m.kube.get(EPD_API, "EPDDeployment", SECOND) or {}
-                status = obj.get("status") or {}
-                return (
-                    new is not None
-                    and new["metadata"]["uid"] != old["metadata"]["uid"]
-                    and status.get("observedGeneration") == obj["metadata"]["generation"]
-                    and all_ready(second)
-                    and all(self.settled(role, SECOND) for role in ROLES)
+            self.hold_deployments()
+            try:
+                self.m.kube.create(epd)
+                # Its first child exists: the operator is applying; the hold keeps the apply partial.
+                self.wait(lambda: self.children(SECOND, desired), 120, "the operator applying the new EPDDeployment")
+                self.m.system.kubectl(
+                    "-n", self.m.system.ns, "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force"
                 )
+                present = self.children(SECOND, desired)
+                row.facts["applied_at_kill"] = sorted(f"{k}/{n}" for k, n in present)
+                row.facts["missing_at_kill"] = sorted(f"{k}/{n}" for k, n in want - present)
 
-            self.wait(converged, 600, "the restarted operator converging the new EPDDeployment")
+                # The hold ends once the restarted operator leads (the killed one's Lease has expired): only
+                # it can complete the apply.
+                def restarted_leads() -> str | None:
+                    new = self.operator_pod()
+                    if new is None or new["metadata"]["uid"] == old["metadata"]["uid"]:
+                        return None
+                    holder = self.lease_holder() or ""
+                    return holder if holder.rpartition("_")[0] == new["metadata"]["name"] else None
+
+                row.facts["leader_at_release"] = self.wait(restarted_leads, 300, "the restarted operator leading")
+                row.facts["missing_at_release"] = sorted(f"{k}/{n}" for k, n in want - self.children(SECOND, desired))
+            finally:
+                self.release_deployments()
+            second = Mission(self.cluster, self.m.kube, self.m.system, SECOND)
+            self.wait(
+                lambda: all_ready(second) and all(self.settled(role, SECOND) for role in ROLES),
+                600,
+                "the restarted operator converging the new EPDDeployment",
+            )
             row.recovered = time.time()
             # What the operator applies for it, from the same render(), each object once and whole.
-            desired = render(parse_epd(self.m.kube.get(EPD_API, "EPDDeployment", SECOND) or {}))
-            want = {(o["kind"], o["metadata"]["name"]) for o in desired}
             row.facts["missing"] = sorted(
                 f"{o['kind']}/{o['metadata']['name']}"
                 for o in desired
                 if self.m.kube.get(o["apiVersion"], o["kind"], o["metadata"]["name"]) is None
             )
-            listed = {
-                (kind, obj["metadata"]["name"])
-                for api, kind in {(o["apiVersion"], o["kind"]) for o in desired}
-                for obj in self.m.kube.list(api, kind, labels={"app.kubernetes.io/instance": SECOND})
-            }
-            row.facts["unexpected"] = sorted(f"{k}/{n}" for k, n in listed - want)
+            row.facts["unexpected"] = sorted(f"{k}/{n}" for k, n in self.children(SECOND, desired) - want)
             row.facts["pods_per_tier"] = {role: len(second.pods(role)) for role in ROLES}
         self.m.kube.kubectl("-n", self.m.kube.ns, "delete", "epddeployment", SECOND, "--wait=false")
         self.wait(
@@ -427,7 +561,17 @@ class FaultTable:
             # answers, then leads again (its pod Ready throughout, unless it crashed): wait for both.
             self.wait(lambda: self.all_settled() and self.operator_pod(), 900, "the cluster and the operator back")
             row.recovered = time.time()
-            time.sleep(30)  # what the operator writes once its watches are back
+            # What the operator writes once its watches are back: it leads again (a full pass over every
+            # EPDDeployment is queued then), and answers a Deployment's and a Pod's change made after the
+            # outage (a pass after each, which follows any pass queued before it).
+            self.wait(lambda: self.operator_leads(), 300, "the operator leading again")
+            [router, *_] = self.m.pods("router")
+            for i, target in enumerate((f"deployment/{self.m.name}-router", f"pod/{router['metadata']['name']}")):
+                passes = self.operator_passes()
+                self.m.kube.kubectl(
+                    "-n", self.m.kube.ns, "annotate", "--overwrite", target, f"faults.epd.dev/after-restart={i}"
+                )
+                self.wait(partial(self.passes_since, passes), 120, f"the operator's pass after {target}")
             after = self.operator_writes()
             now = self.operator_pod() or {}
             restarted = _restarts(now) != _restarts(operator) or now.get("metadata", {}).get("uid") != operator.get(
@@ -449,17 +593,28 @@ class FaultTable:
             "the node's kubelet restarted",
             "0 failed; the running pods keep serving, none restarted",
         ) as row:
-            self.cluster.real_node().restart_kubelet()
             node = self.cluster.real_node().name
+            self.cluster.real_node().restart_kubelet()
+            restarted = datetime.now(UTC)  # the old kubelet has exited: a later heartbeat is the new one's
 
-            def node_ready() -> bool:
+            def heartbeat() -> datetime | None:
+                """The node's Lease renewal, when the new kubelet has renewed it."""
+                lease = self.m.kube.get("coordination.k8s.io/v1", "Lease", node, namespace="kube-node-lease") or {}
+                renewed = (lease.get("spec") or {}).get("renewTime")
+                return (
+                    datetime.fromisoformat(renewed) if renewed and datetime.fromisoformat(renewed) > restarted else None
+                )
+
+            def node_ready() -> datetime | None:
                 obj = self.m.kube.get("v1", "Node", node) or {}
                 conditions = obj.get("status", {}).get("conditions") or []
-                fresh = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-                return fresh and self.all_settled()
+                ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                # A short restart leaves the old kubelet's Ready in place: the Lease the new one renewed says it reports.
+                beat = heartbeat()
+                return beat if beat is not None and ready and self.all_settled() else None
 
-            time.sleep(2)
-            self.wait(node_ready, 300, "the node Ready again")
+            beat = self.wait(node_ready, 300, "the node Ready again, with a heartbeat of the restarted kubelet")
+            row.facts["heartbeat_after_restart_s"] = round((beat - restarted).total_seconds(), 1)
             row.recovered = time.time()
             row.facts["pods_replaced"] = sorted(n for n, u in uids.items() if self.uids().get(n) != u)
             row.facts["container_restarts"] = sum(self.restarts().values()) - sum(restarts.values())
@@ -488,6 +643,18 @@ QUICK_ROWS = ("router_pod_deleted", "operator_killed_mid_apply", "control_plane_
 QUICK_REPLICAS = {"encoder": 1, "decode": 1, "router": 2}
 
 
+def record_document(record: FaultRecord, started: datetime, since: float, **more: Any) -> dict[str, Any]:
+    """A run's faults.json: its record, when it started, its wall time (since `since`, a time.monotonic()
+    reading) and the load average at its end; `more` adds fields (bench/faults.py: the commit)."""
+    return {
+        "started": started.isoformat(),
+        **more,
+        "wall": time.monotonic() - since,
+        "load_average": list(os.getloadavg()),
+        "record": record.to_json(),
+    }
+
+
 def run_recorded(
     m: Mission, tmp: Path, say: Callable[[str], None], rows: tuple[str, ...], replicas: dict[str, int]
 ) -> FaultRecord:
@@ -495,13 +662,7 @@ def run_recorded(
     --from-record`` turns it into the results table)."""
     started, t = datetime.now(UTC), time.monotonic()
     record = run_table(m, tmp, say=say, rows=rows, replicas=replicas)
-    raw = {
-        "started": started.isoformat(),
-        "wall": time.monotonic() - t,
-        "load_average": list(os.getloadavg()),
-        "record": record.to_json(),
-    }
-    (tmp / "faults.json").write_text(json.dumps(raw, indent=1))
+    (tmp / "faults.json").write_text(json.dumps(record_document(record, started, t), indent=1))
     say(f"fault record (python -m bench.faults --from-record): {tmp / 'faults.json'}")
     return record
 

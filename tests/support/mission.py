@@ -92,11 +92,18 @@ def describe(m: Mission) -> str:
 
 
 def all_ready(m: Mission, roles: tuple[str, ...] = ("encoder", "decode", "router")) -> bool:
+    """The operator has reported on the EPDDeployment's current spec (its status and Ready condition
+    of the current generation) that it is Ready, and each of these tiers has a Ready pod."""
     epd = m.kube.get(EPD_API, "EPDDeployment", m.name) or {}
-    conditions = {c["type"]: c["status"] for c in epd.get("status", {}).get("conditions") or []}
+    generation = epd.get("metadata", {}).get("generation")
+    status = epd.get("status") or {}
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+    current = generation is not None and status.get("observedGeneration") == generation
     pods = m.kube.pods(**{"app.kubernetes.io/instance": m.name})
     up = {p["metadata"]["labels"].get("serving.epd.dev/role") for p in pods if is_ready(p)}
-    return conditions.get("Ready") == "True" and set(roles) <= up
+    return (
+        current and ready.get("status") == "True" and ready.get("observedGeneration") == generation and set(roles) <= up
+    )
 
 
 @contextlib.contextmanager

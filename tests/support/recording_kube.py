@@ -1,7 +1,8 @@
 """A stand-in for `epd_operator.kube.Kube` that records the writes the operator's apply step makes.
 
-Only for the order and arguments of the calls `controller.apply` makes (what a unit test can judge);
-what the API server does with them is tested against the real control plane in tests/integration.
+Only for the order and arguments of the calls the controller makes (what a unit test can judge): the
+apply step's writes and dry runs, a pass's status write and its Events. What the API server does with
+them is tested against the real control plane in tests/integration.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ class RecordingKube:
     def __init__(self, refuse: dict[tuple[str, str], ApiError] | None = None) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.refuse = refuse or {}  # (kind, name) -> the error a dry run of it raises
+        # (kind, namespace, name) -> the object as the server holds it, for answers that return it whole
+        self.stored: dict[tuple[str, str | None, str], dict[str, Any]] = {}
 
     async def apply(
         self, obj: dict[str, Any], *, field_manager: str = "epd-operator", force: bool = True, dry_run: bool = False
@@ -28,6 +31,28 @@ class RecordingKube:
     async def delete(self, resource: Any, namespace: str | None, name: str, *, uid: str | None = None) -> bool:
         self.calls.append(("delete", resource.kind, namespace, name, uid))
         return True
+
+    async def patch_status(
+        self, resource: Any, namespace: str | None, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The stored object with this status, at a new resourceVersion (as the server answers)."""
+        self.calls.append(("patch_status", resource.kind, namespace, name, status))
+        stored = self.stored[(resource.kind, namespace, name)]
+        revision = str(int(stored["metadata"].get("resourceVersion") or 0) + 1)
+        stored = {**stored, "metadata": {**stored["metadata"], "resourceVersion": revision}, "status": status}
+        self.stored[(resource.kind, namespace, name)] = stored
+        return stored
+
+    async def create(self, resource: Any, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create", resource.kind, namespace, obj))
+        return obj
+
+    def dry_runs(self) -> int:
+        return sum(1 for call in self.calls if call[0] == "apply" and call[4])
+
+    def statuses(self) -> list[dict[str, Any]]:
+        """Every status written, in order."""
+        return [call[4] for call in self.calls if call[0] == "patch_status"]
 
 
 def as_kube(recording: RecordingKube) -> Kube:

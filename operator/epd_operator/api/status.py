@@ -73,6 +73,11 @@ class TierStatus(_Status):
         description="The words that go with `reason`: the scheduler's message, or the pod, the container and the "
         "kubelet's message (for CrashLoopBackOff: how the container last exited).",
     )
+    lost: bool | None = Field(
+        None,
+        description="True while the tier is short of pods it had ready (the deployment is Degraded for it); "
+        "absent once they are back, and for a tier still loading or scaling up.",
+    )
 
 
 class Tiers(_Status):

@@ -1,10 +1,13 @@
-"""What the kubelet and the scheduler say about a tier's pods: ready or not, the scheduler's reason for a
-pod it cannot place, the kubelet's reason for a container that does not run (controller/status.py
-reports them; controller/rollout.py waits on ready encoders). Pure.
+"""What a tier's pods say about themselves: Ready or not, and why one does not run. Pure, read
+from pods as the watch cached them; the status (controller/status.py) and the encoder-first
+rollout (controller/rollout.py) decide from these answers.
 
-The kubelet alternates between a failure and its back-off (ErrImagePull and ImagePullBackOff,
-RunContainerError and CrashLoopBackOff, whose messages carry a changing delay); both sides of each pair
-give one stable reason and message, so a pod failing the same way reads the same on every retry.
+Why a pod does not run is Kubernetes' own word for it: the scheduler's message for a pod it
+cannot place (`unschedulable_reason`), or the kubelet's reason for a container that does not run
+(`pod_trouble`). The kubelet alternates between a failure and its back-off (ErrImagePull and
+ImagePullBackOff, RunContainerError and CrashLoopBackOff, whose messages carry a changing delay);
+both sides of each pair give one stable reason and message, so a pod failing the same way reads
+the same on every retry.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import dataclasses
 import re
 from typing import Any
 
+UNSCHEDULABLE = "Unschedulable"  # the scheduler's reason on PodScheduled=False
 # The reason a container in the kubelet's restart loop is reported under, whichever side of the loop
 # (RunContainerError, CrashLoopBackOff, running again but not ready) the pod shows at the moment.
 CRASH_LOOP = "CrashLoopBackOff"
@@ -33,6 +37,7 @@ class PodTrouble:
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    """An object's status condition of this type ({} when it has none): pods and workloads alike."""
     return next((c for c in obj.get("status", {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
@@ -45,8 +50,8 @@ def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
     """The scheduler's message on the first pod it could not place (PodScheduled=False, Unschedulable)."""
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         scheduled = condition(pod, "PodScheduled")
-        if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-            return str(scheduled.get("message") or "Unschedulable")
+        if scheduled.get("status") == "False" and scheduled.get("reason") == UNSCHEDULABLE:
+            return str(scheduled.get("message") or UNSCHEDULABLE)
     return None
 
 

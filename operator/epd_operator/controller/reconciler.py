@@ -10,8 +10,9 @@ it), and writes only differences. Watch events, the resync timer and a restart a
   repaired on the resync timer (and on spec changes), not on every child event, so a controller or
   webhook that fights us over a field costs one write per resync instead of a hot loop; a deleted
   child Deployment or HPA gets a FULL pass at once;
-- while consumers wait for an encoder of a new generation (controller/rollout.py), a child's or a
-  pod's change gets a FULL pass, so they move as soon as one is Ready;
+- a pod changed -> a STATUS pass; while consumers wait for an encoder of a new generation
+  (controller/rollout.py), an encoder pod of that generation turning Ready gets a FULL pass, so they
+  move as soon as one is Ready (and only then: a full pass dry-runs its plan on the server);
 - every `resync_seconds` -> a FULL pass for every known EPDDeployment.
 """
 
@@ -169,17 +170,19 @@ class Reconciler:
         )
         key = (meta["namespace"], instance)
         if owned and key in self.known:
-            self.queue.add(key, FULL if event_type == "DELETED" or key in self._held else STATUS)
+            self.queue.add(key, FULL if event_type == "DELETED" else STATUS)
 
     def pod_event(self, event_type: str | None, body: dict[str, Any]) -> None:
         """A tier's pod changed: cached for the unready tiers' explanation (the scheduler's or the
         kubelet's reason), and the status refreshed, since the Deployment may not change when a pod
-        turns unschedulable or its container fails."""
+        turns unschedulable or its container fails. An encoder pod that ends a hold on consumers
+        (rollout.releases) gets a full pass, which applies them."""
         self.cache.observe(event_type, body)
         meta = body["metadata"]
         key = (meta["namespace"], meta.get("labels", {}).get(INSTANCE_LABEL, ""))
         if key in self._reconciled:  # before its first full pass there is no status to refresh
-            self.queue.add(key, FULL if key in self._held else STATUS)
+            release = event_type != "DELETED" and rollout.releases(self._held.get(key, []), body)
+            self.queue.add(key, FULL if release else STATUS)
 
     def resume(self) -> None:
         """Leading again after standing by: another replica (or nobody) acted meanwhile, so every
@@ -279,7 +282,8 @@ class Reconciler:
         refused: list[str] = []
         if seen.errors is None:
             live, refused = await self._apply(seen)
-        else:  # nothing is applied for a refused spec: report on what still runs
+        else:  # nothing is applied for a refused spec: report on what still runs, and hold nothing
+            self._held.pop(key, None)
             live = self.cache.owned(seen.namespace, seen.name, STATUS_KINDS)
         result = await self._report(seen, live, observed=seen.meta.get("generation"), refused=refused)
         self._reconciled[key] = (seen.meta["uid"], seen.meta.get("generation"))

@@ -8,6 +8,12 @@ pulled, a crash loop) they would do so for good. So while no encoder pod of the 
 Ready, a consumer workload that runs another generation is left as it is: nothing of it is applied
 (any other change of it waits too), and it keeps serving with the encoders of its own generation.
 
+The hold ends with a pass that sees such an encoder: while consumers are held, only a pod event of an
+encoder of the awaited generation that is Ready (`releases`) asks for a full pass; every other event of
+a child or a pod refreshes the status only (a full pass judges its whole plan on a server-side dry
+run, and an encoder that never becomes Ready would otherwise cost one per event for as long as its
+pods keep failing). A spec that turns invalid drops the hold: nothing of it is applied any more.
+
 Not held: a consumer that does not exist yet (a new EPDDeployment starts every tier at once), one
 already on the new generation, and every consumer when the spec asks for no encoder pod at all.
 The plan is pure: the reconciler gives it the rendered objects, the live ones and the encoder pods.
@@ -72,3 +78,14 @@ def held_consumers(
         if runs is not None and runs != new:
             held.append(Held(workload["kind"], workload["metadata"]["name"], role, runs, new))
     return held
+
+
+def releases(held: list[Held], pod: dict[str, Any]) -> bool:
+    """Whether this pod ends the hold on `held`: an encoder pod of the generation they wait for, Ready."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return (
+        bool(held)
+        and labels.get(ROLE_LABEL) == ENCODER
+        and labels.get(GENERATION_LABEL) == held[0].waits_for
+        and pod_ready(pod)
+    )

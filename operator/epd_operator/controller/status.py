@@ -3,18 +3,16 @@
 Rollout state per tier follows `kubectl rollout status`: a tier is *settled* when its Deployment
 controller has seen the latest template and no pod of an older template is left; it is *ready*
 when enough of its pods are ready and available. A settled tier that is not ready is only called
-Degraded when it lost pods it had ready (fewer ready than the last status showed, or already
-Degraded), or when the Deployment controller gave up (ProgressDeadlineExceeded): a fresh
+Degraded when it lost pods it had ready (fewer ready than the last status showed, or marked
+`lost` by the last status and not back), or when the Deployment controller gave up (ProgressDeadlineExceeded): a fresh
 deployment still loading its model, and a Ready tier scaling up, are Progressing. (New pods count
 as "updated" at once on a scale-up, so the Deployment's status alone cannot tell the two apart.)
 
 A tier that is not ready says why when Kubernetes says it (`reason` and `message` of its status,
 the Ready condition, and one Warning Event per change): the scheduler's reason for a pod it cannot
-place, or the kubelet's reason for a container that does not run (`pod_trouble`). The kubelet
-alternates between a failure and its back-off (ErrImagePull and ImagePullBackOff, RunContainerError
-and CrashLoopBackOff, whose messages carry a changing delay); both sides of each pair are reported
-as one stable reason and message, so a pod failing the same way writes the status and posts an
-Event once, not once per retry.
+place, or the kubelet's reason for a container that does not run (controller/pods.py). Both sides
+of the kubelet's retry loops read the same there, so a pod failing the same way writes the status
+and posts an Event once, not once per retry.
 
 Consumers kept on their generation until an encoder of the new one is Ready (controller/rollout.py)
 make the deployment Progressing (the condition's reason WaitingForEncoders names the tiers and both
@@ -29,7 +27,7 @@ behind Ready.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -47,16 +45,11 @@ from ..api.status import (
     TierStatus,
 )
 from ..api.validation import FieldError
-from .pods import PodTrouble, condition, pod_ready
-
-if TYPE_CHECKING:
-    from .rollout import Held
+from .pods import UNSCHEDULABLE, PodTrouble, condition, pod_ready
+from .rollout import Held
 
 TIERS = ("encoder", "prefill", "decode", "router")
 VLLM_TIERS = ("encoder", "prefill", "decode")
-
-
-UNSCHEDULABLE = "Unschedulable"
 PODS_FAILING = "PodsFailing"  # the Ready condition's reason when the kubelet cannot run a tier's pods
 
 
@@ -214,7 +207,7 @@ def autoscaling_verdict(tiers: dict[str, TierInput]) -> AutoscalingVerdict | Non
     return AutoscalingVerdict(True, "ScalingActive", "every HPA computes its replica count from its metrics")
 
 
-def _setcondition(
+def _set_condition(
     previous: list[Condition], type_: str, status: bool, reason: str, message: str, generation: int | None, now: str
 ) -> Condition:
     value = "True" if status else "False"
@@ -241,17 +234,13 @@ def parse_status(raw: dict[str, Any] | None) -> EPDDeploymentStatus | None:
 
 def _lost_pods(name: str, state: TierState, previous: EPDDeploymentStatus | None) -> bool:
     """A settled, unready tier lost pods it had: fewer ready than last reported, or reported lost
-    before and not recovered. A scale-up keeps its ready pods, so it is not a loss."""
+    before (its `lost` mark) and not recovered. A scale-up keeps its ready pods, so it is not a loss."""
     if previous is None or previous.phase not in ("Ready", "Degraded"):
         return False
     before = getattr(previous.tiers, name)
     if before is None:
         return False
-    degraded_before = previous.phase == "Degraded" and any(
-        c.type == "Degraded" and c.status == "True" and c.reason != AUTOSCALING_INACTIVE and f"{name} " in c.message
-        for c in previous.conditions
-    )
-    return state.status.readyReplicas < before.readyReplicas or degraded_before
+    return state.status.readyReplicas < before.readyReplicas or (previous.phase == "Degraded" and bool(before.lost))
 
 
 def derive_status(
@@ -299,13 +288,13 @@ def derive_status(
     old = previous.conditions if previous is not None else []
     gen = observed_generation
     if spec_errors:
-        spec_valid = _setcondition(
+        spec_valid = _set_condition(
             old, "SpecValid", False, INVALID_SPEC, "; ".join(str(e) for e in spec_errors), gen, now
         )
     elif refused:
-        spec_valid = _setcondition(old, "SpecValid", False, REFUSED_BY_API_SERVER, "; ".join(refused), gen, now)
+        spec_valid = _set_condition(old, "SpecValid", False, REFUSED_BY_API_SERVER, "; ".join(refused), gen, now)
     else:
-        spec_valid = _setcondition(old, "SpecValid", True, "Valid", "the spec was accepted and applied", gen, now)
+        spec_valid = _set_condition(old, "SpecValid", True, "Valid", "the spec was accepted and applied", gen, now)
     not_ready = [n for n, s in states.items() if not s.ready]
     if all_ready:
         ready_reason, ready_message = "AllTiersReady", "every tier has its pods ready"
@@ -329,9 +318,9 @@ def derive_status(
     else:
         progress = ("RolloutComplete", "every tier runs its latest template")
     conditions = [
-        _setcondition(old, "Ready", all_ready, ready_reason, ready_message, gen, now),
-        _setcondition(old, "Progressing", bool(rolling or held), *progress, gen, now),
-        _setcondition(
+        _set_condition(old, "Ready", all_ready, ready_reason, ready_message, gen, now),
+        _set_condition(old, "Progressing", bool(rolling or held), *progress, gen, now),
+        _set_condition(
             old,
             "Degraded",
             phase == "Degraded",
@@ -361,7 +350,9 @@ def derive_status(
         topology=topology,
         endpoint=endpoint,
         conditions=conditions,
-        tiers=Tiers(**{n: s.status for n, s in states.items()}),
+        tiers=Tiers(
+            **{n: s.status.model_copy(update={"lost": True}) if n in lost else s.status for n, s in states.items()}
+        ),
         generations=generations or None,
     )
 

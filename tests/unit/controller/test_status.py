@@ -358,25 +358,43 @@ def test_lost_pods_need_a_previous_ready_or_degraded_status_that_had_the_tier():
     assert same_count.phase == "Progressing"  # a scale-up keeps its ready pods
 
 
-def test_degraded_stays_for_the_tier_it_named_only():
+def test_degraded_stays_for_the_tier_marked_lost_only():
     ready = derive({"encoder": TierInput(settled(1)), "decode": TierInput(settled(2))})
     lost = derive({"encoder": TierInput(settled(1)), "decode": TierInput(settled(2, ready=1))}, previous=ready)
     assert cond(lost, "Degraded").message == "pods lost: decode 1/2"
+    assert lost.tiers.decode.lost is True and lost.tiers.encoder.lost is None
+    assert (
+        status_document(lost)["tiers"]["decode"]["lost"] is True
+        and "lost" not in status_document(ready)["tiers"]["decode"]
+    )
     # decode still one short without a further drop: still lost; encoder loading is not a loss
     still = derive({"encoder": TierInput(settled(2, ready=1)), "decode": TierInput(settled(3, ready=1))}, previous=lost)
     assert (still.phase, cond(still, "Degraded").message) == ("Degraded", "pods lost: decode 1/3")
-    # a Degraded status whose Degraded condition is False does not carry a loss forward
-    cleared = lost.model_copy(
-        update={
-            "conditions": [
-                c if c.type != "Degraded" else c.model_copy(update={"status": "False"}) for c in lost.conditions
-            ]
-        }
+    assert (still.tiers.decode.lost, still.tiers.encoder.lost) == (True, None)
+    back = derive({"encoder": TierInput(settled(2)), "decode": TierInput(settled(3))}, previous=still)
+    assert back.phase == "Ready" and back.tiers.decode.lost is None
+
+
+def test_a_loss_is_carried_by_the_tiers_mark_not_by_the_words_of_the_last_message():
+    short = {"encoder": TierInput(settled(1)), "decode": TierInput(settled(3, ready=1))}
+    ready = derive({"encoder": TierInput(settled(1)), "decode": TierInput(settled(2))})
+    lost = derive({"encoder": TierInput(settled(1)), "decode": TierInput(settled(2, ready=1))}, previous=ready)
+
+    def reworded(status: EPDDeploymentStatus, message: str) -> EPDDeploymentStatus:
+        conditions = [
+            c.model_copy(update={"message": message}) if c.type == "Degraded" else c for c in status.conditions
+        ]
+        return status.model_copy(update={"conditions": conditions})
+
+    # The Degraded message no longer names decode: the mark still carries the loss.
+    assert derive(short, previous=reworded(lost, "something else")).phase == "Degraded"
+    # The message names decode, its mark is gone: no loss is carried forward.
+    unmarked = lost.model_copy(
+        update={"tiers": lost.tiers.model_copy(update={"decode": lost.tiers.decode.model_copy(update={"lost": None})})}
     )
-    assert (
-        derive({"encoder": TierInput(settled(1)), "decode": TierInput(settled(3, ready=1))}, previous=cleared).phase
-        == "Progressing"
-    )
+    assert derive(short, previous=reworded(unmarked, "pods lost: decode 1/2")).phase == "Progressing"
+    # A mark left in a status that is no longer Degraded carries nothing either.
+    assert derive(short, previous=lost.model_copy(update={"phase": "Progressing"})).phase == "Progressing"
 
 
 def test_spec_errors_win_over_a_refusal_and_every_error_is_listed():

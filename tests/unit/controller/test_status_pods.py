@@ -1,5 +1,5 @@
-"""controller/status: a tier's pods the kubelet cannot run, named in the status and in one Event per
-change. The container statuses are the kubelet's own (1.37, containerd, runc), as the real node
+"""controller/pods and controller/status: a tier's pods the kubelet cannot run, named in the status and in one
+Event per change. The container statuses are the kubelet's own (1.37, containerd, runc), as the real node
 reported them for an image no registry serves and for an image without the command it is told to run."""
 
 from __future__ import annotations
