@@ -21,8 +21,10 @@ Two ways to build, by what the module's go.mod allows:
 
 The build runs at nice 10 (the machine's other work comes first), into a temporary file next to the binary,
 moved onto the binary's path: atomic, and a lock file serialises concurrent builds of one binary, so a second
-caller waits and finds it built. The Kubernetes components themselves come from ``dev/k8s-binaries.sh``:
-``k8s.io/kubernetes`` is consumable as a module only through a wrapper that re-pins its staging modules.
+caller waits and finds it built. :func:`build_local` builds this repository's own small Go programs the same
+way (the images' ``dev/pause`` and ``dev/echo``). The Kubernetes components themselves come from
+``dev/k8s-binaries.sh``: ``k8s.io/kubernetes`` is consumable as a module only through a wrapper that re-pins
+its staging modules, and all of them come from one ``go build`` so that their shared packages compile once.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import paths
@@ -133,11 +135,29 @@ def _build(go: str, c: GoBinary) -> None:
             tidy_env = {**env, "GOFLAGS": f"{env.get('GOFLAGS', '')} -mod=mod".strip()}
             subprocess.run(["nice", "-n", "10", go, "mod", "tidy"], cwd=tree, check=True, env=tidy_env)
         partial = Path(work) / c.path.name
-        subprocess.run(
-            ["nice", "-n", "10", go, "build", *c.flags, "-o", str(partial), c.package], cwd=tree, check=True, env=env
-        )
+        _go_build(go, tree, c.package, partial, c.flags, env)
         partial.replace(c.path)
     _log(c, f"built in {time.monotonic() - started:.0f} s: {c.path}")
+
+
+def build_local(source: Path, binary: Path) -> None:
+    """A ``main`` package of this repository (``dev/pause``, ``dev/echo``: their own go.mod, no dependency)
+    built into ``binary`` the way every component is: static, at nice 10. Caching is the caller's (the images
+    key their archives by the source and :func:`go_version`)."""
+    go = require_go(f"{source.name} (Go source in {source})")
+    _go_build(go, source, ".", binary, DEFAULT_FLAGS, {**os.environ, **DEFAULT_ENV})
+
+
+def go_version() -> str:
+    """The Go toolchain's version (``go1.24.1``), or ``no go`` when there is none (no cache key matches it)."""
+    go = shutil.which("go")
+    if go is None:
+        return "no go"
+    return subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _go_build(go: str, tree: Path, package: str, out: Path, flags: Sequence[str], env: Mapping[str, str]) -> None:
+    subprocess.run(["nice", "-n", "10", go, "build", *flags, "-o", str(out), package], cwd=tree, check=True, env=env)
 
 
 def _log(c: GoBinary, msg: str) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from . import coredns, venv
+from . import coredns, go_module, venv
 from .cluster_state import load_images
 from .go_module import GoMissing
 from .node_containerd import PAUSE_IMAGE
@@ -125,12 +125,7 @@ def _go_image(what: str, image: str, entrypoint: list[str], user: str, source: s
     """A one-layer image holding one static Go binary built from ``dev/<source>`` (default: ``what``)
     at ``entrypoint[0]``, keyed by its source and the Go version; the archive is named by ``what``."""
     source = source or what
-    # Without Go no archive matches ("no go" is no Go version): `_need` below says what to install.
-    go = (
-        subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
-        if shutil.which("go")
-        else "no go"
-    )
+    go = go_module.go_version()  # "no go": no archive matches, and `_need` says what to install
     archive = IMAGES / f"{what}-{_key(what, image, go, *_files(f'dev/{source}'))}.tar"
     if archive.exists():
         return archive
@@ -138,12 +133,7 @@ def _go_image(what: str, image: str, entrypoint: list[str], user: str, source: s
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         binary = Path(tmp) / what
-        subprocess.run(
-            ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), "."],
-            cwd=REPO / "dev" / source,
-            check=True,
-            env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"},
-        )
+        go_module.build_local(REPO / "dev" / source, binary)
         _one_binary_image(archive, image, binary, entrypoint, user)
     _log(f"{image} built in {time.monotonic() - started:.0f} s: {archive}")
     return archive

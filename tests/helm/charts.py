@@ -12,13 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
+from dev.k8s_binaries import NEWEST, minor
+
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_CHART = REPO / "charts" / "epd-operator"
 DEPLOYMENT_CHART = REPO / "charts" / "epd-deployment"
 CHARTS = {"epd-operator": OPERATOR_CHART, "epd-deployment": DEPLOYMENT_CHART}
 # What `helm template`/`lint` assume of the cluster: a version the charts' kubeVersion accepts (helm
 # 3's default, 1.32, is older than the charts claim).
-KUBE_VERSION = "1.37.0"
+KUBE_VERSION = f"{minor(NEWEST)}.0"
 
 
 def ci_values(chart: Path) -> list[Path]:

@@ -126,3 +126,22 @@ def test_subtree_lists_the_deepest_cgroups_first(tmp_path: Path):
     (tmp_path / "n" / "a" / "b").mkdir(parents=True)
     assert cgroups.subtree(tmp_path / "n") == [tmp_path / "n/a/b", tmp_path / "n/a", tmp_path / "n"]
     assert cgroups.subtree(tmp_path / "missing") == []
+
+
+def test_a_real_node_on_a_v2_host_that_cannot_delegate_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """dev/real_node.py's up-front check (LocalCluster.start and the node tier ask it first) on a recorded
+    v2 layout whose own cgroup lacks the memory controller, then once it has every needed controller."""
+    from dev import real_node
+
+    mount = cgroups.Mount(tmp_path, "cgroup2", False)
+    monkeypatch.setattr(cgroups, "mounts", lambda mountinfo=None: [mount])
+    monkeypatch.setattr(cgroups, "own_cgroups", lambda found, proc_self_cgroup=None: {str(tmp_path): SCOPE})
+    _v2_cgroup(tmp_path / SCOPE.lstrip("/"), "cpu pids")
+    refusal = real_node.cgroup_refusal() or ""
+    assert "no memory controller" in refusal and "Delegate=yes" in refusal
+    _v2_cgroup(tmp_path / SCOPE.lstrip("/"), "cpuset cpu io memory pids")
+    assert real_node.cgroup_refusal() is None
+    monkeypatch.setattr(cgroups, "mounts", lambda mountinfo=None: [])
+    assert "no cgroup hierarchy is mounted" in (real_node.cgroup_refusal() or "")
