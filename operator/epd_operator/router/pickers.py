@@ -11,10 +11,35 @@ the key, over the bound by less than one item.
 
 A key seen before goes back to the endpoint it was given (its home: the one holding its cached
 encoder output or prompt prefix) while that endpoint's in-flight load is within the bound. A new
-key is placed with a bound on in-flight load *plus recent work*: the new keys this picker placed
-there, decayed over the last `work_window` placements. In-flight counts alone balance only what
-overlaps in time; with encoder reuse most items are short and distinct, and plain hashing then
-leaves one encoder with a hash share of the distinct items well above the mean.
+key is placed under two bounds, each the bound above over its own quantity:
+
+- in flight: load + 1 <= ceil(load_factor * (total in flight + 1) / n), what the endpoint is busy
+  with now (a few items);
+- recent work: work + 1 <= ceil(load_factor * (total recent work + 1) / n), the new keys this
+  picker placed there, decayed over the last `work_window` placements (hundreds of items).
+
+The key walks the ring to the first endpoint within both. Where none is, it goes to the endpoint
+with the least recent work among those within the in-flight bound. Kept apart, neither quantity
+drowns the other: added into one load, recent work (hundreds) would hide what is in flight (a
+few), so an encoder with 50 items queued would still take its hash share of new images.
+
+What this promises, with whole in-flight loads and load_factor >= 1:
+
+1. Some endpoint is always within the in-flight bound. With total in flight t = q*n + r (0 <= r < n),
+   the least loaded has at most q, and ceil((t + 1) / n) = q + 1, so its load + 1 <= the bound.
+   No new key ever lands on an endpoint past the in-flight bound, and neither does a key going home.
+2. After a scale-up, a newcomer with nothing in flight takes every new key while every old endpoint
+   is past the in-flight bound: by 1 it is within it, and either the ring walk finds it (the only
+   one within both bounds) or the fallback does (the only one within the in-flight bound). The old
+   ones stay past it until the bound, which grows by load_factor / n with each key the newcomer
+   takes, reaches their (only falling) loads: with two encoders, one at 50 in flight and the
+   newcomer at 0, the newcomer takes the next 36 new keys before the old one takes any.
+3. A steady pool, where every endpoint is within the in-flight bound (the work in flight is spread
+   no worse than the bound allows), places by recent work alone: the chosen endpoint is within the
+   recent-work bound, or all are within one item of it and the least loaded takes the key. Recent
+   work is fractional (decayed), so that is the bound we promise: no endpoint's recent work
+   exceeds load_factor times the mean by more than about one item; with the default factor the
+   busiest stays below 1.25x the mean once the pool has placed a few items per endpoint.
 
 Recent work compares endpoints that took part in the same placements, so an endpoint without that
 history is brought level before a placement. One the picker has not seen (a scale-up, a pod
@@ -218,12 +243,14 @@ class BoundedHashPicker:
         return chosen
 
     def _place(self, by_key: dict[str, E], keys: tuple[str, ...], work: dict[str, float], key_hash: int) -> E:
-        loads = {k: by_key[k].load + work[k] for k in keys}
-        bound = load_bound(sum(loads.values()), len(keys), self.load_factor)
+        n = len(keys)
+        busy = load_bound(sum(by_key[k].load for k in keys), n, self.load_factor)
+        free = [k for k in keys if by_key[k].load + 1 <= busy]  # never empty (module doc, 1)
+        bound = load_bound(sum(work.values()), n, self.load_factor)
         for k in self._ring_for(keys).walk(key_hash):
-            if loads[k] + 1 <= bound:
+            if by_key[k].load + 1 <= busy and work[k] + 1 <= bound:
                 return by_key[k]
-        return by_key[min(keys, key=loads.__getitem__)]  # fractional loads, all within one of the bound
+        return by_key[min(free, key=work.__getitem__)]
 
 
 class LeastLoadedPicker:
