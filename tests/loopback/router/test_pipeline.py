@@ -229,7 +229,7 @@ async def test_prefix_aware_in_e_p_d_sends_a_repeated_prompt_to_the_same_prefill
                 r = await s.post(CHAT, chat(messages=[{"role": "user", "content": prompt}]))
                 assert r.status == 200
         for tier in (s.prefills, s.decodes):
-            served = {}
+            served: dict[str, set[str]] = {}
             for fake in tier:
                 for body in fake.bodies():
                     served.setdefault(body["messages"][0]["content"], set()).add(fake.name)
