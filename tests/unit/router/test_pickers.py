@@ -523,8 +523,9 @@ def test_with_endpoints_joining_and_leaving_new_keys_stay_within_the_bound(steps
 
 
 def test_one_picker_alternating_between_two_pools_levels_nothing():
-    # Prefill and decode share the PD picker: each pool's endpoints miss the other pool's placements,
-    # which are not theirs to take, so none of them is ever levelled.
+    # One picker serving two disjoint pools (the router keeps one per pool; a picker must still not
+    # level across them): each pool's endpoints miss the other pool's placements, which are not theirs
+    # to take, so none of them is ever levelled.
     picker = BoundedHashPicker(work_window=10)
     prefills, decodes = eps(2), [Ep(f"10.0.1.{i}:8000") for i in range(3)]
     for i in range(200):
