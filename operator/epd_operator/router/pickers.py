@@ -56,6 +56,7 @@ history until its recent work catches up. A key placed before goes home like any
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 import math
@@ -133,8 +134,19 @@ class _Work:
         self.standing = standing  # its recent work over the mean of the other candidates' then
 
 
+@functools.lru_cache(maxsize=32)  # endpoint sets churn with scaling; pools and exclusion sets are few
+def ring_of(keys: tuple[str, ...], vnodes: int) -> HashRing:
+    """The ring of an endpoint set: a pure function of it, shared by every picker."""
+    return HashRing(keys, vnodes)
+
+
 class BoundedHashPicker:
     """cache-aware (key = media uuid) and prefix-aware (key = prompt prefix)."""
+
+    # The last placement's number and its candidates' total recent work after it: set with `_last_keys`
+    # by the first placement, read only while `_last_keys` names candidates.
+    _last_at: int
+    _last_total: float
 
     def __init__(
         self,
@@ -154,23 +166,10 @@ class BoundedHashPicker:
         self._decay = 1.0 - 1.0 / work_window
         self._picks = 0  # placements so far
         self._work: dict[str, _Work] = {}
-        # The last placement: its candidates, number, and their total recent work after it.
+        # The last placement's candidates (none before the first).
         self._last_keys: tuple[str, ...] = ()
-        self._last_at = 0
-        self._last_total = 0.0
         self._homes: OrderedDict[int, str] = OrderedDict()  # key hash -> endpoint key, least recent first
         self._remembered = remembered_keys
-        # One picker serves several pools (prefill and decode) and exclusion sets: keep a ring
-        # per endpoint set instead of rebuilding on every switch.
-        self._rings: dict[tuple[str, ...], HashRing] = {}
-
-    def _ring_for(self, keys: tuple[str, ...]) -> HashRing:
-        ring = self._rings.get(keys)
-        if ring is None:
-            if len(self._rings) >= 32:  # endpoint sets churn with scaling: forget old ones
-                self._rings.clear()
-            ring = self._rings[keys] = HashRing(keys, self.vnodes)
-        return ring
 
     def recent_work(self, key: str) -> float:
         entry = self._work.get(key)
@@ -181,32 +180,33 @@ class BoundedHashPicker:
         picks, decay, table = self._picks, self._decay, self._work
         if keys == self._last_keys:  # every candidate took part in the last placement: nothing to level
             return {k: (w := table[k]).value * decay ** (picks - w.at) for k in keys}
-        entries = [table.get(k) for k in keys]
-        work = {k: 0.0 if e is None else e.value * decay ** (picks - e.at) for k, e in zip(keys, entries, strict=True)}
+        entries = {k: table.get(k) for k in keys}
         self._settle()
-        latest = max((e.seen for e in entries if e is not None), default=None)
-        steady = [k for k, e in zip(keys, entries, strict=True) if e is not None and e.seen == latest]
-        mean = sum(work[k] for k in steady) / len(steady) if steady else 0.0
-        for k, e in zip(keys, entries, strict=True):
+        latest = max((e.seen for e in entries.values() if e is not None), default=None)
+        steady = [e.value * decay ** (picks - e.at) for e in entries.values() if e is not None and e.seen == latest]
+        mean = sum(steady) / len(steady) if steady else 0.0
+        work: dict[str, float] = {}
+        for k, e in entries.items():
             if e is None:
                 work[k] = mean
                 table[k] = _Work(mean, picks, 1.0)
-            elif e.seen != latest and (level := min(e.standing, self.load_factor) * mean) > work[k]:
-                work[k] = e.value = level
-                e.at = picks
+            else:
+                work[k] = e.value * decay ** (picks - e.at)
+                if e.seen != latest and (level := min(e.standing, self.load_factor) * mean) > work[k]:
+                    work[k] = e.value = level
+                    e.at = picks
         return work
 
     def _settle(self) -> None:
         """Mark the last placement's candidates as seen in it, with their standing among each other then."""
-        keys, at, total, n = self._last_keys, self._last_at, self._last_total, len(self._last_keys)
-        for k in keys:
-            entry = self._work.get(k)
-            if entry is None:
-                continue
-            entry.seen = at
+        keys = self._last_keys
+        n = len(keys)
+        for k in keys:  # every one has an entry: placed among them, kept by _record's trimming
+            entry = self._work[k]
+            entry.seen = self._last_at
             if n > 1:  # alone, an endpoint keeps the standing it had among peers
-                value = entry.value * self._decay ** (at - entry.at)
-                others = (total - value) / (n - 1)
+                value = entry.value * self._decay ** (self._last_at - entry.at)
+                others = (self._last_total - value) / (n - 1)
                 entry.standing = value / others if others > 0 else 1.0
 
     def _record(self, chosen: str, keys: tuple[str, ...], work: dict[str, float]) -> None:
@@ -226,7 +226,8 @@ class BoundedHashPicker:
             return None
         key_hash = stable_hash(key or "")
         by_key = {e.key: e for e in cands}
-        home = by_key.get(self._homes.get(key_hash, ""))
+        home_key = self._homes.get(key_hash)
+        home = by_key.get(home_key) if home_key else None
         if home is not None and (
             len(cands) == 1 or home.load + 1 <= load_bound(sum(e.load for e in cands), len(cands), self.load_factor)
         ):
@@ -247,7 +248,7 @@ class BoundedHashPicker:
         busy = load_bound(sum(by_key[k].load for k in keys), n, self.load_factor)
         free = [k for k in keys if by_key[k].load + 1 <= busy]  # never empty (module doc, 1)
         bound = load_bound(sum(work.values()), n, self.load_factor)
-        for k in self._ring_for(keys).walk(key_hash):
+        for k in ring_of(keys, self.vnodes).walk(key_hash):
             if by_key[k].load + 1 <= busy and work[k] + 1 <= bound:
                 return by_key[k]
         return by_key[min(free, key=work.__getitem__)]

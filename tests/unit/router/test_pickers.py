@@ -676,3 +676,37 @@ def test_where_none_is_within_both_bounds_the_free_one_with_the_least_recent_wor
             fallbacks += 1
             assert chosen is min((b, c), key=lambda e: work[e.key])
     assert fallbacks > 100
+
+
+def test_an_endpoint_only_ever_placed_alone_rejoins_at_the_mean():
+    # Alone it had no peers to stand among: its standing is 1, so it comes back level with the mean.
+    picker = BoundedHashPicker(work_window=100)
+    a, b, c = eps(3)
+    place(picker, [a], 5, "alone")
+    place(picker, [b, c], 200, "away")
+    mean = (picker.recent_work(b.key) + picker.recent_work(c.key)) / 2
+    assert picker.recent_work(a.key) < mean
+    took = 1.0 if picker.pick([a, b, c], "back") is a else 0.0
+    assert picker.recent_work(a.key) == pytest.approx((mean + took) * 0.99)
+
+
+def test_the_standing_of_an_endpoint_with_all_or_none_of_its_peers_work():
+    # One placement between two: the chosen one stood at 1 against a peer with none (a standing of 1,
+    # never more), the other at 0 against 1 (a standing of 0). Each then misses placements and returns.
+    picker = BoundedHashPicker(work_window=1000)
+    a, b, c = eps(3)
+    first = picked(picker.pick([a, b], "only"))
+    other = b if first is a else a
+    place(picker, [other, c], 50, "first-away")
+    mean = (picker.recent_work(other.key) + picker.recent_work(c.key)) / 2
+    took = 1.0 if picker.pick([a, b, c], "first-back") is first else 0.0
+    assert picker.recent_work(first.key) == pytest.approx((mean + took) * 0.999)
+
+    picker = BoundedHashPicker(work_window=1000)
+    first = picked(picker.pick([a, b], "only"))
+    other = b if first is a else a
+    place(picker, [first, c], 50, "other-away")
+    faded = picker.recent_work(other.key)
+    assert faded == 0.0
+    took = 1.0 if picker.pick([a, b, c], "other-back") is other else 0.0
+    assert picker.recent_work(other.key) == pytest.approx(took * 0.999)  # 0 x the mean: not raised
