@@ -2,6 +2,9 @@
 
 Items already encoded recently come from the reuse cache. The rest are spread over encoders
 (items bound for the same encoder go in one call, up to `encoder_max_batch`), concurrently.
+An item whose encoder failed is tried once more on another; an item that still failed, or
+that found no encoder, goes to the consumer raw (it encodes it locally): encoding never fails
+a request, except when an encoder refuses it as a client error (`BackendRejection`).
 
 Spill-over: while every encoder has `spill_encoder_inflight` items in flight or more (the tier is
 behind, e.g. while a scale-up starts new encoders) and the request's consumer has fewer than
@@ -10,9 +13,6 @@ raw to the consumer, which encodes them itself, instead of queuing. The decision
 items never split between the two paths, so the consumer gets either encoder outputs or raw media
 for the new items, as after a fallback. A spilled item was never with an encoder: no picker records
 a home for it and the reuse cache does not remember it.
-An item whose encoder failed is tried once more on another; an item that still failed, or
-that found no encoder, goes to the consumer raw (it encodes it locally): encoding never fails
-a request, except when an encoder refuses it as a client error (`BackendRejection`).
 """
 
 from __future__ import annotations
