@@ -4,19 +4,23 @@ The same loop as tests/node/test_autoscaling_loop.py (tests/support/autoscale_lo
 with a real node, the operator chart, examples/epd-local-cpu.yaml with an autoscaled encoder tier
 (1 to 2 pods, `load: {targetPerPod: 4}`, 30 s scale-down window), Prometheus and prometheus-adapter
 (the chart's rules) in the node's network namespace, and chat clients with never-seen images through
-the router Service: light load, a step, light load again. It writes bench/results/autoscale.md (the
-times from the step to the HPA's 2, to the second encoder Ready and serving; each encoder's share of
-the encoder requests after that; every client request's outcome, failures during the scale-down
-first), autoscale.png (encoder replicas, ready encoders, the HPA's load and the routers' items in
-flight over time, vLLM's queue) and autoscale.json (the raw record). Needs root and the real node's
-packages, like `make test-node`; about 15 minutes on 2 shared cores when the node's image store holds
-the vLLM image, most of it vLLM starting.
+the router Service: light load, a step, light load again. It runs the loop twice, the router's
+spill-over off and then on, each on a fresh EPDDeployment, and writes bench/results/autoscale.md (per
+run: the new encoder's timeline from the HPA's decision to the router's first request; client
+p50/p90/p99 during the scale-out window, from the step to that first request, and after it; each
+encoder's share of the encoder requests in the minute after the new one first served; spilled items;
+every client request's outcome, failures during the scale-down first), autoscale.png (both runs:
+encoder replicas, ready encoders, the HPA's load and the routers' items in flight over time, vLLM's
+queue) and autoscale.json (the raw records). Needs root and the real node's packages, like `make
+test-node`; about 30 minutes on 2 shared cores when the node's image store holds the vLLM image, most
+of it vLLM starting.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -26,12 +30,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.support.autoscale_loop import (
+    TIMELINE,
     LoopConfig,
     LoopRecord,
     metrics_pipeline,
     record_from_json,
-    run_loop,
-    write_record,
+    run_loops,
 )
 from tests.support.mission import mission_cluster
 from tests.support.real_node import unavailable
@@ -51,9 +55,122 @@ def _rel(record: LoopRecord, mark: str) -> str:
     return f"{t - record.marks['step_start']:.0f} s" if t is not None else "n/a"
 
 
+# The two runs `make bench-autoscale` makes: the router's spill-over off, then on.
+CONFIGS = (LoopConfig(spill_over=False), LoopConfig(spill_over=True))
+
+
+def _spill(record: LoopRecord) -> str:
+    return "on" if record.config.spill_over else "off"
+
+
+def _window(record: LoopRecord, start: str, end: str) -> str:
+    lat = record.latencies(start, end) if start in record.marks and end in record.marks else []
+    if not lat:
+        return "n/a"
+    return f"{_pct(lat, 0.5):.2f} / {_pct(lat, 0.9):.2f} / {_pct(lat, 0.99):.2f} s ({len(lat)})"
+
+
+def comparison(records: list[LoopRecord]) -> list[str]:
+    """One table, a column per run: what the issue's targets are measured on."""
+    head = "| | " + " | ".join(f"spill-over {_spill(r)}" for r in records) + " |"
+    rows = [
+        ("seconds from the load step to the new encoder serving", [_rel(r, "second_serving") for r in records]),
+        *((f"timeline: {label}", [_since_step(r, r.timeline.get(name)) for r in records]) for name, label in TIMELINE),
+        (
+            "client p50 / p90 / p99 during the scale-out window (requests)",
+            [_window(r, "step_start", "second_serving") for r in records],
+        ),
+        (
+            "client p50 / p90 / p99 after it, to the step's end (requests)",
+            [_window(r, "second_serving", "light_after_start") for r in records],
+        ),
+        (
+            "new encoder's share of encoder requests in the minute after it first served (target 35-65 %)",
+            [f"{100 * r.new_share():.0f}%" for r in records],
+        ),
+        (
+            "spilled items / requests (in the step; in the whole run)",
+            [
+                f"{r.spilled.get('step_items', 0):.0f} / {r.spilled.get('step_requests', 0):.0f}; "
+                f"{r.spilled.get('items', 0):.0f} / {r.spilled.get('requests', 0):.0f}"
+                for r in records
+            ],
+        ),
+        ("failed client requests (target 0), of all", [f"{len(r.failures())} of {len(r.requests)}" for r in records]),
+    ]
+    return [head, "|---" * (len(records) + 1) + "|", *(f"| {name} | " + " | ".join(v) + " |" for name, v in rows)]
+
+
+def _since_step(record: LoopRecord, t: float | None) -> str:
+    return f"{t - record.marks['step_start']:.0f} s" if t is not None and "step_start" in record.marks else "n/a"
+
+
 def report(
-    record: LoopRecord, started: datetime, wall: float, load_average: tuple[float, float, float], ran_at: str
+    records: list[LoopRecord],
+    started: datetime,
+    wall: float,
+    load_average: tuple[float, float, float],
+    ran_at: str,
 ) -> str:
+    c = records[0].config
+    lines = [
+        "# Encoder autoscaling loop on real pods (`make bench-autoscale`)",
+        "",
+        f"Run {started:%Y-%m-%d %H:%M} UTC, commit `{ran_at}`, {cpu_model()} ({platform.machine()}), "
+        f"load average {load_average[0]:.1f} / {load_average[1]:.1f} / {load_average[2]:.1f} (1/5/15 min) at the end; "
+        f"{wall / 60:.1f} min in all (cluster, images, vLLM starts, {len(records)} loops). Shared cores: times are "
+        "upper bounds.",
+        "",
+        "Setup: the local cluster's real node; `examples/epd-local-cpu.yaml` (E+PD, vLLM 0.32 for CPU, tiny "
+        "Qwen2-VL, SharedStorage EC) with `encoder.autoscaling: {minReplicas: 1, maxReplicas: 2, load: "
+        f"{{targetPerPod: {c.target_per_pod}}}, behavior: {{scaleDown: {{stabilizationWindowSeconds: "
+        f"{c.scale_down_window}}}}}}}`; kube-controller-manager's HPA (1 s sync) reads `epd_router_encoder_inflight` "
+        "from prometheus-adapter v0.12.0 (the operator chart's rules, unchanged), which reads Prometheus scraping the "
+        "router and vLLM pods every second. Clients: chat requests (4 tokens out) with 224×224 PNGs never sent "
+        "before, to the router Service's ClusterIP from the node's network namespace; "
+        f"light = {c.light.clients} client × {c.light.images} image, {c.light.pause:g} s between requests; "
+        f"step = {c.step.clients} closed-loop clients × {c.step.images} images per request. The loop runs "
+        "once per row of the table below, each on a fresh EPDDeployment: `spec.router.spillOver.enabled` false, "
+        "then true (its default bound: 2 × the target, 8 items in flight per encoder).",
+        "",
+        "## Both runs",
+        "",
+        *comparison(records),
+        "",
+        "Times are seconds since the load step. The scale-out window runs from the load step to the new "
+        "encoder's first request from the router; p99 over fewer than 100 requests is the slowest one.",
+        "",
+        "![both runs: encoder replicas, ready encoders and load over time](autoscale.png)",
+        "",
+    ]
+    for record in records:
+        lines += run_report(record)
+    lines += [
+        "## What this shows, and what it does not",
+        "",
+        "- The loop closes on real pods: load through the router Service raises the routers' per-encoder items in "
+        "flight, Prometheus and prometheus-adapter serve them with the chart's rules, the HPA scales the encoder "
+        "Deployment, the router discovers the new encoder when it is Ready and sends it images, and the scale-down "
+        "drains an encoder while requests keep coming.",
+        "- The time to a serving second encoder is dominated by vLLM's start on a shared CPU (model load, profiling "
+        "each allowed image), between the container's start and vLLM listening; the steps the operator and chart "
+        "control (probes every 2 s, the router's EndpointSlice watch) add seconds. On GPUs with a real model, "
+        "vLLM's start (weights, CUDA graphs) sets it too (docs/autoscaling.md says what cuts it there).",
+        "- Spill-over moves the scale-out window's images to the consumer while the encoder is past 8 items in "
+        "flight: the client latency of that window is the comparison. Here the consumer is a CPU vLLM sharing "
+        "the same two cores, so encoding on it costs what encoding on the encoder costs; on GPUs it costs the "
+        "consumer's decodes (docs/router.md#spill-over).",
+        "- The share after the scale-up is the cache-aware picker's doing: a newcomer with nothing in flight takes "
+        "new images while the old encoder is past the in-flight bound, then the hash ring shares them by recent "
+        "work (router/pickers.py). Images already encoded go back to the encoder that has them.",
+        "- One router, one decode pod, a tiny random-weight model on CPU: the items-in-flight numbers are this "
+        "machine's, not a GPU encoder's. See docs/autoscaling.md for what the default target rests on.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_report(record: LoopRecord) -> list[str]:
+    """One run's section: the scale-up, the share, the scale-down, every client request."""
     c = record.config
     m = record.marks
     share = record.share_after_second()
@@ -64,28 +181,14 @@ def report(
     draining = [r for r in down if r["end"] >= m["scaled_down"] and r["start"] <= m["left_gone"]]
     step_loads = [s.load for s in record.samples if s.phase == "step" and s.load is not None]
     lines = [
-        "# Encoder autoscaling loop on real pods (`make bench-autoscale`)",
+        f"## Spill-over {_spill(record)}",
         "",
-        f"Run {started:%Y-%m-%d %H:%M} UTC, commit `{ran_at}`, {cpu_model()} ({platform.machine()}), "
-        f"load average {load_average[0]:.1f} / {load_average[1]:.1f} / {load_average[2]:.1f} (1/5/15 min) at the end; "
-        f"{wall / 60:.1f} min in all (cluster, images, vLLM starts, loop). Shared cores: times are upper bounds.",
-        "",
-        "Setup: the local cluster's real node; `examples/epd-local-cpu.yaml` (E+PD, vLLM 0.32 for CPU, tiny "
-        "Qwen2-VL, SharedStorage EC) with `encoder.autoscaling: {minReplicas: 1, maxReplicas: 2, load: "
-        f"{{targetPerPod: {c.target_per_pod}}}, behavior: {{scaleDown: {{stabilizationWindowSeconds: "
-        f"{c.scale_down_window}}}}}}}`; kube-controller-manager's HPA (1 s sync) reads `epd_router_encoder_inflight` "
-        "from prometheus-adapter v0.12.0 (the operator chart's rules, unchanged), which reads Prometheus scraping the "
-        "router and vLLM pods every second. Clients: chat requests (4 tokens out) with 224×224 PNGs never sent "
-        "before, to the router Service's ClusterIP from the node's network namespace; "
-        f"light = {c.light.clients} client × {c.light.images} image, {c.light.pause:g} s between requests; "
-        f"step = {c.step.clients} closed-loop clients × {c.step.images} images per request.",
-        "",
-        "## Scale-up",
+        "### Scale-up",
         "",
         "| event | since the load step |",
         "|---|---|",
-        f"| HPA sets the encoder Deployment to 2 | {_rel(record, 'scaled_up')} |",
-        f"| second encoder pod Ready (vLLM started, probes passed) | {_rel(record, 'second_ready')} |",
+        f"| HPA sets the encoder Deployment to 2 (seen by the loop) | {_rel(record, 'scaled_up')} |",
+        *(f"| {label} | {_since_step(record, record.timeline.get(name))} |" for name, label in TIMELINE),
         f"| **second encoder answers its first request from the router** | **{_rel(record, 'second_serving')}** |",
         "",
         f"The HPA's own reading of the load (average items in flight per encoder) during the step: max "
@@ -97,8 +200,7 @@ def report(
         + f". The EPDDeployment's `AutoscalingActive`: {record.autoscaling_active.get('status')} "
         f"({record.autoscaling_active.get('reason')}).",
         "",
-        f"## Share of encoder requests after the second encoder is Ready ({c.share_seconds:.0f} s of step load after "
-        "it first answered)",
+        f"### Share of encoder requests in the {c.share_seconds:.0f} s after the second encoder first served",
         "",
         "vLLM's own `vllm:request_success_total` on each encoder pod (one encoder request carries the images of one "
         "client request bound for that encoder):",
@@ -110,7 +212,7 @@ def report(
             for pod, n in sorted(share.items())
         ),
         "",
-        "## Scale-down",
+        "### Scale-down",
         "",
         f"The step ends {_rel(record, 'light_after_start')} after it started; the HPA sets 1 encoder "
         f"{m['scaled_down'] - m['light_after_start']:.0f} s later (window {c.scale_down_window} s), and the leaving "
@@ -120,84 +222,87 @@ def report(
         f"and the leaving pod's end); in the whole light-after phase {sum(1 for r in down if r['status'] != 200)} of "
         f"{len(down)}.",
         "",
-        "## Every client request",
+        "### Every client request",
         "",
-        "| phase | requests | failed | p50 latency | p90 latency |",
-        "|---|---|---|---|---|",
+        "| phase | requests | failed | p50 latency | p90 latency | p99 latency |",
+        "|---|---|---|---|---|---|",
     ]
     for phase in phases:
         rs = [r for r in record.requests if r["phase"] == phase]
         lat = [r["end"] - r["start"] for r in rs if r["status"] == 200]
         lines.append(
             f"| {names[phase]} | {len(rs)} | {sum(1 for r in rs if r['status'] != 200)} | "
-            f"{_pct(lat, 0.5):.2f} s | {_pct(lat, 0.9):.2f} s |"
+            f"{_pct(lat, 0.5):.2f} s | {_pct(lat, 0.9):.2f} s | {_pct(lat, 0.99):.2f} s |"
         )
     failures = record.failures()
     lines += [
-        f"| **all** | {len(record.requests)} | **{len(failures)}** | | |",
+        f"| **all** | {len(record.requests)} | **{len(failures)}** | | | |",
         "",
         *(f"- failed: {json.dumps(r)[:300]}" for r in failures[:10]),
         "",
-        "![encoder replicas, ready encoders and load over time](autoscale.png)",
-        "",
-        "## What this shows, and what it does not",
-        "",
-        "- The loop closes on real pods: load through the router Service raises the routers' per-encoder items in "
-        "flight, Prometheus and prometheus-adapter serve them with the chart's rules, the HPA scales the encoder "
-        "Deployment, the router discovers the new encoder when it is Ready and sends it images, and the scale-down "
-        "drains an encoder while requests keep coming.",
-        "- The time to a serving second encoder is dominated by vLLM's start on a shared CPU (model load, profiling "
-        "each allowed image); the metrics path (scrape 1 s, adapter relist 2 s, HPA sync 1 s) adds seconds. On GPUs "
-        "with a real model, vLLM's start (weights, CUDA graphs) sets it too; scrape and sync periods are usually "
-        "15–30 s there.",
-        "- The share after the scale-up is the cache-aware picker's doing: a new image goes to its hash-ring "
-        "owner unless that encoder's in-flight plus recent work (decayed over the picker's last 1,000 placements) "
-        "would pass the load bound, and an encoder the picker has not seen starts level with the mean recent work "
-        "of the others, so the ring shares new images between old and new encoders from the first one. Images "
-        "already encoded go back to the encoder that has them.",
-        "- One router, one decode pod, a tiny random-weight model on CPU: the items-in-flight numbers are this "
-        "machine's, not a GPU encoder's. See docs/autoscaling.md for what the default target rests on.",
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def plot(record: LoopRecord, path: Path) -> None:
+def plot(records: list[LoopRecord], path: Path) -> None:
+    """A column per run: encoder replicas and ready encoders; items in flight per encoder and the HPA's
+    load; vLLM's queue; over seconds since the load step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t0 = record.marks["step_start"]
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-    s = record.samples
-    ts = [x.t - t0 for x in s]
-    axes[0].step(ts, [x.replicas for x in s], where="post", label="encoder replicas (HPA)")
-    axes[0].step(ts, [x.ready for x in s], where="post", label="ready encoders", linestyle="--")
-    axes[0].set_ylabel("encoders")
-    axes[0].set_ylim(0, 2.6)
-    axes[0].legend(loc="upper right")
-    for key, points in sorted(record.series.items()):
-        kind, _, pod = key.partition(":")
-        if kind == "inflight":
-            axes[1].plot([t - t0 for t, _ in points], [v for _, v in points], label=f"items in flight: {pod[-5:]}")
-        elif kind == "waiting" and "encoder" in pod:
-            axes[2].plot([t - t0 for t, _ in points], [v for _, v in points], label=f"vLLM waiting: {pod[-5:]}")
-    loads = [(x.t - t0, x.load) for x in s if x.load is not None]
-    axes[1].plot([t for t, _ in loads], [v for _, v in loads], "k.", markersize=3, label="HPA's load (avg per pod)")
-    axes[1].axhline(record.config.target_per_pod, color="grey", linestyle=":", label="target per pod")
-    axes[1].set_ylabel("encoder items in flight")
-    axes[1].legend(loc="upper right", fontsize=7)
-    axes[2].set_ylabel("vLLM requests waiting")
-    axes[2].legend(loc="upper right", fontsize=7)
-    axes[2].set_xlabel("seconds since the load step")
-    for name, color in (("step_start", "red"), ("second_serving", "green"), ("light_after_start", "red")):
-        if name in record.marks:
-            for ax in axes:
-                ax.axvline(record.marks[name] - t0, color=color, alpha=0.4)
-    axes[0].set_title("Encoder autoscaling on the real node (red: load step on/off, green: second encoder serving)")
+    fig, grid = plt.subplots(3, len(records), figsize=(7 * len(records), 8), sharex="col", squeeze=False)
+    for col, record in enumerate(records):
+        axes = grid[:, col]
+        t0 = record.marks["step_start"]
+        s = record.samples
+        ts = [x.t - t0 for x in s]
+        axes[0].step(ts, [x.replicas for x in s], where="post", label="encoder replicas (HPA)")
+        axes[0].step(ts, [x.ready for x in s], where="post", label="ready encoders", linestyle="--")
+        axes[0].set_ylabel("encoders")
+        axes[0].set_ylim(0, 2.6)
+        axes[0].legend(loc="upper right", fontsize=7)
+        for key, points in sorted(record.series.items()):
+            kind, _, pod = key.partition(":")
+            if kind == "inflight":
+                axes[1].plot([t - t0 for t, _ in points], [v for _, v in points], label=f"items in flight: {pod[-5:]}")
+            elif kind == "waiting" and "encoder" in pod:
+                axes[2].plot([t - t0 for t, _ in points], [v for _, v in points], label=f"vLLM waiting: {pod[-5:]}")
+        loads = [(x.t - t0, x.load) for x in s if x.load is not None]
+        axes[1].plot([t for t, _ in loads], [v for _, v in loads], "k.", markersize=3, label="HPA's load (avg per pod)")
+        axes[1].axhline(record.config.target_per_pod, color="grey", linestyle=":", label="target per pod")
+        axes[1].set_ylabel("encoder items in flight")
+        axes[1].legend(loc="upper right", fontsize=7)
+        axes[2].set_ylabel("vLLM requests waiting")
+        axes[2].legend(loc="upper right", fontsize=7)
+        axes[2].set_xlabel("seconds since the load step")
+        for name, color in (("step_start", "red"), ("second_serving", "green"), ("light_after_start", "red")):
+            if name in record.marks:
+                for ax in axes:
+                    ax.axvline(record.marks[name] - t0, color=color, alpha=0.4)
+        axes[0].set_title(
+            f"spill-over {_spill(record)} (red: load step on/off, green: second encoder serving)", fontsize=9
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def records_from_json(data: dict) -> list[LoopRecord]:
+    """The runs of an autoscale.json: `runs` (one record each), or one `record` (a single-run file)."""
+    return [record_from_json(r) for r in data["runs"]] if "runs" in data else [record_from_json(data["record"])]
+
+
+def write_records(path: Path, records: list[LoopRecord], started: datetime, wall: float, ran_at: str) -> None:
+    raw = {
+        "started": started.isoformat(),
+        "commit": ran_at or "not recorded",
+        "wall": wall,
+        "load_average": os.getloadavg(),
+        "runs": [r.to_json() for r in records],
+    }
+    path.write_text(json.dumps(raw, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     if args.from_record:
         data = json.loads(args.from_record.read_text())
-        record = record_from_json(data["record"])
-        plot(record, out.with_suffix(".png"))
+        records = records_from_json(data)
+        plot(records, out.with_suffix(".png"))
         out.write_text(
             report(
-                record,
+                records,
                 datetime.fromisoformat(data["started"]),
                 data["wall"],
                 tuple(data["load_average"]),
@@ -230,9 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="epd-bench-autoscale-") as tmp:
         work = Path(tmp)
         with mission_cluster(work) as m, metrics_pipeline(m, work) as pipeline:
-            record = run_loop(m, pipeline, LoopConfig(), work, say=lambda line: print(line, file=sys.stderr))
+            records = run_loops(m, pipeline, list(CONFIGS), work, say=lambda line: print(line, file=sys.stderr))
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_record(out.with_suffix(".json"), record, started, time.monotonic() - t, ran_at)
+    write_records(out.with_suffix(".json"), records, started, time.monotonic() - t, ran_at)
     return main(["--from-record", str(out.with_suffix(".json")), "--out", str(out)])
 
 

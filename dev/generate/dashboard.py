@@ -144,7 +144,8 @@ ROWS = [
                 "ops",
                 stack=True,
                 description="encoded: by an encoder; reused: embeddings already held; "
-                "fallback: raw media sent to the consumer (no encoder available).",
+                "fallback: raw media sent to the consumer (no encoder available); "
+                "spilled: raw media sent to the consumer while every encoder was full (spill-over).",
             ),
             Panel(
                 "Encoder queue (vLLM waiting / running)",
@@ -170,6 +171,16 @@ ROWS = [
                 ],
                 "reqps",
                 description="Requests whose media went raw to prefill/decode because no encoder could take them.",
+            ),
+            Panel(
+                "Spill-over / s by reason",
+                [
+                    (rate("epd_router_spilled_items_total", by="reason"), "items {{reason}}"),
+                    (rate("epd_router_spilled_requests_total", by="reason"), "requests {{reason}}"),
+                ],
+                "ops",
+                description="Media sent raw to the consumers instead of queuing while every encoder was at the "
+                "spill-over bound (spec.router.spillOver); sustained spill-over means the encoder tier is short.",
             ),
         ],
     ),

@@ -7,8 +7,10 @@ serve the routers' per-encoder load to kube-controller-manager's HPA (tests/supp
 Chat clients with images never sent before call the router Service's ClusterIP: one client with one
 image per request, then a step of four clients with four images each, then one client again. The
 HPA scales the encoder Deployment to 2 on the load it reads, the router sends images to the new
-encoder once it is Ready (its own vLLM counter moves), and when the load drops the HPA scales back
-to 1 and the leaving encoder drains: no client request fails during the whole run.
+encoder once it is Ready (its own vLLM counter moves) and in the minute after it first serves the two
+share the encoder requests within 35-65 %, and when the load drops the HPA scales back to 1 and the
+leaving encoder drains: no client request fails during the whole run. The router runs with
+spill-over on (the deployment's default); `make bench-autoscale` runs the loop with it off and on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.support.autoscale_loop import LOAD, LoopConfig, LoopRecord, metrics_pipeline, run_loop, write_record
+from tests.support.autoscale_loop import (
+    LOAD,
+    TIMELINE,
+    LoopConfig,
+    LoopRecord,
+    metrics_pipeline,
+    run_loop,
+    write_record,
+)
 from tests.support.mission import Mission, remove
 from tests.support.real_node import unavailable
 
@@ -67,13 +77,18 @@ def test_the_hpa_scales_the_encoders_to_two_on_the_load_it_reads(loop: LoopRecor
     assert before and max(before) <= CONFIG.light.images, before
 
 
-def test_the_router_sends_images_to_the_new_encoder_once_it_is_ready(loop: LoopRecord):
+def test_the_new_encoder_takes_35_to_65_percent_of_the_encoder_requests_once_it_serves(loop: LoopRecord):
     assert loop.second_encoder and loop.second_encoder != loop.first_encoder
     assert loop.marks["second_ready"] <= loop.marks["second_serving"]
-    # How the two share the work is the picker's (a joining encoder starts level with the old one's
-    # recent work, so the hash ring shares new images between them): not asserted on a timed run.
+    # The picker's doing: the newcomer, with nothing in flight, takes new images while the old one is
+    # past the in-flight bound, then the hash ring shares them by recent work (router/pickers.py).
     share = loop.share_after_second()
-    assert share[loop.second_encoder] > 0, share
+    assert sum(share.values()) >= 20, share  # a minute of step load: enough requests for a share
+    assert 0.35 <= loop.new_share() <= 0.65, share
+    # Its way to serving, in order, as the loop saw it.
+    seen = [name for name, _ in TIMELINE if name in loop.timeline]
+    assert seen == [name for name, _ in TIMELINE], loop.timeline
+    assert loop.timeline["pod_created"] <= loop.timeline["ready"] <= loop.timeline["router_first_request"] + 1
 
 
 def test_the_scale_down_drains_the_leaving_encoder_without_a_failed_request(loop: LoopRecord):

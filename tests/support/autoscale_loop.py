@@ -8,10 +8,14 @@ kube-controller-manager's HPA, real vLLM encoder pods coming and going.
   EPDDeployment's pods and keeps a file of targets up to date. The adapter runs the operator chart's
   rules unchanged and is registered as the custom.metrics.k8s.io APIService (the API server reaches
   it through the node bridge, its egress to the cluster).
-- :func:`run_loop`: applies examples/epd-local-cpu.yaml with an autoscaled encoder tier, then light
-  load, a load step, light load again, and records what happened: every client request's status,
-  the encoder Deployment, the HPA and the EPDDeployment every two seconds, each encoder's own
-  `vllm:request_success_total`, and Prometheus' series of the load the HPA reads.
+- :func:`run_loop`: applies examples/epd-local-cpu.yaml with an autoscaled encoder tier (router
+  spill-over on or off), then light load, a load step, light load again, and records what happened:
+  every client request's status, the encoder Deployment, the HPA and the EPDDeployment every two
+  seconds, the new encoder's way from the HPA's decision to the router's first request (the
+  timeline: pod created, container started, vLLM listening, startup probe passed, Ready, in the
+  EndpointSlice), each encoder's own `vllm:request_success_total`, the routers' spill-over counters,
+  and Prometheus' series of the load the HPA reads. :func:`run_loops` runs it once per config, each
+  on a fresh EPDDeployment.
 
 The node test (tests/node/test_autoscaling_loop.py) asserts on the record; the benchmark
 (bench/autoscale.py) reports it. The local API server has no front-proxy certificates, so it calls
@@ -39,7 +43,7 @@ from dev import prometheus_adapter
 from epd_operator.render.autoscaling import load_metric_name
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
 from tests.support.cluster import EPD_API, cluster_objects, custom_metrics_api, logged_process, wait_for
-from tests.support.mission import REPO, Mission, all_ready, describe, load_clients
+from tests.support.mission import REPO, Mission, all_ready, describe, load_clients, remove
 from tests.support.real_node import is_ready
 
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
@@ -72,6 +76,7 @@ class LoopConfig:
     scale_up_timeout: float = 300  # from the step to the HPA's 2
     second_ready_timeout: float = 600  # a vLLM CPU pod starting on busy shared cores
     scale_down_timeout: float = 300
+    spill_over: bool = True  # spec.router.spillOver.enabled (the deployment's default: on)
 
 
 @dataclass
@@ -94,20 +99,35 @@ class LoopRecord:
     scaled_up_hpa: dict[str, Any] = field(default_factory=dict)  # the HPA's status once it asked for 2
     autoscaling_active: dict[str, Any] = field(default_factory=dict)  # the EPDDeployment's condition then
     counts_at_second_ready: dict[str, float] = field(default_factory=dict)  # vllm:request_success_total per encoder
+    counts_at_second_serving: dict[str, float] = field(default_factory=dict)
     counts_at_step_end: dict[str, float] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)  # one per client request
     samples: list[Sample] = field(default_factory=list)
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # from Prometheus
+    # The new encoder's way to serving: event -> Unix time (TIMELINE names them, in order).
+    timeline: dict[str, float] = field(default_factory=dict)
+    # The routers' spill-over counters (summed over router pods) at the step's end and the load's end.
+    spilled: dict[str, float] = field(default_factory=dict)
 
     def failures(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if r["status"] != 200]
 
     def share_after_second(self) -> dict[str, float]:
-        """Encoder requests each encoder answered from the second's readiness to the step's end."""
-        return {
-            pod: self.counts_at_step_end[pod] - self.counts_at_second_ready.get(pod, 0.0)
-            for pod in self.counts_at_step_end
-        }
+        """Encoder requests each encoder answered in the `share_seconds` after the second first served
+        (records of runs before that mark: from the second's readiness) to the step's end."""
+        base = self.counts_at_second_serving or self.counts_at_second_ready
+        return {pod: self.counts_at_step_end[pod] - base.get(pod, 0.0) for pod in self.counts_at_step_end}
+
+    def new_share(self) -> float:
+        """The new encoder's share (0..1) of the encoder requests in `share_after_second`."""
+        share = self.share_after_second()
+        total = sum(share.values())
+        return share.get(self.second_encoder, 0.0) / total if total else 0.0
+
+    def latencies(self, start: str, end: str) -> list[float]:
+        """Seconds each successful client request took, of those that started between two marks."""
+        lo, hi = self.marks[start], self.marks[end]
+        return sorted(r["end"] - r["start"] for r in self.requests if r["status"] == 200 and lo <= r["start"] < hi)
 
     def since(self, mark: str, until: str) -> float:
         return self.marks[until] - self.marks[mark]
@@ -144,10 +164,33 @@ def record_from_json(data: dict[str, Any]) -> LoopRecord:
     return record
 
 
+# The new encoder's way from the HPA's decision to the router's first request, in order: what each
+# is read from is in _Loop.observe and _Loop.settle_timeline.
+TIMELINE = (
+    ("hpa_decision", "HPA decision (its lastScaleTime)"),
+    ("pod_created", "pod created"),
+    ("container_started", "container started"),
+    ("vllm_listening", "vLLM listening (/health answers)"),
+    ("startup_probe_passed", "startup probe passed"),
+    ("ready", "pod Ready"),
+    ("endpointslice_ready", "EndpointSlice lists it ready"),
+    ("router_first_request", "router's first request (its vLLM counter moves)"),
+)
+
+
+def rfc3339(value: str | None) -> float | None:
+    """A Kubernetes timestamp (seconds resolution) as Unix time."""
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
 def autoscaled_example(config: LoopConfig) -> list[dict[str, Any]]:
-    """examples/epd-local-cpu.yaml with `spec.encoder.autoscaling` (1 to 2 encoders on their load)."""
+    """examples/epd-local-cpu.yaml with `spec.encoder.autoscaling` (1 to 2 encoders on their load) and
+    the router's spill-over on or off."""
     docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
     epd = next(d for d in docs if d["kind"] == "EPDDeployment")
+    epd["spec"].setdefault("router", {})["spillOver"] = {"enabled": config.spill_over}
     epd["spec"]["encoder"]["autoscaling"] = {
         "minReplicas": 1,
         "maxReplicas": 2,
@@ -344,10 +387,68 @@ class _Loop:
             )
         )
 
+    def second_pod(self) -> dict[str, Any] | None:
+        name = self.record.second_encoder
+        return next((p for p in self.encoders() if p["metadata"]["name"] == name), None) if name else None
+
+    def observe(self) -> None:
+        """The new encoder's steps that leave no timestamp behind, seen at the first tick they hold
+        (1 s resolution): vLLM answering /health, the startup probe passed, the EndpointSlice."""
+        timeline = self.record.timeline
+        if "endpointslice_ready" in timeline:
+            return
+        pod = self.second_pod()
+        ip = (pod or {}).get("status", {}).get("podIP")
+        if pod is None or not ip:
+            return
+        now = time.time()
+        if "vllm_listening" not in timeline:
+            with contextlib.suppress(AssertionError):
+                if self.m.in_node(f"http://{ip}:8000/health", timeout=2)[0] == 200:
+                    timeline["vllm_listening"] = now
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        if "startup_probe_passed" not in timeline and any(c["name"] == "vllm" and c.get("started") for c in statuses):
+            timeline["startup_probe_passed"] = now
+        slices = self.m.kube.list(
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            labels={"app.kubernetes.io/instance": self.m.name, "serving.epd.dev/role": "encoder"},
+        )
+        for item in slices:
+            for ep in item.get("endpoints") or []:
+                named = (ep.get("targetRef") or {}).get("name") == pod["metadata"]["name"]
+                if named and (ep.get("conditions") or {}).get("ready"):
+                    timeline["endpointslice_ready"] = now
+
+    def settle_timeline(self) -> None:
+        """The steps with a timestamp of their own, from the HPA and the new pod's status."""
+        timeline, pod = self.record.timeline, self.second_pod()
+        if (decided := rfc3339(self.record.scaled_up_hpa.get("lastScaleTime"))) is not None:
+            timeline["hpa_decision"] = decided
+        if pod is None:
+            return
+        if (created := rfc3339(pod["metadata"].get("creationTimestamp"))) is not None:
+            timeline["pod_created"] = created
+        for c in pod.get("status", {}).get("containerStatuses") or []:
+            started = rfc3339((c.get("state", {}).get("running") or {}).get("startedAt"))
+            if c["name"] == "vllm" and started is not None:
+                timeline["container_started"] = started
+        for cond in pod.get("status", {}).get("conditions") or []:
+            if cond["type"] == "Ready" and cond["status"] == "True":
+                timeline["ready"] = rfc3339(cond.get("lastTransitionTime")) or self.record.marks["second_ready"]
+
+    def spill_counters(self) -> dict[str, float]:
+        return {
+            name: self.m.metric("router", f"epd_router_spilled_{name}_total", port=9090)
+            for name in ("items", "requests")
+        }
+
     def wait(self, condition: Callable[[], Any], timeout: float, what: str) -> Any:
         def tick() -> Any:
             self.pipeline.discover()
             self.sample()
+            if self.phase == "step":
+                self.observe()
             return condition()
 
         return wait_for(tick, timeout, lambda: f"{what} within {timeout:.0f} s\n{describe(self.m)}", interval=1)
@@ -420,8 +521,13 @@ class _Loop:
 
         self.wait(second_serving, 180, "the second encoder answering the router")
         self.mark("second_serving")
+        self.record.timeline["router_first_request"] = self.record.marks["second_serving"]
+        self.record.counts_at_second_serving = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
+        self.wait(lambda: "endpointslice_ready" in self.record.timeline, 30, "the EndpointSlice listing it")
+        self.settle_timeline()
         self.hold(c.share_seconds)
         self.record.counts_at_step_end = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
+        self.record.spilled = {f"step_{k}": v for k, v in self.spill_counters().items()}
 
         phase("light_after", c.light)
         self.wait(lambda: self.deployment()["spec"]["replicas"] == 1, c.scale_down_timeout, "the HPA scaled to 1")
@@ -439,6 +545,7 @@ class _Loop:
         self.wait(lambda: len(self.encoders(leaving=True)) == 1, c.scale_down_timeout, "the leaving encoder gone")
         self.mark("left_gone")
         self.hold(c.tail_seconds)
+        self.record.spilled.update(self.spill_counters())
         self.phase = "end"
 
 
@@ -446,6 +553,22 @@ def _quantity(value: str) -> float:
     if value.endswith("m"):
         return float(value[:-1]) / 1000
     return float(value)
+
+
+def run_loops(
+    m: Mission, pipeline: Pipeline, configs: list[LoopConfig], tmp: Path, say: Callable[[str], None] = print
+) -> list[LoopRecord]:
+    """`run_loop` once per config, each on a fresh EPDDeployment (removed after its run)."""
+    records = []
+    for i, config in enumerate(configs):
+        run = tmp / f"run-{i}"
+        run.mkdir(exist_ok=True)
+        say(f"run {i + 1} of {len(configs)}: spill-over {'on' if config.spill_over else 'off'}")
+        try:
+            records.append(run_loop(m, pipeline, config, run, say))
+        finally:
+            remove(m, m.name)
+    return records
 
 
 def run_loop(

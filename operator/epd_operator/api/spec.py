@@ -498,6 +498,37 @@ class RouterTrust(Strict):
     )
 
 
+# The spill-over bound by default: this many times the encoder tier's `load.targetPerPod`. At the target
+# the HPA is content; at twice it the tier is short of encoders (a scale-up is under way) and an item
+# waits behind a queue about twice the size the tier was sized for.
+SPILL_OVER_TARGET_MULTIPLE = 2
+
+
+class SpillOver(Strict):
+    """While encoders catch up with a load step, the router sends a request's new media items raw to its
+    consumer (prefill in E/P/D, the PD tier in E+PD), which encodes them itself, instead of queuing them."""
+
+    enabled: bool = Field(
+        True,
+        description="Spill over while every encoder is at `encoderInflight`. On GPUs encoding on a consumer "
+        "slows the decodes sharing its GPU: it pays while the encoder queue's wait exceeds that "
+        "(docs/router.md#spill-over).",
+    )
+    encoderInflight: int | None = Field(
+        None,
+        ge=1,
+        description="Media items in flight per encoder (over every router) at which it counts as full; a "
+        f"request spills when every encoder is full. Default: {SPILL_OVER_TARGET_MULTIPLE} x the encoder "
+        f"tier's `autoscaling.load.targetPerPod` ({DEFAULT_ENCODER_LOAD_PER_POD} when it has none).",
+    )
+    consumerInflight: int | None = Field(
+        None,
+        ge=1,
+        description="Spill only to a consumer with fewer requests in flight than this. Default: the consumer "
+        "tier's `autoscaling.load.targetPerPod` when it scales on load, else any consumer.",
+    )
+
+
 class GatewayParent(Strict):
     name: str = Field(min_length=1, max_length=253, description="The Gateway's name.")
     namespace: str | None = Field(
@@ -559,6 +590,10 @@ class Router(Placement):
     trust: RouterTrust = Field(
         default_factory=RouterTrust,
         description="What the router may take from clients (all off by default; see the trust model in docs/router.md).",
+    )
+    spillOver: SpillOver = Field(
+        default_factory=SpillOver,
+        description="Raw media to the consumers while every encoder is full (on by default; docs/router.md#spill-over).",
     )
 
 

@@ -10,7 +10,13 @@ import contextlib
 import math
 
 from ..api.quantity import parse_quantity
-from ..api.spec import EPDDeployment, Mooncake
+from ..api.spec import (
+    DEFAULT_ENCODER_LOAD_PER_POD,
+    SPILL_OVER_TARGET_MULTIPLE,
+    EPDDeployment,
+    Mooncake,
+    Tier,
+)
 from ..router import contract
 from .naming import DECODE, ENCODER, PREFILL, label_selector
 from .tracing import router_tracing_args
@@ -66,6 +72,7 @@ def router_args(epd: EPDDeployment) -> list[str]:
         contract.PD_POLICY,
         spec.router.pdPolicy,
     ]
+    args += spill_over_args(epd)
     args += data_parallel_hints(epd)
     args += connector_hints(epd)
     trust = spec.router.trust
@@ -112,6 +119,26 @@ def router_workers(epd: EPDDeployment) -> int:
     resources = epd.spec.router.resources
     cpu = resources.limits.get("cpu", resources.requests.get("cpu"))
     return max(1, math.ceil(parse_quantity(cpu))) if cpu is not None else 1
+
+
+def _load_target(tier: Tier) -> int | None:
+    load = tier.autoscaling.load if tier.autoscaling is not None else None
+    return load.targetPerPod if load is not None else None
+
+
+def spill_over_args(epd: EPDDeployment) -> list[str]:
+    """The spill-over bounds (router/encoding.py): the spec's, else from the tiers' load targets."""
+    spill, spec = epd.spec.router.spillOver, epd.spec
+    if not spill.enabled:
+        return []
+    encoder = spill.encoderInflight or SPILL_OVER_TARGET_MULTIPLE * (
+        _load_target(spec.encoder) or DEFAULT_ENCODER_LOAD_PER_POD
+    )
+    args = [contract.SPILL_ENCODER_INFLIGHT, str(encoder)]
+    consumer = spill.consumerInflight or _load_target(spec.prefill or spec.decode)
+    if consumer is not None:
+        args += [contract.SPILL_CONSUMER_INFLIGHT, str(consumer)]
+    return args
 
 
 def data_parallel_hints(epd: EPDDeployment) -> list[str]:

@@ -29,12 +29,16 @@ from .vllm import MODELS_DIR, serve_args
 
 # NCCL and torch's shared-memory tensors live in /dev/shm; give each TP rank room for them.
 SHM_PER_TP_RANK = 2 * 2**30
-# Model load (a hub download on first start) may take long; the startup probe allows 30 minutes.
-STARTUP_PROBE_FAILURES = 180  # x 10 s
+# Model load (a hub download on first start) may take long; the startup probe allows 30 minutes. It
+# probes every 2 s, and readiness every 2 s after it, so that a new pod (an encoder the HPA just
+# added) is Ready within about 2 s of vLLM listening, not up to 15 s (10 s startup + 5 s readiness periods).
+STARTUP_PROBE_PERIOD_S = 2
+STARTUP_PROBE_FAILURES = 900  # x 2 s
+READINESS_PROBE_PERIOD_S = 2
 # The Deployment controller calls a rollout stuck after progressDeadlineSeconds (default 600 s); a
 # vLLM tier's must outlast the startup probe's budget, plus time to pull a multi-GB image.
 IMAGE_PULL_ALLOWANCE_S = 600
-VLLM_PROGRESS_DEADLINE_S = STARTUP_PROBE_FAILURES * 10 + IMAGE_PULL_ALLOWANCE_S
+VLLM_PROGRESS_DEADLINE_S = STARTUP_PROBE_FAILURES * STARTUP_PROBE_PERIOD_S + IMAGE_PULL_ALLOWANCE_S
 # A vLLM pod going away keeps serving this long before SIGTERM, so that every router has seen its
 # endpoint turn terminating (EndpointSlice watch) and a decode can still pull the KV of a prefill that
 # just answered; then vLLM drains for `spec.drainSeconds`.
@@ -67,7 +71,9 @@ def vllm_workload(epd: EPDDeployment, role: VllmRole, config: dict[str, str], ro
                 ports=[container_port("http", VLLM_PORT), *transfer.ports],
                 resources=resources(tier),
                 mounts=mounts,
+                startup_period=STARTUP_PROBE_PERIOD_S,
                 startup_failures=STARTUP_PROBE_FAILURES,
+                readiness_period=READINESS_PROBE_PERIOD_S,
                 pre_stop_seconds=PRE_STOP_SECONDS,
                 capabilities=capabilities,
             ),

@@ -37,6 +37,9 @@ class RouterConfig:
     load_factor: float = DEFAULT_LOAD_FACTOR
     prefix_chars: int = 256
     encoder_max_batch: int = 0
+    # Spill-over (encoding.py): 0 turns it off; consumer bound 0: any consumer has headroom.
+    spill_encoder_inflight: int = 0
+    spill_consumer_inflight: int = 0
     # Timeouts in seconds.
     connect_timeout: float = 5.0
     encode_timeout: float = 60.0
@@ -156,6 +159,9 @@ class RouterConfig:
         for name in ("prefill_dp_size", "decode_dp_size", "ec_consumer_tp_size"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1")
+        for name in ("spill_encoder_inflight", "spill_consumer_inflight"):
+            if getattr(self, name) < 0:
+                problems.append(f"--{name.replace('_', '-')} must be >= 0 (0: off)")
         if self.load_factor < 1:
             problems.append("--load-factor must be >= 1")
         if self.otlp_traces_endpoint is not None:

@@ -46,6 +46,12 @@ NO_PREFILL = "disable"  # the PREFILL_SERVERS_URLS value of E+PD: the decode tie
 # Picking.
 ENCODER_POLICY = "--encoder-policy"
 PD_POLICY = "--pd-policy"
+# Spill-over: while every encoder has this many media items in flight or more, a request's new items go
+# raw to its consumer when that one has fewer requests in flight than the second bound (0: no bound).
+# Absent (or 0) encoder bound: spill-over is off.
+SPILL_ENCODER_INFLIGHT = "--spill-encoder-inflight"
+SPILL_CONSUMER_INFLIGHT = "--spill-consumer-inflight"
+SPILL_REASON_ENCODERS_BUSY = "encoders_busy"
 # Data parallelism: engines per prefill/decode instance, and the Mooncake consumer's TP (the
 # stride between its ranks' control ports). The renderer writes each only when it differs from
 # its default.

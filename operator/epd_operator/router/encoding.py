@@ -5,6 +5,14 @@ Items already encoded recently come from the reuse cache. The rest are spread ov
 An item whose encoder failed is tried once more on another; an item that still failed, or
 that found no encoder, goes to the consumer raw (it encodes it locally): encoding never fails
 a request, except when an encoder refuses it as a client error (`BackendRejection`).
+
+Spill-over: while every encoder has `spill_encoder_inflight` items in flight or more (the tier is
+behind, e.g. while a scale-up starts new encoders) and the request's consumer has fewer than
+`spill_consumer_inflight` requests in flight (or that bound is 0), all of the request's new items go
+raw to the consumer, which encodes them itself, instead of queuing. The decision is per request: its
+items never split between the two paths, so the consumer gets either encoder outputs or raw media
+for the new items, as after a fallback. A spilled item was never with an encoder: no picker records
+a home for it and the reuse cache does not remember it.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from .backends import Endpoint, Pool
 from .calls import BackendCalls
 from .config import RouterConfig
 from .context import RequestContext
+from .contract import SPILL_REASON_ENCODERS_BUSY
 from .failures import BackendRejection, RetryableFailure
 from .metrics import RouterMetrics
 from .pickers import Picker
@@ -85,6 +94,14 @@ class EncoderStage:
             reason = "no_encoder" if not self.pool.available else "no_encoder_in_generation"
             self.metrics.fallback_requests.labels(reason).inc()
             return encoded
+        if self._spills(ctx):
+            reason = SPILL_REASON_ENCODERS_BUSY
+            self.metrics.count_items("spilled", len(todo))
+            self.metrics.spilled_items.labels(reason).inc(len(todo))
+            self.metrics.spilled_requests.labels(reason).inc()
+            if ctx.trace is not None:
+                ctx.trace.event("encoder_spill", {"epd.reason": reason, "epd.items": len(todo)})
+            return encoded
         failed = await self._round(ctx, todo, encoded, {})
         if failed:
             self.metrics.retries.labels("encode", "encoder_failed").inc()
@@ -106,6 +123,17 @@ class EncoderStage:
                 if item.index in encoded and item.content_addressed:
                     self.reuse.remember(reuse_key(body, item), encoded[item.index])
         return encoded
+
+    def _spills(self, ctx: RequestContext) -> bool:
+        """Spill-over (module doc): every encoder of the request's generation is at the bound, and its consumer is not."""
+        bound = self.cfg.spill_encoder_inflight
+        if not bound:
+            return False
+        for ep in self.pool.available_in(ctx.generation):
+            if ep.load < bound:
+                return False
+        limit, consumer = self.cfg.spill_consumer_inflight, ctx.consumer
+        return not limit or consumer is None or consumer.load < limit
 
     async def _round(
         self,

@@ -106,6 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("ENCODER_MAX_BATCH_SIZE", "0")),
         help="images per encoder sub-request, 0 = unlimited (env ENCODER_MAX_BATCH_SIZE)",
     )
+    r.add_argument(
+        contract.SPILL_ENCODER_INFLIGHT,
+        type=int,
+        default=D.spill_encoder_inflight,
+        help="spill-over: while every encoder has this many media items in flight or more, a request's new items "
+        "go raw to its consumer (which encodes them itself); 0 = off",
+    )
+    r.add_argument(
+        contract.SPILL_CONSUMER_INFLIGHT,
+        type=int,
+        default=D.spill_consumer_inflight,
+        help="spill-over: only to a consumer with fewer requests in flight than this; 0 = any consumer",
+    )
     t = p.add_argument_group("timeouts (seconds)")
     t.add_argument("--connect-timeout", type=float, default=D.connect_timeout)
     t.add_argument("--encode-timeout", type=float, default=D.encode_timeout)
@@ -234,6 +247,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         load_factor=args.load_factor,
         prefix_chars=args.prefix_chars,
         encoder_max_batch=args.encoder_max_batch,
+        spill_encoder_inflight=args.spill_encoder_inflight,
+        spill_consumer_inflight=args.spill_consumer_inflight,
         connect_timeout=args.connect_timeout,
         encode_timeout=args.encode_timeout,
         prefill_timeout=args.prefill_timeout,

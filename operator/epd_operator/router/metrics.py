@@ -176,13 +176,27 @@ class RouterMetrics:
         )
         self.items = Counter(
             "epd_router_items",
-            "Media items by outcome: encoded (by an encoder), reused (router cache), fallback (sent raw to the consumer)",
+            "Media items by outcome: encoded (by an encoder), reused (router cache), fallback (sent raw to the consumer: "
+            "no encoder, or it failed), spilled (sent raw to the consumer while every encoder was busy)",
             ["outcome"],
             registry=reg,
         )
         self.fallback_requests = Counter(
             "epd_router_encoder_fallback_requests",
             "Requests whose media went raw to the consumer, by reason (no_encoder, no_encoder_in_generation, encoder_failed)",
+            ["reason"],
+            registry=reg,
+        )
+        self.spilled_items = Counter(
+            "epd_router_spilled_items",
+            "Media items sent raw to the consumer instead of queuing on encoders (spill-over), by reason "
+            "(encoders_busy: every encoder at the spill-over bound)",
+            ["reason"],
+            registry=reg,
+        )
+        self.spilled_requests = Counter(
+            "epd_router_spilled_requests",
+            "Requests whose new media items all went raw to the consumer by spill-over, by reason",
             ["reason"],
             registry=reg,
         )

@@ -11,10 +11,35 @@ the key, over the bound by less than one item.
 
 A key seen before goes back to the endpoint it was given (its home: the one holding its cached
 encoder output or prompt prefix) while that endpoint's in-flight load is within the bound. A new
-key is placed with a bound on in-flight load *plus recent work*: the new keys this picker placed
-there, decayed over the last `work_window` placements. In-flight counts alone balance only what
-overlaps in time; with encoder reuse most items are short and distinct, and plain hashing then
-leaves one encoder with a hash share of the distinct items well above the mean.
+key is placed under two bounds, each the bound above over its own quantity:
+
+- in flight: load + 1 <= ceil(load_factor * (total in flight + 1) / n), what the endpoint is busy
+  with now (a few items);
+- recent work: work + 1 <= ceil(load_factor * (total recent work + 1) / n), the new keys this
+  picker placed there, decayed over the last `work_window` placements (hundreds of items).
+
+The key walks the ring to the first endpoint within both. Where none is, it goes to the endpoint
+with the least recent work among those within the in-flight bound. Kept apart, neither quantity
+drowns the other: added into one load, recent work (hundreds) would hide what is in flight (a
+few), so an encoder with 50 items queued would still take its hash share of new images.
+
+What this promises, with whole in-flight loads and load_factor >= 1:
+
+1. Some endpoint is always within the in-flight bound. With total in flight t = q*n + r (0 <= r < n),
+   the least loaded has at most q, and ceil((t + 1) / n) = q + 1, so its load + 1 <= the bound.
+   No new key ever lands on an endpoint past the in-flight bound, and neither does a key going home.
+2. After a scale-up, a newcomer with nothing in flight takes every new key while every old endpoint
+   is past the in-flight bound: by 1 it is within it, and either the ring walk finds it (the only
+   one within both bounds) or the fallback does (the only one within the in-flight bound). The old
+   ones stay past it until the bound, which grows by load_factor / n with each key the newcomer
+   takes, reaches their (only falling) loads: with two encoders, one at 50 in flight and the
+   newcomer at 0, the newcomer takes the next 36 new keys before the old one takes any.
+3. A steady pool, where every endpoint is within the in-flight bound (the work in flight is spread
+   no worse than the bound allows), places by recent work alone: the chosen endpoint is within the
+   recent-work bound, or all are within one item of it and the least loaded takes the key. Recent
+   work is fractional (decayed), so that is the bound we promise: no endpoint's recent work
+   exceeds load_factor times the mean by more than about one item; with the default factor the
+   busiest stays below 1.25x the mean once the pool has placed a few items per endpoint.
 
 Recent work compares endpoints that took part in the same placements, so an endpoint without that
 history is brought level before a placement. One the picker has not seen (a scale-up, a pod
@@ -31,6 +56,7 @@ history until its recent work catches up. A key placed before goes home like any
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 import math
@@ -108,8 +134,19 @@ class _Work:
         self.standing = standing  # its recent work over the mean of the other candidates' then
 
 
+@functools.lru_cache(maxsize=32)  # endpoint sets churn with scaling; pools and exclusion sets are few
+def ring_of(keys: tuple[str, ...], vnodes: int) -> HashRing:
+    """The ring of an endpoint set: a pure function of it, shared by every picker."""
+    return HashRing(keys, vnodes)
+
+
 class BoundedHashPicker:
     """cache-aware (key = media uuid) and prefix-aware (key = prompt prefix)."""
+
+    # The last placement's number and its candidates' total recent work after it: set with `_last_keys`
+    # by the first placement, read only while `_last_keys` names candidates.
+    _last_at: int
+    _last_total: float
 
     def __init__(
         self,
@@ -129,23 +166,10 @@ class BoundedHashPicker:
         self._decay = 1.0 - 1.0 / work_window
         self._picks = 0  # placements so far
         self._work: dict[str, _Work] = {}
-        # The last placement: its candidates, number, and their total recent work after it.
+        # The last placement's candidates (none before the first).
         self._last_keys: tuple[str, ...] = ()
-        self._last_at = 0
-        self._last_total = 0.0
         self._homes: OrderedDict[int, str] = OrderedDict()  # key hash -> endpoint key, least recent first
         self._remembered = remembered_keys
-        # One picker serves several pools (prefill and decode) and exclusion sets: keep a ring
-        # per endpoint set instead of rebuilding on every switch.
-        self._rings: dict[tuple[str, ...], HashRing] = {}
-
-    def _ring_for(self, keys: tuple[str, ...]) -> HashRing:
-        ring = self._rings.get(keys)
-        if ring is None:
-            if len(self._rings) >= 32:  # endpoint sets churn with scaling: forget old ones
-                self._rings.clear()
-            ring = self._rings[keys] = HashRing(keys, self.vnodes)
-        return ring
 
     def recent_work(self, key: str) -> float:
         entry = self._work.get(key)
@@ -156,32 +180,33 @@ class BoundedHashPicker:
         picks, decay, table = self._picks, self._decay, self._work
         if keys == self._last_keys:  # every candidate took part in the last placement: nothing to level
             return {k: (w := table[k]).value * decay ** (picks - w.at) for k in keys}
-        entries = [table.get(k) for k in keys]
-        work = {k: 0.0 if e is None else e.value * decay ** (picks - e.at) for k, e in zip(keys, entries, strict=True)}
+        entries = {k: table.get(k) for k in keys}
         self._settle()
-        latest = max((e.seen for e in entries if e is not None), default=None)
-        steady = [k for k, e in zip(keys, entries, strict=True) if e is not None and e.seen == latest]
-        mean = sum(work[k] for k in steady) / len(steady) if steady else 0.0
-        for k, e in zip(keys, entries, strict=True):
+        latest = max((e.seen for e in entries.values() if e is not None), default=None)
+        steady = [e.value * decay ** (picks - e.at) for e in entries.values() if e is not None and e.seen == latest]
+        mean = sum(steady) / len(steady) if steady else 0.0
+        work: dict[str, float] = {}
+        for k, e in entries.items():
             if e is None:
                 work[k] = mean
                 table[k] = _Work(mean, picks, 1.0)
-            elif e.seen != latest and (level := min(e.standing, self.load_factor) * mean) > work[k]:
-                work[k] = e.value = level
-                e.at = picks
+            else:
+                work[k] = e.value * decay ** (picks - e.at)
+                if e.seen != latest and (level := min(e.standing, self.load_factor) * mean) > work[k]:
+                    work[k] = e.value = level
+                    e.at = picks
         return work
 
     def _settle(self) -> None:
         """Mark the last placement's candidates as seen in it, with their standing among each other then."""
-        keys, at, total, n = self._last_keys, self._last_at, self._last_total, len(self._last_keys)
-        for k in keys:
-            entry = self._work.get(k)
-            if entry is None:
-                continue
-            entry.seen = at
+        keys = self._last_keys
+        n = len(keys)
+        for k in keys:  # every one has an entry: placed among them, kept by _record's trimming
+            entry = self._work[k]
+            entry.seen = self._last_at
             if n > 1:  # alone, an endpoint keeps the standing it had among peers
-                value = entry.value * self._decay ** (at - entry.at)
-                others = (total - value) / (n - 1)
+                value = entry.value * self._decay ** (self._last_at - entry.at)
+                others = (self._last_total - value) / (n - 1)
                 entry.standing = value / others if others > 0 else 1.0
 
     def _record(self, chosen: str, keys: tuple[str, ...], work: dict[str, float]) -> None:
@@ -201,7 +226,8 @@ class BoundedHashPicker:
             return None
         key_hash = stable_hash(key or "")
         by_key = {e.key: e for e in cands}
-        home = by_key.get(self._homes.get(key_hash, ""))
+        home_key = self._homes.get(key_hash)
+        home = by_key.get(home_key) if home_key else None
         if home is not None and (
             len(cands) == 1 or home.load + 1 <= load_bound(sum(e.load for e in cands), len(cands), self.load_factor)
         ):
@@ -218,12 +244,14 @@ class BoundedHashPicker:
         return chosen
 
     def _place(self, by_key: dict[str, E], keys: tuple[str, ...], work: dict[str, float], key_hash: int) -> E:
-        loads = {k: by_key[k].load + work[k] for k in keys}
-        bound = load_bound(sum(loads.values()), len(keys), self.load_factor)
-        for k in self._ring_for(keys).walk(key_hash):
-            if loads[k] + 1 <= bound:
+        n = len(keys)
+        busy = load_bound(sum(by_key[k].load for k in keys), n, self.load_factor)
+        free = [k for k in keys if by_key[k].load + 1 <= busy]  # never empty (module doc, 1)
+        bound = load_bound(sum(work.values()), n, self.load_factor)
+        for k in ring_of(keys, self.vnodes).walk(key_hash):
+            if by_key[k].load + 1 <= busy and work[k] + 1 <= bound:
                 return by_key[k]
-        return by_key[min(keys, key=loads.__getitem__)]  # fractional loads, all within one of the bound
+        return by_key[min(free, key=work.__getitem__)]
 
 
 class LeastLoadedPicker:

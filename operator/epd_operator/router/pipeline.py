@@ -45,7 +45,7 @@ class Pipeline:
         prefills: Pool | None,
         decodes: Pool,
         encoder_picker: Picker,
-        pd_picker: Picker,
+        pd_pickers: dict[str, Picker],
         calls: BackendCalls,
         reuse: ReuseCache,
     ) -> None:
@@ -53,7 +53,9 @@ class Pipeline:
         self.metrics = metrics
         self.prefills = prefills
         self.decodes = decodes
-        self.pd_picker = pd_picker
+        # One picker per consumer pool (keyed by role): a prefix-aware picker remembers each key's home,
+        # and one shared by prefill and decode would overwrite the one pool's home with the other's.
+        self.pd_pickers = pd_pickers
         self.calls = calls
         self.reuse = reuse
         self.encoding = EncoderStage(config, metrics, encoders, encoder_picker, calls, reuse)
@@ -73,7 +75,7 @@ class Pipeline:
         # The EC consumer is chosen before encoding: a Mooncake encoder pushes straight to it. Its
         # generation then binds the request: encoders and decodes of another build cannot talk to it.
         candidates = finishing_consumers(consumers, self.decodes if self.prefills is not None else None)
-        consumer = ctx.consumer = self.pd_picker.pick(candidates, ctx.key)
+        consumer = ctx.consumer = self.pd_pickers[consumers.role].pick(candidates, ctx.key)
         if consumer is None:
             return json_error(503, f"no {consumers.role} endpoint available", ctx.rid, "service_unavailable")
         ctx.generation = consumer.generation
@@ -113,7 +115,7 @@ class Pipeline:
         except RetryableFailure as failure:
             return failure.response(ctx.rid)
         self.metrics.observe_stage("prefill", time.perf_counter() - tp)
-        d_ep = self.pd_picker.pick(self.decodes.available_in(ctx.generation), ctx.key)
+        d_ep = self.pd_pickers[self.decodes.role].pick(self.decodes.available_in(ctx.generation), ctx.key)
         if d_ep is None:
             return json_error(503, "no decode endpoint available", ctx.rid, "service_unavailable")
 
@@ -151,7 +153,7 @@ class Pipeline:
                 self._send_media(ctx)
         if before_retry is not None:
             await before_retry()
-        retry_ep = self.pd_picker.pick(pool.available_in(ctx.generation), ctx.key, exclude=(ep,)) or ep
+        retry_ep = self.pd_pickers[pool.role].pick(pool.available_in(ctx.generation), ctx.key, exclude=(ep,)) or ep
         return await attempt(ctx, retry_ep, False)
 
     def _send_media(self, ctx: RequestContext) -> None:

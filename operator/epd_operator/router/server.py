@@ -64,7 +64,12 @@ class Router:
         self.decodes = Pool("decode", m, config.eject_after, config.decode_dp_size, stride)
         self.pools = [p for p in (self.encoders, self.prefills, self.decodes) if p is not None]
         self.encoder_picker = make_picker(config.encoder_policy, config.load_factor)
-        self.pd_picker = make_picker(config.pd_policy, config.load_factor)
+        # One per consumer pool: prefix-aware homes are per pool (pipeline.py).
+        self.pd_pickers = {
+            pool.role: make_picker(config.pd_policy, config.load_factor)
+            for pool in self.pools
+            if pool is not self.encoders
+        }
         self.reuse = ReuseCache(config.reuse_ttl, config.reuse_max_items)
         self.models_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout, sock_connect=config.connect_timeout)
         # Health probes, metrics scraping and /v1/models use aiohttp; the data path uses `upstream`.
@@ -79,7 +84,7 @@ class Router:
             self.prefills,
             self.decodes,
             self.encoder_picker,
-            self.pd_picker,
+            self.pd_pickers,
             BackendCalls(config, m, self.upstream),
             self.reuse,
         )

@@ -219,6 +219,24 @@ async def test_prefix_aware_keeps_a_conversation_on_one_instance():
         assert sorted(len(d.received) for d in s.decodes) == [0, 0, 3]
 
 
+async def test_prefix_aware_in_e_p_d_sends_a_repeated_prompt_to_the_same_prefill_and_decode():
+    # Prefill and decode each keep their own homes: a picker shared by both pools would overwrite the
+    # prefill home with the decode one on every request, and no prompt would ever go home.
+    async with router_stack(encoders=0, prefills=3, decodes=3, pd_policy="prefix-aware") as s:
+        prompts = [f"system prompt {i} " + "x" * 300 for i in range(6)]
+        for _ in range(2):
+            for prompt in prompts:
+                r = await s.post(CHAT, chat(messages=[{"role": "user", "content": prompt}]))
+                assert r.status == 200
+        for tier in (s.prefills, s.decodes):
+            served: dict[str, set[str]] = {}
+            for fake in tier:
+                for body in fake.bodies():
+                    served.setdefault(body["messages"][0]["content"], set()).add(fake.name)
+            assert len(served) == len(prompts)
+            assert all(len(names) == 1 for names in served.values()), served
+
+
 @pytest.mark.parametrize("mode, reused_part", [("pinned", "image_url"), ("metadata", "image_embeds")])
 async def test_reuse_skips_the_encoder_for_a_repeated_item_until_the_ttl(mode, reused_part):
     async with router_stack(encoders=1, reuse_ttl=60, reuse_mode=mode, immutable_media_urls=True) as s:

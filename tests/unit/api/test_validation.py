@@ -103,6 +103,16 @@ BAD_SPECS = [
         "spec.ecTransfer.sharedStorage.ttlSeconds",
         {"spec.ecTransfer.sharedStorage.ttlSeconds": 0},
     ),
+    case(
+        "spill-over-zero-encoder-bound",
+        "spec.router.spillOver.encoderInflight",
+        {"spec.router": {"spillOver": {"encoderInflight": 0}}},
+    ),
+    case(
+        "spill-over-negative-consumer-bound",
+        "spec.router.spillOver.consumerInflight",
+        {"spec.router": {"spillOver": {"consumerInflight": -1}}},
+    ),
     case("cpu-without-bytes", "spec.ecTransfer.cpu.bytes", {"spec.ecTransfer": {"connector": "CPU", "cpu": {}}}),
     case("cpu-without-settings", "spec.ecTransfer.cpu", {"spec.ecTransfer": {"connector": "CPU"}}),
     case(

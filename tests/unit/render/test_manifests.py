@@ -852,6 +852,42 @@ def test_the_router_trusts_clients_only_as_far_as_the_spec_declares(trust, flags
     assert [a for a in args if a in trust_flags] == flags
 
 
+@pytest.mark.parametrize(
+    "spill, encoder_load, decode_load, flags",
+    [
+        ({}, None, None, {"--spill-encoder-inflight": "8"}),  # 2 x the encoder's default target (4)
+        ({}, 3, None, {"--spill-encoder-inflight": "6"}),
+        ({}, 3, 16, {"--spill-encoder-inflight": "6", "--spill-consumer-inflight": "16"}),
+        (
+            {"encoderInflight": 5, "consumerInflight": 2},
+            3,
+            16,
+            {"--spill-encoder-inflight": "5", "--spill-consumer-inflight": "2"},
+        ),
+        ({"enabled": False, "encoderInflight": 5}, 3, 16, {}),
+    ],
+)
+def test_the_spill_over_bounds_come_from_the_spec_or_the_tiers_load_targets(spill, encoder_load, decode_load, flags):
+    doc = example_document(SHARED_STORAGE)
+    spec = doc["spec"]
+    spec.setdefault("router", {})["spillOver"] = spill
+    for tier, target in (("encoder", encoder_load), ("decode", decode_load)):
+        spec[tier]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 4}
+        if target is not None:
+            spec[tier]["autoscaling"]["load"] = {"targetPerPod": target}
+        else:
+            spec[tier]["autoscaling"]["metrics"] = [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}},
+                }
+            ]
+    objects = render(parse_epd(doc))
+    args = container(find(objects, "Deployment", f"{doc['metadata']['name']}-router"), "router")["args"]
+    spill_flags = ("--spill-encoder-inflight", "--spill-consumer-inflight")
+    assert {a: args[i + 1] for i, a in enumerate(args) if a in spill_flags} == flags
+
+
 def test_the_encoder_gets_its_own_gpu_memory_default_and_consumers_keep_vllms():
     from epd_operator.api.spec import ENCODER_GPU_MEMORY_UTILIZATION
 

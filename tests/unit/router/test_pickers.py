@@ -523,8 +523,9 @@ def test_with_endpoints_joining_and_leaving_new_keys_stay_within_the_bound(steps
 
 
 def test_one_picker_alternating_between_two_pools_levels_nothing():
-    # Prefill and decode share the PD picker: each pool's endpoints miss the other pool's placements,
-    # which are not theirs to take, so none of them is ever levelled.
+    # One picker serving two disjoint pools (the router keeps one per pool; a picker must still not
+    # level across them): each pool's endpoints miss the other pool's placements, which are not theirs
+    # to take, so none of them is ever levelled.
     picker = BoundedHashPicker(work_window=10)
     prefills, decodes = eps(2), [Ep(f"10.0.1.{i}:8000") for i in range(3)]
     for i in range(200):
@@ -551,3 +552,161 @@ def test_router_replicas_agree_with_endpoints_joining_and_leaving(steps):
     for members, k in steps:
         cands = [pool[i] for i in sorted(members)]
         assert one.pick(cands, f"image-{k}") is other.pick(list(reversed(cands)), f"image-{k}")
+
+
+# ----------------------------------------------------------------------------- in flight and recent work apart
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    old_loads=st.lists(st.integers(min_value=10, max_value=80), min_size=1, max_size=3),
+    history=st.integers(min_value=0, max_value=3000),
+    count=st.integers(min_value=1, max_value=200),
+)
+def test_a_newcomer_takes_every_new_image_while_every_old_encoder_is_over_the_in_flight_bound(
+    old_loads, history, count
+):
+    # The old encoders have placed `history` images and hold items in flight; the newcomer joins at 0.
+    # Nothing completes meanwhile: each pick adds one item in flight.
+    picker = BoundedHashPicker()
+    pool = eps(len(old_loads) + 1)
+    old, newcomer = pool[:-1], pool[-1]
+    place(picker, old, history, "before")
+    for e, load in zip(old, old_loads, strict=True):
+        e.load = load
+    for i in range(count):
+        bound = load_bound(sum(e.load for e in pool), len(pool), DEFAULT_LOAD_FACTOR)
+        over = all(e.load + 1 > bound for e in old)
+        chosen = picked(picker.pick(pool, f"after-{i}"))
+        if over:
+            assert chosen is newcomer
+        chosen.load += 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    old_load=st.integers(min_value=10, max_value=80),
+    history=st.integers(min_value=0, max_value=3000),
+    data=st.data(),
+)
+def test_a_newcomer_at_0_in_flight_beside_an_old_encoder_over_the_bound_gets_most_of_the_next_images(
+    old_load, history, data
+):
+    # The case: one old encoder with `old_load` items in flight (past the bound beside an idle
+    # newcomer), the next images up to twice that many, nothing completing meanwhile.
+    count = data.draw(st.integers(min_value=1, max_value=2 * old_load))
+    picker = BoundedHashPicker()
+    old, newcomer = eps(2)
+    place(picker, [old], history, "before")
+    old.load = old_load
+    assert old_load + 1 > load_bound(old_load, 2, DEFAULT_LOAD_FACTOR)
+    taken = 0
+    for i in range(count):
+        chosen = picked(picker.pick([old, newcomer], f"after-{i}"))
+        chosen.load += 1
+        taken += chosen is newcomer
+    assert taken > count / 2
+
+
+def test_the_newcomer_takes_every_new_image_until_the_old_one_is_within_the_in_flight_bound():
+    # The module doc's example: one old encoder at 50 in flight, the newcomer at 0.
+    picker = BoundedHashPicker()
+    old, newcomer = eps(2)
+    place(picker, [old], 2000, "before")
+    old.load = 50
+    firsts = []
+    for i in range(100):
+        chosen = picked(picker.pick([old, newcomer], f"after-{i}"))
+        chosen.load += 1
+        firsts.append(chosen is newcomer)
+    # ceil(1.15 * (50 + 36 + 1) / 2) = 51: with 36 taken, the old one is within the bound again.
+    assert firsts.index(False) == 36
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=6),
+    per_endpoint=st.integers(min_value=0, max_value=4),
+    keys=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=600),
+)
+def test_a_steady_pool_keeps_each_endpoints_share_of_new_images_within_the_promised_balance(n, per_endpoint, keys):
+    # A steady pool: equal encoders, each item finishing after the same number of later picks, so about
+    # `per_endpoint` items per endpoint are in flight. Every new image lands within the in-flight bound,
+    # and the busiest endpoint's recent work stays under 1.25x the mean once each has placed a few.
+    picker = BoundedHashPicker()
+    pool = eps(n)
+    flying: list[Ep] = []
+    seen: set[int] = set()
+    for k in keys:
+        loads = [e.load for e in pool]
+        chosen = picked(picker.pick(pool, f"image-{k}"))
+        assert chosen.load + 1 <= load_bound(sum(loads), n, DEFAULT_LOAD_FACTOR)
+        seen.add(k)
+        chosen.load += 1
+        flying.append(chosen)
+        if len(flying) > per_endpoint * n:
+            flying.pop(0).load -= 1
+    work = [picker.recent_work(e.key) for e in pool]
+    mean = sum(work) / n
+    if len(seen) >= 8 * n:
+        assert max(work) < 1.25 * mean
+
+
+def test_a_ring_owner_past_the_in_flight_bound_is_passed_over_for_a_new_image():
+    a, b = eps(2)
+    owner_key = ring_order([a.key, b.key], "image")[0]
+    owner, other = (a, b) if owner_key == a.key else (b, a)
+    owner.load = 2  # ceil(1.15 * 3 / 2) = 2: one more would put it past the bound
+    assert BoundedHashPicker().pick([a, b], "image") is other
+    owner.load = 1  # ceil(1.15 * 2 / 2) = 2: within it, the owner takes the image
+    assert BoundedHashPicker().pick([a, b], "image") is owner
+
+
+def test_where_none_is_within_both_bounds_the_free_one_with_the_least_recent_work_takes_the_key():
+    picker = BoundedHashPicker(work_window=1000)
+    a, b, c = eps(3)
+    a.load = 30  # past the in-flight bound throughout: b and c share every new key, over the work bound
+    fallbacks = 0
+    for i in range(300):
+        work = {e.key: picker.recent_work(e.key) for e in (a, b, c)}
+        chosen = picked(picker.pick([a, b, c], f"image-{i}"))
+        assert chosen is not a
+        bound = load_bound(sum(work.values()), 3, picker.load_factor)
+        if i > 0 and all(work[e.key] + 1 > bound for e in (b, c)):
+            fallbacks += 1
+            assert chosen is min((b, c), key=lambda e: work[e.key])
+    assert fallbacks > 100
+
+
+def test_an_endpoint_only_ever_placed_alone_rejoins_at_the_mean():
+    # Alone it had no peers to stand among: its standing is 1, so it comes back level with the mean.
+    picker = BoundedHashPicker(work_window=100)
+    a, b, c = eps(3)
+    place(picker, [a], 5, "alone")
+    place(picker, [b, c], 200, "away")
+    mean = (picker.recent_work(b.key) + picker.recent_work(c.key)) / 2
+    assert picker.recent_work(a.key) < mean
+    took = 1.0 if picker.pick([a, b, c], "back") is a else 0.0
+    assert picker.recent_work(a.key) == pytest.approx((mean + took) * 0.99)
+
+
+def test_the_standing_of_an_endpoint_with_all_or_none_of_its_peers_work():
+    # One placement between two: the chosen one stood at 1 against a peer with none (a standing of 1,
+    # never more), the other at 0 against 1 (a standing of 0). Each then misses placements and returns.
+    picker = BoundedHashPicker(work_window=1000)
+    a, b, c = eps(3)
+    first = picked(picker.pick([a, b], "only"))
+    other = b if first is a else a
+    place(picker, [other, c], 50, "first-away")
+    mean = (picker.recent_work(other.key) + picker.recent_work(c.key)) / 2
+    took = 1.0 if picker.pick([a, b, c], "first-back") is first else 0.0
+    assert picker.recent_work(first.key) == pytest.approx((mean + took) * 0.999)
+
+    picker = BoundedHashPicker(work_window=1000)
+    first = picked(picker.pick([a, b], "only"))
+    other = b if first is a else a
+    place(picker, [first, c], 50, "other-away")
+    faded = picker.recent_work(other.key)
+    assert faded == 0.0
+    took = 1.0 if picker.pick([a, b, c], "other-back") is other else 0.0
+    assert picker.recent_work(other.key) == pytest.approx(took * 0.999)  # 0 x the mean: not raised

@@ -1,0 +1,22 @@
+"""`make bench-autoscale`'s plot from recorded runs: matplotlib starts fc-list for its fonts, so this
+lives beside the tests that may start processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import autoscale
+from tests.unit.bench.test_autoscale import record
+
+
+def test_the_plot_draws_a_column_per_run(tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "autoscale.png"
+    autoscale.plot([record(False), record(True)], path)
+    from matplotlib import image
+
+    height, width = image.imread(path).shape[:2]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert width > 1.5 * height  # two columns of 7 inches side by side, 8 inches tall

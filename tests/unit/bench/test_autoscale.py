@@ -1,0 +1,99 @@
+"""`make bench-autoscale`'s report from recorded runs (no cluster): the numbers the issue's targets are read
+from (the new encoder's share, the scale-out window's latency, spilled items, failures) come out of the
+record as the loop wrote it, for both runs."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from bench import autoscale
+from tests.support.autoscale_loop import TIMELINE, LoopConfig, LoopRecord, Sample, record_from_json
+
+T0 = 1_000_000.0  # the load step, Unix time
+
+
+def record(spill_over: bool, new_requests: float = 50.0) -> LoopRecord:
+    r = LoopRecord(LoopConfig(spill_over=spill_over))
+    r.first_encoder, r.second_encoder, r.leaving_encoder = "vl-encoder-a", "vl-encoder-b", "vl-encoder-b"
+    r.marks = {
+        "load_start": T0 - 30,
+        "light_start": T0 - 30,
+        "step_start": T0,
+        "scaled_up": T0 + 2,
+        "second_ready": T0 + 100,
+        "second_serving": T0 + 104,
+        "light_after_start": T0 + 164,
+        "scaled_down": T0 + 195,
+        "left_gone": T0 + 220,
+        "load_end": T0 + 230,
+    }
+    r.timeline = {name: T0 + 2 + i for i, (name, _) in enumerate(TIMELINE)}
+    r.counts_at_second_ready = {"vl-encoder-a": 100.0, "vl-encoder-b": 0.0}
+    r.counts_at_second_serving = {"vl-encoder-a": 110.0, "vl-encoder-b": 1.0}
+    r.counts_at_step_end = {"vl-encoder-a": 160.0, "vl-encoder-b": 1.0 + new_requests}
+    r.spilled = {"step_items": 12.0, "step_requests": 3.0, "items": 12.0, "requests": 3.0} if spill_over else {}
+    r.scaled_up_hpa = {"conditions": [{"type": "ScalingActive", "status": "True", "reason": "ValidMetricFound"}]}
+    r.autoscaling_active = {"status": "True", "reason": "ScalingActive"}
+    # 10 requests in the scale-out window taking 1..10 s, 10 after it taking 0.1..1 s, one failure after.
+    r.requests = [
+        *({"phase": "step", "start": T0 + i, "end": T0 + i + (i + 1), "status": 200} for i in range(10)),
+        *(
+            {"phase": "step", "start": T0 + 110 + i, "end": T0 + 110 + i + 0.1 * (i + 1), "status": 200}
+            for i in range(10)
+        ),
+        {"phase": "light_after", "start": T0 + 200, "end": T0 + 201, "status": 503},
+    ]
+    r.samples = [Sample(T0 + t, "step", 1 if t < 2 else 2, 1 if t < 100 else 2, 2, 6.0) for t in range(0, 160, 2)]
+    r.series = {"inflight:vl-encoder-a": [(T0, 8.0), (T0 + 1, 9.0)], "waiting:vl-encoder-a": [(T0, 0.0)]}
+    return r
+
+
+def test_the_new_encoders_share_counts_from_its_first_request_served():
+    r = record(True, new_requests=50.0)
+    assert r.share_after_second() == {"vl-encoder-a": 50.0, "vl-encoder-b": 50.0}
+    assert r.new_share() == pytest.approx(0.5)
+    r.counts_at_second_serving = {}  # a record of a run from before that mark: from the readiness
+    assert r.share_after_second() == {"vl-encoder-a": 60.0, "vl-encoder-b": 51.0}
+
+
+def test_latencies_are_those_of_the_successful_requests_started_in_the_window():
+    r = record(False)
+    assert r.latencies("step_start", "second_serving") == [float(i + 1) for i in range(10)]
+    assert r.latencies("second_serving", "light_after_start") == pytest.approx([0.1 * (i + 1) for i in range(10)])
+
+
+def test_the_report_compares_both_runs_on_the_issues_targets(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(autoscale, "cpu_model", lambda: "a CPU")  # it reads the machine's
+    runs = [record(False, new_requests=80.0), record(True, new_requests=50.0)]
+    text = autoscale.report(runs, datetime(2026, 12, 3, tzinfo=UTC), 1800.0, (1.0, 2.0, 3.0), "abc1234")
+    table = text.split("## Both runs")[1].split("\n\n")[1].splitlines()
+    assert table[0] == "| | spill-over off | spill-over on |"
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in table[2:]}
+    assert rows["seconds from the load step to the new encoder serving"] == ["104 s", "104 s |"]
+    assert rows["timeline: pod created"] == ["3 s", "3 s |"]
+    # p50 / p90 / p99 of 1..10 s (the last is the slowest) and of 0.1..1 s
+    assert rows["client p50 / p90 / p99 during the scale-out window (requests)"][0] == "6.00 / 10.00 / 10.00 s (10)"
+    assert rows["client p50 / p90 / p99 after it, to the step's end (requests)"][0] == "0.60 / 1.00 / 1.00 s (10)"
+    share = "new encoder's share of encoder requests in the minute after it first served (target 35-65 %)"
+    assert rows[share] == ["62%", "50% |"]
+    assert rows["spilled items / requests (in the step; in the whole run)"] == ["0 / 0; 0 / 0", "12 / 3; 12 / 3 |"]
+    assert rows["failed client requests (target 0), of all"] == ["1 of 21", "1 of 21 |"]
+    assert "## Spill-over off" in text and "## Spill-over on" in text
+
+
+def test_a_written_record_reads_back_into_the_same_report(tmp_path: Path):
+    runs = [record(False), record(True)]
+    path = tmp_path / "autoscale.json"
+    autoscale.write_records(path, runs, datetime(2026, 12, 3, tzinfo=UTC), 1800.0, "abc1234")
+    data = json.loads(path.read_text())
+    back = autoscale.records_from_json(data)
+    assert [r.config.spill_over for r in back] == [False, True]
+    assert back[1].timeline == runs[1].timeline and back[1].spilled == runs[1].spilled
+    # a single-run file from before both runs were recorded
+    single = {"record": runs[0].to_json()}
+    assert record_from_json(single["record"]).counts_at_step_end == runs[0].counts_at_step_end
+    assert len(autoscale.records_from_json(single)) == 1
