@@ -38,8 +38,8 @@ What this promises, with whole in-flight loads and load_factor >= 1:
    no worse than the bound allows), places by recent work alone: the chosen endpoint is within the
    recent-work bound, or all are within one item of it and the least loaded takes the key. Recent
    work is fractional (decayed), so that is the bound we promise: no endpoint's recent work
-   exceeds load_factor times the mean by more than about one item; with the default factor the
-   busiest stays below 1.25x the mean once the pool has placed a few items per endpoint.
+   exceeds load_factor times the mean by more than one item; with the default factor the busiest
+   stays within 1.25x the mean once the mean is ten items or more (1.15 m + 1 <= 1.25 m).
 
 Recent work compares endpoints that took part in the same placements, so an endpoint without that
 history is brought level before a placement. One the picker has not seen (a scale-up, a pod
