@@ -69,8 +69,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/unit/api/test_validation.py", "tests/unit/api/test_rules.py"],
     ),
 }
-# read by the tests above through the repository root (examples rendered, schemas, chart values)
-ALSO_COPY = ["examples", "crds", "charts"]
+# read by the tests above through the repository root (examples rendered, schemas, chart values), and dev/,
+# which tests/support imports (free ports, the version pins)
+ALSO_COPY = ["examples", "crds", "charts", "dev"]
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
