@@ -92,22 +92,36 @@ async def test_a_multi_node_tier_is_applied_owned_reported_and_pruned(ns):
 
         # What the LWS controller reports once both groups are up: the tier is ready.
         generation = lws["metadata"]["generation"]
-        ns.ok(
-            "PATCH",
-            lws_path(ns, "vl-decode") + "/status",
-            {"status": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "observedGeneration": generation}},
-        )
+
+        def said(type_: str, reason: str, message: str) -> list[dict]:
+            other = "Progressing" if type_ == "Available" else "Available"
+            stamp = {"observedGeneration": generation, "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            return [
+                {"type": type_, "status": "True", "reason": reason, "message": message, **stamp},
+                {"type": other, "status": "False", "reason": other, "message": "", **stamp},
+            ]
+
+        available = said("Available", "AllGroupsReady", "All replicas are ready")
+        status = {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "observedGeneration": generation}
+        ns.ok("PATCH", lws_path(ns, "vl-decode") + "/status", {"status": {**status, "conditions": available}})
         await wait_until(
-            lambda: epd(ns)["status"]["tiers"]["decode"]["ready"] == "2/2",
+            lambda: epd(ns)["status"]["tiers"]["decode"]["ready"] == "2/2" and epd(ns)["status"]["phase"] == "Ready",
             20,
-            lambda: f"decode tier not reported ready: {epd(ns)['status']['tiers']}",
+            lambda: f"decode tier not reported ready: {epd(ns)['status']}",
         )
-        ns.ok("PATCH", lws_path(ns, "vl-decode") + "/status", {"status": {"readyReplicas": 1}})
+        progressing = said("Progressing", "GroupsProgressing", "Replicas are progressing")
+        ns.ok(
+            "PATCH", lws_path(ns, "vl-decode") + "/status", {"status": {"readyReplicas": 1, "conditions": progressing}}
+        )
         await wait_until(
-            lambda: epd(ns)["status"]["tiers"]["decode"]["ready"] == "1/2",
+            lambda: epd(ns)["status"]["tiers"]["decode"].get("reason") == "GroupsNotReady",
             20,
             lambda: f"a lost group not reported: {epd(ns)['status']['tiers']}",
         )
+        decode = epd(ns)["status"]["tiers"]["decode"]
+        assert decode["ready"] == "1/2"
+        # No LWS controller here, so no group's pods: both groups are named.
+        assert decode["message"] == "groups 0, 1 of 2 not ready (LeaderWorkerSet vl-decode: Replicas are progressing)"
 
         # Back to one node: the LeaderWorkerSet goes, a Deployment takes its place.
         await patch_spec(ns, {"decode": {**doc["spec"]["decode"], "nodesPerReplica": 1}})

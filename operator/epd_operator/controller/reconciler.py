@@ -392,7 +392,8 @@ class Reconciler:
 
     def _explain_unready(self, namespace: str, name: str, tiers: dict[str, status_rules.TierInput]) -> None:
         """For tiers not ready (short of ready pods, or rolling out), the scheduler's reason for a pod
-        it cannot place and the kubelet's reason for a pod it cannot run."""
+        it cannot place, the kubelet's reason for a pod it cannot run, and a multi-node tier's groups
+        that are not ready."""
         for role, tier in list(tiers.items()):
             dep = tier.deployment
             if dep is None or status_rules.tier_state(tier).ready:
@@ -400,7 +401,10 @@ class Reconciler:
             # A LeaderWorkerSet has no selector of its own: its pods (leaders and workers) carry the tier's role.
             selector = dep["spec"].get("selector", {}).get("matchLabels") or {ROLE_LABEL: role}
             pods = self.cache.pods(namespace, name, selector)
-            tiers[role] = dataclasses.replace(tier, unschedulable=unschedulable_reason(pods), trouble=pod_trouble(pods))
+            groups = status_rules.unready_groups(dep, pods) if dep.get("kind") == status_rules.LWS_KIND else ()
+            tiers[role] = dataclasses.replace(
+                tier, unschedulable=unschedulable_reason(pods), trouble=pod_trouble(pods), unready_groups=groups
+            )
 
     async def _converge(
         self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]

@@ -18,6 +18,13 @@ Consumers kept on their generation until an encoder of the new one is Ready (con
 make the deployment Progressing (the condition's reason WaitingForEncoders names the tiers and both
 generations): their pods serve, but not from the template the spec asks for.
 
+A multi-node tier is a LeaderWorkerSet whose replicas are groups (a leader and its workers). Its
+state is read from the LeaderWorkerSet's own status the same way: ready groups (every pod of the
+group ready), updated groups, and its conditions: UpdateInProgress True is a rolling update of the
+groups under way (not settled), and the tier is ready only while the controller itself says
+Available. A group that is not ready is named (`GroupsNotReady`, from the pods' group index), so a
+group the LWS controller restarts after losing a pod shows as that group, not as an anonymous count.
+
 An autoscaled tier also reports its HPA's own conditions. An HPA that cannot act (ScalingActive or
 AbleToScale False, e.g. its metric is not served) makes the AutoscalingActive condition False, and
 a deployment whose tiers are otherwise all ready Degraded, so a broken autoscaler is never hidden
@@ -50,6 +57,11 @@ from .rollout import Held
 
 TIERS = ("encoder", "prefill", "decode", "router")
 VLLM_TIERS = ("encoder", "prefill", "decode")
+# A multi-node tier's reason while groups are not ready and no pod of it says why.
+GROUPS_NOT_READY = "GroupsNotReady"
+LWS_KIND = "LeaderWorkerSet"
+# Set by LWS on every pod of a group (api/leaderworkerset/v1): the group's index, and the pod's in it.
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 PODS_FAILING = "PodsFailing"  # the Ready condition's reason when the kubelet cannot run a tier's pods
 
 
@@ -60,6 +72,7 @@ class TierInput:
     planned_replicas: int = 1  # what we asked for, shown while the Deployment does not exist yet
     unschedulable: str | None = None  # the scheduler's reason for a pod of this tier it cannot place
     trouble: PodTrouble | None = None  # the kubelet's reason for a pod of this tier that does not run
+    unready_groups: tuple[int, ...] = ()  # a LeaderWorkerSet's groups with a pod missing or not ready
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +81,14 @@ class TierState:
     settled: bool
     ready: bool
     stuck: bool
+
+
+def _true(obj: dict[str, Any], type_: str) -> bool:
+    """The object's own condition `type_` is True for its current generation."""
+    said = condition(obj, type_)
+    generation = (obj.get("metadata") or {}).get("generation")
+    current = generation is None or said.get("observedGeneration", generation) >= generation
+    return said.get("status") == "True" and current
 
 
 def _why(tier: TierInput) -> tuple[str | None, str | None]:
@@ -91,12 +112,18 @@ def tier_state(tier: TierInput) -> TierState:
     desired = dep.get("spec", {}).get("replicas", 1)
     replicas, ready = st.get("replicas", 0), st.get("readyReplicas", 0)
     updated = st.get("updatedReplicas", 0)
+    lws = dep.get("kind") == LWS_KIND
     # A LeaderWorkerSet counts ready groups (every pod of the group ready) and reports no availability.
-    available = st.get("availableReplicas", ready if dep.get("kind") == "LeaderWorkerSet" else 0)
+    available = st.get("availableReplicas", ready if lws else 0)
     generation = dep.get("metadata", {}).get("generation")
     seen = generation is None or st.get("observedGeneration", 0) >= generation
     settled = seen and updated >= desired and replicas <= updated
     is_ready = settled and ready >= desired and available >= desired
+    if lws:
+        settled = settled and not _true(dep, "UpdateInProgress")
+        is_ready = is_ready and settled and _true(dep, "Available")
+        if not is_ready and reason is None:
+            reason, message = GROUPS_NOT_READY, _groups_message(dep, tier.unready_groups, ready, desired)
     if is_ready:  # a ready tier has nothing to explain, whatever a pod on its way out says
         reason = message = None
     status = TierStatus(
@@ -299,8 +326,11 @@ def derive_status(
     if all_ready:
         ready_reason, ready_message = "AllTiersReady", "every tier has its pods ready"
     elif explained:
-        unplaced = any(states[n].status.reason == UNSCHEDULABLE for n in explained)
-        ready_reason = UNSCHEDULABLE if unplaced else PODS_FAILING
+        reasons = {states[n].status.reason for n in explained}
+        if UNSCHEDULABLE in reasons:
+            ready_reason = UNSCHEDULABLE
+        else:
+            ready_reason = "TiersNotReady" if reasons == {GROUPS_NOT_READY} else PODS_FAILING
         ready_message = f"not ready: {summary(not_ready)}; " + "; ".join(
             tier_explanation(n, states[n].status) for n in explained
         )
@@ -413,6 +443,40 @@ def last_described(previous: EPDDeploymentStatus | None) -> tuple[Topology | Non
     """(topology, endpoint) as the last status gave them: what a refused spec's status keeps saying,
     since the children of the last accepted spec keep running."""
     return (previous.topology, previous.endpoint) if previous else (None, None)
+
+
+def unready_groups(lws: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[int, ...]:
+    """The groups of a LeaderWorkerSet (indices below its replicas) that miss a pod (one of `size`)
+    or have one not ready; a pod on its way out counts as missing."""
+    spec = lws.get("spec") or {}
+    size = (spec.get("leaderWorkerTemplate") or {}).get("size", 1)
+    members: dict[int, list[dict[str, Any]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        index = (meta.get("labels") or {}).get(GROUP_INDEX_LABEL)
+        if index is not None and index.isdigit() and not meta.get("deletionTimestamp"):
+            members.setdefault(int(index), []).append(pod)
+    return tuple(
+        group
+        for group in range(spec.get("replicas", 1))
+        if len(members.get(group, [])) < size or not all(pod_ready(p) for p in members[group])
+    )
+
+
+def _groups_message(lws: dict[str, Any], groups: tuple[int, ...], ready: int, desired: int) -> str:
+    """`group 1 of 2 not ready (LeaderWorkerSet decode: Replicas are progressing)`."""
+    named = f"group {groups[0]}" if len(groups) == 1 else "groups " + ", ".join(map(str, groups))
+    words = f"{named} of {desired} not ready" if groups else f"{ready} of {desired} groups ready"
+    name = (lws.get("metadata") or {}).get("name", "")
+    said = next(
+        (
+            str(condition(lws, t).get("message") or "")
+            for t in ("UpdateInProgress", "Progressing", "Available")
+            if _true(lws, t)
+        ),
+        "",
+    )
+    return f"{words} (LeaderWorkerSet {name}: {said})" if said else f"{words} (LeaderWorkerSet {name})"
 
 
 def status_document(status: EPDDeploymentStatus) -> dict[str, Any]:

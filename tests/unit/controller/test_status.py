@@ -124,17 +124,36 @@ def status(tiers: dict[str, TierInput], previous=None, errors=None, now=T0, gene
     )
 
 
-def lws(desired: int, ready: int, updated: int | None = None) -> dict[str, Any]:
-    """A LeaderWorkerSet as its controller reports it: ready groups, no availableReplicas."""
+def lws(desired: int, ready: int, updated: int | None = None, size: int = 2) -> dict[str, Any]:
+    """A LeaderWorkerSet as its controller (sigs.k8s.io/lws v0.9) reports it: ready and updated
+    groups, no availableReplicas, and one of its conditions True (Available when every group is
+    updated and ready, UpdateInProgress and Progressing during a rolling update, else Progressing)."""
+    updated = desired if updated is None else updated
+    if updated < desired:
+        true = [("UpdateInProgress", "GroupsUpdating", "Rolling Upgrade is in progress")]
+        true.append(("Progressing", "GroupsProgressing", "Replicas are progressing"))
+    elif ready >= desired:
+        true = [("Available", "AllGroupsReady", "All replicas are ready")]
+    else:
+        true = [("Progressing", "GroupsProgressing", "Replicas are progressing")]
+    kinds = {t for t, _, _ in true}
+    false = [("Available", "AllGroupsReady", "All replicas are ready")] if "Available" not in kinds else []
+    false += [("Progressing", "GroupsProgressing", "Replicas are progressing")] if "Progressing" not in kinds else []
+    conditions = [
+        {"type": t, "status": status, "reason": r, "message": m, "observedGeneration": 3}
+        for status, group in (("True", true), ("False", false))
+        for t, r, m in group
+    ]
     return {
         "kind": "LeaderWorkerSet",
-        "metadata": {"generation": 3},
-        "spec": {"replicas": desired},
+        "metadata": {"name": "m-decode", "generation": 3},
+        "spec": {"replicas": desired, "leaderWorkerTemplate": {"size": size}},
         "status": {
             "observedGeneration": 3,
             "replicas": desired,
             "readyReplicas": ready,
-            "updatedReplicas": desired if updated is None else updated,
+            "updatedReplicas": updated,
+            "conditions": conditions,
         },
     }
 
@@ -503,16 +522,10 @@ def test_unschedulable_event_again_only_when_the_reason_changes():
 
 
 def test_a_leader_worker_set_counts_ready_groups_as_available():
-    lws = {
-        "kind": "LeaderWorkerSet",
-        "metadata": {"generation": 1},
-        "spec": {"replicas": 2},
-        "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2},
-    }
-    state = tier_state(TierInput(lws))
+    state = tier_state(TierInput(lws(2, 2)))
     assert (state.status.availableReplicas, state.ready) == (2, True)
     # a Deployment without availableReplicas has none available, whatever is ready
-    dep_ = {**lws, "kind": "Deployment"}
+    dep_ = {**lws(2, 2), "kind": "Deployment"}
     assert (tier_state(TierInput(dep_)).status.availableReplicas, tier_state(TierInput(dep_)).ready) == (0, False)
 
 
