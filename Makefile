@@ -52,8 +52,8 @@ node-images: vllm-env ## the node tier's images as archives, without loading the
 # A local control plane with fake GPU nodes and a real node (containerd, runc, CNI, kubelet, kube-proxy,
 # in namespaces of its own: root and `apt-get install runc containerd containernetworking-plugins`),
 # in the background: prints the kubeconfig and how to stop it. `make images` loads the images into it.
-cluster: k8s-node ## start a local control plane with fake GPU nodes and a real node in the background
-	$(BIN)/python -m dev.cluster_cli up --detach --real-node
+cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node and the LWS controller in the background
+	$(BIN)/python -m dev.cluster_cli up --detach --real-node --lws
 
 cluster-down: install ## stop the local control plane
 	$(BIN)/python -m dev.cluster_cli down

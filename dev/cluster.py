@@ -137,6 +137,7 @@ class LocalCluster(ClusterApi):
         nodes: Sequence[FakeNode] = DEFAULT_NODES,
         real_nodes: Sequence[RealNodeSpec] = (),
         hpa_sync_seconds: float = 1.0,
+        lws: bool = False,
     ):
         if len(real_nodes) > 1:
             raise ValueError("one real node at most: the API server reaches kubelets through one node bridge")
@@ -146,6 +147,7 @@ class LocalCluster(ClusterApi):
         self.nodes = tuple(dataclasses.replace(n, taints=(*n.taints, GPU_TAINT)) if real_nodes else n for n in nodes)
         self.real_nodes: list[RealNode] = []
         self.hpa_sync_seconds = hpa_sync_seconds
+        self.lws = lws  # run the LeaderWorkerSet controller (dev/lws.py) with its CRDs and webhooks
         self._owned_dir = workdir is None
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="epd-cluster-"))
         self.pki = self.dir / "pki"
@@ -189,6 +191,8 @@ class LocalCluster(ClusterApi):
             self._wait_for_schedulable_nodes((n.name for n in self.nodes), 30)
             for node in self.real_nodes:
                 self._start_real_node(node)
+            if self.lws:
+                self._start_lws()
         log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
 
     def stop(self) -> None:
@@ -460,6 +464,14 @@ class LocalCluster(ClusterApi):
                 f"127.0.0.1:{free_port()}",
             ],
         )
+
+    def _start_lws(self, timeout: float = 60) -> None:
+        from . import lws
+
+        webhook, health = free_port(), free_port()
+        argv = lws.prepare(self, self.pki, self.dir / "lws", webhook_port=webhook, health_port=health)
+        self._component("lws-controller-manager", argv, env={**os.environ, "KUBECONFIG": str(self.kubeconfig_path)})
+        lws.register_webhooks(self, self.pki, webhook_port=webhook, health_port=health, timeout=timeout)
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
         path.write_text(

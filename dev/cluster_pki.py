@@ -78,6 +78,23 @@ def make_pki(pki: Path) -> None:
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
+def sign_serving_cert(pki: Path, stem: Path, name: str) -> None:
+    """A serving certificate for 127.0.0.1 signed by the CA in `pki` (from `make_pki`):
+    `stem`.crt and `stem`.key, for a server on the host that the API server calls (a webhook)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    ext = stem.with_suffix(".cnf")
+    ext.write_text(
+        "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
+    )
+    key, csr, crt = (str(stem.with_suffix(s)) for s in (".key", ".csr", ".crt"))
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}", cwd=pki)
+    _openssl(
+        "x509", "-req", "-in", csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", crt,
+        "-days", "3650", "-extfile", str(ext), "-extensions", "ext", cwd=pki,
+    )  # fmt: skip
+
+
 def kubeconfig(
     server: str, ca_file: Path, token: str, *, user: str = ADMIN_TOKEN_USER, namespace: str | None = None
 ) -> dict[str, Any]:

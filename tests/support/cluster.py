@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dev import lws
 from dev.cluster import LocalCluster
 from dev.lifetimes import kill_with_parent
 from epd_operator.kube import ApiError, Credentials, load_credentials
@@ -351,28 +352,9 @@ def gateway_api_crd(kind_plural: str = "httproutes") -> dict[str, Any]:
 
 
 # LeaderWorkerSet (multi-node tiers): the newest release the Go module proxy serves.
-LWS = "sigs.k8s.io/lws@v0.9.0"
-
-
 def lws_crd() -> dict[str, Any]:
-    """The LeaderWorkerSet CRD as that project ships it in its Go module."""
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", LWS],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "GOFLAGS": "-mod=mod"},
-        cwd=tempfile.gettempdir(),
-        timeout=300,
-    )
-    path = (
-        Path(json.loads(out.stdout)["Dir"])
-        / "config"
-        / "crd"
-        / "bases"
-        / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
-    )
-    return dict(yaml.safe_load(path.read_text()))
+    """The LeaderWorkerSet CRD as that project ships it in its Go module (the version dev/lws.py runs)."""
+    return lws.leader_worker_set_crd()
 
 
 def epd_crd() -> dict[str, Any]:

@@ -25,6 +25,7 @@ DP_EP_MOE = "epd-dp-ep-moe.yaml"
 MULTI_NODE = "epd-multi-node.yaml"
 LOCAL_CPU = "epd-local-cpu.yaml"
 LOCAL_CPU_NIXL = "epd-local-cpu-nixl.yaml"
+LOCAL_CPU_MULTINODE = "epd-local-cpu-multinode.yaml"
 
 
 def example_files() -> list[Path]:

@@ -16,6 +16,7 @@ from tests.support.render_examples import (
     CPU_CONNECTOR,
     DP_EP_MOE,
     LOCAL_CPU,
+    LOCAL_CPU_MULTINODE,
     LOCAL_CPU_NIXL,
     MOONCAKE,
     MULTI_NODE,
@@ -92,6 +93,7 @@ def test_every_example_is_rendered(examples):
         MULTI_NODE,
         LOCAL_CPU,
         LOCAL_CPU_NIXL,
+        LOCAL_CPU_MULTINODE,
     }
     assert all(example_document(path.name)["kind"] == "EPDDeployment" for path in example_files())
 

@@ -37,6 +37,7 @@ EXPECTED = {
     # Their namespaces enforce baseline (tests/node/test_mission_loop.py runs them under it).
     "epd-local-cpu.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
     "epd-local-cpu-nixl.yaml": {"encoder": BASELINE, "prefill": BASELINE, "decode": BASELINE, "router": RESTRICTED},
+    "epd-local-cpu-multinode.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
 }
 
 
