@@ -125,6 +125,9 @@ class Component:
             self.process.wait()
 
 
+LWS_COMPONENT = "lws-controller-manager"
+
+
 class LocalCluster(ClusterApi):
     """Start, use and stop one local control plane. Use as a context manager."""
 
@@ -192,7 +195,7 @@ class LocalCluster(ClusterApi):
             for node in self.real_nodes:
                 self._start_real_node(node)
             if self.lws:
-                self._start_lws()
+                self.start_lws()
         log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
 
     def stop(self) -> None:
@@ -465,12 +468,16 @@ class LocalCluster(ClusterApi):
             ],
         )
 
-    def _start_lws(self, timeout: float = 60) -> None:
+    def start_lws(self, timeout: float = 60) -> None:
+        """Run the LeaderWorkerSet controller (dev/lws.py), with its CRDs and webhooks; once: a
+        cluster started without it may start it later (a test that needs it, on a shared cluster)."""
         from . import lws
 
+        if any(c.name == LWS_COMPONENT for c in self.components):
+            return
         webhook, health = free_port(), free_port()
         argv = lws.prepare(self, self.pki, self.dir / "lws", webhook_port=webhook, health_port=health)
-        self._component("lws-controller-manager", argv, env={**os.environ, "KUBECONFIG": str(self.kubeconfig_path)})
+        self._component(LWS_COMPONENT, argv, env={**os.environ, "KUBECONFIG": str(self.kubeconfig_path)})
         lws.register_webhooks(self, self.pki, webhook_port=webhook, health_port=health, timeout=timeout)
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
