@@ -66,12 +66,14 @@ class TierStatus(_Status):
         None,
         description="Why pods of this tier are not ready, when known, in Kubernetes' own reason: Unschedulable "
         "(the scheduler cannot place a pod), or the kubelet's reason for one of its containers (ErrImagePull, "
-        "CrashLoopBackOff, CreateContainerConfigError, ...). Absent while the tier is ready.",
+        "CrashLoopBackOff, CreateContainerConfigError, ...); for a multi-node tier with no such pod, "
+        "GroupsNotReady (its LeaderWorkerSet is short of ready groups). Absent while the tier is ready.",
     )
     message: str | None = Field(
         None,
         description="The words that go with `reason`: the scheduler's message, or the pod, the container and the "
-        "kubelet's message (for CrashLoopBackOff: how the container last exited).",
+        "kubelet's message (for CrashLoopBackOff: how the container last exited); for GroupsNotReady, the groups "
+        "not ready by index and the LeaderWorkerSet controller's own condition message.",
     )
     lost: bool | None = Field(
         None,
