@@ -21,8 +21,8 @@ generations): their pods serve, but not from the template the spec asks for.
 A multi-node tier is a LeaderWorkerSet whose replicas are groups (a leader and its workers). Its
 state is read from the LeaderWorkerSet's own status the same way: ready groups (every pod of the
 group ready), updated groups, and its conditions: UpdateInProgress True is a rolling update of the
-groups under way (not settled), and the tier is ready only while the controller itself says
-Available. A group that is not ready is named (`GroupsNotReady`, from the pods' group index), so a
+groups under way (not settled; its updated count is no guide, since it also drops while a group
+restarts), and the tier is ready only while the controller itself says Available. A group that is not ready is named (`GroupsNotReady`, from the pods' group index), so a
 group the LWS controller restarts after losing a pod shows as that group, not as an anonymous count.
 
 An autoscaled tier also reports its HPA's own conditions. An HPA that cannot act (ScalingActive or
@@ -120,7 +120,9 @@ def tier_state(tier: TierInput) -> TierState:
     settled = seen and updated >= desired and replicas <= updated
     is_ready = settled and ready >= desired and available >= desired
     if lws:
-        settled = settled and not _true(dep, "UpdateInProgress")
+        # Its own UpdateInProgress says whether groups roll: its updated count also drops while a group
+        # restarts (a group whose pods are being recreated counts as neither updated nor current).
+        settled = seen and not _true(dep, "UpdateInProgress")
         is_ready = is_ready and settled and _true(dep, "Available")
         if not is_ready and reason is None:
             reason, message = GROUPS_NOT_READY, _groups_message(dep, tier.unready_groups, ready, desired)

@@ -118,6 +118,16 @@ def test_a_group_restart_names_the_group_and_is_degraded_until_it_is_ready_again
     assert [(t.type, t.reason) for t in transitions(restarting, back)] == [("Normal", "Ready")]
 
 
+def test_a_restarting_group_that_counts_as_not_updated_is_no_rollout():
+    # While LWS recreates a group it counts it neither updated nor current: no UpdateInProgress.
+    restarting = lws(2, 1)
+    restarting["status"]["updatedReplicas"] = 1
+    state = tier_state(TierInput(restarting, unready_groups=(1,)))
+    assert (state.settled, state.ready, state.status.reason) == (True, False, GROUPS_NOT_READY)
+    st = derive(TierInput(restarting, unready_groups=(1,)), previous=derive(TierInput(lws(2, 2))), now=T1)
+    assert (st.phase, cond(st, "Progressing").status) == ("Degraded", "False")
+
+
 def test_several_groups_and_no_group_known_from_pods():
     state = tier_state(TierInput(lws(3, 1), unready_groups=(0, 2)))
     assert state.status.message == "groups 0, 2 of 3 not ready (LeaderWorkerSet m-decode: Replicas are progressing)"
