@@ -123,7 +123,7 @@ def tier_state(tier: TierInput) -> TierState:
         # Its own UpdateInProgress says whether groups roll: its updated count also drops while a group
         # restarts (a group whose pods are being recreated counts as neither updated nor current).
         settled = seen and not _true(dep, "UpdateInProgress")
-        is_ready = is_ready and settled and _true(dep, "Available")
+        is_ready = settled and ready >= desired and _true(dep, "Available")
         if not is_ready and reason is None:
             reason, message = GROUPS_NOT_READY, _groups_message(dep, tier.unready_groups, ready, desired)
     if is_ready:  # a ready tier has nothing to explain, whatever a pod on its way out says
