@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from dev.client import chat, chat_body, image_part, text_part
+from dev.client import Reply, chat, chat_body, image_part, text_part
 from tests.support.cluster import wait_for
 from tests.support.mission import Mission, remove
 from tests.support.mission import all_ready as _all_ready
@@ -152,7 +152,11 @@ def test_a_lost_worker_restarts_its_whole_group_while_the_other_group_serves(mis
         def load() -> None:
             seed = 100
             while not stop.is_set():
-                replies.append(chat(f"http://127.0.0.1:{port}", body(seed), timeout=60))
+                started = time.monotonic()
+                try:
+                    replies.append(chat(f"http://127.0.0.1:{port}", body(seed), timeout=60))
+                except OSError as error:  # no HTTP answer at all: recorded as status 0, which fails below
+                    replies.append(Reply(0, str(error), time.monotonic() - started))
                 seed += 1
 
         client = threading.Thread(target=load, daemon=True)
