@@ -35,12 +35,14 @@ k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet 
 	$(BIN)/python -m dev.cluster_cli build --real-node
 	$(BIN)/python -m dev.coredns
 
-# Plus the oldest supported kube-apiserver, and prometheus-adapter for the custom metrics API the encoder
-# HPA reads (~/.cache/epd-operator/prometheus-adapter): only six tests need them (marker late_build), which
-# `make test` runs once they are built; their cold builds would take it past its time budget.
-k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver and prometheus-adapter, from source, cached
+# Plus the oldest supported kube-apiserver, prometheus-adapter for the custom metrics API the encoder
+# HPA reads (~/.cache/epd-operator/prometheus-adapter) and the LeaderWorkerSet controller for multi-node
+# tiers (~/.cache/epd-operator/lws): only seven tests need them (marker late_build), which `make test` runs
+# once they are built; their cold builds would take it past its time budget.
+k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter and the LWS controller, from source, cached
 	$(BIN)/python -m dev.cluster_cli build --oldest
 	$(BIN)/python -m dev.prometheus_adapter
+	$(BIN)/python -m dev.lws
 
 # The node tier's images as archives (dev/images.py), built beside the Go builds: they copy files where
 # those compile. Only where a real node can run (root, buildah, mmdebstrap); elsewhere its tests skip.

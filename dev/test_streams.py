@@ -16,7 +16,8 @@ never starts in both at once, only adds the e2e tier's minutes: the node tier we
 
 The tests marked ``late_build`` need a binary nothing else needs and whose cold build would take a cold run
 past its time budget (the oldest supported kube-apiserver for tests/integration/test_crd_install.py,
-prometheus-adapter for tests/integration/test_autoscaling_adapter.py): they run when ``make k8s`` has built
+prometheus-adapter for tests/integration/test_autoscaling_adapter.py, the LeaderWorkerSet controller for
+tests/integration/test_lws_controller.py): they run when ``make k8s`` has built
 those binaries, and otherwise ``make test`` names them and the command that builds them.
 
 Each run writes a JUnit report (``build/test-tiers.xml``, ``build/test-node.xml``); at the end the skip
@@ -44,7 +45,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from . import k8s_binaries, prometheus_adapter, real_node
+from . import k8s_binaries, lws, prometheus_adapter, real_node
 from .k8s_binaries import OLDEST
 from .lifetimes import GroupReaper
 from .paths import REPO
@@ -73,6 +74,8 @@ def missing_late_binaries() -> list[str]:
         missing.append(f"kube-apiserver {OLDEST}")
     if not prometheus_adapter.ADAPTER.built():
         missing.append(f"prometheus-adapter {prometheus_adapter.ADAPTER.version}")
+    if not lws.MANAGER.built():
+        missing.append(f"the LeaderWorkerSet controller {lws.MANAGER.version}")
     return missing
 
 

@@ -18,6 +18,9 @@ from dev.cluster import LocalCluster
 from tests.support.cluster import KubeView, epd_crd, install_crd, new_namespace, volumes
 from tests.support.operator_run import condition, create, epd, epd_doc, operator_in_process, posted, wait_until
 
+# The controller's build is one only this file needs: `make test` runs it once `make k8s` has built it.
+pytestmark = pytest.mark.late_build
+
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
