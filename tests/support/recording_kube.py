@@ -7,6 +7,7 @@ them is tested against the real control plane in tests/integration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from epd_operator.kube import ApiError, Kube
@@ -18,6 +19,9 @@ class RecordingKube:
         self.refuse = refuse or {}  # (kind, name) -> the error a dry run of it raises
         # (kind, namespace, name) -> the object as the server holds it, for answers that return it whole
         self.stored: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        # Called with the object a status write returns, before the write returns: a watch event that
+        # arrives while the pass that wrote it still runs.
+        self.on_status: Callable[[dict[str, Any]], None] | None = None
 
     async def apply(
         self, obj: dict[str, Any], *, field_manager: str = "epd-operator", force: bool = True, dry_run: bool = False
@@ -41,6 +45,8 @@ class RecordingKube:
         revision = str(int(stored["metadata"].get("resourceVersion") or 0) + 1)
         stored = {**stored, "metadata": {**stored["metadata"], "resourceVersion": revision}, "status": status}
         self.stored[(resource.kind, namespace, name)] = stored
+        if self.on_status is not None:
+            self.on_status(stored)
         return stored
 
     async def create(self, resource: Any, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,9 @@ it), and writes only differences. Watch events, the resync timer and a restart a
   (controller/rollout.py), an encoder pod of that generation turning Ready gets a FULL pass, so they
   move as soon as one is Ready (and only then: a full pass dry-runs its plan on the server);
 - every `resync_seconds` -> a FULL pass for every known EPDDeployment.
+
+A full pass marks its generation reconciled before it writes the status, so the watch event of its
+own status write queues nothing.
 """
 
 from __future__ import annotations
@@ -285,9 +288,10 @@ class Reconciler:
         else:  # nothing is applied for a refused spec: report on what still runs, and hold nothing
             self._held.pop(key, None)
             live = self.cache.owned(seen.namespace, seen.name, STATUS_KINDS)
-        result = await self._report(seen, live, observed=seen.meta.get("generation"), refused=refused)
+        # Marked before the status is written: the watch event of that write must not queue this generation
+        # for a second full pass (and dry run). A report that fails is retried as a full pass by the worker.
         self._reconciled[key] = (seen.meta["uid"], seen.meta.get("generation"))
-        return result
+        return await self._report(seen, live, observed=seen.meta.get("generation"), refused=refused)
 
     async def status_pass(self, key: Key) -> str:
         """Report on the children as they are: no apply, no dry run, only `.status` (and the Events of

@@ -1,7 +1,7 @@
-"""controller/reconciler with controller/rollout: while consumers wait for an encoder of their new
-generation, which watch events cost a full pass (and so a server-side dry run of the plan) and which
-only a status refresh. The reconciler runs on its own cache and a recording stand-in for the API
-server (tests/support/recording_kube.py); its passes are awaited one by one."""
+"""controller/reconciler: which watch events cost a full pass (and so a server-side dry run of the plan)
+and which only a status refresh, in particular while consumers wait for an encoder of their new
+generation (controller/rollout.py). The reconciler runs on its own cache and a recording stand-in for
+the API server (tests/support/recording_kube.py); its passes are awaited one by one."""
 
 from __future__ import annotations
 
@@ -140,3 +140,15 @@ async def test_a_spec_that_turns_invalid_drops_the_hold():
     # An encoder of the generation the hold waited for turning Ready no longer applies anything.
     r.pod_event("MODIFIED", pod("encoder", new, ready=True, revision=210))
     assert await queued(r) == STATUS
+
+
+async def test_the_watch_event_of_a_full_passs_own_status_write_queues_nothing():
+    kube = RecordingKube()
+    r = Reconciler(as_kube(kube), Metrics(), identity="test")
+    body = epd_body(1, 10)
+    kube.stored[("EPDDeployment", NS, NAME)] = body
+    r.epd_event(None, body)
+    assert await queued(r) == FULL
+    kube.on_status = lambda written: r.epd_event("MODIFIED", written)  # delivered before the pass ends
+    assert await r.full_pass(KEY) == "success"
+    assert kube.statuses() and await queued(r) is None
