@@ -38,6 +38,7 @@ NAMESPACED_NEEDS = [
             ("policy", "poddisruptionbudgets"),
             ("rbac.authorization.k8s.io", "roles"),
             ("rbac.authorization.k8s.io", "rolebindings"),
+            ("networking.k8s.io", "networkpolicies"),
             ("gateway.networking.k8s.io", "httproutes"),
             ("leaderworkerset.x-k8s.io", "leaderworkersets"),
         ]
@@ -239,6 +240,7 @@ KIND_RESOURCES = {
     "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
     "HTTPRoute": ("gateway.networking.k8s.io", "httproutes"),
+    "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "leaderworkersets"),
 }
 

@@ -481,6 +481,91 @@ BAD_SPECS = [
         "spec.ecTransfer.mooncake.master.tolerations[0].keys",
         {"spec.ecTransfer": {"connector": "Mooncake", "mooncake": {"master": {"tolerations": [{"keys": "a"}]}}}},
     ),
+    # NetworkPolicies: what would make the API server refuse a policy, or lock the router out, is refused here.
+    case(
+        "network-policy-selector-bad-label-key",
+        "spec.networkPolicy.scrapers[0].podSelector.matchLabels",
+        {"spec.networkPolicy": {"scrapers": [{"podSelector": {"matchLabels": {"-bad key": "x"}}}]}},
+    ),
+    case(
+        "network-policy-selector-bad-label-value",
+        "spec.networkPolicy.scrapers[0].namespaceSelector.matchLabels.team",
+        {"spec.networkPolicy": {"scrapers": [{"namespaceSelector": {"matchLabels": {"team": "not a value"}}}]}},
+    ),
+    case(
+        "network-policy-selector-bad-requirement-key",
+        "spec.networkPolicy.scrapers[0].podSelector.matchExpressions[0].key",
+        {
+            "spec.networkPolicy": {
+                "scrapers": [{"podSelector": {"matchExpressions": [{"key": "a/b/c", "operator": "Exists"}]}}]
+            }
+        },
+    ),
+    case(
+        "network-policy-selector-unknown-operator",
+        "spec.networkPolicy.routerFrom[0].podSelector.matchExpressions[0].operator",
+        {
+            "spec.networkPolicy": {
+                "routerFrom": [{"podSelector": {"matchExpressions": [{"key": "app", "operator": "Is"}]}}]
+            }
+        },
+    ),
+    case(
+        "network-policy-selector-in-without-values",
+        "spec.networkPolicy.routerFrom[0].podSelector.matchExpressions[0].values",
+        {
+            "spec.networkPolicy": {
+                "routerFrom": [{"podSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}}]
+            }
+        },
+    ),
+    case(
+        "network-policy-selector-exists-with-values",
+        "spec.networkPolicy.scrapers[0].podSelector.matchExpressions[0].values",
+        {
+            "spec.networkPolicy": {
+                "scrapers": [
+                    {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["a"]}]}}
+                ]
+            }
+        },
+    ),
+    case(
+        "network-policy-empty-router-from",
+        "spec.networkPolicy.routerFrom",
+        {"spec.networkPolicy": {"routerFrom": []}},
+    ),
+    case(
+        "network-policy-router-peer-without-selector",
+        "spec.networkPolicy.routerFrom[0].podSelector",
+        {"spec.networkPolicy": {"routerFrom": [{}]}},
+    ),
+    case(
+        "network-policy-egress-port-zero",
+        "spec.networkPolicy.egressTo[0].ports[0]",
+        {"spec.networkPolicy": {"egressTo": [{"cidr": "10.0.0.1/32", "ports": [0]}]}},
+    ),
+    case(
+        "network-policy-egress-port-above-65535",
+        "spec.networkPolicy.egressTo[0].ports[1]",
+        {"spec.networkPolicy": {"egressTo": [{"cidr": "10.0.0.1/32", "ports": [443, 65536]}]}},
+    ),
+    case(
+        "network-policy-egress-cidr-that-does-not-parse",
+        "spec.networkPolicy.egressTo[0].cidr",
+        {"spec.networkPolicy": {"egressTo": [{"cidr": "10.0.0.300/32"}]}},
+    ),
+    case(
+        "network-policy-egress-cidr-and-selector",
+        "spec.networkPolicy.egressTo[0].cidr",
+        {"spec.networkPolicy": {"egressTo": [{"cidr": "10.0.0.1/32", "podSelector": {}}]}},
+    ),
+    case(
+        "network-policy-egress-destination-of-nothing",
+        "spec.networkPolicy.egressTo[0].cidr",
+        {"spec.networkPolicy": {"egressTo": [{"ports": [443]}]}},
+    ),
+    case("network-policy-empty-egress", "spec.networkPolicy.egressTo", {"spec.networkPolicy": {"egressTo": []}}),
 ]
 
 
@@ -490,6 +575,34 @@ GOOD_SPECS = [
     pytest.param(spec_with(CPU_WITHOUT_SHARED), id="cpu-connector"),
     pytest.param(spec_with(MOONCAKE), id="mooncake-defaults"),
     pytest.param(spec_with({"metadata.name": "a" * 47}), id="longest-name"),
+    pytest.param(spec_with({"spec.networkPolicy": {"enabled": False}}), id="network-policy-off"),
+    pytest.param(
+        spec_with(
+            {
+                "spec.networkPolicy": {
+                    "scrapers": [
+                        {
+                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                            "podSelector": {
+                                "matchExpressions": [
+                                    {"key": "app.kubernetes.io/name", "operator": "In", "values": ["prometheus"]},
+                                    {"key": "example.com/scraper", "operator": "Exists"},
+                                ]
+                            },
+                        }
+                    ],
+                    "routerFrom": [{"namespaceSelector": {"matchLabels": {"gateway": "true"}}, "podSelector": {}}],
+                    "egressTo": [
+                        {"cidr": "10.96.0.1/32", "ports": [443]},
+                        {"cidr": "fd00::/64"},
+                        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "otel-collector"}}},
+                    ],
+                }
+            }
+        ),
+        id="network-policy-widened-and-narrowed",
+    ),
+    pytest.param(spec_with({"spec.networkPolicy": {"scrapers": []}}), id="network-policy-no-scrapers"),
     pytest.param(spec_with({"spec.decode.dataParallelSize": 64, "spec.decode.expertParallel": True}), id="dp-64-ep"),
     # the last rank's ports sit exactly on 65535: 65000 + 8*67 - 1, and 65534 + 2 - 1
     pytest.param(

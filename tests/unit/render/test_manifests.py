@@ -41,6 +41,7 @@ KIND_ORDER = [
     "ServiceAccount",
     "Role",
     "RoleBinding",
+    "NetworkPolicy",
     "Service",
     "Deployment",
     "HorizontalPodAutoscaler",
