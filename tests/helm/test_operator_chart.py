@@ -124,6 +124,29 @@ def test_ports_from_values_reach_the_operator(helm):
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 18080, "metrics": 19090}
 
 
+def test_the_operator_pod_takes_only_probes_and_scrapes(helm):
+    """The NetworkPolicy selects the operator pod, opens its health port, and its metrics port only to
+    the Prometheus pods and `helm test`'s scrape; turned off, there is none."""
+    objects = helm.template(OPERATOR_CHART, None, "health.port=18080", "metrics.port=19090")
+    policy = one(objects, "NetworkPolicy")
+    (deployment,) = by_kind(objects, "Deployment")
+    (test_pod,) = by_kind(objects, "Pod")
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert not selector.items() <= test_pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    health, metrics = policy["spec"]["ingress"]
+    assert health == {"ports": [{"port": 18080, "protocol": "TCP"}]}
+    assert metrics["ports"] == [{"port": 19090, "protocol": "TCP"}]
+    prometheus, helm_test = metrics["from"]
+    assert prometheus == {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+    assert helm_test["podSelector"]["matchLabels"].items() <= test_pod["metadata"]["labels"].items()
+    assert by_kind(helm.template(OPERATOR_CHART, None, "networkPolicy.enabled=false"), "NetworkPolicy") == []
+
+
 def test_image_digest_wins_over_tag(helm):
     digest = "sha256:" + "a" * 64
     c = container(helm.template(OPERATOR_CHART, None, f"image.digest={digest}", "image.tag=ignored"))
