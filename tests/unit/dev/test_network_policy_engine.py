@@ -43,7 +43,11 @@ def test_readiness_is_read_inside_the_node(monkeypatch):
     class Done:
         returncode = 0
 
-    monkeypatch.setattr(network_policy_engine.subprocess, "run", lambda argv, **_: calls.append(argv) or Done())
+    def run(argv, **_):
+        calls.append(argv)
+        return Done()
+
+    monkeypatch.setattr(network_policy_engine.subprocess, "run", run)
     assert network_policy_engine.synced(Node())  # type: ignore[arg-type]
     assert calls == [
         ["nsenter", "--net=/proc/1/ns/net", "--mount=/proc/1/ns/mnt", "--", "iptables", "-S", "KUBE-ROUTER-FORWARD"]
