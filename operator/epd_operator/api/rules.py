@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from .labels import OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS
 from .spec import (
+    LABEL_KEY_MESSAGE,
     LABEL_KEY_PATTERN,
     OPERATOR_MOUNT_PATHS,
     OPERATOR_VOLUMES,
@@ -33,7 +34,6 @@ from .spec import (
     Peer,
     Placement,
     Router,
-    Selector,
     SelectorRequirement,
 )
 
@@ -122,10 +122,6 @@ _NIXL_PORT = (
 
 
 _LABEL_KEY = _cel_string(LABEL_KEY_PATTERN)
-_LABEL_KEY_MESSAGE = (
-    "must be a label key: an optional DNS-subdomain prefix and '/', then at most 63 letters, digits, "
-    "'-', '_' or '.', starting and ending with a letter or digit"
-)
 _HAS_METRICS = "(has(self.autoscaling.metrics) && size(self.autoscaling.metrics) > 0)"
 _HAS_CPU = (
     "(has(self.resources) && ((has(self.resources.requests) && 'cpu' in self.resources.requests)"
@@ -318,13 +314,7 @@ RULES: tuple[Rule, ...] = (
         SelectorRequirement,
         f"self.key.matches('{_LABEL_KEY}')",
         ".key",
-        _LABEL_KEY_MESSAGE,
-    ),
-    Rule(
-        Selector,
-        f"!has(self.matchLabels) || self.matchLabels.all(k, k.matches('{_LABEL_KEY}'))",
-        ".matchLabels",
-        f"every key {_LABEL_KEY_MESSAGE}",
+        LABEL_KEY_MESSAGE,
     ),
     Rule(
         Peer,

@@ -11,11 +11,12 @@ them is refused too, by `epdctl validate` and by the API server alike.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, field_validator
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
@@ -628,8 +629,12 @@ LABEL_KEY_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
-# Label keys are checked by a CEL rule (api/rules.py), on map keys and requirement keys alike.
+# A requirement's key is checked by a CEL rule (api/rules.py); a matchLabels key by `Selector` itself.
 LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
+LABEL_KEY_MESSAGE = (
+    "must be a label key: an optional DNS-subdomain prefix and '/', then at most 63 letters, digits, "
+    "'-', '_' or '.', starting and ending with a letter or digit"
+)
 # Bounds on selectors and peer lists: they keep the CEL rules that walk them within the API server's cost limits.
 MAX_SELECTOR_TERMS = 16
 MAX_PEERS = 16
@@ -664,6 +669,17 @@ class Selector(Strict):
     matchExpressions: list[SelectorRequirement] = Field(
         default_factory=list, max_length=MAX_SELECTOR_TERMS, description="Set-based requirements."
     )
+
+    @field_validator("matchLabels")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        # Checked here, not by a CEL rule: a CRD schema cannot bound a map key's length, and the API
+        # server prices a regex over an unbounded key beyond its cost budget. The operator and
+        # `epdctl validate` refuse it, so no policy with such a key is ever applied.
+        bad = [key for key in value if len(key) > 317 or not re.match(LABEL_KEY_PATTERN, key)]
+        if bad:
+            raise ValueError(f"{', '.join(repr(k) for k in bad)}: every key {LABEL_KEY_MESSAGE}")
+        return value
 
 
 class PodsPeer(Strict):
