@@ -37,6 +37,7 @@ PLURALS = {
     "HTTPRoute": "httproutes",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "NetworkPolicy": "networkpolicies",
     "EndpointSlice": "endpointslices",
     "CustomResourceDefinition": "customresourcedefinitions",
     "Lease": "leases",
