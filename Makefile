@@ -30,10 +30,12 @@ vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, i
 # The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok) and the real node's kubelet and kube-proxy, built once by one `go build`
 # from the official Go modules into ~/.cache/epd-operator/k8s (cold: tens of minutes on 2 cores, with
-# progress), and the cluster's DNS, CoreDNS, from the Go module proxy (~/.cache/epd-operator/coredns).
-k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet and kube-proxy (one go build) and CoreDNS
+# progress), the cluster's DNS, CoreDNS, and its NetworkPolicy engine, kube-router's firewall, from the
+# Go module proxy (~/.cache/epd-operator/coredns, ~/.cache/epd-operator/kube-router).
+k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet and kube-proxy (one go build), CoreDNS and kube-router
 	$(BIN)/python -m dev.cluster_cli build --real-node
 	$(BIN)/python -m dev.coredns
+	$(BIN)/python -m dev.kube_router
 
 # Plus the oldest supported kube-apiserver, prometheus-adapter for the custom metrics API the encoder
 # HPA reads (~/.cache/epd-operator/prometheus-adapter) and the LeaderWorkerSet controller for multi-node
@@ -52,7 +54,8 @@ node-images: vllm-env ## the node tier's images as archives, without loading the
 	else echo "make test: no root, buildah or mmdebstrap here: the node tier's images are not built and its tests skip"; fi
 
 # A local control plane with fake GPU nodes and a real node (containerd, runc, CNI, kubelet, kube-proxy,
-# in namespaces of its own: root and `apt-get install runc containerd containernetworking-plugins`),
+# kube-router's firewall, in namespaces of its own: root and
+# `apt-get install runc containerd containernetworking-plugins ipset`),
 # in the background: prints the kubeconfig and how to stop it. `make images` loads the images into it.
 cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node and the LWS controller in the background
 	$(BIN)/python -m dev.cluster_cli up --detach --real-node --lws

@@ -65,8 +65,18 @@ from .node_kube_config import KUBELET_SYSCTLS, REAL_NODE_LABEL, SERVICE_CIDR
 from .paths import CACHE, REPO
 
 # The runtime and CNI binaries: Debian's packages (runc, containerd, containernetworking-plugins).
-RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "unshare", "ip", "iptables")
-APT_PACKAGES = "runc containerd containernetworking-plugins"
+RUNTIME_BINARIES = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "runc",
+    "ctr",
+    "nsenter",
+    "unshare",
+    "ip",
+    "iptables",
+    "ipset",  # the NetworkPolicy engine's sets (dev/network_policy_engine.py)
+)
+APT_PACKAGES = "runc containerd containernetworking-plugins ipset"
 # The node's directory for local volumes (examples/epd-local-cpu.yaml's hostPath volumes): `models`
 # is the machine's model cache (read-only; `make images` builds the tiny model into it), `ec-cache`
 # the encoder cache the tiers share. Both live in the node's private /var/lib and vanish with it.
@@ -206,6 +216,11 @@ class RealNode:
         """The kubelet and kube-proxy, once the sandbox image is loaded and the API server answers."""
         self.components.append(self._start_component("kubelet-" + self.name, self._in_node(self._kubelet_argv())))
         self.components.append(self._start_component("kube-proxy-" + self.name, self._in_node(self._kube_proxy_argv())))
+
+    def start_in_node(self, name: str, argv: list[str]) -> None:
+        """Start a node-level process (a DaemonSet's, run as a process) in the node's cgroup and
+        namespaces; it stops with the node."""
+        self.components.append(self._start_component(name, self._in_node(argv)))
 
     def restart_kubelet(self) -> None:
         """Stop the kubelet (SIGTERM, as a service manager would) and start it again with the same

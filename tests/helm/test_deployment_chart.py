@@ -62,6 +62,14 @@ def test_prefill_makes_it_e_p_d_with_kv_transfer(helm):
     assert spec["kvTransfer"] == {"connector": "Nixl"}
 
 
+def test_network_policy_reaches_the_spec(helm, tmp_path):
+    assert "networkPolicy" not in render_spec(helm)  # the API's default: on
+    values = tmp_path / "values.yaml"
+    policy = {"enabled": False, "scrapers": [{"namespaceSelector": {}}]}
+    values.write_text(yaml.safe_dump({"networkPolicy": policy}))
+    assert render_spec(helm, values)["networkPolicy"] == policy
+
+
 def test_tracing_reaches_the_spec(helm, tmp_path):
     endpoint = "http://otel-collector.observability:4318/v1/traces"
     assert "tracing" not in render_spec(helm)

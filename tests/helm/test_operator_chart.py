@@ -38,6 +38,7 @@ NAMESPACED_NEEDS = [
             ("policy", "poddisruptionbudgets"),
             ("rbac.authorization.k8s.io", "roles"),
             ("rbac.authorization.k8s.io", "rolebindings"),
+            ("networking.k8s.io", "networkpolicies"),
             ("gateway.networking.k8s.io", "httproutes"),
             ("leaderworkerset.x-k8s.io", "leaderworkersets"),
         ]
@@ -121,6 +122,29 @@ def test_ports_from_values_reach_the_operator(helm):
     c = container(helm.template(OPERATOR_CHART, None, "health.port=18080", "metrics.port=19090"))
     assert {"--liveness-port=18080", "--metrics-port=19090"} <= set(c["args"])
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 18080, "metrics": 19090}
+
+
+def test_the_operator_pod_takes_only_probes_and_scrapes(helm):
+    """The NetworkPolicy selects the operator pod, opens its health port, and its metrics port only to
+    the Prometheus pods and `helm test`'s scrape; turned off, there is none."""
+    objects = helm.template(OPERATOR_CHART, None, "health.port=18080", "metrics.port=19090")
+    policy = one(objects, "NetworkPolicy")
+    (deployment,) = by_kind(objects, "Deployment")
+    (test_pod,) = by_kind(objects, "Pod")
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert not selector.items() <= test_pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    health, metrics = policy["spec"]["ingress"]
+    assert health == {"ports": [{"port": 18080, "protocol": "TCP"}]}
+    assert metrics["ports"] == [{"port": 19090, "protocol": "TCP"}]
+    prometheus, helm_test = metrics["from"]
+    assert prometheus == {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+    assert helm_test["podSelector"]["matchLabels"].items() <= test_pod["metadata"]["labels"].items()
+    assert by_kind(helm.template(OPERATOR_CHART, None, "networkPolicy.enabled=false"), "NetworkPolicy") == []
 
 
 def test_image_digest_wins_over_tag(helm):
@@ -239,6 +263,7 @@ KIND_RESOURCES = {
     "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
     "HTTPRoute": ("gateway.networking.k8s.io", "httproutes"),
+    "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "leaderworkersets"),
 }
 

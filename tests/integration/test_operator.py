@@ -76,6 +76,10 @@ async def test_create_makes_every_tier_owned_by_the_epddeployment(ns, operator):
         ("Deployment", "vl-router"),
     }
     assert ("Service", "vl") in objs and ("ConfigMap", "vl-transfer") in objs
+    assert {k for k in objs if k[0] == "NetworkPolicy"} == {
+        ("NetworkPolicy", "vl-backends"),
+        ("NetworkPolicy", "vl-router"),
+    }
     for key, obj in objs.items():
         refs = obj["metadata"]["ownerReferences"]
         assert refs == [
@@ -520,7 +524,7 @@ async def test_a_restart_causes_no_churn(ns):
 async def test_deleting_the_epddeployment_collects_every_child_and_pod(ns, operator):
     await create(ns, epd_doc())
     await phase(ns, "Ready", timeout=60)
-    assert len(children(ns)) == 13 and len(ns.pods(**{"app.kubernetes.io/instance": "vl"})) == 5
+    assert len(children(ns)) == 15 and len(ns.pods(**{"app.kubernetes.io/instance": "vl"})) == 5
     ns.ok("DELETE", epd_path(ns))
     # The real garbage collector follows the owner references, down to ReplicaSets and Pods.
     await wait_until(lambda: not children(ns), 30, lambda: f"left behind: {sorted(children(ns))}")

@@ -38,6 +38,7 @@ PLURALS = {
     "HTTPRoute": "httproutes",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "NetworkPolicy": "networkpolicies",
     "EndpointSlice": "endpointslices",
     "CustomResourceDefinition": "customresourcedefinitions",
     "Lease": "leases",

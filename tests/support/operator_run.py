@@ -221,6 +221,7 @@ CHILD_KINDS = [
     ("policy/v1", "PodDisruptionBudget"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 ]
 OPTIONAL_CHILD_KINDS = [("gateway.networking.k8s.io/v1", "HTTPRoute")]  # where the Gateway API is installed
 

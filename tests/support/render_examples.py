@@ -211,6 +211,21 @@ def variants() -> dict[str, EPDDeployment]:
             MOONCAKE, **{"spec.ecTransfer.mooncake": {"protocol": "rdma"}, "spec.decode.tensorParallelSize": 2}
         ),
         "mooncake-e-p-d": example(MOONCAKE, **{"spec.prefill": gpu_prefill}),
+        "nixl-network-policy-widened-and-narrowed": example(
+            NIXL_AUTOSCALED,
+            **{
+                "spec.networkPolicy": {
+                    "scrapers": [
+                        {
+                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                            "podSelector": {"matchExpressions": [{"key": "scraper", "operator": "Exists"}]},
+                        }
+                    ],
+                    "routerFrom": [{"namespaceSelector": {"matchLabels": {"gateway": "true"}}, "podSelector": {}}],
+                    "egressTo": [{"cidr": "10.96.0.1/32", "ports": [443]}, {"namespaceSelector": {}}],
+                }
+            },
+        ),
         "mooncake-dp4-ep-tp2-decode": example(
             MOONCAKE,
             **{

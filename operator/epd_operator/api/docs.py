@@ -92,7 +92,10 @@ def _constraints(info: FieldInfo) -> str:
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "**required**"
-    if info.default_factory is not None:
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and "default" in extra:
+        value = extra["default"]  # a model's default spelt as the CRD carries it
+    elif info.default_factory is not None:
         value = info.default_factory()  # type: ignore[call-arg]
         if isinstance(value, BaseModel):
             return ""  # its own fields list their defaults

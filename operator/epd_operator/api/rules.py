@@ -19,17 +19,22 @@ from pydantic import BaseModel
 
 from .labels import OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS
 from .spec import (
+    LABEL_KEY_MESSAGE,
+    LABEL_KEY_PATTERN,
     OPERATOR_MOUNT_PATHS,
     OPERATOR_VOLUMES,
     Autoscaling,
     ConsumerTier,
     ECTransfer,
+    EgressPeer,
     EPDDeployment,
     EPDDeploymentSpec,
     Mooncake,
     Nixl,
+    Peer,
     Placement,
     Router,
+    SelectorRequirement,
 )
 
 # Child objects are named `<name>-<suffix>`; the longest suffix is "-mooncake-master" (16), and
@@ -66,6 +71,11 @@ class Rule:
 
     def as_validation(self) -> dict[str, Any]:
         return {"rule": self.expression, "message": self.message, "fieldPath": self.field, "reason": self.reason}
+
+
+def _cel_string(value: str) -> str:
+    """`value` inside a single-quoted CEL string literal."""
+    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def _cel_list(values: tuple[str, ...]) -> str:
@@ -111,6 +121,7 @@ _NIXL_PORT = (
 )
 
 
+_LABEL_KEY = _cel_string(LABEL_KEY_PATTERN)
 _HAS_METRICS = "(has(self.autoscaling.metrics) && size(self.autoscaling.metrics) > 0)"
 _HAS_CPU = (
     "(has(self.resources) && ((has(self.resources.requests) && 'cpu' in self.resources.requests)"
@@ -290,6 +301,34 @@ RULES: tuple[Rule, ...] = (
         "every volumeMount must name a volume of this tier's `volumes`",
     ),
     *(_no_shared_storage_mount(tier) for tier in ("encoder", "prefill", "decode")),
+    # NetworkPolicy peers: what the API server refuses in a NetworkPolicy is refused here, in the spec,
+    # so no policy of a deployment is half-applied.
+    Rule(
+        SelectorRequirement,
+        "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0"
+        " : !has(self.values) || size(self.values) == 0",
+        ".values",
+        "In and NotIn need at least one value; Exists and DoesNotExist take none",
+    ),
+    Rule(
+        SelectorRequirement,
+        f"self.key.matches('{_LABEL_KEY}')",
+        ".key",
+        LABEL_KEY_MESSAGE,
+    ),
+    Rule(
+        Peer,
+        "has(self.namespaceSelector) || has(self.podSelector)",
+        ".podSelector",
+        "a peer needs a podSelector and/or a namespaceSelector (`namespaceSelector: {}`: every namespace)",
+        "FieldValueRequired",
+    ),
+    Rule(
+        EgressPeer,
+        "has(self.cidr) != (has(self.namespaceSelector) || has(self.podSelector))",
+        ".cidr",
+        "a destination is either pods (podSelector and/or namespaceSelector) or an address range (cidr), one of them",
+    ),
 )
 
 

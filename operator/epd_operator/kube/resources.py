@@ -68,6 +68,7 @@ CHILD_RESOURCES: dict[str, Resource] = {
         Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
         Resource("rbac.authorization.k8s.io/v1", "Role", "roles"),
         Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+        Resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
         Resource("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", optional=True),
         # Multi-node tiers only (sigs.k8s.io/lws): served where the LeaderWorkerSet CRD is installed.
         Resource("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", optional=True),

@@ -19,6 +19,7 @@ from .naming import (
     transfer_configmap_name,
     vllm_roles,
 )
+from .network_policy import network_policies
 from .pods import JSON, RUNTIME_DEFAULT_SECCOMP, Workload, config_hash, meta, pod_spec, resources, workload
 from .router_workload import router_rbac, router_route, router_workload
 from .templating import render_one
@@ -29,7 +30,7 @@ __all__ = ["config_hash", "render", "tier_hashes"]  # config_hash: re-exported, 
 
 
 def render(epd: EPDDeployment, *, default_router_image: str = DEFAULT_ROUTER_IMAGE) -> list[JSON]:
-    """Every object `epd` becomes: ConfigMap, router RBAC, Services, Deployments, HPAs, PDBs.
+    """Every object `epd` becomes: ConfigMap, router RBAC, NetworkPolicies, Services, Deployments, HPAs, PDBs.
 
     `default_router_image` is the image of the router and janitor when the spec names none; the
     operator passes its own image, so upgrading the operator chart upgrades the data plane with it.
@@ -44,6 +45,8 @@ def render(epd: EPDDeployment, *, default_router_image: str = DEFAULT_ROUTER_IMA
     return [
         render_one("configmap.yaml.j2", **meta(epd, transfer_configmap_name(epd), TRANSFER), data=config),
         *router_rbac(epd),
+        # Before the workloads: no pod of the deployment ever runs without its policies.
+        *network_policies(epd),
         *(w.service for w in workloads),
         *(w.deployment for w in workloads),
         *(w.hpa for w in workloads if w.hpa is not None),

@@ -42,6 +42,7 @@ KIND_ORDER = [
     "ServiceAccount",
     "Role",
     "RoleBinding",
+    "NetworkPolicy",
     "Service",
     "Deployment",
     "HorizontalPodAutoscaler",

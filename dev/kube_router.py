@@ -1,0 +1,30 @@
+"""kube-router (github.com/cloudnativelabs/kube-router), the local cluster's NetworkPolicy engine, built
+once from the Go module proxy into ``~/.cache/epd-operator/kube-router/<version>/kube-router``.
+
+Only its firewall runs (``--run-firewall``; no router, no service proxy): it turns NetworkPolicies into
+iptables chains and ipsets inside the real node's network namespace (dev/network_policy_engine.py).
+It is built static, as its own release build is, against the release's go.mod and go.sum
+(``dev/go_module.py``). Cold (empty module cache for its dependencies): 16 minutes on a 2-core machine at
+a load average of 15-25.
+
+    python -m dev.kube_router      # build (or find) it and print its path
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import go_module
+
+KUBE_ROUTER = go_module.GoBinary(
+    "kube-router", "github.com/cloudnativelabs/kube-router/v2", "v2.1.0", "./cmd/kube-router", "kube-router"
+)
+
+
+def ensure() -> Path:
+    """The kube-router binary, built when absent."""
+    return go_module.ensure(KUBE_ROUTER)
+
+
+if __name__ == "__main__":
+    print(ensure())
