@@ -37,7 +37,7 @@ import yaml
 
 from epd_operator.kube import ApiError
 
-from . import network_policy_engine
+from . import kube_router, network_policy_engine
 from .cluster_api import ClusterApi, ClusterError
 from .cluster_pki import ADMIN_TOKEN_USER, kubeconfig, make_pki
 from .fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, GPU, FakeNode
@@ -266,7 +266,14 @@ class LocalCluster(ClusterApi):
                 )
             time.sleep(0.5)
         self._wait_for_schedulable_nodes([node.name], 30)
-        network_policy_engine.start(node, SERVICE_CIDR)
+        if kube_router.KUBE_ROUTER.built():
+            network_policy_engine.start(node, SERVICE_CIDR)
+        else:
+            print(
+                f"[cluster] real node {node.name}: NetworkPolicies are not enforced: kube-router is not built"
+                " (make k8s, or python -m dev.kube_router)",
+                flush=True,
+            )
         self._start_cluster_dns(node)
 
     def _start_cluster_dns(self, node: RealNode, timeout: float = 60) -> None:

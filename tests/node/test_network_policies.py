@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dev import network_policy_engine
+from dev import kube_router, network_policy_engine
 from dev.client import chat_body
 from dev.images import operator_image
 from tests.support.cluster import EPD_API, KubeView, wait_for
@@ -41,6 +41,11 @@ ROLES = ("encoder", "prefill", "decode", "router")
 pytestmark = [
     pytest.mark.timeout(1500),  # vLLM starts three pods on two cores
     pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
+    # The engine is a late build (make k8s): a cluster's real node runs it only when it is built.
+    pytest.mark.late_build,
+    pytest.mark.skipif(
+        not kube_router.KUBE_ROUTER.built(), reason="kube-router is not built: make k8s (or python -m dev.kube_router)"
+    ),
 ]
 
 # Run in the client pod: one TCP connection or HTTP request, its outcome as JSON on stdout.

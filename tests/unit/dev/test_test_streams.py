@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from dev import lws, paths, prometheus_adapter, test_streams
+from dev import kube_router, lws, paths, prometheus_adapter, test_streams
 from dev.k8s_binaries import OLDEST
 from tests.conftest import TIERS
 
@@ -23,11 +23,15 @@ def selects(expr: str, marks: set[str]) -> bool:
 @pytest.mark.parametrize("tier, late, long", list(itertools.product(TIERS, (False, True), (False, True))))
 def test_every_test_runs_once_but_the_node_tiers_long_experiments(tier: str, late: bool, long: bool):
     marks = {tier} | ({"late_build"} if late else set()) | ({"long"} if long else set())
-    for tiers in (test_streams.TIERS, test_streams.TIERS_WITHOUT_LATE):
-        runs = [selects(test_streams.NODE, marks), selects(tiers, marks)]
+    for node, tiers in (
+        (test_streams.NODE, test_streams.TIERS),
+        (test_streams.NODE_WITHOUT_LATE, test_streams.TIERS_WITHOUT_LATE),
+    ):
+        runs = [selects(node, marks), selects(tiers, marks)]
+        without_late = tiers == test_streams.TIERS_WITHOUT_LATE
         if tier == "node":
-            assert runs == [not long, False]  # a node test needing a late binary builds it on first use
-        elif late and tiers == test_streams.TIERS_WITHOUT_LATE:
+            assert runs == [not long and not (late and without_late), False]
+        elif late and without_late:
             assert runs == [False, False]
         else:
             assert runs == [False, True]
@@ -35,16 +39,17 @@ def test_every_test_runs_once_but_the_node_tiers_long_experiments(tier: str, lat
 
 def test_the_late_binaries_are_looked_for_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(paths, "CACHE", tmp_path)
-    adapter, manager = prometheus_adapter.ADAPTER, lws.MANAGER
+    adapter, manager, engine = prometheus_adapter.ADAPTER, lws.MANAGER, kube_router.KUBE_ROUTER
     assert test_streams.missing_late_binaries() == [
         f"kube-apiserver {OLDEST}",
         f"prometheus-adapter {adapter.version}",
         f"the LeaderWorkerSet controller {manager.version}",
+        f"kube-router {engine.version}",
     ]
 
     apiserver = tmp_path / "k8s" / OLDEST / "kube-apiserver"
-    assert adapter.path.is_relative_to(tmp_path) and manager.path.is_relative_to(tmp_path)
-    for binary in (apiserver, adapter.path, manager.path):
+    assert all(b.path.is_relative_to(tmp_path) for b in (adapter, manager, engine))
+    for binary in (apiserver, adapter.path, manager.path, engine.path):
         binary.parent.mkdir(parents=True)
         binary.write_text("")
         binary.chmod(0o755)
