@@ -40,6 +40,7 @@ NAMESPACED_NEEDS = [
             ("rbac.authorization.k8s.io", "rolebindings"),
             ("gateway.networking.k8s.io", "httproutes"),
             ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+            ("keda.sh", "scaledobjects"),
         ]
         for v in ("get", "list", "watch", "create", "update", "patch", "delete")
     ],
@@ -240,6 +241,7 @@ KIND_RESOURCES = {
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
     "HTTPRoute": ("gateway.networking.k8s.io", "httproutes"),
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+    "ScaledObject": ("keda.sh", "scaledobjects"),
 }
 
 

@@ -80,7 +80,7 @@ def test_required_fields_exist():
     assert missing == []
 
 
-UPSTREAM = [kube_schemas.schema(name) for name in kube_schemas.TYPES]
+UPSTREAM = [kube_schemas.schema(name) for name in (*kube_schemas.TYPES, *kube_schemas.KEDA_TYPES)]
 
 
 def _is_upstream(node: dict[str, Any]) -> bool:
