@@ -499,3 +499,10 @@ def test_router_pods_run_the_operators_own_image(helm):
     c = container(objects)
     assert c["image"] == "registry.example/epd:1.2.3"
     assert "--router-image=registry.example/epd:1.2.3" in c["args"]
+
+
+def test_the_prometheus_keda_queries_is_passed_to_the_operator_when_set(helm):
+    assert not any(a.startswith("--keda-prometheus-address") for a in container(helm.template(OPERATOR_CHART))["args"])
+    address = "http://prometheus-operated.monitoring.svc:9090"
+    c = container(helm.template(OPERATOR_CHART, None, f"keda.prometheusAddress={address}"))
+    assert f"--keda-prometheus-address={address}" in c["args"]

@@ -128,3 +128,25 @@ def test_a_scaled_object_keda_has_not_taken_up_yet_is_pending():
     assert (scaling.status, scaling.reason) == ("Unknown", "ScaledObjectPending")
     assert scaling.message == "waiting for KEDA to take up the ScaledObject of encoder"
     assert status.phase == "Ready"
+
+
+def test_a_keda_scaled_tier_reports_on_its_scaled_object_and_plans_one_pod_before_it_exists():
+    from epd_operator.controller.reconciler import tier_inputs
+    from epd_operator.render import render
+    from tests.support.render_examples import variants
+
+    objects = render(variants()["keda-encoder-scale-to-zero"])
+    so = {
+        **next(o for o in objects if o["kind"] == "ScaledObject"),
+        **scaled_object(READY, IDLE),
+    }
+    keda_hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "keda-hpa-qwen-vl-encoder", "namespace": "default"},
+    }
+    tiers = tier_inputs(objects, [so, keda_hpa])
+    assert tiers["encoder"].scaled_object is so
+    assert tiers["encoder"].hpa is None  # KEDA's own HPA is KEDA's: not reported as ours
+    # the Deployment does not exist yet: it is created without replicas, so it starts with one pod
+    assert tiers["encoder"].deployment is None and tiers["encoder"].planned_replicas == 1
