@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dev import keda
 from dev.cluster import LocalCluster
 from epd_operator.kube import ApiError, Credentials, load_credentials
 
@@ -41,6 +42,7 @@ PLURALS = {
     "EndpointSlice": "endpointslices",
     "CustomResourceDefinition": "customresourcedefinitions",
     "Lease": "leases",
+    "ScaledObject": "scaledobjects",
 }
 CLUSTER_SCOPED = {
     "Node",
@@ -383,6 +385,11 @@ def lws_crd() -> dict[str, Any]:
         / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
     )
     return dict(yaml.safe_load(path.read_text()))
+
+
+def keda_crd() -> dict[str, Any]:
+    """KEDA's ScaledObject CRD as that project ships it in its Go module (dev/keda.py)."""
+    return keda.crd()
 
 
 def epd_crd() -> dict[str, Any]:
