@@ -99,6 +99,10 @@ VolumeMount = Annotated[KubeObject, KubeType("VolumeMount")]
 
 
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+# Bounds on `extraArgs`: a CEL rule reads the consumer tiers' arguments (scale to zero needs consumers that
+# encode media), and the API server prices a rule by the longest list and strings it may walk.
+MAX_EXTRA_ARGS = 256
+ExtraArg = Annotated[str, Field(max_length=4096)]
 
 
 class Strict(BaseModel):
@@ -270,7 +274,11 @@ class Placement(Strict):
         description="Container resources; vLLM tiers on GPUs need `limits: {nvidia.com/gpu: N}` with N = "
         "tensorParallelSize x pipelineParallelSize x dataParallelSize / nodesPerReplica.",
     )
-    extraArgs: list[str] = Field(default_factory=list, description="Appended verbatim to the container's arguments.")
+    extraArgs: list[ExtraArg] = Field(
+        default_factory=list,
+        max_length=MAX_EXTRA_ARGS,
+        description="Appended verbatim to the container's arguments.",
+    )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
     nodeSelector: dict[str, str] = Field(
         default_factory=dict, description="Pod nodeSelector, e.g. a GPU product label."
