@@ -158,5 +158,6 @@ async def test_keda_on_a_cluster_without_keda_is_reported_in_status_and_events(n
         assert children(ns) == {}
         assert metric_value(metrics.exposition().decode(), "epd_operator_reconcile_errors_total") == 0
 
-        await patch_spec(ns, {"encoder": {**doc["spec"]["encoder"], "autoscaling": {"maxReplicas": 4}}})
+        # merge patch: the engine back to HPA, at least one encoder, KEDA's settings removed
+        await patch_spec(ns, {"encoder": {"autoscaling": {"engine": "HPA", "minReplicas": 1, "keda": None}}})
         await deployed(ns, "vl-encoder", "vl-decode", "vl-router")
