@@ -150,9 +150,13 @@ async def test_an_encoder_tier_scaled_by_keda_goes_to_zero_and_the_deployment_st
             {"spec": {"replicas": 0}},
             content_type="application/merge-patch+json",
         )
+        # (while the last encoder pod drains, the tier reads 1/0, already ScaledToZero)
         await wait_until(
-            lambda: epd(ns)["status"]["tiers"]["encoder"].get("reason") == "ScaledToZero",
-            30,
+            lambda: (
+                epd(ns)["status"]["tiers"]["encoder"].get("reason") == "ScaledToZero"
+                and epd(ns)["status"]["tiers"]["encoder"]["ready"] == "0/0"
+            ),
+            120,
             lambda: f"encoder tier not reported at zero: {epd(ns)['status']}",
         )
         status = epd(ns)["status"]
