@@ -5,7 +5,9 @@ definitions of Kubernetes `KUBERNETES_VERSION` that the `kubernetes-validate` pa
 Generation turns the definitions into CRD *structural* schema form: every `$ref` inlined, one type per
 node (no `null`), `IntOrString` as `x-kubernetes-int-or-string`, `Quantity` as int-or-string with the
 quantity grammar as pattern, descriptions dropped (size: each type is inlined once per tier), and
-free-form objects marked `x-kubernetes-preserve-unknown-fields`. Kubernetes' OpenAPI carries no enums
+free-form objects marked `x-kubernetes-preserve-unknown-fields`. The KEDA types (`KEDA_TYPES`) are already
+structural in the ScaledObject CRD KEDA ships in its Go module (`dev/keda.py`, fetched with `go mod
+download`): their nodes are taken as they are, descriptions dropped. Kubernetes' OpenAPI carries no enums
 for these types (the API server checks them in Go), so `ENUMS` adds the allowed values of the fields
 whose values are a closed set, taken from the Kubernetes API reference of that release, and
 `MAX_LENGTHS` the length bounds of the strings our CEL rules compare.
@@ -17,7 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from epd_operator.api.kube_schemas import KUBERNETES_VERSION, TYPES
+from dev import keda
+from epd_operator.api.kube_schemas import KEDA_API_VERSION, KEDA_TYPES, KEDA_VERSION, KUBERNETES_VERSION, TYPES
 
 PATH = "operator/epd_operator/api/kube_schemas.json"
 
@@ -152,8 +155,31 @@ def _convert(defs: dict[str, Any], node: dict[str, Any], owner: str, stack: tupl
     return out
 
 
+def _without_descriptions(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_descriptions(v) for k, v in node.items() if k != "description"}
+    if isinstance(node, list):
+        return [_without_descriptions(v) for v in node]
+    return node
+
+
+def keda_types() -> dict[str, dict[str, Any]]:
+    """The KEDA types' entries: their nodes in the ScaledObject CRD of KEDA `KEDA_VERSION`."""
+    crd = keda.crd()  # needs Go (the module proxy, or the module cache)
+    version = KEDA_API_VERSION.rpartition("/")[2]
+    served = next(v for v in crd["spec"]["versions"] if v["name"] == version)
+    spec = served["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    entries = {}
+    for short, (kind, path) in KEDA_TYPES.items():
+        node = spec
+        for part in path:
+            node = node["items"] if part == "items" else node["properties"][part]
+        entries[short] = {"kubernetesType": f"{KEDA_API_VERSION} {kind}", "schema": _without_descriptions(node)}
+    return entries
+
+
 def generate(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
-    """Every pass-through type's structural schema, from Kubernetes `version`'s definitions."""
+    """Every pass-through type's structural schema, from Kubernetes `version`'s definitions and KEDA's CRD."""
     defs = _definitions(version)
     schemas = {short: _structural(defs, full) for short, full in TYPES.items()}
     for owner, prop in [*ENUMS, *MAX_LENGTHS]:
@@ -161,8 +187,12 @@ def generate(version: str = KUBERNETES_VERSION) -> dict[str, Any]:
             raise ValueError(f"ENUMS names {owner}.{prop}, which Kubernetes {version} does not have")
     return {
         "kubernetesVersion": version,
-        "generatedFrom": "kubernetes-validate _definitions.json",
-        "types": {short: {"kubernetesType": TYPES[short], "schema": schema} for short, schema in schemas.items()},
+        "kedaVersion": KEDA_VERSION,
+        "generatedFrom": f"kubernetes-validate _definitions.json; KEDA's {keda.SCALED_OBJECTS_CRD}",
+        "types": {
+            **{short: {"kubernetesType": TYPES[short], "schema": schema} for short, schema in schemas.items()},
+            **keda_types(),
+        },
     }
 
 

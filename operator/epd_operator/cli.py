@@ -87,11 +87,24 @@ def _parse_documents(path: str) -> list[tuple[dict[str, Any], Any]]:
 def cmd_render(args: argparse.Namespace) -> None:
     from .render import render
 
-    objects = []
+    objects, failed = [], False
     for epd in _parse_all(args.file):
         if args.namespace:
             epd.metadata.namespace = args.namespace
-        objects.extend(render(epd, default_router_image=args.router_image))
+        try:
+            objects.extend(
+                render(
+                    epd,
+                    default_router_image=args.router_image,
+                    default_prometheus_address=args.keda_prometheus_address,
+                )
+            )
+        except SpecError as exc:  # what only rendering can tell (a KEDA tier with no Prometheus to query)
+            failed = True
+            for error in exc.errors:
+                print(f"epdctl: {args.file}: EPDDeployment {epd.name}: {error}", file=sys.stderr)
+    if failed:
+        sys.exit(1)
     sys.stdout.write(dump_yaml(objects))
 
 
@@ -176,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--router-image",
         default=DEFAULT_ROUTER_IMAGE,
         help=f"router/janitor image when the spec names none (the operator's --router-image; default {DEFAULT_ROUTER_IMAGE})",
+    )
+    render.add_argument(
+        "--keda-prometheus-address",
+        metavar="URL",
+        help="the Prometheus a KEDA-scaled tier's load trigger queries when its spec names none "
+        "(the operator's --keda-prometheus-address)",
     )
     render.set_defaults(func=cmd_render)
     validate = sub.add_parser("validate", help="check EPDDeployment specs; exit 1 naming each bad field")

@@ -41,6 +41,7 @@ NAMESPACED_NEEDS = [
             ("networking.k8s.io", "networkpolicies"),
             ("gateway.networking.k8s.io", "httproutes"),
             ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+            ("keda.sh", "scaledobjects"),
         ]
         for v in ("get", "list", "watch", "create", "update", "patch", "delete")
     ],
@@ -265,6 +266,7 @@ KIND_RESOURCES = {
     "HTTPRoute": ("gateway.networking.k8s.io", "httproutes"),
     "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+    "ScaledObject": ("keda.sh", "scaledobjects"),
 }
 
 
@@ -522,3 +524,10 @@ def test_router_pods_run_the_operators_own_image(helm):
     c = container(objects)
     assert c["image"] == "registry.example/epd:1.2.3"
     assert "--router-image=registry.example/epd:1.2.3" in c["args"]
+
+
+def test_the_prometheus_keda_queries_is_passed_to_the_operator_when_set(helm):
+    assert not any(a.startswith("--keda-prometheus-address") for a in container(helm.template(OPERATOR_CHART))["args"])
+    address = "http://prometheus-operated.monitoring.svc:9090"
+    c = container(helm.template(OPERATOR_CHART, None, f"keda.prometheusAddress={address}"))
+    assert f"--keda-prometheus-address={address}" in c["args"]

@@ -135,3 +135,29 @@ async def test_a_multi_node_tier_on_a_cluster_without_leader_worker_set_is_refus
 
         await patch_spec(ns, {"decode": {**doc["spec"]["decode"], "nodesPerReplica": 1}})
         await deployed(ns, "vl-encoder", "vl-decode", "vl-router")
+
+
+async def test_keda_on_a_cluster_without_keda_is_reported_in_status_and_events(ns):
+    """No KEDA here: a tier asking for engine KEDA is reported refused with what is missing (KEDA), once,
+    not as a retry loop; nothing is applied, and the same spec with the HPA engine deploys."""
+    async with operator_in_process(
+        ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC
+    ) as metrics:
+        doc = epd_doc()
+        autoscaling = {"minReplicas": 0, "maxReplicas": 4, "keda": {"prometheusAddress": "http://prometheus:9090"}}
+        doc["spec"]["encoder"]["autoscaling"] = {**autoscaling, "engine": "KEDA"}
+        await create(ns, doc)
+        await phase(ns, "Failed")
+        spec_valid = condition(epd(ns), "SpecValid")
+        assert (spec_valid["status"], spec_valid["reason"]) == ("False", "RefusedByAPIServer")
+        assert spec_valid["message"] == (
+            "ScaledObject vl-encoder: this cluster does not serve keda.sh/v1alpha1 ScaledObject "
+            "(KEDA is not installed; install it (docs/autoscaling.md), or set autoscaling.engine: HPA)"
+        )
+        await posted(ns, "Warning", "RefusedByAPIServer", "KEDA is not installed")
+        assert children(ns) == {}
+        assert metric_value(metrics.exposition().decode(), "epd_operator_reconcile_errors_total") == 0
+
+        # merge patch: the engine back to HPA, at least one encoder, KEDA's settings removed
+        await patch_spec(ns, {"encoder": {"autoscaling": {"engine": "HPA", "minReplicas": 1, "keda": None}}})
+        await deployed(ns, "vl-encoder", "vl-decode", "vl-router")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dev import lws
+from dev import keda, lws
 from dev.cluster import LocalCluster
 from dev.lifetimes import kill_with_parent
 from epd_operator.kube import ApiError, Credentials, load_credentials
@@ -42,6 +42,7 @@ PLURALS = {
     "EndpointSlice": "endpointslices",
     "CustomResourceDefinition": "customresourcedefinitions",
     "Lease": "leases",
+    "ScaledObject": "scaledobjects",
 }
 CLUSTER_SCOPED = {
     "Node",
@@ -356,6 +357,11 @@ def gateway_api_crd(kind_plural: str = "httproutes") -> dict[str, Any]:
 def lws_crd() -> dict[str, Any]:
     """The LeaderWorkerSet CRD as that project ships it in its Go module (the version dev/lws.py runs)."""
     return lws.leader_worker_set_crd()
+
+
+def keda_crd() -> dict[str, Any]:
+    """KEDA's ScaledObject CRD as that project ships it in its Go module (dev/keda.py)."""
+    return keda.crd()
 
 
 def epd_crd() -> dict[str, Any]:

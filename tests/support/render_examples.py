@@ -164,6 +164,9 @@ def with_overlay(tier: dict[str, Any], tag: str) -> dict[str, Any]:
     return {**tier, **overlay(tag)}
 
 
+KEDA_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+
+
 def variants() -> dict[str, EPDDeployment]:
     """Examples changed to reach what the examples themselves leave out, by a descriptive name."""
     gpu_prefill = {"tensorParallelSize": 2, "resources": {"limits": {"nvidia.com/gpu": 2}}}
@@ -265,6 +268,71 @@ def variants() -> dict[str, EPDDeployment]:
                 "spec.decode.autoscaling": {"minReplicas": 2, "maxReplicas": 6},
                 "spec.router.autoscaling": {"maxReplicas": 3},
                 "spec.router.env": [{"name": "LOG", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}],
+            },
+        ),
+        "keda-encoder-scale-to-zero": example(
+            SHARED_STORAGE,
+            **{
+                "spec.encoder.autoscaling": {
+                    "engine": "KEDA",
+                    "minReplicas": 0,
+                    "maxReplicas": 4,
+                    "keda": {"prometheusAddress": KEDA_PROMETHEUS, "cooldownPeriod": 600},
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}},
+                }
+            },
+        ),
+        "keda-every-tier-multi-node-decode": example(
+            NIXL_AUTOSCALED,
+            **{
+                "spec.encoder.autoscaling": {
+                    "engine": "KEDA",
+                    "minReplicas": 1,
+                    "maxReplicas": 8,
+                    "load": {"targetPerPod": 6},
+                    "keda": {
+                        "prometheusAddress": KEDA_PROMETHEUS,
+                        "activationThreshold": 2.5,
+                        "pollingInterval": 15,
+                        "triggers": [
+                            {
+                                "type": "cron",
+                                "metadata": {
+                                    "timezone": "UTC",
+                                    "start": "0 8 * * *",
+                                    "end": "0 18 * * *",
+                                    "desiredReplicas": "3",
+                                },
+                            }
+                        ],
+                        "fallback": {"failureThreshold": 3, "replicas": 2},
+                    },
+                },
+                "spec.prefill.autoscaling": {
+                    "engine": "KEDA",
+                    "maxReplicas": 4,
+                    "load": {"targetPerPod": 8},
+                    "keda": {"prometheusAddress": KEDA_PROMETHEUS},
+                },
+                "spec.decode.nodesPerReplica": 2,
+                "spec.decode.tensorParallelSize": 4,
+                "spec.decode.autoscaling": {
+                    "engine": "KEDA",
+                    "maxReplicas": 3,
+                    "keda": {
+                        "triggers": [
+                            {
+                                "type": "prometheus",
+                                "name": "queue",
+                                "metadata": {
+                                    "serverAddress": KEDA_PROMETHEUS,
+                                    "query": "sum(vllm:num_requests_waiting)",
+                                    "threshold": "5",
+                                },
+                            }
+                        ]
+                    },
+                },
             },
         ),
         "shared-storage-placement": example(

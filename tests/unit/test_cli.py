@@ -139,6 +139,19 @@ def test_render_into_another_namespace(capsys):
     assert docs == render(example(SHARED_STORAGE, **{"metadata.namespace": "team-a"}))
 
 
+def test_render_a_keda_tier_needs_a_prometheus_from_the_spec_or_the_flag(tmp_path, capsys):
+    doc = yaml.safe_load((EXAMPLES_DIR / SHARED_STORAGE).read_text())
+    doc["spec"]["encoder"]["autoscaling"] = {"engine": "KEDA", "minReplicas": 0, "maxReplicas": 2}
+    path = tmp_path / "keda.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = run(["render", "-f", str(path)], capsys)
+    assert (code, out) == (1, "")
+    assert f"epdctl: {path}: EPDDeployment qwen-vl: spec.encoder.autoscaling.keda.prometheusAddress: " in err
+    main(["render", "-f", str(path), "--keda-prometheus-address", "http://prom:9090"])
+    (so,) = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "ScaledObject"]
+    assert so["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://prom:9090"
+
+
 def test_a_bad_spec_prints_nothing_and_exits_1(tmp_path, capsys):
     doc = yaml.safe_load((EXAMPLES_DIR / SHARED_STORAGE).read_text())
     doc["spec"]["encoder"]["replicas"] = -1

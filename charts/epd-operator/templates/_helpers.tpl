@@ -102,6 +102,10 @@ operator holds exactly those permissions itself, so it needs neither `escalate` 
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# Tiers scaled by KEDA (autoscaling.engine: KEDA) get a ScaledObject; the HPA KEDA creates is KEDA's.
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf makes when it serves all namespaces. */}}

@@ -9,7 +9,8 @@ dependency the operator image does not carry.
 
 The release is `KUBERNETES_VERSION`, the oldest the charts claim (`kubeVersion: >=1.34.0-0`): a field
 that exists only in a newer release would be dropped by an older API server, so it is refused here.
-`TYPES` names the Kubernetes types the spec uses, by the name the spec gives them.
+`TYPES` names the Kubernetes types the spec uses, by the name the spec gives them; `KEDA_TYPES` the KEDA
+types (a ScaledObject's triggers and fallback), generated from the CRD of KEDA `KEDA_VERSION`.
 
 `validate(name, value)` checks a value against one of these schemas the way the API server's
 structural-schema validation does (unknown fields, types, enums, required fields, patterns, ranges),
@@ -43,6 +44,16 @@ TYPES = {
     "SecurityContext": "io.k8s.api.core.v1.SecurityContext",
 }
 
+# KEDA's types an autoscaling spec passes through to its ScaledObject (engine KEDA), from the ScaledObject
+# CRD of KEDA `KEDA_VERSION` (its Go module): by the name the spec uses, the type's name in KEDA's API
+# and where its node lies in the CRD's `spec` schema.
+KEDA_VERSION = "v2.21.0"
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+KEDA_TYPES = {
+    "KEDATrigger": ("ScaleTriggers", ("triggers", "items")),
+    "KEDAFallback": ("Fallback", ("fallback",)),
+}
+
 
 @cache
 def _generated() -> dict[str, Any]:
@@ -57,6 +68,8 @@ def schema(name: str) -> dict[str, Any]:
 def kubernetes_type(name: str) -> str:
     """`core/v1 Affinity` for `"Affinity"`: what the API reference calls the type."""
     full = _generated()["types"][name]["kubernetesType"]
+    if " " in full:  # a KEDA type, stored as its API reference names it
+        return str(full)
     *_, group, version, kind = full.split(".")
     return f"{'core' if group == 'core' else group}/{version} {kind}"
 

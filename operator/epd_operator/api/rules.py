@@ -35,6 +35,7 @@ from .spec import (
     Placement,
     Router,
     SelectorRequirement,
+    VLLMAutoscaling,
 )
 
 # Child objects are named `<name>-<suffix>`; the longest suffix is "-mooncake-master" (16), and
@@ -123,10 +124,33 @@ _NIXL_PORT = (
 
 _LABEL_KEY = _cel_string(LABEL_KEY_PATTERN)
 _HAS_METRICS = "(has(self.autoscaling.metrics) && size(self.autoscaling.metrics) > 0)"
+_HAS_TRIGGERS = (
+    "(has(self.autoscaling.keda) && has(self.autoscaling.keda.triggers) && size(self.autoscaling.keda.triggers) > 0)"
+)
+_KEDA = "(has(self.engine) && self.engine == 'KEDA')"
+# vLLM's flag that leaves the multimodal encoder out of a consumer: such a consumer cannot encode raw media.
+LANGUAGE_MODEL_ONLY = "--language-model-only"
 _HAS_CPU = (
     "(has(self.resources) && ((has(self.resources.requests) && 'cpu' in self.resources.requests)"
     " || (has(self.resources.limits) && 'cpu' in self.resources.limits)))"
 )
+
+
+def _encoder_at_zero_needs_raw_media(consumer: str) -> Rule:
+    """An encoder tier at zero sends every media item raw to the EC consumer (prefill in E/P/D, else
+    decode), which must then encode it itself."""
+    applies = "has(self.prefill)" if consumer == "prefill" else "!has(self.prefill)"
+    return Rule(
+        EPDDeploymentSpec,
+        f"!({applies}) || !has(self.encoder.autoscaling) || !has(self.encoder.autoscaling.minReplicas)"
+        f" || self.encoder.autoscaling.minReplicas > 0 || !has(self.{consumer}.extraArgs)"
+        f" || !self.{consumer}.extraArgs.exists(a, a == '{LANGUAGE_MODEL_ONLY}'"
+        f" || a.startsWith('{LANGUAGE_MODEL_ONLY}='))",
+        ".encoder.autoscaling.minReplicas",
+        f"an encoder tier at zero leaves the media to the {consumer} tier, whose {LANGUAGE_MODEL_ONLY} cannot encode "
+        "it; keep minReplicas at 1 or more, or let that tier load the vision encoder",
+        "FieldValueForbidden",
+    )
 
 
 def _settings_only_for(connector: str, key: str) -> Rule:
@@ -243,14 +267,41 @@ RULES: tuple[Rule, ...] = (
         ".minReplicas",
         "minReplicas must not exceed maxReplicas",
     ),
-    # An HPA needs a metric it can compute. The encoder's default is its load; prefill, decode and the
-    # router fall back to CPU utilisation, which needs a CPU request.
+    Rule(
+        VLLMAutoscaling,
+        f"{_KEDA} || !has(self.minReplicas) || self.minReplicas > 0",
+        ".minReplicas",
+        "minReplicas 0 (scale to zero) needs engine KEDA: an HPA never scales a tier below one pod",
+    ),
+    Rule(
+        VLLMAutoscaling,
+        f"{_KEDA} || !has(self.keda)",
+        ".keda",
+        "keda settings are only used with engine KEDA; remove them or set engine: KEDA",
+        "FieldValueForbidden",
+    ),
+    Rule(
+        VLLMAutoscaling,
+        f"!{_KEDA} || !has(self.metrics) || size(self.metrics) == 0",
+        ".metrics",
+        "metrics are autoscaling/v2 MetricSpecs for an HPA; with engine KEDA write KEDA triggers in keda.triggers",
+        "FieldValueForbidden",
+    ),
     Rule(
         ConsumerTier,
-        f"!has(self.autoscaling) || has(self.autoscaling.load) || {_HAS_METRICS} || {_HAS_CPU}",
+        "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0",
+        ".autoscaling.minReplicas",
+        "only the encoder tier may scale to zero: prefill and decode serve every request",
+    ),
+    *(_encoder_at_zero_needs_raw_media(consumer) for consumer in ("prefill", "decode")),
+    # An autoscaler needs a metric it can compute. The encoder's default is its load; prefill, decode and
+    # the router fall back to CPU utilisation, which needs a CPU request.
+    Rule(
+        ConsumerTier,
+        f"!has(self.autoscaling) || has(self.autoscaling.load) || {_HAS_METRICS} || {_HAS_TRIGGERS} || {_HAS_CPU}",
         ".autoscaling.load",
-        "autoscaling needs a metric: set load.targetPerPod (requests in flight per pod, from the routers) or "
-        "metrics; the fallback, CPU utilisation, cannot be computed without a CPU request (resources.requests.cpu) "
+        "autoscaling needs a metric: set load.targetPerPod (requests in flight per pod, from the routers), "
+        "metrics or keda.triggers; the fallback, CPU utilisation, cannot be computed without a CPU request (resources.requests.cpu) "
         "on this tier",
         "FieldValueRequired",
     ),

@@ -35,8 +35,9 @@ class Condition(_Status):
 
 class HPACondition(_Status):
     type: str = Field(
-        description="The HPA's condition type: AbleToScale, ScalingActive, ScalingLimited (and ScaledToZero from "
-        "Kubernetes 1.37)."
+        description="The autoscaler's condition type. An HPA's: AbleToScale, ScalingActive, ScalingLimited (and "
+        "ScaledToZero from Kubernetes 1.37); a KEDA ScaledObject's: Ready, Active (a trigger is above its "
+        "activation threshold), Fallback (KEDA holds the fallback replicas: its triggers fail), Paused, HPAActive."
     )
     status: Literal["True", "False", "Unknown"]
     reason: str = ""
@@ -44,14 +45,19 @@ class HPACondition(_Status):
 
 
 class TierAutoscaling(_Status):
+    engine: Literal["KEDA"] | None = Field(
+        None, description="`KEDA` when a KEDA ScaledObject scales the tier; absent for an HPA."
+    )
     minReplicas: int | None = None
     maxReplicas: int | None = None
     desiredReplicas: int | None = Field(None, description="What the HPA currently asks for.")
     currentReplicas: int | None = None
     conditions: list[HPACondition] | None = Field(
         None,
-        description="The HPA's own verdict, as its controller last wrote it: ScalingActive=False means it cannot "
-        "compute a replica count (e.g. its metric is not served) and never scales.",
+        description="The autoscaler's own verdict, as its controller last wrote it. HPA: ScalingActive=False means "
+        "it cannot compute a replica count (e.g. its metric is not served) and never scales. KEDA: Ready=False means "
+        "KEDA cannot scale the tier (e.g. Prometheus unreachable, a bad query), Fallback=True that it holds the "
+        "fallback replicas.",
     )
 
 
@@ -67,7 +73,9 @@ class TierStatus(_Status):
         description="Why pods of this tier are not ready, when known, in Kubernetes' own reason: Unschedulable "
         "(the scheduler cannot place a pod), or the kubelet's reason for one of its containers (ErrImagePull, "
         "CrashLoopBackOff, CreateContainerConfigError, ...); for a multi-node tier with no such pod, "
-        "GroupsNotReady (its LeaderWorkerSet is short of ready groups). Absent while the tier is ready.",
+        "GroupsNotReady (its LeaderWorkerSet is short of ready groups). Absent while the tier is ready, except "
+        "ScaledToZero: its autoscaler scaled it to zero pods (an encoder tier with KEDA; the routers send media "
+        "raw to the consumers meanwhile), which is a ready state.",
     )
     message: str | None = Field(
         None,

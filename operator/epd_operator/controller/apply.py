@@ -265,10 +265,11 @@ async def refused_by_server(kube: Kube, todo: Plan) -> list[str]:
             await kube.apply(step.desired, dry_run=True)
         except ApiError as exc:
             kind, name = key_of(step.desired)
-            if exc.status == 404 and child_resource(step.desired).optional:
+            resource = child_resource(step.desired)
+            if exc.status == 404 and resource.optional:
                 problems.append(
                     f"{kind} {name}: this cluster does not serve {step.desired['apiVersion']} {kind} "
-                    f"(install its CRDs, or remove the field that asks for it)"
+                    f"({resource.when_missing})"
                 )
                 continue
             if not refusal(exc):

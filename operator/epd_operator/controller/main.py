@@ -57,6 +57,7 @@ class Options:
     lease_duration: float = 15.0
     identity: str = ""
     router_image: str = DEFAULT_ROUTER_IMAGE
+    keda_prometheus_address: str | None = None
     verbose: bool = False
 
 
@@ -114,6 +115,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         default=os.environ.get("EPD_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
         help="image of the router and cache-janitor pods when a spec names none "
         f"(default: $EPD_ROUTER_IMAGE, else {DEFAULT_ROUTER_IMAGE}); the chart passes the operator's own image",
+    )
+    parser.add_argument(
+        "--keda-prometheus-address",
+        default=os.environ.get("EPD_KEDA_PROMETHEUS_ADDRESS") or None,
+        metavar="URL",
+        help="the Prometheus a KEDA-scaled tier's load trigger queries when its spec names none "
+        "(autoscaling.keda.prometheusAddress; default: $EPD_KEDA_PROMETHEUS_ADDRESS); the chart passes "
+        "keda.prometheusAddress",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
@@ -255,6 +264,7 @@ async def _act(
         resync_seconds=options.resync_seconds,
         workers=options.workers,
         router_image=options.router_image,
+        prometheus_address=options.keda_prometheus_address,
     )
     kopf_stop, kopf_ready = asyncio.Event(), asyncio.Event()
     reconciling = asyncio.create_task(reconciler.run(), name="reconciler")

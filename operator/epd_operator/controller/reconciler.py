@@ -6,7 +6,7 @@ it), and writes only differences. Watch events, the resync timer and a restart a
 
 - an EPDDeployment whose generation we have not reconciled yet (create, spec update, first sight
   after a start) -> a FULL pass: validate, render, apply what drifted, prune, refresh status;
-- a child Deployment or HPA changed -> a STATUS pass: refresh `.status` only. Drift in children is
+- a child Deployment, HPA or ScaledObject changed -> a STATUS pass: refresh `.status` only. Drift in children is
   repaired on the resync timer (and on spec changes), not on every child event, so a controller or
   webhook that fights us over a field costs one write per resync instead of a hot loop; a deleted
   child Deployment or HPA gets a FULL pass at once;
@@ -52,7 +52,9 @@ WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 # How often each kind the cache holds is listed once per namespace, to catch deletions a watch that
 # had to list again never reported (cache.py). Not per pass: at 1,000 EPDDeployments a resync reads nothing.
 AUDIT_SECONDS = 600.0
-STATUS_KINDS = (*WORKLOAD_KINDS, "HorizontalPodAutoscaler")  # what a status pass reports on
+# The autoscalers a tier may have: our HPA, or KEDA's ScaledObject (engine KEDA; KEDA's own HPA is KEDA's).
+AUTOSCALER_KINDS = ("HorizontalPodAutoscaler", "ScaledObject")
+STATUS_KINDS = (*WORKLOAD_KINDS, *AUTOSCALER_KINDS)  # what a status pass reports on
 
 
 def failure(exc: Exception) -> str:
@@ -86,15 +88,18 @@ def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> di
         hpa = live_by_key.get(("HorizontalPodAutoscaler", name))
         planned = obj.get("spec", {}).get("replicas")
         if planned is None:
+            # An autoscaled workload is created without replicas: the Deployment (or LWS) starts at 1.
             planned = next(
                 (
-                    o["spec"].get("minReplicas", 1)
+                    max(1, o["spec"].get("minReplicas", o["spec"].get("minReplicaCount", 1)))
                     for o in objects
-                    if apply.key_of(o) == ("HorizontalPodAutoscaler", name)
+                    if apply.key_of(o) in {(kind, name) for kind in AUTOSCALER_KINDS}
                 ),
                 1,
             )
-        tiers[role] = status_rules.TierInput(live_by_key.get((obj["kind"], name)), hpa, planned)
+        tiers[role] = status_rules.TierInput(
+            live_by_key.get((obj["kind"], name)), hpa, planned, scaled_object=live_by_key.get(("ScaledObject", name))
+        )
     return tiers
 
 
@@ -127,9 +132,11 @@ class Reconciler:
         resync_seconds: float = 120.0,
         workers: int = 4,
         router_image: str = DEFAULT_ROUTER_IMAGE,
+        prometheus_address: str | None = None,
     ):
         self.kube = kube
         self.router_image = router_image
+        self.prometheus_address = prometheus_address  # what KEDA load triggers query when a spec names none
         self.metrics = metrics
         self.identity = identity
         self.resync_seconds = resync_seconds
@@ -320,7 +327,9 @@ class Reconciler:
         epd: EPDDeployment | None
         try:
             epd = parse_epd({k: v for k, v in body.items() if k != "status"})
-            objects = render(epd, default_router_image=self.router_image)
+            objects = render(
+                epd, default_router_image=self.router_image, default_prometheus_address=self.prometheus_address
+            )
             errors: list[FieldError] | None = None
         except SpecError as exc:
             epd, objects, errors = None, [], exc.errors

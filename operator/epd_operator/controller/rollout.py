@@ -15,7 +15,8 @@ run, and an encoder that never becomes Ready would otherwise cost one per event 
 pods keep failing). A spec that turns invalid drops the hold: nothing of it is applied any more.
 
 Not held: a consumer that does not exist yet (a new EPDDeployment starts every tier at once), one
-already on the new generation, and every consumer when the spec asks for no encoder pod at all.
+already on the new generation, and every consumer when no encoder pod is asked for at all (the spec's
+replicas are 0, or its autoscaler scaled the encoder tier to zero: KEDA).
 The plan is pure: the reconciler gives it the rendered objects, the live ones and the encoder pods.
 """
 
@@ -41,9 +42,13 @@ def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
     return dict((template.get("metadata") or {}).get("labels") or {})
 
 
-def _asks_for_encoders(workload: dict[str, Any]) -> bool:
+def _asks_for_encoders(workload: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """Whether the encoder workload is to have pods: its rendered replicas, or for an autoscaled one (no
+    replicas rendered) what its autoscaler last set, which is 0 for an encoder tier KEDA scaled to zero."""
     replicas = (workload.get("spec") or {}).get("replicas")
-    return replicas is None or replicas > 0  # no replicas rendered: an HPA owns them (minReplicas >= 1)
+    if replicas is None and live is not None:
+        replicas = (live.get("spec") or {}).get("replicas")
+    return replicas is None or replicas > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +68,14 @@ def held_consumers(
     """The consumer workloads whose move to the new generation waits for an encoder of it."""
     encoders = [w for w in desired if pod_labels(w).get(ROLE_LABEL) == ENCODER]
     new = pod_labels(encoders[0]).get(GENERATION_LABEL) if encoders else None
-    if new is None or not any(_asks_for_encoders(w) for w in encoders):
+    live_by_key = {(w["kind"], w["metadata"]["name"]): w for w in live}
+    if new is None or not any(
+        _asks_for_encoders(w, live_by_key.get((w["kind"], w["metadata"]["name"]))) for w in encoders
+    ):
         return []
     if any(pod_ready(p) and p["metadata"].get("labels", {}).get(GENERATION_LABEL) == new for p in encoder_pods):
         return []
-    running = {(w["kind"], w["metadata"]["name"]): pod_labels(w) for w in live}
+    running = {key: pod_labels(w) for key, w in live_by_key.items()}
     held = []
     for workload in desired:
         role = pod_labels(workload).get(ROLE_LABEL)

@@ -73,6 +73,7 @@ class TierInput:
     unschedulable: str | None = None  # the scheduler's reason for a pod of this tier it cannot place
     trouble: PodTrouble | None = None  # the kubelet's reason for a pod of this tier that does not run
     unready_groups: tuple[int, ...] = ()  # a LeaderWorkerSet's groups with a pod missing or not ready
+    scaled_object: dict[str, Any] | None = None  # KEDA's ScaledObject of the tier (engine KEDA)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,7 @@ def tier_state(tier: TierInput) -> TierState:
     reason, message = _why(tier)
     if dep is None:
         desired = tier.planned_replicas
-        status = TierStatus(ready=f"0/{desired}", autoscaling=_autoscaling(tier.hpa), reason=reason, message=message)
+        status = TierStatus(ready=f"0/{desired}", autoscaling=_autoscaling(tier), reason=reason, message=message)
         return TierState(status, settled=False, ready=False, stuck=False)
     st = dep.get("status") or {}
     desired = dep.get("spec", {}).get("replicas", 1)
@@ -128,13 +129,15 @@ def tier_state(tier: TierInput) -> TierState:
             reason, message = GROUPS_NOT_READY, _groups_message(dep, tier.unready_groups, ready, desired)
     if is_ready:  # a ready tier has nothing to explain, whatever a pod on its way out says
         reason = message = None
+        if desired == 0 and (tier.hpa is not None or tier.scaled_object is not None):
+            reason, message = SCALED_TO_ZERO, SCALED_TO_ZERO_MESSAGE
     status = TierStatus(
         replicas=replicas,
         readyReplicas=ready,
         updatedReplicas=updated,
         availableReplicas=available,
         ready=f"{ready}/{desired}",
-        autoscaling=_autoscaling(tier.hpa),
+        autoscaling=_autoscaling(tier),
         reason=reason,
         message=message,
     )
@@ -142,19 +145,33 @@ def tier_state(tier: TierInput) -> TierState:
     return TierState(status, settled, is_ready, stuck)
 
 
-def _autoscaling(hpa: dict[str, Any] | None) -> TierAutoscaling | None:
-    if hpa is None:
-        return None
-    spec, st = hpa.get("spec") or {}, hpa.get("status") or {}
-    conditions = [
+def _conditions(obj: dict[str, Any]) -> list[HPACondition]:
+    return [
         HPACondition(
             type=str(c.get("type", "")),
             status=c.get("status") if c.get("status") in ("True", "False") else "Unknown",
             reason=str(c.get("reason") or ""),
             message=str(c.get("message") or ""),
         )
-        for c in st.get("conditions") or []
+        for c in (obj.get("status") or {}).get("conditions") or []
     ]
+
+
+def _autoscaling(tier: TierInput) -> TierAutoscaling | None:
+    so = tier.scaled_object
+    if so is not None:
+        spec = so.get("spec") or {}
+        return TierAutoscaling(
+            engine="KEDA",
+            minReplicas=spec.get("minReplicaCount", 0),  # KEDA's default
+            maxReplicas=spec.get("maxReplicaCount", 100),  # KEDA's default
+            conditions=_conditions(so) or None,
+        )
+    hpa = tier.hpa
+    if hpa is None:
+        return None
+    spec, st = hpa.get("spec") or {}, hpa.get("status") or {}
+    conditions = _conditions(hpa)
     return TierAutoscaling(
         minReplicas=spec.get("minReplicas", 1),
         maxReplicas=spec.get("maxReplicas"),
@@ -165,6 +182,9 @@ def _autoscaling(hpa: dict[str, Any] | None) -> TierAutoscaling | None:
 
 
 AUTOSCALING_INACTIVE = "AutoscalingInactive"
+# A tier its autoscaler scaled to zero pods (KEDA, minReplicas 0): ready, with nothing to run.
+SCALED_TO_ZERO = "ScaledToZero"
+SCALED_TO_ZERO_MESSAGE = "scaled to zero by its autoscaler until its load activates it"
 # The HPA controller's reasons for failing to read a metric, and which metrics API and MetricSpec
 # type each is about (kube-controller-manager pkg/controller/podautoscaler/horizontal.go).
 _METRIC_FAILURES = {
@@ -178,12 +198,14 @@ _METRIC_FAILURES = {
 
 @dataclasses.dataclass(frozen=True)
 class AutoscalingVerdict:
-    """Whether every HPA of the deployment can act: True, False (`message` says which cannot and
-    why, `reason` is the first such HPA's own), or None while an HPA has not reported yet."""
+    """Whether every autoscaler of the deployment can act: True, False (`message` says which cannot and
+    why, `reason` is the first such one's own), or None while one has not reported yet. `degrades`: a
+    False verdict makes the deployment Degraded (not for a ScaledObject someone paused on purpose)."""
 
     active: bool | None
     reason: str
     message: str
+    degrades: bool = True
 
 
 def _metric_names(hpa: dict[str, Any], source: str) -> list[str]:
@@ -209,13 +231,43 @@ def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
     return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
 
 
+def _keda_inactive(tier: str, so: dict[str, Any]) -> tuple[str, str, bool] | None:
+    """(reason, message, degrades) when a ScaledObject says KEDA cannot scale its tier, else None. KEDA's
+    conditions (keda.sh/v1alpha1): Ready=False, it cannot scale (TriggerError: a trigger fails, e.g.
+    Prometheus is unreachable or the query is bad); Fallback=True, it holds the fallback replicas
+    because the triggers fail; Paused=True, someone paused it (annotation autoscaling.keda.sh/paused)."""
+    conditions = {c.get("type"): c for c in (so.get("status") or {}).get("conditions") or []}
+    ready, fallback, paused = (conditions.get(t, {}) for t in ("Ready", "Fallback", "Paused"))
+    for found, words in (
+        (ready if ready.get("status") == "False" else None, "KEDA cannot scale it"),
+        (fallback if fallback.get("status") == "True" else None, "KEDA holds its fallback replicas"),
+    ):
+        if found is not None:
+            reason, message = str(found.get("reason") or AUTOSCALING_INACTIVE), str(found.get("message") or "")
+            return reason, f"{tier} autoscaling inactive: {words} (ScaledObject {reason}: {message})", True
+    if paused.get("status") == "True":
+        reason = str(paused.get("reason") or "ScaledObjectPaused")
+        return reason, f"{tier} autoscaling paused: its ScaledObject is paused ({paused.get('message') or ''})", False
+    return None
+
+
 def autoscaling_verdict(tiers: dict[str, TierInput]) -> AutoscalingVerdict | None:
-    """What the tiers' HPAs say about themselves (None: no tier autoscales)."""
+    """What the tiers' autoscalers (HPAs, KEDA ScaledObjects) say about themselves (None: no tier autoscales)."""
     hpas = [(name, tiers[name].hpa) for name in TIERS if name in tiers and tiers[name].hpa is not None]
-    if not hpas:
+    scaled = [(n, tiers[n].scaled_object) for n in TIERS if n in tiers and tiers[n].scaled_object is not None]
+    if not hpas and not scaled:
         return None
     inactive: list[tuple[str, str]] = []
     waiting: list[str] = []
+    waiting_keda: list[str] = []
+    paused: list[tuple[str, str]] = []
+    for name, so in scaled:
+        assert so is not None
+        found = _keda_inactive(name, so)
+        if found is not None:
+            (inactive if found[2] else paused).append(found[:2])
+        elif condition(so, "Ready").get("status") != "True":
+            waiting_keda.append(name)
     for name, hpa in hpas:
         assert hpa is not None
         conditions = {c.get("type"): c for c in (hpa.get("status") or {}).get("conditions") or []}
@@ -228,12 +280,18 @@ def autoscaling_verdict(tiers: dict[str, TierInput]) -> AutoscalingVerdict | Non
         elif conditions.get("ScalingActive", {}).get("status") != "True":
             waiting.append(name)
     if inactive:
-        return AutoscalingVerdict(False, inactive[0][0], "; ".join(m for _, m in inactive))
+        return AutoscalingVerdict(False, inactive[0][0], "; ".join(m for _, m in inactive + paused))
+    if paused:
+        return AutoscalingVerdict(False, paused[0][0], "; ".join(m for _, m in paused), degrades=False)
     if waiting:
         return AutoscalingVerdict(
             None, "HPAPending", "waiting for the first replica count of the HPA of " + ", ".join(waiting)
         )
-    return AutoscalingVerdict(True, "ScalingActive", "every HPA computes its replica count from its metrics")
+    if waiting_keda:
+        return AutoscalingVerdict(
+            None, "ScaledObjectPending", "waiting for KEDA to take up the ScaledObject of " + ", ".join(waiting_keda)
+        )
+    return AutoscalingVerdict(True, "ScalingActive", "every autoscaler computes its replica count from its metrics")
 
 
 def _set_condition(
@@ -294,9 +352,10 @@ def derive_status(
     lost = [n for n in unready if _lost_pods(n, states[n], previous)]
     stuck = [n for n, s in states.items() if s.stuck]
     all_ready = bool(states) and all(s.ready for s in states.values())
-    explained = [n for n in TIERS if n in states and states[n].status.reason is not None]
+    explained = [n for n in TIERS if n in states and states[n].status.reason not in (None, SCALED_TO_ZERO)]
+    at_zero = [n for n in TIERS if n in states and states[n].status.reason == SCALED_TO_ZERO]
     scaling = autoscaling_verdict(tiers)
-    scaling_inactive = scaling is not None and scaling.active is False
+    scaling_inactive = scaling is not None and scaling.active is False and scaling.degrades
 
     if spec_errors or refused:
         phase = "Failed"
@@ -326,7 +385,10 @@ def derive_status(
         spec_valid = _set_condition(old, "SpecValid", True, "Valid", "the spec was accepted and applied", gen, now)
     not_ready = [n for n, s in states.items() if not s.ready]
     if all_ready:
-        ready_reason, ready_message = "AllTiersReady", "every tier has its pods ready"
+        ready_reason, ready_message = (
+            "AllTiersReady",
+            "every tier has its pods ready" + (f" ({', '.join(at_zero)} scaled to zero)" if at_zero else ""),
+        )
     elif explained:
         reasons = {states[n].status.reason for n in explained}
         if UNSCHEDULABLE in reasons:
@@ -511,7 +573,10 @@ def transitions(previous: EPDDeploymentStatus | None, current: EPDDeploymentStat
             continue
         was = getattr(previous.tiers, name) if previous is not None else None
         if was is None or (was.reason, was.message) != (tier.reason, tier.message):
-            out.append(Transition("Warning", tier.reason, tier_explanation(name, tier)))
+            if tier.reason == SCALED_TO_ZERO:
+                out.append(Transition("Normal", SCALED_TO_ZERO, f"{name} {tier.message}"))
+            else:
+                out.append(Transition("Warning", tier.reason, tier_explanation(name, tier)))
     scaling, scaling_before = after.get("AutoscalingActive"), before.get("AutoscalingActive")
     was = (scaling_before.status, scaling_before.message) if scaling_before is not None else None
     if scaling is not None and scaling.status == "False" and was != ("False", scaling.message):

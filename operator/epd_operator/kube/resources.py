@@ -21,8 +21,10 @@ class Resource:
     kind: str
     plural: str
     namespaced: bool = True
-    # Served only where its CRDs are installed (Gateway API, LeaderWorkerSet): listing it elsewhere finds nothing.
+    # Served only where its CRDs are installed (Gateway API, LeaderWorkerSet, KEDA): listing it elsewhere finds nothing.
     optional: bool = False
+    # What to do where an optional kind is not served, in words for the status and its Event.
+    when_missing: str = "install its CRDs, or remove the field that asks for it"
 
     @property
     def group(self) -> str:
@@ -72,6 +74,14 @@ CHILD_RESOURCES: dict[str, Resource] = {
         Resource("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes", optional=True),
         # Multi-node tiers only (sigs.k8s.io/lws): served where the LeaderWorkerSet CRD is installed.
         Resource("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets", optional=True),
+        # Tiers scaled by KEDA (autoscaling.engine: KEDA): served where KEDA is installed.
+        Resource(
+            "keda.sh/v1alpha1",
+            "ScaledObject",
+            "scaledobjects",
+            optional=True,
+            when_missing="KEDA is not installed; install it (docs/autoscaling.md), or set autoscaling.engine: HPA",
+        ),
     )
 }
 

@@ -15,9 +15,10 @@ from ..api.spec import DEFAULT_ENCODER_LOAD_PER_POD, Autoscaling, VLLMAutoscalin
 
 JSON = dict[str, Any]
 
+CPU_TARGET_UTILISATION = 70  # percent of the CPU request, the fallback when no metric is named
 CPU_UTILISATION = {
     "type": "Resource",
-    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}},
+    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": CPU_TARGET_UTILISATION}},
 }
 LOAD_ROLES = ("encoder", "prefill", "decode")
 

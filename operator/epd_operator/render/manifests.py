@@ -8,6 +8,7 @@ built in `vllm_tiers`, the router's objects in `router_workload`, the shapes the
 from __future__ import annotations
 
 from ..api.spec import DEFAULT_ROUTER_IMAGE, EPDDeployment, Mooncake, Placement
+from .keda import scaled_object, uses_keda
 from .lws import multi_node_workload
 from .naming import (
     CONFIG_HASH_ANNOTATION,
@@ -16,6 +17,7 @@ from .naming import (
     TRANSFER,
     object_name,
     selector_labels,
+    tier_of,
     transfer_configmap_name,
     vllm_roles,
 )
@@ -29,16 +31,28 @@ from .vllm_tiers import vllm_workload
 __all__ = ["config_hash", "render", "tier_hashes"]  # config_hash: re-exported, the package's API
 
 
-def render(epd: EPDDeployment, *, default_router_image: str = DEFAULT_ROUTER_IMAGE) -> list[JSON]:
-    """Every object `epd` becomes: ConfigMap, router RBAC, NetworkPolicies, Services, Deployments, HPAs, PDBs.
+def render(
+    epd: EPDDeployment,
+    *,
+    default_router_image: str = DEFAULT_ROUTER_IMAGE,
+    default_prometheus_address: str | None = None,
+) -> list[JSON]:
+    """Every object `epd` becomes: ConfigMap, router RBAC, NetworkPolicies, Services, Deployments, HPAs or ScaledObjects, PDBs.
 
     `default_router_image` is the image of the router and janitor when the spec names none; the
     operator passes its own image, so upgrading the operator chart upgrades the data plane with it.
+    `default_prometheus_address` is the Prometheus a KEDA-scaled tier's load trigger queries when its
+    spec names none (the operator's `--keda-prometheus-address`); without either such a spec is refused.
     """
     roles = vllm_roles(epd)
     config = configmap_data(epd, roles)
     image = epd.spec.router.image or default_router_image
     workloads = [multi_node_workload(epd, role, vllm_workload(epd, role, config, image)) for role in roles]
+    scaled_objects = [
+        scaled_object(epd, role, w.deployment, autoscaling, default_prometheus_address)
+        for role, w in zip(roles, workloads, strict=True)
+        if uses_keda(autoscaling := tier_of(epd, role).autoscaling)
+    ]
     workloads.append(router_workload(epd, image))
     if mooncake_store_config(epd) is not None:
         workloads.append(_mooncake_master_workload(epd))
@@ -50,6 +64,7 @@ def render(epd: EPDDeployment, *, default_router_image: str = DEFAULT_ROUTER_IMA
         *(w.service for w in workloads),
         *(w.deployment for w in workloads),
         *(w.hpa for w in workloads if w.hpa is not None),
+        *scaled_objects,
         *(w.pdb for w in workloads if w.pdb is not None),
         *router_route(epd),
     ]

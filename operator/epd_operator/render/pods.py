@@ -14,6 +14,7 @@ from typing import Any
 
 from ..api.spec import Autoscaling, EPDDeployment, MooncakeMaster, Placement
 from .autoscaling import hpa_metrics
+from .keda import uses_keda
 from .naming import CONFIG_HASH_ANNOTATION, labels, object_name, selector_labels
 from .templating import render_one
 
@@ -68,7 +69,7 @@ def workload(
     deployment = render_one(
         "deployment.yaml.j2",
         **metadata,
-        replicas=None if autoscaling else placement.replicas,  # the HPA owns replicas when present
+        replicas=None if autoscaling else placement.replicas,  # the autoscaler owns replicas when present
         progress_deadline=progress_deadline,
         selector=selector_labels(epd, role),
         pod_labels=pod_labels,
@@ -78,7 +79,8 @@ def workload(
     return Workload(
         deployment=deployment,
         service=service,
-        hpa=_hpa(metadata, role, autoscaling) if autoscaling else None,
+        # engine KEDA: no HPA of ours; render() adds the tier's ScaledObject (KEDA creates its own HPA)
+        hpa=_hpa(metadata, role, autoscaling) if autoscaling and not uses_keda(autoscaling) else None,
         pdb=render_one("pdb.yaml.j2", **metadata, selector=selector_labels(epd, role)) if pdb else None,
     )
 

@@ -4,6 +4,7 @@ that exist (that the committed files are as generated: tests/unit/dev/test_gener
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ def test_required_fields_exist():
     assert missing == []
 
 
-UPSTREAM = [kube_schemas.schema(name) for name in kube_schemas.TYPES]
+UPSTREAM = [kube_schemas.schema(name) for name in (*kube_schemas.TYPES, *kube_schemas.KEDA_TYPES)]
 
 
 def _is_upstream(node: dict[str, Any]) -> bool:
@@ -166,6 +167,23 @@ def test_cel_rules_on_lists_have_bounded_lists():
 
 
 RULES = [(path, rule) for path, node in ALL_NODES for rule in node.get("x-kubernetes-validations", [])]
+_WALK = re.compile(r"self((?:\.\w+)+)\.(?:all|exists|exists_one|map|filter)\(")
+
+
+def test_cel_rules_walk_only_bounded_lists_at_any_depth():
+    # The same, for lists a rule reaches through nested fields (`self.decode.extraArgs.exists(...)`); their
+    # string items need a maxLength too, since a comparison is priced by the longest string it may see.
+    walked = 0
+    for path, rule in RULES:
+        for match in _WALK.finditer(rule["rule"]):
+            node = dict(ALL_NODES)[path]
+            for part in match.group(1).lstrip(".").split("."):
+                node = (node.get("properties") or {})[part]
+            walked += 1
+            assert "maxItems" in node, f"{path}: {rule['rule']!r} walks {match.group(1)} without maxItems"
+            if (node.get("items") or {}).get("type") == "string":
+                assert "maxLength" in node["items"], f"{path}: {match.group(1)} items without maxLength"
+    assert walked >= 5
 
 
 def test_there_are_cel_rules():

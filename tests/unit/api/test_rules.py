@@ -52,6 +52,8 @@ MOONCAKE_MULTI_NODE = (
 MOONCAKE = {"connector": "Mooncake"}
 CPU_REQUEST = {"requests": {"cpu": "1"}}
 EPD_P: dict[str, Any] = {"spec__prefill": {}}
+KEDA_LOAD = {"load": {"targetPerPod": 2}, "keda": {"prometheusAddress": "http://prometheus:9090"}}
+KEDA_AT_ZERO = {"autoscaling": {"engine": "KEDA", "minReplicas": 0, "maxReplicas": 2, **KEDA_LOAD}}
 
 
 def errors_of(doc: dict[str, Any]) -> list[str]:
@@ -176,8 +178,62 @@ REFUSED = [
         "autoscaling-without-load-metrics-or-cpu",
         spec(spec__decode={"autoscaling": {"maxReplicas": 2}}),
         "spec.decode.autoscaling.load: autoscaling needs a metric: set load.targetPerPod (requests in flight per pod, "
-        "from the routers) or metrics; the fallback, CPU utilisation, cannot be computed without a CPU request "
+        "from the routers), metrics or keda.triggers; the fallback, CPU utilisation, cannot be computed without a "
+        "CPU request "
         "(resources.requests.cpu) on this tier",
+    ),
+    (
+        "hpa-encoder-at-zero",
+        spec(spec__encoder={"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
+        "spec.encoder.autoscaling.minReplicas: minReplicas 0 (scale to zero) needs engine KEDA: an HPA never scales "
+        "a tier below one pod",
+    ),
+    (
+        "keda-decode-at-zero",
+        spec(spec__decode={"autoscaling": {"engine": "KEDA", "minReplicas": 0, "maxReplicas": 2, **KEDA_LOAD}}),
+        "spec.decode.autoscaling.minReplicas: only the encoder tier may scale to zero: prefill and decode serve every "
+        "request",
+    ),
+    (
+        "keda-prefill-at-zero",
+        spec(
+            spec__prefill={"autoscaling": {"engine": "KEDA", "minReplicas": 0, "maxReplicas": 2, **KEDA_LOAD}},
+        ),
+        "spec.prefill.autoscaling.minReplicas: only the encoder tier may scale to zero: prefill and decode serve "
+        "every request",
+    ),
+    (
+        "encoder-at-zero-before-a-language-model-only-decode",
+        spec(spec__encoder=KEDA_AT_ZERO, spec__decode={"extraArgs": ["--language-model-only"]}),
+        "spec.encoder.autoscaling.minReplicas: an encoder tier at zero leaves the media to the decode tier, whose "
+        "--language-model-only cannot encode it; keep minReplicas at 1 or more, or let that tier load the vision "
+        "encoder",
+    ),
+    (
+        "encoder-at-zero-before-a-language-model-only-prefill",
+        spec(spec__encoder=KEDA_AT_ZERO, spec__prefill={"extraArgs": ["--language-model-only=true"]}),
+        "spec.encoder.autoscaling.minReplicas: an encoder tier at zero leaves the media to the prefill tier, whose "
+        "--language-model-only cannot encode it; keep minReplicas at 1 or more, or let that tier load the vision "
+        "encoder",
+    ),
+    (
+        "keda-settings-with-an-hpa",
+        spec(spec__encoder={"autoscaling": {"maxReplicas": 2, "keda": {"cooldownPeriod": 60}}}),
+        "spec.encoder.autoscaling.keda: keda settings are only used with engine KEDA; remove them or set engine: KEDA",
+    ),
+    (
+        "hpa-metrics-with-keda",
+        spec(
+            spec__encoder={
+                "autoscaling": {
+                    "engine": "KEDA",
+                    "maxReplicas": 2,
+                    "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization"}}}],
+                }
+            }
+        ),
+        "spec.encoder.autoscaling.metrics: metrics are autoscaling/v2 MetricSpecs for an HPA; with engine KEDA write "
+        "KEDA triggers in keda.triggers",
     ),
     (
         "router-autoscaling-without-metrics-or-cpu",
@@ -279,6 +335,35 @@ def test_only_the_mooncake_consumer_must_stay_on_one_node():
 
 
 ACCEPTED = [
+    ("keda-encoder-at-zero", spec(spec__encoder=KEDA_AT_ZERO)),
+    (
+        "keda-encoder-at-zero-before-a-language-model-only-decode-in-e-p-d",
+        spec(spec__encoder=KEDA_AT_ZERO, spec__prefill={}, spec__decode={"extraArgs": ["--language-model-only"]}),
+    ),
+    (
+        "keda-decode-on-its-triggers",
+        spec(
+            spec__decode={
+                "autoscaling": {
+                    "engine": "KEDA",
+                    "maxReplicas": 2,
+                    "keda": {
+                        "triggers": [
+                            {
+                                "type": "cron",
+                                "metadata": {
+                                    "timezone": "UTC",
+                                    "start": "0 8 * * *",
+                                    "end": "0 9 * * *",
+                                    "desiredReplicas": "2",
+                                },
+                            }
+                        ]
+                    },
+                }
+            }
+        ),
+    ),
     ("name-47-chars", spec(metadata={"name": "a" * 47})),
     ("name-with-digits-and-dashes", spec(metadata={"name": "a-1-b"})),
     (
@@ -466,6 +551,7 @@ def test_rules_for_a_model_include_those_of_the_models_it_extends():
     assert [r.field for r in rules_for(ConsumerTier)] == [
         ".nodesPerReplica",
         ".dataParallelSize",
+        ".autoscaling.minReplicas",
         ".autoscaling.load",
         *placement,
     ]

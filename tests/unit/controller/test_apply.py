@@ -34,7 +34,9 @@ from epd_operator.controller.apply import (
 from epd_operator.kube import CHILD_RESOURCES, ApiError, child_resource
 from epd_operator.render import render
 from tests.support.recording_kube import RecordingKube, as_kube
-from tests.support.render_examples import example, example_files
+from tests.support.render_examples import example, example_files, variants
+
+VARIANTS = variants()
 
 OWNER = owner_reference({"metadata": {"name": "vl", "uid": "uid-1"}})
 
@@ -620,3 +622,52 @@ def test_every_rendered_kind_is_one_the_operator_can_apply_and_prune(path):
 def test_unknown_kinds_are_refused_by_name():
     with pytest.raises(ValueError, match="does not manage batch/v1/Job"):
         child_resource({"apiVersion": "batch/v1", "kind": "Job"})
+
+
+async def test_dry_run_says_keda_is_not_installed():
+    so = obj("ScaledObject", "vl-encoder", "keda.sh/v1alpha1")
+    kube = RecordingKube({("ScaledObject", "vl-encoder"): ApiError(404, {"message": "not found"}, "apply")})
+    assert await refused_by_server(as_kube(kube), Plan([Apply(so, "create")], [])) == [
+        "ScaledObject vl-encoder: this cluster does not serve keda.sh/v1alpha1 ScaledObject "
+        "(KEDA is not installed; install it (docs/autoscaling.md), or set autoscaling.engine: HPA)"
+    ]
+
+
+def test_the_hpa_keda_creates_is_never_pruned_nor_applied():
+    """KEDA's HPA (keda-hpa-<scaled object>) is owned by the ScaledObject, not by the EPDDeployment: even
+    were it to carry our labels, the plan leaves it alone, and ours stays the ScaledObject."""
+    scaled = adopt(
+        {
+            "apiVersion": "keda.sh/v1alpha1",
+            "kind": "ScaledObject",
+            "metadata": {"name": "vl-encoder", "namespace": "ns", "labels": {"app.kubernetes.io/instance": "vl"}},
+            "spec": {"scaleTargetRef": {"name": "vl-encoder"}, "triggers": [{"type": "cpu", "metadata": {}}]},
+        },
+        OWNER,
+    )
+    keda_hpa = live_copy(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {
+                "name": "keda-hpa-vl-encoder",
+                "namespace": "ns",
+                "labels": {"app.kubernetes.io/instance": "vl", "app.kubernetes.io/managed-by": "keda-operator"},
+                "ownerReferences": [{"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "uid": "so-uid"}],
+            },
+        }
+    )
+    desired = [adopt(deployment(replicas=None), OWNER), scaled]
+    live = [live_copy(desired[0]), keda_hpa]
+    live[0]["spec"]["replicas"] = 0  # KEDA scaled the tier to zero: no drift, no handover
+    live[0]["metadata"]["managedFields"] = applied_by(("epd-operator", {"f:spec": {"f:template": {}}}))
+    todo = plan(desired, live, "uid-1")
+    assert todo.prunes == []
+    assert [step.desired["kind"] for step in todo.applies] == ["ScaledObject"]
+    assert all(step.handover is None for step in todo.applies)
+
+
+def test_every_kind_of_a_keda_scaled_deployment_is_one_the_operator_can_apply_and_prune():
+    for name in ("keda-encoder-scale-to-zero", "keda-every-tier-multi-node-decode"):
+        for rendered in render(VARIANTS[name]):
+            assert child_resource(rendered) is CHILD_RESOURCES[rendered["kind"]]

@@ -70,3 +70,15 @@ def test_a_multi_node_consumer_is_held_by_its_worker_template_labels():
     held = held_consumers(workloads(after), workloads(before), [])
     assert {(h.kind, h.name) for h in held} >= {(w["kind"], w["metadata"]["name"]) for w in lws}
     assert pod_labels({"kind": "Service", "spec": {"selector": {"a": "b"}}}) == {}
+
+
+def test_nothing_is_held_while_keda_keeps_the_encoder_tier_at_zero():
+    at_zero = {"engine": "KEDA", "minReplicas": 0, "maxReplicas": 4, "keda": {"prometheusAddress": "http://p:9090"}}
+    before = example(SHARED_STORAGE, **{"spec.encoder.autoscaling": at_zero})
+    after = example(SHARED_STORAGE, **{"spec.encoder.autoscaling": at_zero, "spec.image": NEW_IMAGE})
+    live = copy.deepcopy(workloads(before))
+    encoder = next(w for w in live if pod_labels(w).get(ROLE_LABEL) == "encoder")
+    encoder["spec"]["replicas"] = 1  # KEDA activated the tier: consumers wait for a new encoder
+    assert [h.role for h in held_consumers(workloads(after), live, [])] == ["decode"]
+    encoder["spec"]["replicas"] = 0  # KEDA scaled it to zero: no encoder is coming, nothing is held
+    assert held_consumers(workloads(after), live, []) == []

@@ -261,6 +261,7 @@ def test_an_hpa_without_spec_or_status():
     state = tier_state(TierInput(settled(1), {"spec": None, "status": None}))
     assert state.status.autoscaling is not None
     assert state.status.autoscaling.model_dump() == {
+        "engine": None,
         "minReplicas": 1,
         "maxReplicas": None,
         "desiredReplicas": None,
@@ -691,6 +692,7 @@ def test_hpa_numbers_are_reported_per_tier():
     state = tier_state(TierInput(dep(4, ready=4), hpa))
     assert state.status.autoscaling is not None
     assert state.status.autoscaling.model_dump() == {
+        "engine": None,
         "minReplicas": 2,
         "maxReplicas": 8,
         "desiredReplicas": 5,

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-from dev import generate
+from dev import generate, keda
 from dev.generate import values_schema
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_every_generated_file_is_committed_as_generated(tmp_path):
+    if keda.cached_source() is None:  # fetching it runs `go`, which a unit test may not
+        pytest.skip(
+            "KEDA's Go module is not in Go's module cache (`python -m dev.keda` fetches it); "
+            "tests/loopback/dev/test_generated_keda_schemas.py fetches it and runs this check"
+        )
     written = generate.write(tmp_path)
     stale = [path for path in written if (REPO / path).read_bytes() != (tmp_path / path).read_bytes()]
     assert stale == [], f"stale generated files: {stale}; run `make generate` and commit them"

@@ -1,7 +1,8 @@
 """Every object rendered from every example is valid Kubernetes, in strict mode (unknown fields refused),
 for the oldest Kubernetes we support and the newest `kubernetes-validate` ships. A LeaderWorkerSet's pod
 templates are checked here; the LeaderWorkerSet itself against its project's CRD needs that CRD from its Go
-module (tests/integration/test_lws_schema.py)."""
+module (tests/integration/test_lws_schema.py), as a KEDA ScaledObject against KEDA's
+(tests/integration/test_keda_schema.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ SPECS = _specs()
 def _as_builtin(obj: dict) -> list[dict]:
     """What kubernetes-validate can check: the object itself, or for a LeaderWorkerSet (a custom
     resource it has no schema for) each of its pod templates inside a Deployment."""
+    if obj["kind"] == "ScaledObject":
+        return []  # KEDA's: checked against KEDA's own CRD (tests/integration/test_keda_schema.py)
     if obj["kind"] != "LeaderWorkerSet":
         return [obj]
     lws = obj["spec"]["leaderWorkerTemplate"]
