@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dev import k8s_binaries
+from dev import k8s_binaries, paths
 from dev.cluster import NEWEST, LocalCluster
 from epd_operator.kube import ApiError
 
@@ -68,7 +68,7 @@ def test_kubebuilder_assets_are_honoured_for_what_they_hold(tmp_path, monkeypatc
         (assets / name).write_text("#!/bin/sh\n")
         (assets / name).chmod(0o755)
     monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
-    monkeypatch.setattr(k8s_binaries, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")
     assert k8s_binaries.binaries(NEWEST, apiserver_only=True) == assets
     ours = tmp_path / "cache" / "k8s" / NEWEST
     ours.mkdir(parents=True)
