@@ -130,6 +130,14 @@ _HAS_TRIGGERS = (
 _KEDA = "(has(self.engine) && self.engine == 'KEDA')"
 # vLLM's flag that leaves the multimodal encoder out of a consumer: such a consumer cannot encode raw media.
 LANGUAGE_MODEL_ONLY = "--language-model-only"
+
+
+def cannot_encode(extra_args: list[str]) -> bool:
+    """Whether a consumer tier with these arguments leaves the multimodal encoder out (and so cannot
+    encode the raw media that spill-over or an encoder tier at zero would hand it)."""
+    return any(a == LANGUAGE_MODEL_ONLY or a.startswith(f"{LANGUAGE_MODEL_ONLY}=") for a in extra_args)
+
+
 _HAS_CPU = (
     "(has(self.resources) && ((has(self.resources.requests) && 'cpu' in self.resources.requests)"
     " || (has(self.resources.limits) && 'cpu' in self.resources.limits)))"

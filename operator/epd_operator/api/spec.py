@@ -588,9 +588,9 @@ class SpillOver(Strict):
 
     enabled: bool = Field(
         True,
-        description="Spill over while every encoder is at `encoderInflight`. On GPUs encoding on a consumer "
-        "slows the decodes sharing its GPU: it pays while the encoder queue's wait exceeds that "
-        "(docs/router.md#spill-over).",
+        description="Spill over while every encoder is at `encoderInflight` (never to a consumer tier run with "
+        "`--language-model-only`, which cannot encode). On GPUs encoding on a consumer slows the decodes sharing "
+        "its GPU: it pays while the encoder queue's wait exceeds that (docs/router.md#spill-over).",
     )
     encoderInflight: int | None = Field(
         None,

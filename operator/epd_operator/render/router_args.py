@@ -10,6 +10,7 @@ import contextlib
 import math
 
 from ..api.quantity import parse_quantity
+from ..api.rules import cannot_encode
 from ..api.spec import (
     DEFAULT_ENCODER_LOAD_PER_POD,
     SPILL_OVER_TARGET_MULTIPLE,
@@ -127,9 +128,10 @@ def _load_target(tier: Tier) -> int | None:
 
 
 def spill_over_args(epd: EPDDeployment) -> list[str]:
-    """The spill-over bounds (router/encoding.py): the spec's, else from the tiers' load targets."""
+    """The spill-over bounds (router/encoding.py): the spec's, else from the tiers' load targets. None
+    when the EC consumer tier runs without the vision encoder: it could not encode what spills."""
     spill, spec = epd.spec.router.spillOver, epd.spec
-    if not spill.enabled:
+    if not spill.enabled or cannot_encode([str(a) for a in (spec.prefill or spec.decode).extraArgs]):
         return []
     encoder = spill.encoderInflight or SPILL_OVER_TARGET_MULTIPLE * (
         _load_target(spec.encoder) or DEFAULT_ENCODER_LOAD_PER_POD

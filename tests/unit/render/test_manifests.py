@@ -891,6 +891,19 @@ def test_the_spill_over_bounds_come_from_the_spec_or_the_tiers_load_targets(spil
     assert {a: args[i + 1] for i, a in enumerate(args) if a in spill_flags} == flags
 
 
+@pytest.mark.parametrize("flag", ["--language-model-only", "--language-model-only=true"])
+def test_no_spill_over_to_consumers_without_the_vision_encoder(flag):
+    """A consumer run with vLLM's --language-model-only cannot encode the raw media a spill would send."""
+    doc = example_document(SHARED_STORAGE)
+    doc["spec"].setdefault("router", {})["spillOver"] = {"enabled": True, "encoderInflight": 5}
+    router = f"{doc['metadata']['name']}-router"
+    args = container(find(render(parse_epd(doc)), "Deployment", router), "router")["args"]
+    assert "--spill-encoder-inflight" in args
+    doc["spec"]["decode"]["extraArgs"] = [*doc["spec"]["decode"].get("extraArgs", []), flag]
+    args = container(find(render(parse_epd(doc)), "Deployment", router), "router")["args"]
+    assert not [a for a in args if a.startswith("--spill-")]
+
+
 def test_the_encoder_gets_its_own_gpu_memory_default_and_consumers_keep_vllms():
     from epd_operator.api.spec import ENCODER_GPU_MEMORY_UTILIZATION
 
