@@ -30,22 +30,21 @@ vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, i
 # The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok) and the real node's kubelet and kube-proxy, built once by one `go build`
 # from the official Go modules into ~/.cache/epd-operator/k8s (cold: tens of minutes on 2 cores, with
-# progress), and the cluster's DNS, CoreDNS, from the Go module proxy (~/.cache/epd-operator/coredns).
-k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet and kube-proxy (one go build) and CoreDNS
+# progress), the cluster's DNS, CoreDNS, and the real node's NetworkPolicy engine, kube-router's firewall,
+# from the Go module proxy (~/.cache/epd-operator/coredns, ~/.cache/epd-operator/kube-router).
+k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet and kube-proxy (one go build), CoreDNS and kube-router
 	$(BIN)/python -m dev.cluster_cli build --real-node
 	$(BIN)/python -m dev.coredns
+	$(BIN)/python -m dev.kube_router >/dev/null
 
 # Plus the oldest supported kube-apiserver, prometheus-adapter for the custom metrics API the encoder
-# HPA reads (~/.cache/epd-operator/prometheus-adapter), the LeaderWorkerSet controller for multi-node
-# tiers (~/.cache/epd-operator/lws) and the real node's NetworkPolicy engine, kube-router's firewall
-# (~/.cache/epd-operator/kube-router): only the tests marked late_build need them, which `make test` runs
-# once they are built; their cold builds would take it past its time budget. A cluster's real node runs
-# the engine when it is built.
-k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter, the LWS controller and kube-router, from source, cached
+# HPA reads (~/.cache/epd-operator/prometheus-adapter) and the LeaderWorkerSet controller for multi-node
+# tiers (~/.cache/epd-operator/lws): only the tests marked late_build need them, which `make test` runs
+# once they are built; their cold builds would take it past its time budget.
+k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter and the LWS controller, from source, cached
 	$(BIN)/python -m dev.cluster_cli build --oldest
 	$(BIN)/python -m dev.prometheus_adapter
 	$(BIN)/python -m dev.lws
-	$(BIN)/python -m dev.kube_router
 
 # The node tier's images as archives (dev/images.py), built beside the Go builds: they copy files where
 # those compile. Only where a real node can run (root, buildah, mmdebstrap); elsewhere its tests skip.
@@ -59,7 +58,6 @@ node-images: vllm-env ## the node tier's images as archives, without loading the
 # `apt-get install runc containerd containernetworking-plugins ipset`),
 # in the background: prints the kubeconfig and how to stop it. `make images` loads the images into it.
 cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node enforcing NetworkPolicies and the LWS controller in the background
-	$(BIN)/python -m dev.kube_router >/dev/null
 	$(BIN)/python -m dev.cluster_cli up --detach --real-node --lws
 
 cluster-down: install ## stop the local control plane

@@ -271,7 +271,7 @@ class LocalCluster(ClusterApi):
         else:
             print(
                 f"[cluster] real node {node.name}: NetworkPolicies are not enforced: kube-router is not built"
-                " (make k8s, or python -m dev.kube_router)",
+                " (make k8s-node, or python -m dev.kube_router)",
                 flush=True,
             )
         self._start_cluster_dns(node)

@@ -4,8 +4,7 @@ once from the Go module proxy into ``~/.cache/epd-operator/kube-router/<version>
 Only its firewall runs (``--run-firewall``; no router, no service proxy): it turns NetworkPolicies into
 iptables chains and ipsets inside the real node's network namespace (dev/network_policy_engine.py).
 It is built static, as its own release build is, against the release's go.mod and go.sum
-(``dev/go_module.py``). Cold (empty module cache for its dependencies): 16 minutes on a 2-core machine at
-a load average of 15-25.
+(``dev/go_module.py``) by ``make k8s-node``, with the node's other parts.
 
     python -m dev.kube_router      # build (or find) it and print its path
 """

@@ -10,7 +10,11 @@ port-forward` and through the Service's ClusterIP from a client pod, vLLM's own 
 encoder encoded the image once, the faults that restart no vLLM pod cost what their rows of the fault
 table allow (tests/support/fault_table.py, under load, with the router tier scaled to two), a change
 to one tier rolls only that tier, and deleting the EPDDeployment removes every pod. Then the E/P/D
-variant moves the KV cache between pods over NIXL. Each test asks a fixture for the state it needs
+variant (examples/epd-local-cpu-nixl.yaml) moves the KV cache between pods over NIXL, and its rendered
+NetworkPolicies, enforced by the node's engine, hold against a pod of another namespace: a direct
+request to the encoder's and decode's vLLM port and a connection to the NIXL side channel fail, a chat
+through the router Service answers and moves its KV over NIXL, and with `spec.networkPolicy.enabled:
+false` the direct requests answer again. Each test asks a fixture for the state it needs
 (the example applied and settled, the E+PD answer it compares with), so any test runs alone or in any
 order; in file order each state is already there when the next test asks for it.
 """
@@ -30,9 +34,10 @@ from typing import Any
 import pytest
 import yaml
 
+from dev import kube_router, network_policy_engine
 from dev.client import chat_body, image_part, text_part
 from dev.images import VLLM_CPU_IMAGE, operator_image
-from tests.support.cluster import wait_for
+from tests.support.cluster import EPD_API, KubeView, wait_for
 from tests.support.fault_checks import check
 from tests.support.fault_table import QUICK_REPLICAS, QUICK_ROWS, SECOND, FaultRecord, run_recorded
 from tests.support.mission import Mission, remove
@@ -43,10 +48,14 @@ from tests.support.real_node import is_ready, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
+NIXL_EXAMPLE = REPO / "examples" / "epd-local-cpu-nixl.yaml"
 NS, NAME, SERVED = "epd-local", "tiny-vl", "tiny-vl"
-EPD_API = "serving.epd.dev/v1alpha1"
+PD_NAME = "tiny-vl-pd"  # the E/P/D variant's EPDDeployment
+VLLM_PORT = 8000
 MAX_TOKENS = 4
 ROLES = ("encoder", "decode", "router")
+PD_ROLES = ("encoder", "prefill", "decode", "router")
+CLIENT_NS, CLIENT = "netpol-client", "client"  # a pod of another namespace, for the NetworkPolicy tests
 
 
 pytestmark = [
@@ -74,7 +83,9 @@ class Example:
         )
 
     def deployed(self) -> Mission:
-        """The example as shipped applied (a no-op when it is), and settled on it."""
+        """The example as shipped applied (a no-op when it is), and settled on it, alone on the node."""
+        if self.m.kube.get(EPD_API, "EPDDeployment", PD_NAME) is not None:
+            remove(self.m, PD_NAME)
         started = time.monotonic()
         out = self.m.kube.kubectl("apply", "-f", str(EXAMPLE)).stdout
         self.applied.append(out)
@@ -82,6 +93,20 @@ class Example:
         if f"epddeployment.serving.epd.dev/{NAME} unchanged" not in out:
             print(f"EPDDeployment settled {time.monotonic() - started:.0f} s after kubectl apply", file=sys.stderr)
         return self.m
+
+    def e_p_d(self) -> Mission:
+        """examples/epd-local-cpu-nixl.yaml applied as shipped (a no-op when it is) and Ready, alone on
+        the node: the E+PD example is removed first."""
+        if self.m.kube.get(EPD_API, "EPDDeployment", NAME) is not None:
+            remove(self.m, NAME)
+        m = dataclasses.replace(self.m, name=PD_NAME)
+        started = time.monotonic()
+        out = m.kube.kubectl("apply", "-f", str(NIXL_EXAMPLE)).stdout
+        self.applied.append(out)
+        wait_for(lambda: _allis_ready(m, PD_ROLES), 900, lambda: _describe(m), interval=2)
+        if f"epddeployment.serving.epd.dev/{PD_NAME} unchanged" not in out:
+            print(f"E/P/D Ready {time.monotonic() - started:.0f} s after kubectl apply", file=sys.stderr)
+        return m
 
     def present(self) -> Mission:
         """The example's EPDDeployment, in whatever state the tests before left it (applied when absent)."""
@@ -93,9 +118,10 @@ class Example:
 @pytest.fixture(scope="module")
 def example(shared_mission: Mission) -> Iterator[Example]:
     m = dataclasses.replace(shared_mission, name=NAME)
-    remove(m, NAME, "tiny-vl-pd")  # the module starts from nothing of its own
+    remove(m, NAME, PD_NAME)  # the module starts from nothing of its own
     yield Example(m)
-    remove(m, NAME, "tiny-vl-pd")  # whatever a failed test left
+    m.kube.kubectl("delete", "namespace", CLIENT_NS, "--ignore-not-found", "--wait=false", check=False)
+    remove(m, NAME, PD_NAME)  # whatever a failed test left
 
 
 @pytest.fixture
@@ -308,8 +334,7 @@ class _PodsEPD:
 
 @pytest.fixture
 def e_pd_answer(example: Example) -> list[int]:
-    """The E+PD deployment's greedy answer for image 1 (the port-forward test's, else asked for here),
-    with the E+PD deployment then removed: the E/P/D variant needs the node's cores to itself."""
+    """The E+PD deployment's greedy answer for image 1 (the port-forward test's, else asked for here)."""
     from dev.client import chat
 
     if 1 not in example.answers:
@@ -317,8 +342,20 @@ def e_pd_answer(example: Example) -> list[int]:
             reply = chat(f"http://127.0.0.1:{port}", _chat_body(1))
         assert reply.ok, reply
         example.answers[1] = reply.token_ids
-    remove(example.m, NAME)
     return example.answers[1]
+
+
+@contextlib.contextmanager
+def _kv_counters(mission: Mission, logs: Path) -> Iterator[_PodsEPD]:
+    """Prefill's and decode's own /metrics and logs (port-forwards through the kubelet, not the pod
+    network), as `dev.kv_transfer` reads them."""
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for role in ("prefill", "decode"):
+            [pod] = mission.pods(role)
+            port = stack.enter_context(_port_forward(mission, f"pod/{pod['metadata']['name']}"))
+            urls[role] = f"http://127.0.0.1:{port}"
+        yield _PodsEPD(mission, urls, logs)
 
 
 def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(
@@ -331,44 +368,172 @@ def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(
     from dev import kv_transfer
     from dev.client import chat
 
-    mission = dataclasses.replace(example.m, name="tiny-vl-pd")
-    applied = mission.kube.kubectl("apply", "-f", str(REPO / "examples" / "epd-local-cpu-nixl.yaml"))
-    assert "epddeployment.serving.epd.dev/tiny-vl-pd created" in applied.stdout
-    try:
-        wait_for(
-            lambda: _allis_ready(mission, ("encoder", "prefill", "decode", "router")),
-            900,
-            lambda: _describe(mission),
-            interval=2,
-        )
-        for role in ("prefill", "decode"):
-            [pod] = mission.pods(role)
-            [vllm] = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
-            env = {e["name"]: e.get("value") for e in vllm["env"]}
-            assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "$(POD_IP)" and env["UCX_TLS"] == "tcp"
-        with contextlib.ExitStack() as stack:
-            urls = {}
-            for role in ("prefill", "decode"):
-                [pod] = mission.pods(role)
-                port = stack.enter_context(_port_forward(mission, f"pod/{pod['metadata']['name']}"))
-                urls[role] = f"http://127.0.0.1:{port}"
-            running = _PodsEPD(mission, urls, tmp_path)
-            before = kv_transfer.read(running)
-            router = stack.enter_context(_port_forward(mission))
-            reply = chat(f"http://127.0.0.1:{router}", _chat_body(1))
-            assert reply.ok, reply
-            text = chat(f"http://127.0.0.1:{router}", chat_body(SERVED, "Prefill here, decode there.", MAX_TOKENS))
-            assert text.ok, text
-            moved = kv_transfer.read(running).since(before)
-        assert not moved.problems(), moved.line()
-        assert moved.transfers >= 2, moved.line()
-        assert reply.token_ids == e_pd_answer, "E/P/D over NIXL answers as E+PD does (greedy, same image)"
-        print(f"E/P/D over NIXL between pods: {moved.line()}", file=sys.stderr)
-    finally:
-        mission.kube.kubectl("-n", NS, "delete", "epddeployment", mission.name, "--wait=false", check=False)
-        wait_for(
-            lambda: not mission.kube.pods(**{"app.kubernetes.io/instance": mission.name}),
-            300,
-            lambda: f"pods left: {[p['metadata']['name'] for p in mission.kube.pods()]}",
-            interval=2,
-        )
+    mission = example.e_p_d()
+    for role in ("prefill", "decode"):
+        [pod] = mission.pods(role)
+        [vllm] = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
+        env = {e["name"]: e.get("value") for e in vllm["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "$(POD_IP)" and env["UCX_TLS"] == "tcp"
+    with _kv_counters(mission, tmp_path) as running, _port_forward(mission) as router:
+        before = kv_transfer.read(running)
+        reply = chat(f"http://127.0.0.1:{router}", _chat_body(1))
+        assert reply.ok, reply
+        text = chat(f"http://127.0.0.1:{router}", chat_body(SERVED, "Prefill here, decode there.", MAX_TOKENS))
+        assert text.ok, text
+        moved = kv_transfer.read(running).since(before)
+    assert not moved.problems(), moved.line()
+    assert moved.transfers >= 2, moved.line()
+    assert reply.token_ids == e_pd_answer, "E/P/D over NIXL answers as E+PD does (greedy, same image)"
+    print(f"E/P/D over NIXL between pods: {moved.line()}", file=sys.stderr)
+
+
+# The rendered NetworkPolicies on the E/P/D variant (on by default), enforced by the node's engine
+# (kube-router's firewall, dev/network_policy_engine.py), seen from a pod of another namespace.
+
+# Run in the client pod: one TCP connection or HTTP request, its outcome as JSON on stdout.
+_PROBE = """
+import json, socket, sys, urllib.error, urllib.request
+kind, target, body = sys.argv[1], sys.argv[2], sys.argv[3]
+try:
+    if kind == "tcp":
+        host, port = target.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5).close()
+        out = ["open", 0, ""]
+    else:
+        data = body.encode() if body else None
+        req = urllib.request.Request(target, data=data, headers={"Content-Type": "application/json"})
+        r = urllib.request.urlopen(req, timeout=5 if data is None else 120)
+        out = ["open", r.status, r.read().decode()[:2000]]
+except urllib.error.HTTPError as e:
+    out = ["open", e.code, ""]
+except Exception as e:
+    out = ["closed", 0, repr(e)]
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    reached: bool
+    status: int
+    detail: str
+
+
+@dataclass
+class Policed:
+    """The E/P/D variant with its policies on, and a client pod in another namespace."""
+
+    m: Mission
+    client: KubeView
+
+    def probe(self, kind: str, target: str, body: dict[str, Any] | None = None) -> Outcome:
+        argv = ["-n", CLIENT_NS, "exec", CLIENT, "--", "python", "-c", _PROBE, kind, target]
+        out = self.client.kubectl(*argv, json.dumps(body) if body else "")
+        reached, status, detail = json.loads(out.stdout)
+        return Outcome(reached == "open", int(status), str(detail))
+
+    def pod_ip(self, role: str) -> str:
+        [pod] = self.m.pods(role)
+        return str(pod["status"]["podIP"])
+
+    def side_channel(self) -> int:
+        epd = self.m.kube.get(EPD_API, "EPDDeployment", PD_NAME)
+        assert epd is not None
+        return int(epd["spec"]["kvTransfer"]["nixl"]["sideChannelPort"])
+
+    def policies(self) -> set[str]:
+        return {p["metadata"]["name"] for p in self.m.kube.list("networking.k8s.io/v1", "NetworkPolicy")}
+
+
+def _client_pod() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": CLIENT, "namespace": CLIENT_NS, "labels": {"app": "netpol-client"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "client",
+                    "image": operator_image(),
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", "import time; time.sleep(3600)"],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+                }
+            ],
+        },
+    }
+
+
+needs_engine = pytest.mark.skipif(
+    not kube_router.KUBE_ROUTER.built(), reason="kube-router is not built: make k8s-node (or python -m dev.kube_router)"
+)
+
+
+@pytest.fixture
+def policed(example: Example) -> Policed:
+    """The E/P/D variant Ready with `spec.networkPolicy` as shipped (unset: on), its two policies
+    applied and the engine synced, and the client pod running."""
+    m = example.e_p_d()
+    client = KubeView(m.cluster, CLIENT_NS, m.kube.kubeconfig)
+    deployed = Policed(m, client)
+    m.kube.ok(  # what a test turning the policies off left
+        "PATCH", f"/apis/{EPD_API}/namespaces/{NS}/epddeployments/{PD_NAME}", {"spec": {"networkPolicy": None}}
+    )
+    if m.kube.get("v1", "Namespace", CLIENT_NS) is None:
+        m.kube.kubectl("create", "namespace", CLIENT_NS)
+    if client.get("v1", "Pod", CLIENT) is None:
+        client.create(_client_pod())
+    wanted = {f"{PD_NAME}-backends", f"{PD_NAME}-router"}
+    wait_for(lambda: deployed.policies() == wanted, 60, lambda: f"policies: {deployed.policies()}", interval=1)
+    wait_for(lambda: is_ready(client.get("v1", "Pod", CLIENT)), 120, "the client pod did not start", interval=1)
+    wait_for(lambda: network_policy_engine.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
+    return deployed
+
+
+@needs_engine
+def test_from_another_namespace_the_vllm_ports_and_the_side_channel_are_closed(policed: Policed):
+    for role in ("encoder", "decode"):
+        outcome = policed.probe("http", f"http://{policed.pod_ip(role)}:{VLLM_PORT}/health")
+        assert not outcome.reached, f"{role}'s vLLM port answered a pod of another namespace: {outcome}"
+    for role in ("prefill", "decode"):
+        outcome = policed.probe("tcp", f"{policed.pod_ip(role)}:{policed.side_channel()}")
+        assert not outcome.reached, f"{role}'s NIXL side channel took a connection from another namespace"
+
+
+@needs_engine
+def test_with_the_policies_on_the_router_service_answers_and_kv_moves_over_nixl(policed: Policed, tmp_path: Path):
+    from dev import kv_transfer
+
+    m = policed.m
+    with _kv_counters(m, tmp_path) as running:
+        before = kv_transfer.read(running)
+        url = f"http://{PD_NAME}.{NS}.svc:{VLLM_PORT}/v1/chat/completions"
+        outcome = policed.probe("http", url, chat_body(SERVED, "Policies on, KV moving.", MAX_TOKENS))
+        moved = kv_transfer.read(running).since(before)
+    assert outcome.reached and outcome.status == 200, outcome
+    assert json.loads(outcome.detail)["usage"]["completion_tokens"] == MAX_TOKENS
+    assert not moved.problems(), moved.line()
+    assert moved.transfers >= 1, moved.line()
+
+
+@needs_engine
+def test_with_the_policies_turned_off_the_direct_requests_answer_again(policed: Policed):
+    """So the refusals above were the engine's, not a pod that was down."""
+    m = policed.m
+    m.kube.ok(
+        "PATCH",
+        f"/apis/{EPD_API}/namespaces/{NS}/epddeployments/{PD_NAME}",
+        {"spec": {"networkPolicy": {"enabled": False}}},
+    )
+    wait_for(lambda: not policed.policies(), 120, lambda: f"policies left: {policed.policies()}", interval=1)
+    targets = [("http", f"http://{policed.pod_ip(role)}:{VLLM_PORT}/health") for role in ("encoder", "decode")]
+    targets += [("tcp", f"{policed.pod_ip(role)}:{policed.side_channel()}") for role in ("prefill", "decode")]
+
+    def all_open() -> bool:
+        return all(policed.probe(kind, target).reached for kind, target in targets)
+
+    # the engine follows the deletions through its watch: a few seconds
+    wait_for(all_open, 60, lambda: f"still closed: {[(t, policed.probe(k, t)) for k, t in targets]}", interval=2)
+    assert policed.probe("http", targets[1][1]).status == 200

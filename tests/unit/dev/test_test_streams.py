@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from dev import kube_router, lws, paths, prometheus_adapter, test_streams
+from dev import lws, paths, prometheus_adapter, test_streams
 from dev.k8s_binaries import OLDEST
 from tests.conftest import TIERS
 
@@ -39,17 +39,16 @@ def test_every_test_runs_once_but_the_node_tiers_long_experiments(tier: str, lat
 
 def test_the_late_binaries_are_looked_for_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(paths, "CACHE", tmp_path)
-    adapter, manager, engine = prometheus_adapter.ADAPTER, lws.MANAGER, kube_router.KUBE_ROUTER
+    adapter, manager = prometheus_adapter.ADAPTER, lws.MANAGER
     assert test_streams.missing_late_binaries() == [
         f"kube-apiserver {OLDEST}",
         f"prometheus-adapter {adapter.version}",
         f"the LeaderWorkerSet controller {manager.version}",
-        f"kube-router {engine.version}",
     ]
 
     apiserver = tmp_path / "k8s" / OLDEST / "kube-apiserver"
-    assert all(b.path.is_relative_to(tmp_path) for b in (adapter, manager, engine))
-    for binary in (apiserver, adapter.path, manager.path, engine.path):
+    assert all(b.path.is_relative_to(tmp_path) for b in (adapter, manager))
+    for binary in (apiserver, adapter.path, manager.path):
         binary.parent.mkdir(parents=True)
         binary.write_text("")
         binary.chmod(0o755)
