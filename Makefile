@@ -37,14 +37,16 @@ k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet 
 
 # Plus the oldest supported kube-apiserver, prometheus-adapter for the custom metrics API the encoder
 # HPA reads (~/.cache/epd-operator/prometheus-adapter), the LeaderWorkerSet controller for multi-node
-# tiers (~/.cache/epd-operator/lws) and the real node's NetworkPolicy engine, kube-router's firewall
+# tiers (~/.cache/epd-operator/lws), KEDA's operator and metrics server for tiers scaled by KEDA
+# (~/.cache/epd-operator/keda) and the real node's NetworkPolicy engine, kube-router's firewall
 # (~/.cache/epd-operator/kube-router): only the tests marked late_build need them, which `make test` runs
 # once they are built; their cold builds would take it past its time budget. A cluster's real node runs
 # the engine when it is built.
-k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter, the LWS controller and kube-router, from source, cached
+k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter, the LWS controller, KEDA and kube-router, from source, cached
 	$(BIN)/python -m dev.cluster_cli build --oldest
 	$(BIN)/python -m dev.prometheus_adapter
 	$(BIN)/python -m dev.lws
+	$(BIN)/python -m dev.keda build
 	$(BIN)/python -m dev.kube_router
 
 # The node tier's images as archives (dev/images.py), built beside the Go builds: they copy files where
