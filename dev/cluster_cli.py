@@ -84,9 +84,12 @@ def _up(args: argparse.Namespace) -> int:
                 f" and real node {node.name} (pods and Service IPs answer inside its network namespace: "
                 f"nsenter --net={node.netns} curl ...; `make images` loads the local images into it)"
             )
+        keda = (
+            " KEDA serves external.metrics.k8s.io (its operator and metrics server on the host)." if args.keda else ""
+        )
         message = (
             f"Kubernetes {cluster.version} is running at {cluster.server} "
-            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.\n"
+            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.{keda}\n"
             f"  export KUBECONFIG={kc}\n"
             f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
             f"  stop it with: make cluster-down   (or: python -m dev.cluster_cli down)\n"
