@@ -128,6 +128,12 @@ class Component:
 
 LWS_COMPONENT = "lws-controller-manager"
 KEDA_OPERATOR, KEDA_METRICS_SERVER = "keda-operator", "keda-metrics-apiserver"
+# With a real node the API server dials aggregated APIs through the node bridge, from inside the node's
+# network namespace, where KEDA's metrics server on the host's loopback does not answer.
+KEDA_WITH_REAL_NODE = (
+    "KEDA runs on the host, and with a real node the API server reaches aggregated APIs (KEDA's external "
+    "metrics API) from inside the node's network namespace: run KEDA on a cluster without a real node"
+)
 
 
 class LocalCluster(ClusterApi):
@@ -147,6 +153,8 @@ class LocalCluster(ClusterApi):
     ):
         if len(real_nodes) > 1:
             raise ValueError("one real node at most: the API server reaches kubelets through one node bridge")
+        if keda and real_nodes:
+            raise ValueError(KEDA_WITH_REAL_NODE)
         self.version = version
         self.apiserver_only = apiserver_only
         self.real_node_specs = tuple(real_nodes)
@@ -501,6 +509,8 @@ class LocalCluster(ClusterApi):
 
         if any(c.name == KEDA_OPERATOR for c in self.components):
             return
+        if self.real_node_specs:
+            raise ClusterError(KEDA_WITH_REAL_NODE)
         binaries = keda.binaries()
         certs = keda.prepare(self, self.pki, self.dir / "keda")
         ports = keda.Ports(grpc=free_port(), health=free_port(), api=free_port(), metrics=free_port())

@@ -6,7 +6,10 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import pytest
+
 from dev import keda
+from dev.cluster import LocalCluster, RealNodeSpec
 from dev.cluster_pki import cert_extensions
 
 PORTS = keda.Ports(grpc=19666, health=19081, api=16443, metrics=18080)
@@ -82,3 +85,9 @@ def test_a_certificate_for_both_ends_of_a_link_may_serve_and_authenticate_a_clie
     both = cert_extensions((keda.METRICS_SERVICE_DNS_NAME,), client=True)
     assert "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:keda-metrics-apiserver.keda.svc\n" in both
     assert "extendedKeyUsage=serverAuth,clientAuth\n" in both
+
+
+def test_a_cluster_with_a_real_node_refuses_keda_before_it_starts_anything(tmp_path: Path):
+    with pytest.raises(ValueError, match="from inside the node's network namespace"):
+        LocalCluster(tmp_path, real_nodes=(RealNodeSpec(),), keda=True)
+    assert list(tmp_path.iterdir()) == []
