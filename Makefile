@@ -38,13 +38,15 @@ k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet 
 	$(BIN)/python -m dev.kube_router >/dev/null
 
 # Plus the oldest supported kube-apiserver, prometheus-adapter for the custom metrics API the encoder
-# HPA reads (~/.cache/epd-operator/prometheus-adapter) and the LeaderWorkerSet controller for multi-node
-# tiers (~/.cache/epd-operator/lws): only the tests marked late_build need them, which `make test` runs
+# HPA reads (~/.cache/epd-operator/prometheus-adapter), the LeaderWorkerSet controller for multi-node
+# tiers (~/.cache/epd-operator/lws) and KEDA's operator and metrics server for tiers scaled by KEDA
+# (~/.cache/epd-operator/keda): only the tests marked late_build need them, which `make test` runs
 # once they are built; their cold builds would take it past its time budget.
-k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter and the LWS controller, from source, cached
+k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter, the LWS controller and KEDA, from source, cached
 	$(BIN)/python -m dev.cluster_cli build --oldest
 	$(BIN)/python -m dev.prometheus_adapter
 	$(BIN)/python -m dev.lws
+	$(BIN)/python -m dev.keda build
 
 # The node tier's images as archives (dev/images.py), built beside the Go builds: they copy files where
 # those compile. Only where a real node can run (root, buildah, mmdebstrap); elsewhere its tests skip.

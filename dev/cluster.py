@@ -127,6 +127,13 @@ class Component:
 
 
 LWS_COMPONENT = "lws-controller-manager"
+KEDA_OPERATOR, KEDA_METRICS_SERVER = "keda-operator", "keda-metrics-apiserver"
+# With a real node the API server dials aggregated APIs through the node bridge, from inside the node's
+# network namespace, where KEDA's metrics server on the host's loopback does not answer.
+KEDA_WITH_REAL_NODE = (
+    "KEDA runs on the host, and with a real node the API server reaches aggregated APIs (KEDA's external "
+    "metrics API) from inside the node's network namespace: run KEDA on a cluster without a real node"
+)
 
 
 class LocalCluster(ClusterApi):
@@ -142,9 +149,12 @@ class LocalCluster(ClusterApi):
         real_nodes: Sequence[RealNodeSpec] = (),
         hpa_sync_seconds: float = 1.0,
         lws: bool = False,
+        keda: bool = False,
     ):
         if len(real_nodes) > 1:
             raise ValueError("one real node at most: the API server reaches kubelets through one node bridge")
+        if keda and real_nodes:
+            raise ValueError(KEDA_WITH_REAL_NODE)
         self.version = version
         self.apiserver_only = apiserver_only
         self.real_node_specs = tuple(real_nodes)
@@ -152,6 +162,7 @@ class LocalCluster(ClusterApi):
         self.real_nodes: list[RealNode] = []
         self.hpa_sync_seconds = hpa_sync_seconds
         self.lws = lws  # run the LeaderWorkerSet controller (dev/lws.py) with its CRDs and webhooks
+        self.keda = keda  # run KEDA's operator and metrics server (dev/keda.py) with its CRDs and APIService
         self._owned_dir = workdir is None
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="epd-cluster-"))
         self.pki = self.dir / "pki"
@@ -197,6 +208,8 @@ class LocalCluster(ClusterApi):
                 self._start_real_node(node)
             if self.lws:
                 self.start_lws()
+            if self.keda:
+                self.start_keda()
         log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
 
     def stop(self) -> None:
@@ -488,6 +501,28 @@ class LocalCluster(ClusterApi):
         argv = lws.prepare(self, self.pki, self.dir / "lws", webhook_port=webhook, health_port=health)
         self._component(LWS_COMPONENT, argv, env={**os.environ, "KUBECONFIG": str(self.kubeconfig_path)})
         lws.register_webhooks(self, self.pki, webhook_port=webhook, health_port=health, timeout=timeout)
+
+    def start_keda(self, timeout: float = 120) -> None:
+        """Run KEDA's operator and metrics server (dev/keda.py), with its CRDs, the gRPC link between
+        them and the external metrics APIService; once, like :meth:`start_lws`."""
+        from . import keda
+
+        if any(c.name == KEDA_OPERATOR for c in self.components):
+            return
+        if self.real_node_specs:
+            raise ClusterError(KEDA_WITH_REAL_NODE)
+        binaries = keda.binaries()
+        certs = keda.prepare(self, self.pki, self.dir / "keda")
+        ports = keda.Ports(grpc=free_port(), health=free_port(), api=free_port(), metrics=free_port())
+        env = {**os.environ, **keda.environment(self.kubeconfig_path)}
+        self._component(KEDA_OPERATOR, keda.operator_argv(binaries["keda"], certs, ports), env=env)
+        keda.wait_operator_ready(self, ports.health, timeout)
+        self._component(
+            KEDA_METRICS_SERVER,
+            keda.metrics_server_argv(binaries["keda-adapter"], certs, self.kubeconfig_path, ports),
+            env=env,
+        )
+        keda.register(self, self.pki, ports.api, timeout)
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
         path.write_text(

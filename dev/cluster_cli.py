@@ -1,4 +1,4 @@
-"""``python -m dev.cluster_cli up [--detach] [--real-node] [--lws] | down | build``: a local control plane
+"""``python -m dev.cluster_cli up [--detach] [--real-node] [--lws] [--keda] | down | build``: a local control plane
 (``dev/cluster.py``) for a person (``make cluster``), kept running in the background until ``down``;
 what it leaves for other commands (its kubeconfig, its real node's address) is ``dev/cluster_state.py``'s."""
 
@@ -37,6 +37,7 @@ def _up(args: argparse.Namespace) -> int:
                     args.version,
                     *(["--real-node"] if args.real_node else []),
                     *(["--lws"] if args.lws else []),
+                    *(["--keda"] if args.keda else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -70,7 +71,7 @@ def _up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     real_nodes = (RealNodeSpec(),) if args.real_node else ()
-    with LocalCluster(workdir, version=args.version, real_nodes=real_nodes, lws=args.lws) as cluster:
+    with LocalCluster(workdir, version=args.version, real_nodes=real_nodes, lws=args.lws, keda=args.keda) as cluster:
         kc = STATE_DIR / "kubeconfig"
         shutil.copy(cluster.kubeconfig_path, kc)
         (STATE_DIR / "pid").write_text(str(os.getpid()))
@@ -83,9 +84,12 @@ def _up(args: argparse.Namespace) -> int:
                 f" and real node {node.name} (pods and Service IPs answer inside its network namespace: "
                 f"nsenter --net={node.netns} curl ...; `make images` loads the local images into it)"
             )
+        keda = (
+            " KEDA serves external.metrics.k8s.io (its operator and metrics server on the host)." if args.keda else ""
+        )
         message = (
             f"Kubernetes {cluster.version} is running at {cluster.server} "
-            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.\n"
+            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.{keda}\n"
             f"  export KUBECONFIG={kc}\n"
             f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
             f"  stop it with: make cluster-down   (or: python -m dev.cluster_cli down)\n"
@@ -132,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--real-node", action="store_true", help="add a real node (containerd, kubelet) that runs pods")
     up.add_argument(
         "--lws", action="store_true", help="run the LeaderWorkerSet controller (multi-node tiers; dev/lws.py)"
+    )
+    up.add_argument(
+        "--keda",
+        action="store_true",
+        help="run KEDA's operator and metrics server (tiers with autoscaling.engine KEDA; dev/keda.py)",
     )
     up.add_argument("--timeout", type=float, default=3600, help="seconds to wait for it (first run builds it)")
     sub.add_parser("down", help="stop the background control plane")

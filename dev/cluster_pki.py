@@ -78,21 +78,31 @@ def make_pki(pki: Path) -> None:
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
-def sign_serving_cert(pki: Path, stem: Path, name: str) -> None:
+def sign_serving_cert(
+    pki: Path, stem: Path, name: str, *, dns_names: tuple[str, ...] = (), client: bool = False
+) -> None:
     """A serving certificate for 127.0.0.1 signed by the CA in `pki` (from `make_pki`):
-    `stem`.crt and `stem`.key, for a server on the host that the API server calls (a webhook)."""
+    `stem`.crt and `stem`.key, for a server on the host that the API server calls (a webhook).
+    `dns_names` are names it answers to besides localhost (the API server checks an aggregated API's
+    certificate against its Service's name, `<service>.<namespace>.svc`); with `client`, it may also
+    authenticate its holder as a TLS client (one key pair for both ends of a mutual-TLS link)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     ext = stem.with_suffix(".cnf")
-    ext.write_text(
-        "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
-        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n"
-    )
+    ext.write_text(f"[req]\ndistinguished_name=dn\n[dn]\n[ext]\n{cert_extensions(dns_names, client=client)}")
     key, csr, crt = (str(stem.with_suffix(s)) for s in (".key", ".csr", ".crt"))
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}", cwd=pki)
     _openssl(
         "x509", "-req", "-in", csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", crt,
         "-days", "3650", "-extfile", str(ext), "-extensions", "ext", cwd=pki,
     )  # fmt: skip
+
+
+def cert_extensions(dns_names: tuple[str, ...] = (), *, client: bool = False) -> str:
+    """The X.509v3 extensions (an openssl config section's lines) of a certificate from
+    :func:`sign_serving_cert`."""
+    names = ",".join(["IP:127.0.0.1", "DNS:localhost", *(f"DNS:{n}" for n in dns_names)])
+    usage = "serverAuth,clientAuth" if client else "serverAuth"
+    return f"subjectAltName={names}\nextendedKeyUsage={usage}\nkeyUsage=digitalSignature,keyEncipherment\n"
 
 
 def kubeconfig(

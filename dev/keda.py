@@ -9,7 +9,24 @@ shared, fetched once), as the LeaderWorkerSet and Gateway API CRDs are. Its Scal
 KEDA's operator (``./cmd/operator``) and metrics server (``./cmd/adapter``) build once from the module,
 against its own go.mod and go.sum (``dev/go_module.py``), into ``~/.cache/epd-operator/keda/<version>/``;
 run the build at ``nice -n 10`` beside other work: it compiles client-go, controller-runtime and every
-scaler's SDK (about 9 CPU-minutes).
+scaler's SDK (about 9 minutes on 2 idle cores).
+
+On the local control plane (``LocalCluster.start_keda``, ``python -m dev.cluster_cli up --keda``) both run
+from the host as KEDA's own manifests run them in a cluster (``config/manager``, ``config/metrics-server``),
+with what a pod would have given them passed explicitly:
+
+- its CRDs, the module's own (``config/crd/bases``), and its namespace (``keda``: where KEDA looks for the
+  Secrets of cluster-wide trigger authentications);
+- one key pair signed by the cluster's CA, for 127.0.0.1 and the metrics server's Service name, with the
+  CA beside it (``ca.crt``, ``tls.crt``, ``tls.key``: the layout of KEDA's ``kedaorg-certs`` Secret): the
+  operator serves its gRPC metrics service with it and requires it of its client, the metrics server
+  presents it to the operator and serves the external metrics API with it. KEDA's own certificate
+  rotation (which writes that Secret and patches the APIService) stays off;
+- the cluster's admin kubeconfig, as every controller of the local cluster has (no leader election);
+- the metrics server registered as ``v1beta1.external.metrics.k8s.io``, through an ExternalName Service to
+  localhost (the API server dials it on 127.0.0.1) and trusted through the cluster's CA. The local API
+  server has no front-proxy certificates and calls aggregated APIs anonymously, so the anonymous user may
+  read ``external.metrics.k8s.io`` while KEDA runs.
 
     python -m dev.keda             # print where the module's source lies
     python -m dev.keda build       # build (or find) the operator and the metrics server; print their paths
@@ -17,20 +34,29 @@ scaler's SDK (about 9 CPU-minutes).
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from dev import go_module
+from dev.cluster_pki import sign_serving_cert
 from dev.go_module import require_go
 from epd_operator.api.kube_schemas import KEDA_VERSION
+from epd_operator.kube import ApiError
+
+if TYPE_CHECKING:
+    from dev.cluster_api import ClusterApi
 
 MODULE = "github.com/kedacore/keda/v2"
 VERSION = KEDA_VERSION  # the release the operator renders ScaledObjects for
@@ -82,6 +108,202 @@ def crd(path: str = SCALED_OBJECTS_CRD) -> dict[str, Any]:
 def binaries() -> dict[str, Path]:
     """KEDA's operator and metrics server, each built when absent."""
     return {name: go_module.ensure(binary) for name, binary in BINARIES.items()}
+
+
+def built() -> bool:
+    """Whether both are in the cache (nothing is built)."""
+    return all(binary.built() for binary in BINARIES.values())
+
+
+# ---------------------------------------------------------------- KEDA on the local control plane
+
+NAMESPACE = "keda"  # KEDA's own: the pod namespace and cluster-object namespace its deployment gives it
+METRICS_SERVICE = "keda-metrics-apiserver"  # the Service the APIService names, as KEDA's manifests name it
+# The name the API server checks the metrics server's certificate against: its Service's.
+METRICS_SERVICE_DNS_NAME = f"{METRICS_SERVICE}.{NAMESPACE}.svc"
+EXTERNAL_METRICS = "external.metrics.k8s.io"
+API_SERVICE = f"v1beta1.{EXTERNAL_METRICS}"
+ANONYMOUS_READER = "epd-keda-external-metrics-anonymous-reader"
+# What the API server reads of an aggregated API before (and besides) serving it: the anonymous user may.
+_DISCOVERY = (
+    "/healthz", "/readyz", "/livez", f"/apis/{EXTERNAL_METRICS}", f"/apis/{EXTERNAL_METRICS}/v1beta1",
+    "/openapi/v2", "/openapi/v3",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """Where KEDA listens on 127.0.0.1: the operator's gRPC metrics service and health probes, the metrics
+    server's API (HTTPS) and its own /metrics (HTTP; KEDA binds that one on every address)."""
+
+    grpc: int
+    health: int
+    api: int
+    metrics: int
+
+
+def crds() -> list[dict[str, Any]]:
+    """Every CRD KEDA's operator watches, as the release ships them (``config/crd/bases``)."""
+    bases = source() / "config" / "crd" / "bases"
+    return [dict(yaml.safe_load(path.read_text(encoding="utf-8"))) for path in sorted(bases.glob("*.yaml"))]
+
+
+def environment(kubeconfig: Path) -> dict[str, str]:
+    """What KEDA's pods get from their Deployment (the downward API's namespace, every namespace
+    watched) and from their service account (the API, here the admin kubeconfig)."""
+    return {
+        "KUBECONFIG": str(kubeconfig),
+        "POD_NAMESPACE": NAMESPACE,
+        "KEDA_CLUSTER_OBJECT_NAMESPACE": NAMESPACE,
+        "WATCH_NAMESPACE": "",
+    }
+
+
+def operator_argv(binary: Path, certs: Path, ports: Ports) -> list[str]:
+    """KEDA's operator: its gRPC metrics service on 127.0.0.1 with the certificates in `certs`, no
+    certificate rotation, no leader election, no Prometheus endpoint of its own."""
+    return [
+        str(binary),
+        f"--metrics-service-bind-address=127.0.0.1:{ports.grpc}",
+        f"--health-probe-bind-address=127.0.0.1:{ports.health}",
+        "--metrics-bind-address=0",
+        f"--cert-dir={certs}",
+        "--enable-cert-rotation=false",
+        "--leader-elect=false",
+        "--zap-log-level=info",
+        "--zap-encoder=console",
+    ]
+
+
+def metrics_server_argv(binary: Path, certs: Path, kubeconfig: Path, ports: Ports) -> list[str]:
+    """KEDA's metrics server: the external metrics API on 127.0.0.1 with the certificates in `certs`
+    (also its client's to the operator's gRPC service), delegating authentication and authorisation
+    to the API server through `kubeconfig`."""
+    return [
+        str(binary),
+        f"--secure-port={ports.api}",
+        "--bind-address=127.0.0.1",
+        f"--tls-cert-file={certs / 'tls.crt'}",
+        f"--tls-private-key-file={certs / 'tls.key'}",
+        f"--cert-dir={certs}",
+        f"--lister-kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--authentication-tolerate-lookup-failure",
+        "--authorization-always-allow-paths=" + ",".join(_DISCOVERY),
+        f"--metrics-service-address=127.0.0.1:{ports.grpc}",
+        f"--port={ports.metrics}",
+        "--zap-log-level=info",
+    ]
+
+
+def external_metrics_api(port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """The metrics server on the API server's localhost `port` as ``v1beta1.external.metrics.k8s.io``:
+    KEDA's namespace, an ExternalName Service to localhost, the APIService trusting `ca_bundle`, and
+    read access to the group for the anonymous user the local API server calls it as."""
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": METRICS_SERVICE, "namespace": NAMESPACE},
+            "spec": {"type": "ExternalName", "externalName": "localhost"},
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": ANONYMOUS_READER},
+            "rules": [{"apiGroups": [EXTERNAL_METRICS], "resources": ["*"], "verbs": ["get", "list"]}],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": ANONYMOUS_READER},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": ANONYMOUS_READER},
+            "subjects": [{"apiGroup": rbac, "kind": "User", "name": "system:anonymous"}],
+        },
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": API_SERVICE},
+            "spec": {
+                "group": EXTERNAL_METRICS,
+                "version": "v1beta1",
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+                "caBundle": base64.b64encode(ca_bundle).decode(),
+                "service": {"namespace": NAMESPACE, "name": METRICS_SERVICE, "port": port},
+            },
+        },
+    ]
+
+
+def prepare(cluster: ClusterApi, pki: Path, folder: Path) -> Path:
+    """Install KEDA's CRDs and namespace and write its certificates (signed by the cluster's CA in
+    `pki`) into `folder`/certs, which it returns."""
+    installed = [cluster.apply(crd)["metadata"]["name"] for crd in crds()]
+    _wait_established(cluster, installed, 60)
+    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    certs = folder / "certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    sign_serving_cert(pki, certs / "tls", "keda", dns_names=(METRICS_SERVICE_DNS_NAME,), client=True)
+    (certs / "ca.crt").write_bytes((pki / "ca.crt").read_bytes())
+    for leftover in ("tls.csr", "tls.cnf"):  # KEDA reads the folder: only what its Secret would hold
+        (certs / leftover).unlink()
+    return certs
+
+
+def _wait_established(cluster: ClusterApi, names: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            crd = cluster.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not established after {timeout:.0f} s")
+            time.sleep(0.2)
+
+
+def wait_operator_ready(cluster: ClusterApi, health_port: int, timeout: float) -> None:
+    """Until the operator's readiness probe answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        cluster.check_alive()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"KEDA's operator was not ready after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def register(cluster: ClusterApi, pki: Path, api_port: int, timeout: float) -> None:
+    """Register the metrics server as the external metrics API and wait until the API server serves
+    the group through it."""
+    for obj in external_metrics_api(api_port, (pki / "ca.crt").read_bytes()):
+        cluster.apply(obj)
+    deadline = time.monotonic() + timeout
+    while True:
+        cluster.check_alive()
+        try:
+            got = cluster.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}")
+            conditions = (got.get("status") or {}).get("conditions") or []
+            available = [c for c in conditions if c["type"] == "Available"]
+            if available and available[0]["status"] == "True":
+                cluster.request("GET", f"/apis/{EXTERNAL_METRICS}/v1beta1")
+                return
+            last = str(available)
+        except ApiError as error:
+            last = str(error)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the external metrics API was not served after {timeout:.0f} s: {last}")
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ never starts in both at once, only adds the e2e tier's minutes: the node tier we
 The tests marked ``late_build`` need a binary nothing else needs and whose cold build would take a cold run
 past its time budget (the oldest supported kube-apiserver for tests/integration/test_crd_install.py,
 prometheus-adapter for tests/integration/test_autoscaling_adapter.py, the LeaderWorkerSet controller for
-tests/integration/test_lws_controller.py): they run when ``make k8s`` has built those binaries, and otherwise
+tests/integration/test_lws_controller.py, KEDA's operator and metrics server for
+tests/integration/test_keda_controller.py): they run when ``make k8s`` has built those binaries, and otherwise
 ``make test`` leaves them out of both runs and names them and the command that builds them.
 
 Each run writes a JUnit report (``build/test-tiers.xml``, ``build/test-node.xml``); at the end the skip
@@ -45,7 +46,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from . import k8s_binaries, lws, prometheus_adapter, real_node
+from . import k8s_binaries, keda, lws, prometheus_adapter, real_node
 from .k8s_binaries import OLDEST
 from .lifetimes import GroupReaper
 from .paths import REPO
@@ -77,6 +78,8 @@ def missing_late_binaries() -> list[str]:
         missing.append(f"prometheus-adapter {prometheus_adapter.ADAPTER.version}")
     if not lws.MANAGER.built():
         missing.append(f"the LeaderWorkerSet controller {lws.MANAGER.version}")
+    if not keda.built():
+        missing.append(f"KEDA {keda.VERSION}")
     return missing
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from dev import lws, paths, prometheus_adapter, test_streams
+from dev import keda, lws, paths, prometheus_adapter, test_streams
 from dev.k8s_binaries import OLDEST
 from tests.conftest import TIERS
 
@@ -44,12 +44,19 @@ def test_the_late_binaries_are_looked_for_in_the_cache(tmp_path: Path, monkeypat
         f"kube-apiserver {OLDEST}",
         f"prometheus-adapter {adapter.version}",
         f"the LeaderWorkerSet controller {manager.version}",
+        f"KEDA {keda.VERSION}",
     ]
 
     apiserver = tmp_path / "k8s" / OLDEST / "kube-apiserver"
-    assert all(b.path.is_relative_to(tmp_path) for b in (adapter, manager))
-    for binary in (apiserver, adapter.path, manager.path):
-        binary.parent.mkdir(parents=True)
+    keda_binaries = [b.path for b in keda.BINARIES.values()]
+    assert len(keda_binaries) == 2  # its operator and its metrics server: either missing keeps its test out
+    assert all(b.path.is_relative_to(tmp_path) for b in (adapter, manager, *keda.BINARIES.values()))
+    for binary in (apiserver, adapter.path, manager.path, keda_binaries[0]):
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        binary.write_text("")
+        binary.chmod(0o755)
+    assert test_streams.missing_late_binaries() == [f"KEDA {keda.VERSION}"]
+    for binary in keda_binaries[1:]:
         binary.write_text("")
         binary.chmod(0o755)
     assert test_streams.missing_late_binaries() == []

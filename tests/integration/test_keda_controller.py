@@ -1,0 +1,275 @@
+"""An encoder tier scaled by the real KEDA on a REAL control plane: KEDA's operator and metrics server,
+built from its Go module and run against the local cluster with its own CRDs (dev/keda.py), the metrics
+server registered as the external.metrics.k8s.io APIService. The operator renders the ScaledObject; KEDA
+accepts it, creates its HPA, queries the load trigger from a real Prometheus (Debian's package) and serves
+the value through the APIService; kube-controller-manager's HPA controller reads it and scales the encoder
+Deployment, and KEDA itself takes the tier to zero and back. The EPDDeployment's status carries KEDA's
+verdict throughout.
+
+What is not real here: the routers' exposition comes from RouterMetrics (the router's own registry) served
+by the test, with work it puts in flight to one encoder pod name, and the pods are kwok's. This local
+kube-apiserver calls aggregated APIs anonymously (no front-proxy certificates): dev/keda.py lets the
+anonymous user read external.metrics.k8s.io while KEDA runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dev import keda
+from dev.cluster import KEDA_METRICS_SERVER, KEDA_OPERATOR, LocalCluster
+from dev.ports import free_port
+from epd_operator.router.backends import DiscoveredEndpoint, Endpoint, Pool
+from epd_operator.router.metrics import RouterMetrics
+from tests.support.cluster import KubeView, epd_crd, install_crd, logged_process, new_namespace, volumes
+from tests.support.operator_run import (
+    condition,
+    create,
+    deployment,
+    epd,
+    epd_doc,
+    operator_in_process,
+    posted,
+    wait_until,
+)
+
+# KEDA is a late build: `make test` runs this module once `make k8s` has built it (dev/test_streams.py).
+pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
+
+KEDA_API = "keda.sh/v1alpha1"
+# One encoder pod's name as the load query's regex matches a Deployment's pods; the query sums over them,
+# so the in-flight count of this one name is the tier's whole load.
+ENCODER_POD = "vl-encoder-5d8f7c9b4-x2x7q"
+ROUTER_POD = "vl-router-6c9d7f8b5-q4w8z"
+# Items in flight; KEDA hands the sum to its HPA as an AverageValue target of 4 per pod: ceil(12 / 4) = 3.
+INFLIGHT = 12
+EXPECTED_REPLICAS = 3
+
+
+class RouterExposition:
+    """A router's /metrics (its own RouterMetrics) with a settable number of items in flight to ENCODER_POD."""
+
+    def __init__(self) -> None:
+        self.metrics = RouterMetrics()
+        self.pool = Pool("encoder", self.metrics)
+        self.pool.update([DiscoveredEndpoint("http://10.2.0.1:8000", pod=ENCODER_POD)])
+        self.endpoint: Endpoint = next(iter(self.pool.endpoints.values()))
+
+    def set_inflight(self, n: int) -> None:
+        self.pool.acquire(self.endpoint, n - self.endpoint.inflight)
+
+    @contextlib.contextmanager
+    def serve(self) -> Iterator[int]:
+        metrics = self.metrics
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body, content_type = metrics.exposition()
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield server.server_address[1]
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+
+
+@pytest.fixture(scope="module")
+def k8s_keda(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    if not keda.built():
+        pytest.skip(
+            f"KEDA {keda.VERSION} is not built: `make k8s` (or `python -m dev.keda build`, about 9 minutes on 2 idle cores)"
+        )
+    if shutil.which("prometheus") is None:
+        pytest.skip("Prometheus is not installed (Debian/Ubuntu: apt-get install prometheus; `make test-tools`)")
+    with LocalCluster(tmp_path_factory.mktemp("k8s-keda"), keda=True) as cluster:
+        install_crd(cluster, epd_crd())
+        yield cluster
+
+
+@pytest.fixture
+def ns(k8s_keda: LocalCluster, tmp_path: Path) -> Iterator[KubeView]:
+    view = new_namespace(k8s_keda, tmp_path)
+    volumes(view, "ec-cache", "models")
+    # What the example asks for before it is applied. KEDA reads the Secrets its target's containers take
+    # environment from (a trigger may name such a variable), and refuses the ScaledObject while one is missing.
+    view.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf-token", "namespace": view.ns},
+            "stringData": {"token": "hf_not_a_token"},
+        }
+    )
+    yield view
+    view.request("DELETE", f"/api/v1/namespaces/{view.ns}")
+
+
+@contextlib.contextmanager
+def prometheus(kube: KubeView, router_port: int, tmp: Path) -> Iterator[int]:
+    """Prometheus scraping the router exposition every second, labelled as a PodMonitor labels a router pod."""
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    target = {"targets": [f"127.0.0.1:{router_port}"], "labels": {"namespace": kube.ns, "pod": ROUTER_POD}}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [{"job_name": "epd-routers", "static_configs": [target]}],
+            }
+        )
+    )
+    prometheus_bin = shutil.which("prometheus")
+    assert prometheus_bin is not None
+    argv = [
+        prometheus_bin,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    with logged_process(argv, tmp / "prometheus.log", die_with_parent=True):
+        yield port
+
+
+async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_zero(ns, tmp_path):
+    cluster = ns.cluster
+    logs = {name: cluster.dir / f"{name}.log" for name in (KEDA_OPERATOR, KEDA_METRICS_SERVER)}
+
+    def keda_logs() -> str:
+        return "\n".join(f"{name}:\n{tail(path)}" for name, path in logs.items())
+
+    exposition = RouterExposition()
+    exposition.set_inflight(INFLIGHT)
+    with exposition.serve() as router_port, prometheus(ns, router_port, tmp_path) as prom_port:
+        async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "1"):
+            doc = epd_doc()
+            doc["spec"]["encoder"]["autoscaling"] = {
+                "engine": "KEDA",
+                "minReplicas": 0,
+                "maxReplicas": 4,
+                "load": {"targetPerPod": 4},
+                "keda": {
+                    "prometheusAddress": f"http://127.0.0.1:{prom_port}",
+                    "pollingInterval": 1,
+                    "cooldownPeriod": 5,
+                },
+            }
+            await create(ns, doc)
+
+            def scaled_object() -> dict[str, Any]:
+                return ns.get(KEDA_API, "ScaledObject", "vl-encoder") or {}
+
+            def hpa() -> dict[str, Any]:
+                return ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "keda-hpa-vl-encoder") or {}
+
+            # KEDA accepts the rendered ScaledObject and creates its HPA on an external metric.
+            await wait_until(
+                lambda: condition(scaled_object(), "Ready").get("status") == "True",
+                120,
+                lambda: f"ScaledObject not Ready: {scaled_object().get('status')}\n{keda_logs()}",
+            )
+            await wait_until(lambda: hpa(), 60, lambda: f"KEDA made no HPA\n{keda_logs()}")
+            assert scaled_object()["status"]["hpaName"] == "keda-hpa-vl-encoder"
+            [metric] = hpa()["spec"]["metrics"]
+            assert metric["type"] == "External", metric
+            assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "4"}
+            name = metric["external"]["metric"]["name"]
+            selector = metric["external"]["metric"]["selector"]["matchLabels"]
+            assert selector == {"scaledobject.keda.sh/name": "vl-encoder"}
+
+            # The load reaches KEDA from Prometheus: the trigger is active...
+            await wait_until(
+                lambda: condition(scaled_object(), "Active").get("status") == "True",
+                120,
+                lambda: f"ScaledObject not Active: {scaled_object().get('status')}\n{keda_logs()}",
+            )
+
+            # ...and the external metrics API serves it through the APIService, as the HPA reads it.
+            def served() -> list[str]:
+                result = ns.kubectl(
+                    "get",
+                    "--raw",
+                    f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{ns.ns}/{name}"
+                    "?labelSelector=scaledobject.keda.sh%2Fname%3Dvl-encoder",
+                    check=False,
+                )
+                if result.returncode != 0:
+                    return [result.stderr.strip()]
+                return [item["value"] for item in yaml.safe_load(result.stdout).get("items") or []]
+
+            await wait_until(lambda: served() == [str(INFLIGHT)], 60, lambda: f"served {served()}\n{keda_logs()}")
+
+            # kube-controller-manager's HPA scales the encoders to the load: ceil(12 / 4) = 3.
+            await wait_until(
+                lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == EXPECTED_REPLICAS,
+                120,
+                lambda: f"HPA: {hpa().get('status')}\n{keda_logs()}",
+            )
+            conditions = {c["type"]: c for c in hpa()["status"]["conditions"]}
+            assert conditions["ScalingActive"]["status"] == "True", conditions
+            assert conditions["ScalingActive"]["reason"] == "ValidMetricFound", conditions
+
+            # The EPDDeployment carries KEDA's verdict.
+            def keda_says() -> list[tuple[str, str]]:
+                scaling = epd(ns)["status"]["tiers"]["encoder"].get("autoscaling") or {}
+                return [(c["type"], c["status"]) for c in scaling.get("conditions") or []][:2]
+
+            await wait_until(
+                lambda: keda_says() == [("Ready", "True"), ("Active", "True")], 60, lambda: epd(ns)["status"]
+            )
+            encoder = epd(ns)["status"]["tiers"]["encoder"]
+            assert encoder["autoscaling"]["engine"] == "KEDA"
+            await wait_until(
+                lambda: condition(epd(ns), "AutoscalingActive").get("status") == "True", 60, lambda: epd(ns)["status"]
+            )
+
+            # No load: after its cooldown KEDA takes the tier to zero, and the status says so.
+            exposition.set_inflight(0)
+            await wait_until(
+                lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 0,
+                120,
+                lambda: f"not at zero: {scaled_object().get('status')}\n{keda_logs()}",
+            )
+            await wait_until(
+                lambda: (
+                    epd(ns)["status"]["tiers"]["encoder"].get("reason") == "ScaledToZero"
+                    and epd(ns)["status"]["tiers"]["encoder"]["ready"] == "0/0"
+                ),
+                120,
+                lambda: f"encoder tier not reported at zero: {epd(ns)['status']}",
+            )
+            await wait_until(lambda: keda_says() == [("Ready", "True"), ("Active", "False")], 60, lambda: epd(ns))
+            status = epd(ns)["status"]
+            assert status["phase"] == "Ready", status
+            await posted(ns, "Normal", "ScaledToZero", "encoder scaled to zero")
+
+            # Load again: KEDA wakes the tier (its activation), and the HPA takes it back to the load's size.
+            exposition.set_inflight(INFLIGHT)
+            await wait_until(
+                lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == EXPECTED_REPLICAS,
+                120,
+                lambda: f"not woken: {scaled_object().get('status')}, HPA {hpa().get('status')}\n{keda_logs()}",
+            )

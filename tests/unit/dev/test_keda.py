@@ -1,0 +1,93 @@
+"""How KEDA is wired on the local control plane (dev/keda.py): its two processes' command lines, and the
+objects that register its metrics server as the external metrics API."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from dev import keda
+from dev.cluster import LocalCluster, RealNodeSpec
+from dev.cluster_pki import cert_extensions
+
+PORTS = keda.Ports(grpc=19666, health=19081, api=16443, metrics=18080)
+CERTS = Path("/run/keda/certs")
+
+
+def flags(argv: list[str]) -> dict[str, str]:
+    return dict(arg.removeprefix("--").partition("=")[::2] for arg in argv[1:])
+
+
+def test_the_metrics_server_dials_the_operators_grpc_service_with_the_same_certificates():
+    operator = flags(keda.operator_argv(Path("/bin/keda"), CERTS, PORTS))
+    server = flags(keda.metrics_server_argv(Path("/bin/keda-adapter"), CERTS, Path("/kc"), PORTS))
+    assert server["metrics-service-address"] == operator["metrics-service-bind-address"] == "127.0.0.1:19666"
+    # One folder holds ca.crt, tls.crt and tls.key for both ends of the mutual-TLS link.
+    assert operator["cert-dir"] == server["cert-dir"] == str(CERTS)
+    assert server["tls-cert-file"] == str(CERTS / "tls.crt")
+    assert server["tls-private-key-file"] == str(CERTS / "tls.key")
+    # Every port is this run's: nothing listens on KEDA's defaults, which another cluster's KEDA may hold.
+    assert operator["health-probe-bind-address"] == "127.0.0.1:19081"
+    assert (server["secure-port"], server["bind-address"], server["port"]) == ("16443", "127.0.0.1", "18080")
+    assert operator["metrics-bind-address"] == "0"
+    assert (operator["enable-cert-rotation"], operator["leader-elect"]) == ("false", "false")
+    for kubeconfig in ("lister-kubeconfig", "authentication-kubeconfig", "authorization-kubeconfig"):
+        assert server[kubeconfig] == "/kc"
+
+
+def test_the_api_server_may_read_discovery_of_the_metrics_server_anonymously():
+    server = flags(keda.metrics_server_argv(Path("/bin/keda-adapter"), CERTS, Path("/kc"), PORTS))
+    allowed = server["authorization-always-allow-paths"].split(",")
+    assert {"/apis/external.metrics.k8s.io", "/apis/external.metrics.k8s.io/v1beta1", "/openapi/v2"} <= set(allowed)
+
+
+def test_keda_runs_as_in_its_own_namespace_watching_every_namespace():
+    env = keda.environment(Path("/kc"))
+    assert env == {
+        "KUBECONFIG": "/kc",
+        "POD_NAMESPACE": "keda",
+        "KEDA_CLUSTER_OBJECT_NAMESPACE": "keda",
+        "WATCH_NAMESPACE": "",
+    }
+
+
+def test_the_external_metrics_api_is_the_metrics_server_behind_its_service_trusted_through_the_cluster_ca():
+    objects = {o["kind"]: o for o in keda.external_metrics_api(16443, b"CA PEM")}
+    api = objects["APIService"]
+    assert api["metadata"]["name"] == keda.API_SERVICE == "v1beta1.external.metrics.k8s.io"
+    assert (api["spec"]["group"], api["spec"]["version"]) == ("external.metrics.k8s.io", "v1beta1")
+    assert base64.b64decode(api["spec"]["caBundle"]) == b"CA PEM"
+    assert "insecureSkipTLSVerify" not in api["spec"]
+    service = objects["Service"]
+    ref = api["spec"]["service"]
+    assert (ref["namespace"], ref["name"], ref["port"]) == (
+        service["metadata"]["namespace"],
+        service["metadata"]["name"],
+        16443,
+    )
+    assert objects["Namespace"]["metadata"]["name"] == ref["namespace"]
+    # The API server dials the Service's external name and checks the certificate against its Service name.
+    assert service["spec"] == {"type": "ExternalName", "externalName": "localhost"}
+    assert f"{ref['name']}.{ref['namespace']}.svc" == keda.METRICS_SERVICE_DNS_NAME
+    # The API server calls it as the anonymous user, who may read the group and nothing else.
+    role, binding = objects["ClusterRole"], objects["ClusterRoleBinding"]
+    assert role["rules"] == [{"apiGroups": ["external.metrics.k8s.io"], "resources": ["*"], "verbs": ["get", "list"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert [s["name"] for s in binding["subjects"]] == ["system:anonymous"]
+
+
+def test_a_certificate_for_both_ends_of_a_link_may_serve_and_authenticate_a_client():
+    serving = cert_extensions()
+    assert "subjectAltName=IP:127.0.0.1,DNS:localhost\n" in serving
+    assert "extendedKeyUsage=serverAuth\n" in serving
+    both = cert_extensions((keda.METRICS_SERVICE_DNS_NAME,), client=True)
+    assert "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:keda-metrics-apiserver.keda.svc\n" in both
+    assert "extendedKeyUsage=serverAuth,clientAuth\n" in both
+
+
+def test_a_cluster_with_a_real_node_refuses_keda_before_it_starts_anything(tmp_path: Path):
+    with pytest.raises(ValueError, match="from inside the node's network namespace"):
+        LocalCluster(tmp_path, real_nodes=(RealNodeSpec(),), keda=True)
+    assert list(tmp_path.iterdir()) == []
