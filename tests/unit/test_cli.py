@@ -164,3 +164,160 @@ def test_a_bad_spec_prints_nothing_and_exits_1(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "spec.encoder.replicas" in captured.err
+
+
+# ----------------------------------------------------------------------------- validate --server, on a stand-in Kube
+# What the cluster says is tested against the real control plane (tests/integration/test_epdctl_server.py); here
+# only what epdctl makes of each answer: the namespace it fills in, the dry run it asks for, the lines it prints.
+
+
+class StandInKube:
+    """`epd_operator.kube.Kube` as `_validate_on_server` uses it: a login, then one dry-run apply per document."""
+
+    def __init__(self, credentials):
+        self.credentials = credentials
+        self.applied: list[tuple[dict, str, bool]] = []
+        self.answers: dict[str, BaseException] = {}  # metadata.name -> what its apply raises
+        self.closed = False
+        KUBES.append(self)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.closed = True
+
+    async def login(self):
+        return await self.credentials()
+
+    async def apply(self, doc, *, field_manager, dry_run):
+        self.applied.append((doc, field_manager, dry_run))
+        answer = ANSWERS.get(doc["metadata"]["name"])
+        if answer is not None:
+            raise answer
+        return doc
+
+
+KUBES: list[StandInKube] = []
+ANSWERS: dict[str, BaseException] = {}
+SERVER = "https://10.0.0.1:6443"
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """The stand-in Kube, logged in to SERVER with context namespace `ctx-ns`; the credentials' arguments."""
+    from epd_operator import kube
+    from epd_operator.kube import Credentials
+
+    KUBES.clear()
+    ANSWERS.clear()
+    asked: list[tuple] = []
+
+    async def load_credentials(kubeconfig=None, context=None):
+        asked.append((kubeconfig, context))
+        return Credentials.from_token(SERVER, "t", namespace="ctx-ns")
+
+    monkeypatch.setattr(kube, "Kube", StandInKube)
+    monkeypatch.setattr(kube, "load_credentials", load_credentials)
+    return asked
+
+
+def with_namespace(name: str, namespace: str | None) -> str:
+    text = GOOD % name
+    return (
+        text.replace(f"metadata: {{name: {name}}}", f"metadata: {{name: {name}, namespace: {namespace}}}")
+        if namespace
+        else text
+    )
+
+
+def test_server_dry_runs_each_document_in_its_namespace_else_the_flags_else_the_contexts(tmp_path, capsys, cluster):
+    text = with_namespace("a", "spec-ns") + "---\n" + GOOD % "b"
+    argv = ["validate", "-f", write(tmp_path, text), "--server", "--kubeconfig", "/k/config", "--context", "c1"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[2:] == [
+        f"EPDDeployment spec-ns/a: accepted by {SERVER} (dry run, nothing changed)",
+        f"EPDDeployment ctx-ns/b: accepted by {SERVER} (dry run, nothing changed)",
+    ]
+    assert cluster == [("/k/config", "c1")]
+    (kube,) = KUBES
+    assert [(d["metadata"]["namespace"], manager, dry) for d, manager, dry in kube.applied] == [
+        ("spec-ns", "epdctl", True),
+        ("ctx-ns", "epdctl", True),
+    ]
+    assert kube.closed
+    _, out, _ = run(["validate", "-f", write(tmp_path, text), "--server", "-n", "flag-ns"], capsys)
+    assert "EPDDeployment spec-ns/a: accepted" in out and "EPDDeployment flag-ns/b: accepted" in out
+    assert cluster[-1] == (None, None)
+
+
+def test_server_without_a_namespace_anywhere_uses_default(tmp_path, capsys, monkeypatch, cluster):
+    from epd_operator import kube
+    from epd_operator.kube import Credentials
+
+    async def no_namespace(kubeconfig=None, context=None):
+        return Credentials.from_token(SERVER, "t")
+
+    monkeypatch.setattr(kube, "load_credentials", no_namespace)
+    code, out, _ = run(["validate", "-f", write(tmp_path, GOOD % "b"), "--server"], capsys)
+    assert code == 0 and f"EPDDeployment default/b: accepted by {SERVER}" in out
+
+
+def test_server_refusals_name_the_document_the_status_and_each_refused_field(tmp_path, capsys, cluster):
+    from epd_operator.kube import ApiError
+
+    status = {
+        "reason": "Invalid",
+        "message": 'EPDDeployment.serving.epd.dev "bad" is invalid',
+        "details": {"causes": [{"field": "spec.decode.replicas", "message": "must be <= 1"}, {"message": "no field"}]},
+    }
+    ANSWERS["bad"] = ApiError(422, status, "PATCH /apis/x")
+    ANSWERS["worse"] = ApiError(403, "forbidden: not json", "PATCH /apis/x")
+    text = GOOD % "bad" + "---\n" + GOOD % "worse" + "---\n" + GOOD % "good"
+    path = write(tmp_path, text)
+    code, out, err = run(["validate", "-f", path, "--server"], capsys)
+    assert code == 1
+    assert out.splitlines()[3:] == [f"EPDDeployment ctx-ns/good: accepted by {SERVER} (dry run, nothing changed)"]
+    assert err.splitlines() == [
+        f"epdctl: {path}: EPDDeployment ctx-ns/bad: refused by {SERVER} (422 Invalid): "
+        'EPDDeployment.serving.epd.dev "bad" is invalid',
+        "  spec.decode.replicas: must be <= 1",
+        f"epdctl: {path}: EPDDeployment ctx-ns/worse: refused by {SERVER} (403 ): "
+        "PATCH /apis/x: HTTP 403: forbidden: not json",
+    ]
+
+
+def test_server_unreachable_stops_at_the_first_document(tmp_path, capsys, cluster):
+    ANSWERS["a"] = OSError("connection refused")
+    code, out, err = run(["validate", "-f", write(tmp_path, GOOD % "a" + "---\n" + GOOD % "b"), "--server"], capsys)
+    assert code == 1
+    assert err == f"epdctl: {SERVER}: connection refused\n"
+    assert [d["metadata"]["name"] for d, _, _ in KUBES[0].applied] == ["a"]
+    assert "accepted" not in out
+
+
+def test_server_without_credentials_says_why(tmp_path, capsys, monkeypatch, cluster):
+    from epd_operator import kube
+    from epd_operator.kube import CredentialsError
+
+    async def none(kubeconfig=None, context=None):
+        raise CredentialsError("no Kubernetes credentials: not in a pod")
+
+    monkeypatch.setattr(kube, "load_credentials", none)
+    code, out, err = run(["validate", "-f", write(tmp_path, GOOD % "a"), "--server"], capsys)
+    assert (code, err) == (1, "epdctl: no Kubernetes credentials: not in a pod\n")
+    assert out == "EPDDeployment a: valid (E/P/D, EC connector CPU)\n"
+    assert KUBES[0].applied == []
+
+
+def test_without_server_no_cluster_is_asked(tmp_path, capsys, cluster):
+    code, _, _ = run(["validate", "-f", write(tmp_path, GOOD % "a")], capsys)
+    assert code == 0 and KUBES == [] and cluster == []
+
+
+def test_yaml_output_keeps_key_order_and_writes_multi_line_strings_as_blocks():
+    from epd_operator.cli import dump_yaml
+
+    text = dump_yaml([{"kind": "ConfigMap", "data": {"b": "one line", "a": "two\nlines\n"}}, {"x": 1}])
+    assert text == "---\nkind: ConfigMap\ndata:\n  b: one line\n  a: |\n    two\n    lines\n---\nx: 1\n"
