@@ -100,7 +100,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["kube/client.py", "kube/connections.py", "kube/credentials.py", "kube/resources.py", "kube/watch.py"],
         [
             "tests/unit/kube/test_credentials.py",
+            "tests/unit/kube/test_resources.py",
             "tests/unit/controller/test_apply.py",
+            "tests/loopback/kube/test_client.py",
+            "tests/loopback/kube/test_watch.py",
             "tests/loopback/kube/test_connections.py",
             "tests/loopback/kube/test_credentials.py",
         ],

@@ -197,7 +197,7 @@ def test_stop_requests_never_block_even_when_the_wake_pipe_is_full():
 def test_sigterm_and_sigint_are_the_stop_requests(monkeypatch):
     import signal
 
-    installed = {}
+    installed: dict = {}
     monkeypatch.setattr(signal, "signal", lambda sig, handler: installed.setdefault(sig, handler))
     stop = janitor.StopRequest()
     stop.install()
@@ -210,7 +210,8 @@ class LoopStub:
     """main()'s loop without signals and sleeps: records each wait and stops after `rounds` sweeps."""
 
     def __init__(self, rounds: int):
-        self.rounds, self.waits, self.installed = rounds, [], False
+        self.rounds, self.installed = rounds, False
+        self.waits: list[float] = []
 
     def install(self):
         self.installed = True
@@ -234,7 +235,7 @@ def test_the_loop_sweeps_every_interval_until_stopped(tmp_path, monkeypatch, cap
     monkeypatch.setattr(janitor.sidecar, "run_once", lambda root, policy, metrics, stopping: sweeps.append(policy))
     argv = ["--path", str(tmp_path), "--ttl-seconds", "600", *flags]
     with caplog.at_level("INFO", logger="epd_operator.janitor"):
-        assert janitor.main(argv) is None
+        janitor.main(argv)  # returns: stopped
     assert stub.installed and stub.waits == [interval, interval] and len(sweeps) == 2
     ttl = int(argv[argv.index("--ttl-seconds", 3) + 1]) if "--ttl-seconds" in flags else 600
     assert sweeps[0] == Policy(ttl, None)
