@@ -93,6 +93,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/janitor/test_deletion.py",
             "tests/unit/janitor/test_entries.py",
             "tests/unit/janitor/test_sidecar.py",
+            "tests/unit/janitor/test_vanishing.py",
             "tests/loopback/janitor/test_sidecar.py",
         ],
     ),
