@@ -121,6 +121,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ],
         [
             "tests/unit/controller/test_reconciler.py",
+            "tests/unit/controller/test_reconciler_runtime.py",
             "tests/unit/controller/test_leader.py",
             "tests/unit/controller/test_handlers.py",
             "tests/unit/controller/test_cache.py",
