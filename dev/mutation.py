@@ -147,6 +147,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/router/test_generations.py",
             "tests/unit/router/test_metrics.py",
             "tests/unit/router/test_spill_over.py",
+            "tests/loopback/router/test_discovery_kube.py",
             "tests/loopback/router/test_http_server.py",
             "tests/loopback/router/test_upstream.py",
             "tests/loopback/router/test_pipeline.py",

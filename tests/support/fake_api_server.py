@@ -2,7 +2,8 @@
 
 It records every request as the client sent it (method, path, query, headers, body) and answers from a
 script: `answer(status, body)` queues one answer, `stream(lines)` one chunked watch answer whose lines
-are sent and then the stream ends. Without a queued answer it says 200 with an empty object. What the
+are sent and then the stream ends; with `path`, an answer waits for a request of that path. Without a
+queued answer it says 200 with an empty object. What the
 real server does with the requests is tested in tests/integration.
 """
 
@@ -32,19 +33,21 @@ class Seen:
 class FakeApiServer:
     url: str = ""
     requests: list[Seen] = field(default_factory=list)
-    script: list[Any] = field(default_factory=list)  # web.Response makers, in order
+    script: list[tuple[str | None, Any]] = field(default_factory=list)  # (path or any, web.Response maker), in order
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def answer(self, status: int, body: Any = None, *, raw: bytes | None = None, delay: float = 0.0) -> None:
+    def answer(
+        self, status: int, body: Any = None, *, raw: bytes | None = None, delay: float = 0.0, path: str | None = None
+    ) -> None:
         async def make(_: web.Request) -> web.StreamResponse:
             if delay:
                 await asyncio.sleep(delay)
             text = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
             return web.Response(status=status, body=text, content_type="application/json")
 
-        self.script.append(make)
+        self.script.append((path, make))
 
-    def stream(self, lines: list[Any], *, hold: float = 0.0) -> None:
+    def stream(self, lines: list[Any], *, hold: float = 0.0, path: str | None = None) -> None:
         """A watch answer: each line (an event dict, or raw bytes) then, after `hold` seconds, the end."""
 
         async def make(request: web.Request) -> web.StreamResponse:
@@ -57,7 +60,7 @@ class FakeApiServer:
             await response.write_eof()
             return response
 
-        self.script.append(make)
+        self.script.append((path, make))
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         text = await request.text()
@@ -71,8 +74,10 @@ class FakeApiServer:
             )
         )
         self.arrived.set()
-        if self.script:
-            return await self.script.pop(0)(request)
+        for i, (path, make) in enumerate(self.script):
+            if path is None or path == request.path:
+                del self.script[i]
+                return await make(request)
         return web.json_response({})
 
     async def wait_for(self, count: int, timeout: float = 10.0) -> None:
