@@ -33,7 +33,8 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
         main(argv)
         code = 0
     except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
+        # as the interpreter exits: None is success, a message is 1
+        code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -321,3 +322,114 @@ def test_yaml_output_keeps_key_order_and_writes_multi_line_strings_as_blocks():
 
     text = dump_yaml([{"kind": "ConfigMap", "data": {"b": "one line", "a": "two\nlines\n"}}, {"x": 1}])
     assert text == "---\nkind: ConfigMap\ndata:\n  b: one line\n  a: |\n    two\n    lines\n---\nx: 1\n"
+
+
+def test_a_document_without_a_name_is_named_by_its_place_in_the_file(tmp_path, capsys):
+    nameless = (GOOD % "x").replace("metadata: {name: x}", "metadata: {labels: {a: b}}")
+    no_metadata = (GOOD % "x").replace("metadata: {name: x}\n", "")
+    code, out, err = run(
+        ["validate", "-f", write(tmp_path, GOOD % "good" + "---\n" + nameless + "---\n" + no_metadata)], capsys
+    )
+    assert (code, out) == (1, "")
+    assert "EPDDeployment document 1: metadata.name:" in err
+    assert "EPDDeployment document 2: metadata" in err
+
+
+def test_render_gives_the_router_the_image_named_on_the_command_line(capsys):
+    main(["render", "-f", str(EXAMPLES_DIR / SHARED_STORAGE), "--router-image", "registry.example/router:7"])
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    (router,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "qwen-vl-router"]
+    assert router["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/router:7"
+    assert docs == render(example(SHARED_STORAGE), default_router_image="registry.example/router:7")
+
+
+# ----------------------------------------------------------------------------- the command line itself
+
+
+def flags_of(parser) -> dict[str, tuple]:
+    """Each option of `parser` as --help shows it: (help, metavar, required)."""
+    return {a.option_strings[-1]: (a.help, a.metavar, a.required) for a in parser._actions if a.option_strings}
+
+
+def test_each_command_and_flag_says_what_it_does_in_the_help():
+    import argparse
+
+    from epd_operator.api.spec import DEFAULT_ROUTER_IMAGE
+    from epd_operator.cli import build_parser
+
+    parser = build_parser()
+    assert (parser.prog, parser.description) == (
+        "epdctl",
+        "Work with EPDDeployment specs (serving.epd.dev/v1alpha1).",
+    )
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert {c.dest: c.help for c in sub._choices_actions} == {
+        "render": "print the Kubernetes objects an EPDDeployment becomes (multi-document YAML)",
+        "validate": "check EPDDeployment specs; exit 1 naming each bad field",
+        "crd": "print the generated CustomResourceDefinition",
+        "docs": "print the Markdown reference of every spec field (docs/api.md's field reference)",
+        "janitor": "bound a shared-storage encoder cache (runs as a sidecar; see `epdctl janitor --help`)",
+    }
+    file_help = "YAML file with EPDDeployments ('-' for stdin); documents of other API groups are skipped"
+    help_help = ("show this help message and exit", None, False)
+    assert flags_of(sub.choices["render"]) == {
+        "--help": help_help,
+        "--file": (file_help, None, True),
+        "--namespace": ("namespace to render into (default: the spec's, else 'default')", None, False),
+        "--router-image": (
+            "router/janitor image when the spec names none (the operator's --router-image; "
+            f"default {DEFAULT_ROUTER_IMAGE})",
+            None,
+            False,
+        ),
+        "--keda-prometheus-address": (
+            "the Prometheus a KEDA-scaled tier's load trigger queries when its spec names none "
+            "(the operator's --keda-prometheus-address)",
+            "URL",
+            False,
+        ),
+    }
+    assert flags_of(sub.choices["validate"]) == {
+        "--help": help_help,
+        "--file": (file_help, None, True),
+        "--server": (
+            "also ask the cluster: a server-side dry-run apply (its installed CRD, admission policies, quotas, "
+            "permissions); nothing is changed",
+            None,
+            False,
+        ),
+        "--namespace": (
+            "with --server: namespace of specs that name none (default: the kubeconfig context's)",
+            None,
+            False,
+        ),
+        "--kubeconfig": ("with --server: kubeconfig path(s) (default: in-cluster, else $KUBECONFIG)", None, False),
+        "--context": ("with --server: kubeconfig context (default: the current one)", None, False),
+    }
+    assert flags_of(sub.choices["docs"]) == {
+        "--help": help_help,
+        "--output": (
+            "rewrite the reference in this Markdown file, between its api-reference markers (docs/api.md)",
+            None,
+            False,
+        ),
+    }
+
+
+def test_version_names_the_release(capsys):
+    from epd_operator import __version__
+
+    code, out, _ = run(["--version"], capsys)
+    assert (code, out) == (0, f"epdctl {__version__}\n")
+
+
+@pytest.mark.parametrize("argv", [["render"], ["validate"]])
+def test_a_command_without_its_file_is_a_usage_error(capsys, argv):
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert err.endswith(f"epdctl {argv[0]}: error: the following arguments are required: -f/--file\n")
+
+
+def test_no_command_names_what_is_missing(capsys):
+    code, _, err = run([], capsys)
+    assert code == 2 and err.endswith("epdctl: error: the following arguments are required: command\n")

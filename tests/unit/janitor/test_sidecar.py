@@ -286,3 +286,38 @@ def test_flag_refusals_say_what_is_wrong(tmp_path, capsys, argv, complaint):
 def test_the_smallest_values_are_accepted(tmp_path):
     args = janitor.build_parser().parse_args(["--path", str(tmp_path), "--ttl-seconds", "1", "--max-size", "0"])
     assert (args.ttl_seconds, args.max_size, args.interval, args.once, args.metrics_port) == (1, 0, None, False, None)
+
+
+def test_each_flag_says_what_it_does_in_the_help():
+    parser = janitor.build_parser()
+    assert (parser.prog, parser.description) == (
+        "epdctl janitor",
+        "Bound a SharedStorage encoder cache: delete entries older than the TTL, or (with --max-size) the oldest "
+        "entries older than the TTL while the cache is over the size.",
+    )
+    flags = {a.option_strings[-1]: (a.help, a.required) for a in parser._actions}
+    assert flags == {
+        "--help": ("show this help message and exit", False),
+        "--path": ("the connector's shared_storage_path", True),
+        "--ttl-seconds": ("minimum lifetime of an entry: none younger is ever deleted", True),
+        "--max-size": ("size bound as a Kubernetes quantity (e.g. 50Gi)", False),
+        "--interval": ("seconds between sweeps (default: half the TTL, at most 60)", False),
+        "--once": ("sweep once and exit", False),
+        "--metrics-port": ("serve Prometheus metrics on this port", False),
+    }
+
+
+def test_the_sidecar_logs_timestamped_lines_to_stderr(tmp_path, monkeypatch):
+    import logging
+    import sys
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # as in a fresh process: basicConfig configures
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    with pytest.raises(SystemExit):
+        janitor.main(["--path", str(tmp_path), "--ttl-seconds", "60", "--once"])
+    (handler,) = root.handlers
+    assert isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr
+    assert handler.formatter is not None
+    assert handler.formatter._fmt == "%(asctime)s %(levelname)s janitor: %(message)s"
+    assert root.level == logging.INFO
