@@ -348,7 +348,7 @@ def test_render_gives_the_router_the_image_named_on_the_command_line(capsys):
 
 def flags_of(parser) -> dict[str, tuple]:
     """Each option of `parser` as --help shows it: (help, metavar, required)."""
-    return {a.option_strings[-1]: (a.help, a.metavar, a.required) for a in parser._actions if a.option_strings}
+    return {" ".join(a.option_strings): (a.help, a.metavar, a.required) for a in parser._actions if a.option_strings}
 
 
 def test_each_command_and_flag_says_what_it_does_in_the_help():
@@ -372,10 +372,11 @@ def test_each_command_and_flag_says_what_it_does_in_the_help():
     }
     file_help = "YAML file with EPDDeployments ('-' for stdin); documents of other API groups are skipped"
     help_help = ("show this help message and exit", None, False)
+    # keys: every spelling of the flag
     assert flags_of(sub.choices["render"]) == {
-        "--help": help_help,
-        "--file": (file_help, None, True),
-        "--namespace": ("namespace to render into (default: the spec's, else 'default')", None, False),
+        "-h --help": help_help,
+        "-f --file": (file_help, None, True),
+        "-n --namespace": ("namespace to render into (default: the spec's, else 'default')", None, False),
         "--router-image": (
             "router/janitor image when the spec names none (the operator's --router-image; "
             f"default {DEFAULT_ROUTER_IMAGE})",
@@ -390,15 +391,15 @@ def test_each_command_and_flag_says_what_it_does_in_the_help():
         ),
     }
     assert flags_of(sub.choices["validate"]) == {
-        "--help": help_help,
-        "--file": (file_help, None, True),
+        "-h --help": help_help,
+        "-f --file": (file_help, None, True),
         "--server": (
             "also ask the cluster: a server-side dry-run apply (its installed CRD, admission policies, quotas, "
             "permissions); nothing is changed",
             None,
             False,
         ),
-        "--namespace": (
+        "-n --namespace": (
             "with --server: namespace of specs that name none (default: the kubeconfig context's)",
             None,
             False,
@@ -407,8 +408,8 @@ def test_each_command_and_flag_says_what_it_does_in_the_help():
         "--context": ("with --server: kubeconfig context (default: the current one)", None, False),
     }
     assert flags_of(sub.choices["docs"]) == {
-        "--help": help_help,
-        "--output": (
+        "-h --help": help_help,
+        "-o --output": (
             "rewrite the reference in this Markdown file, between its api-reference markers (docs/api.md)",
             None,
             False,
@@ -433,3 +434,9 @@ def test_a_command_without_its_file_is_a_usage_error(capsys, argv):
 def test_no_command_names_what_is_missing(capsys):
     code, _, err = run([], capsys)
     assert code == 2 and err.endswith("epdctl: error: the following arguments are required: command\n")
+
+
+def test_the_command_line_is_read_from_argv(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["epdctl", "crd"])
+    main()
+    assert yaml.load(capsys.readouterr().out, Loader=yaml.CSafeLoader) == build_crd()
