@@ -321,3 +321,35 @@ def test_the_sidecar_logs_timestamped_lines_to_stderr(tmp_path, monkeypatch):
     assert handler.formatter is not None
     assert handler.formatter._fmt == "%(asctime)s %(levelname)s janitor: %(message)s"
     assert root.level == logging.INFO
+
+
+def test_run_once_sweeps_at_the_time_and_with_the_stop_request_it_is_given(tmp_path):
+    put(tmp_path, "young", 1)
+    later = NOW + TTL * 10  # a sweep at that time finds the entry expired
+    result = janitor.run_once(tmp_path, Policy(TTL), janitor.Metrics(), now=later, stopping=lambda: True)
+    assert result is not None and result.deleted_entries == 0  # stopped before its first deletion
+    result = janitor.run_once(tmp_path, Policy(TTL), janitor.Metrics(), now=later)
+    assert result is not None and result.deleted_entries == 1
+
+
+def test_a_zero_size_bound_is_named_in_the_warning(tmp_path, caplog):
+    put(tmp_path, "young", 10, size=10)
+    with caplog.at_level("WARNING", logger="epd_operator.janitor"):
+        janitor.run_once(tmp_path, Policy(TTL, max_bytes=0), janitor.Metrics(), now=NOW)
+    assert "above --max-size 0 B" in caplog.records[0].message
+
+
+def test_sleep_waits_the_interval_unless_a_stop_was_requested():
+    import time
+
+    stop = janitor.StopRequest()
+    started = time.monotonic()
+    assert stop.sleep(0.2) is False
+    assert time.monotonic() - started >= 0.15
+
+
+def test_a_missing_path_is_logged_naming_it(tmp_path, caplog):
+    missing = tmp_path / "not-mounted"
+    with caplog.at_level("ERROR", logger="epd_operator.janitor"), pytest.raises(SystemExit):
+        janitor.main(["--path", str(missing), "--ttl-seconds", "60", "--once"])
+    assert caplog.messages == [f"--path {missing} is not a directory (is the shared volume mounted?)"]
