@@ -152,13 +152,15 @@ async def test_delete_is_in_the_background_guarded_by_the_uid_and_false_when_gon
     api.answer(404, {"kind": "Status", "reason": "NotFound"})
     api.answer(409, {"kind": "Status", "reason": "Conflict"})
     api.answer(403, {"kind": "Status", "reason": "Forbidden"})
-    async with Kube(Logins(api.url)) as kube:
+    writes: list[tuple[str, str]] = []
+    async with Kube(Logins(api.url), on_write=lambda verb, kind: writes.append((verb, kind))) as kube:
         assert await kube.delete(CONFIG_MAP, "ns", "c", uid="u-1") is True
         assert await kube.delete(CONFIG_MAP, "ns", "c") is False
         assert await kube.delete(CONFIG_MAP, "ns", "c", uid="u-2") is False  # a successor holds the name
         with pytest.raises(ApiError) as exc:
             await kube.delete(CONFIG_MAP, "ns", "c")
     assert exc.value.status == 403
+    assert writes == [("DELETE", "ConfigMap")] * 4
     guarded, plain = api.requests[0], api.requests[1]
     assert (guarded.method, guarded.path) == ("DELETE", "/api/v1/namespaces/ns/configmaps/c")
     assert guarded.body == {

@@ -81,7 +81,7 @@ async def test_every_kubeconfig_path_is_merged_and_the_first_current_context_win
 async def test_no_kubeconfig_and_no_pod_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
-    with pytest.raises(CredentialsError, match="no Kubernetes credentials: not in a pod, and no kubeconfig at"):
+    with pytest.raises(CredentialsError, match=r"^no Kubernetes credentials: not in a pod, and no kubeconfig at '"):
         await load_credentials()
 
 
@@ -112,6 +112,7 @@ async def test_in_a_pod_its_service_account(pod):
         "team-a",
     )
     assert login.configuration.ssl_ca_cert == str(pod / "ca.crt")
+    assert login.configuration.refresh_api_key_hook is not None  # the projected token is read again
     assert await login.configuration.get_api_key_with_prefix("BearerToken") == "Bearer sa-token"  # trimmed
     assert login.authorization() == ("Bearer", "sa-token")
 
@@ -334,3 +335,45 @@ def test_relative_exec_commands_are_anchored_at_the_kubeconfig_that_names_them(t
         "other": str(tmp_path / "b" / "tools" / "p"),
         "token": None,
     }
+
+
+def cluster_config(tmp_path, user: dict, **extra) -> dict:
+    return {
+        "clusters": [{"name": "c", "cluster": {"server": "https://10.0.0.1:6443", **extra}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+    }
+
+
+async def test_a_context_named_in_a_kubeconfig_without_a_current_one(tmp_path):
+    path = write(tmp_path / "config", cluster_config(tmp_path, {"token": "t"}))
+    login = await load_credentials(path, context="x")
+    assert (login.server, login.source) == ("https://10.0.0.1:6443", f"kubeconfig {path}")
+
+
+async def test_relative_files_are_read_beside_the_kubeconfig_that_names_them(tmp_path, monkeypatch):
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    (folder / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    path = write(folder / "config", cluster_config(tmp_path, {"token": "t"}, **{"certificate-authority": "ca.crt"}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    login = await load_credentials(path, context="x")
+    assert login.configuration.ssl_ca_cert == str(folder / "ca.crt")
+
+
+async def test_a_token_given_beside_a_token_file_wins_and_is_not_read_again(tmp_path):
+    (tmp_path / "token").write_text("from-the-file\n")
+    user = {"token": "fixed", "tokenFile": str(tmp_path / "token")}
+    login = await load_credentials(write(tmp_path / "config", cluster_config(tmp_path, user)), context="x")
+    assert login.authorization() == ("Bearer", "fixed")
+    assert login.configuration.refresh_api_key_hook is None
+
+
+def test_a_configuration_without_a_token_is_left_as_it_is():
+    from kubernetes_asyncio.client import Configuration
+
+    config = Configuration(host="https://api")
+    assert credentials._trimmed(config) is config
+    assert "BearerToken" not in config.api_key and config.refresh_api_key_hook is None

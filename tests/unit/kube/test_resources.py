@@ -89,3 +89,4 @@ def test_an_api_error_without_a_status_body_keeps_a_short_message():
     assert ApiError(422, {"details": {"causes": None}}, "w").causes == []
     assert ApiError(422, {"details": None}, "w").causes == []
     assert str(ApiError(409, {"reason": "Conflict"}, "PUT /x")) == "PUT /x: HTTP 409: None"
+    assert ApiError(500, {"message": "no reason given"}, "w").reason == ""
