@@ -100,6 +100,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/kube/test_credentials.py",
             "tests/unit/kube/test_resources.py",
             "tests/unit/kube/test_connections.py",
+            "tests/unit/kube/test_watch_request.py",
             "tests/unit/controller/test_apply.py",
             "tests/loopback/kube/test_client.py",
             "tests/loopback/kube/test_watch.py",

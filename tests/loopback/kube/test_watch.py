@@ -215,3 +215,35 @@ async def test_a_failed_login_after_a_401_is_logged_and_retried(api, caplog):
         "ConfigMap watch (all): logging in again failed: exec plugin: process returned 1",
         "ConfigMap watch (all) failed: 401 Unauthorized: token expired",
     ]
+
+
+async def test_a_long_bad_line_is_logged_cut_to_200_characters(api, caplog):
+    seen = Seen()
+    api.answer(200, listing("10"))
+    api.stream([b"y" * 300 + b"\n"])
+    api.answer(200, listing("11"))
+    api.stream([], hold=30)
+    with caplog.at_level(logging.WARNING, logger="epd_operator.kube.watch"):
+        async with watching(api, seen):
+            await api.wait_for(4)
+    assert caplog.messages[0] == "ConfigMap watch (all) failed: not a watch event: " + "y" * 200
+
+
+async def test_a_failure_without_a_message_is_logged_by_its_type(api, caplog):
+    seen = Seen()
+    api.answer(200, listing("10"), delay=1)  # slower than the client waits
+    api.answer(200, listing("11"))
+    api.stream([], hold=30)
+
+    async def login() -> Credentials:
+        return Credentials.from_token(api.url, "t")
+
+    with caplog.at_level(logging.WARNING, logger="epd_operator.kube.watch"):
+        async with Kube(login, timeout=0.2) as kube:
+            watch = ListWatch(kube, CONFIG_MAP, "ns", on_sync=seen.on_sync, on_event=seen.on_event, retry_delay=0.01)
+            task = asyncio.create_task(watch.run())
+            await api.wait_for(3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    assert caplog.messages[0] == "ConfigMap watch (all) failed: TimeoutError"
