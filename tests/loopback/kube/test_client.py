@@ -37,9 +37,11 @@ async def api():
 async def test_get_sends_the_token_to_the_objects_path_and_none_for_404(api):
     api.answer(200, {"kind": "EPDDeployment", "metadata": {"name": "a"}})
     api.answer(404, {"kind": "Status", "reason": "NotFound", "message": "not found"})
-    async with Kube(Logins(api.url)) as kube:
+    writes: list[tuple[str, str]] = []
+    async with Kube(Logins(api.url), on_write=lambda verb, kind: writes.append((verb, kind))) as kube:
         assert await kube.get(EPD, "ns", "a") == {"kind": "EPDDeployment", "metadata": {"name": "a"}}
         assert await kube.get(POD, "ns", "gone") is None
+    assert writes == []  # reads are no writes
     first, second = api.requests
     assert (first.method, first.path) == ("GET", "/apis/serving.epd.dev/v1alpha1/namespaces/ns/epddeployments/a")
     assert first.headers["Authorization"] == "Bearer token-1"
@@ -55,11 +57,15 @@ async def test_an_error_answer_is_one_api_error_with_the_servers_status(api):
     }
     api.answer(422, status)
     api.answer(500, raw=b"<html>proxy error</html>")
+    api.answer(400, raw=b"\xff\xfe not utf-8")
     async with Kube(Logins(api.url)) as kube:
         with pytest.raises(ApiError) as refused:
             await kube.get(EPD, "ns", "a")
         with pytest.raises(ApiError) as broken:
             await kube.get(EPD, "ns", "b")
+        with pytest.raises(ApiError) as bad_request:
+            await kube.get(EPD, "ns", "c")
+    assert (bad_request.value.status, bad_request.value.body) == (400, "\ufffd\ufffd not utf-8")
     assert (refused.value.status, refused.value.reason, refused.value.body) == (422, "Invalid", status)
     assert refused.value.causes == [{"field": "spec.x", "message": "bad"}]
     assert str(refused.value) == (
@@ -199,11 +205,23 @@ async def test_a_401_logs_in_again_once_and_retries_with_the_new_token(api):
 
 
 async def test_a_new_token_for_the_same_server_keeps_the_connection_pool(api):
-    async with Kube(Logins(api.url)) as kube:
+    logins = Logins(api.url)
+
+    async def refresh(configuration) -> None:
+        pass
+
+    async def login_with_a_refresh_hook() -> Credentials:
+        login = await logins()
+        if logins.count == 2:
+            login.configuration.refresh_api_key_hook = refresh
+        return login
+
+    async with Kube(login_with_a_refresh_hook) as kube:
         first = await kube.login()
         client = kube._client
         second = await kube.relogin()
         assert kube._client is client and kube._retired == []
+        assert second.configuration.refresh_api_key_hook is refresh  # the new login's refresh, on the kept pool
         assert second.configuration is first.configuration  # the pool's configuration, with the new token
         assert second.authorization() == ("Bearer", "token-2")
         assert await kube.login() is second

@@ -38,3 +38,14 @@ def test_a_loop_that_refuses_the_wrapper_is_not_tracked():
 
     with asyncio.Runner(loop_factory=Sealed) as runner:
         assert runner.run(inside()) is False
+
+
+async def test_a_connection_completing_after_every_ledger_closed_is_handed_over():
+    class Loop:
+        async def create_connection(self, *args, **kwargs):
+            return "transport", "protocol"
+
+    loop = Loop()
+    assert connections._track(loop)  # type: ignore[arg-type]
+    # began inside a ledger, finished after it closed: nobody tracks it, and the caller gets it
+    assert await loop.create_connection() == ("transport", "protocol")

@@ -32,6 +32,8 @@ def test_group_and_library_resource():
     assert (core.prefix, core.group, core.api_version, core.kind, core.name) == ("api", None, "v1", "Event", "events")
     assert (grouped.prefix, grouped.group, grouped.api_version) == ("apis", "coordination.k8s.io", "v1")
     assert (core.namespaced, NAMESPACE.for_library().namespaced) == (True, False)
+    client = object()
+    assert EVENT.for_library(client).client is client  # type: ignore[arg-type]
 
 
 def test_only_the_gateway_lws_and_keda_kinds_are_optional_and_keda_says_how_to_do_without():
@@ -80,6 +82,12 @@ def test_a_connection_pool_serves_only_the_same_server_tls_and_client_certificat
     assert _same_connection(configuration(), configuration())
     assert _same_connection(configuration(), configuration(api_key={"BearerToken": "Bearer new"}))
     assert not _same_connection(configuration(), configuration(**{key: value}))
+
+
+def test_fixed_credentials_keep_the_servers_name_whole():
+    from epd_operator.kube import Credentials
+
+    assert Credentials.from_token("https://gateway-X/", "t").server == "https://gateway-X"
 
 
 def test_an_api_error_without_a_status_body_keeps_a_short_message():
