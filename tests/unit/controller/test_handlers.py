@@ -79,11 +79,13 @@ async def test_events_reach_the_reconciler_and_indexing_fills_its_cache():
     await watched["deployments"].fn(event={"type": "DELETED", "object": deployment})
     await watched["pods"].fn(event={"type": None, "object": pod})
     assert indexed["deployments"].fn(body=kopf.Body(cast(Any, deployment))) is None  # kopf keeps no index of its own
+    indexed["pods"].fn(body=kopf.Body(cast(Any, pod)))
     assert seen.calls == [
         ("epd", "MODIFIED", epd),
         ("child", "DELETED", deployment),
         ("pod", None, pod),
         ("cached", deployment),
+        ("cached", pod),
     ]
     assert type(seen.calls[-1][1]) is dict
 
@@ -99,7 +101,8 @@ async def test_kopf_logs_in_afresh_each_time_it_asks():
     assert second.token == "token-2" and kube.count == 2
 
 
-def test_the_settings_keep_kopf_from_writing_scanning_or_electing():
+def test_the_settings_keep_kopf_from_writing_scanning_or_electing(monkeypatch):
+    monkeypatch.setattr(logging.getLogger("kopf.objects"), "level", logging.NOTSET)
     settings = handlers.build_settings()
     assert settings.posting.enabled is False
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)

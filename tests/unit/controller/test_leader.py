@@ -45,6 +45,7 @@ class Leases:
         return self.lease
 
     async def replace(self, resource, namespace, obj):
+        assert (resource, namespace) == (LEASE, "ops")
         self._maybe_fail("replace")
         assert self.lease is not None
         if obj["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
@@ -256,7 +257,7 @@ async def test_hold_survives_one_failed_renewal(caplog):
     task.cancel()
 
 
-async def test_release_hands_the_lease_back_only_if_we_hold_it(caplog):
+async def test_release_hands_the_lease_back_only_if_we_hold_it(caplog, clock):
     leases = Leases()
     e = elector(leases)
     await e.release()  # not leading: nothing to hand back
@@ -267,6 +268,7 @@ async def test_release_hands_the_lease_back_only_if_we_hold_it(caplog):
     assert not e.is_leader
     (_, released) = leases.writes[-1]
     assert (released["spec"]["holderIdentity"], released["spec"]["leaseDurationSeconds"]) == ("", 1)
+    assert released["spec"]["renewTime"] == "NOW" and e.is_leader is False
     assert caplog.messages == ["released Lease ops/epd-operator"]
     e.is_leader = True
     leases.held_by("other")

@@ -219,9 +219,16 @@ async def test_a_worker_runs_queued_passes_and_counts_them():
     r.workers = 2
     await run_workers(r, lambda: sample(r, "epd_operator_reconciles_total", kind="full", result="success") == 1)
     assert kube.statuses()
+    applies = [c for c in kube.calls if c[0] == "apply"]
+    assert applies  # a full pass: dry run, then apply
     assert sample(r, "epd_operator_reconcile_duration_seconds_count", kind="full") == 1
-    r.queue.add(KEY, STATUS)
+    decode = r.cache.get("Deployment", NS, f"{NAME}-decode")
+    assert decode is not None
+    decode["metadata"]["resourceVersion"] = "50"
+    decode["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"
+    r.child_event("MODIFIED", decode)  # drift: a status pass reports it, only a full pass would repair it
     await run_workers(r, lambda: sample(r, "epd_operator_reconciles_total", kind="status", result="success") == 1)
+    assert [c for c in kube.calls if c[0] == "apply"] == applies
     assert r.queue._failures == {}
 
 
