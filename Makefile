@@ -157,13 +157,14 @@ bench-autoscale: k8s-node test-tools ## the encoder autoscaling loop on real pod
 bench-faults: k8s-node ## the fault table on real pods: what each fault costs a client, in figures
 	$(BIN)/python -m bench.faults
 
-# Mutation score of the pure core (render, router pickers/protocol/reuse, controller apply/status, api rules/
-# validation) with mutmut: each mutant runs only the unit tests that reach it. Writes bench/results/mutation.md
-# (about 20 minutes on 2 cores); fails when a group is under 90% or a surviving mutant is unexplained.
-# GROUP=router runs one group (its report goes to build/mutation/mutation.md).
-mutation: install ## mutation score of the pure core (GROUP=router: one group)
+# Mutation score of every product module the fast tests reach, per group (dev/mutation.py's GROUPS) with mutmut:
+# each mutant runs only the unit and in-process loopback tests that reach it. A run replaces its groups' results
+# in bench/results/mutation.json and renders bench/results/mutation.md from every group measured so far; fails
+# when a group of the run is under 95% or a surviving mutant is unexplained. GROUP=kube runs one group (here
+# from a minute for cli to over ten for kube, on 2 cores); JOBS=1 runs one mutant at a time (default: one per core).
+mutation: install ## mutation score per group (GROUP=kube: one group; JOBS=n mutants at once)
 	@$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q -e '.[test,mutation]'
-	$(BIN)/python dev/mutation.py $(if $(GROUP),--group $(GROUP))
+	$(BIN)/python dev/mutation.py $(if $(GROUP),--group $(GROUP)) $(if $(JOBS),--jobs $(JOBS))
 
 image-deps: install ## whether images/vllm-epd's pins resolve with its base image's vLLM (pip --dry-run; needs PyPI, ~2 min)
 	$(BIN)/python -m dev.image_deps

@@ -76,18 +76,19 @@ def _measure(directory: str) -> tuple[float, int, set[str]]:
 def scan(root: Path) -> list[Entry]:
     """Every cache entry under `root`, measured now."""
     entries = []
-    for item in os.scandir(root):
-        if item.name.startswith(".") or item.name in NOT_ENTRIES:
-            continue
-        try:
-            if not item.is_dir(follow_symlinks=False):
+    with os.scandir(root) as items:  # closed also when an error ends the scan
+        for item in items:
+            if item.name.startswith(".") or item.name in NOT_ENTRIES:
                 continue
-            newest, size, names = _measure(item.path)
-        except OSError as exc:
-            if gone(exc):
-                continue
-            raise
-        entries.append(Entry(Path(item.path), newest, size, complete=CACHE_FILE in names, empty=not names))
+            try:
+                if not item.is_dir(follow_symlinks=False):
+                    continue
+                newest, size, names = _measure(item.path)
+            except OSError as exc:
+                if gone(exc):
+                    continue
+                raise
+            entries.append(Entry(Path(item.path), newest, size, complete=CACHE_FILE in names, empty=not names))
     return entries
 
 
