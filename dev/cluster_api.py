@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,34 @@ class ClusterApi:
                 last = repr(exc)
             time.sleep(0.2)
         raise ClusterError(f"{what} not ready after {timeout:.0f} s: {last}")
+
+    def wait_established(self, names: Iterable[str], timeout: float) -> None:
+        """Until every CRD is served (a controller gives up on a kind that is not when its caches sync)."""
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while True:
+                crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conditions = (crd.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {name} not established after {timeout:.0f} s")
+                time.sleep(0.2)
+
+    def wait_component_ready(self, health_port: int, what: str, timeout: float) -> None:
+        """Until a component this cluster runs on the host answers its readiness probe (``/readyz``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} was not ready after {timeout:.0f} s")
+            time.sleep(0.5)
 
     def _wait_for_service_account(self, namespace: str, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

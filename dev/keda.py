@@ -42,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -243,7 +242,7 @@ def prepare(cluster: ClusterApi, pki: Path, folder: Path) -> Path:
     """Install KEDA's CRDs and namespace and write its certificates (signed by the cluster's CA in
     `pki`) into `folder`/certs, which it returns."""
     installed = [cluster.apply(crd)["metadata"]["name"] for crd in crds()]
-    _wait_established(cluster, installed, 60)
+    cluster.wait_established(installed, 60)
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     certs = folder / "certs"
     certs.mkdir(parents=True, exist_ok=True)
@@ -254,33 +253,9 @@ def prepare(cluster: ClusterApi, pki: Path, folder: Path) -> Path:
     return certs
 
 
-def _wait_established(cluster: ClusterApi, names: list[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for name in names:
-        while True:
-            crd = cluster.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = (crd.get("status") or {}).get("conditions") or []
-            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"CRD {name} not established after {timeout:.0f} s")
-            time.sleep(0.2)
-
-
 def wait_operator_ready(cluster: ClusterApi, health_port: int, timeout: float) -> None:
     """Until the operator's readiness probe answers."""
-    deadline = time.monotonic() + timeout
-    while True:
-        cluster.check_alive()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"KEDA's operator was not ready after {timeout:.0f} s")
-        time.sleep(0.5)
+    cluster.wait_component_ready(health_port, "KEDA's operator", timeout)
 
 
 def register(cluster: ClusterApi, pki: Path, api_port: int, timeout: float) -> None:

@@ -20,7 +20,6 @@ import json
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,41 +106,17 @@ def prepare(cluster: ClusterApi, pki: Path, folder: Path, *, webhook_port: int, 
     """Install the CRDs, write the webhook's certificate (signed by the cluster's CA in `pki`) and the
     manager's configuration into `folder`; returns the manager's command line."""
     installed = [cluster.apply(crd)["metadata"]["name"] for crd in crds()]
-    _wait_established(cluster, installed, 60)
+    cluster.wait_established(installed, 60)
     folder.mkdir(parents=True, exist_ok=True)
     sign_serving_cert(pki, folder / "tls", "lws-webhook")
     return [str(ensure()), "--config", str(manager_config(folder, webhook_port=webhook_port, health_port=health_port))]
 
 
-def _wait_established(cluster: ClusterApi, names: list[str], timeout: float) -> None:
-    """Until every CRD is served: the manager gives up on a kind that is not when its caches sync."""
-    deadline = time.monotonic() + timeout
-    for name in names:
-        while True:
-            crd = cluster.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = (crd.get("status") or {}).get("conditions") or []
-            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"CRD {name} not established after {timeout:.0f} s")
-            time.sleep(0.2)
-
-
 def register_webhooks(cluster: ClusterApi, pki: Path, *, webhook_port: int, health_port: int, timeout: float) -> None:
     """Wait for the manager's readiness, then point the API server at its webhooks and wait until a
     LeaderWorkerSet dry run passes through them."""
+    cluster.wait_component_ready(health_port, "the LWS controller manager", timeout)
     deadline = time.monotonic() + timeout
-    while True:
-        cluster.check_alive()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as answer:
-                if answer.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the LWS controller manager was not ready after {timeout:.0f} s")
-        time.sleep(0.5)
     for config in webhook_configurations(f"https://127.0.0.1:{webhook_port}", (pki / "ca.crt").read_bytes()):
         cluster.apply(config)
     probe = {
