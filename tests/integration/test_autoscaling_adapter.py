@@ -13,9 +13,7 @@ anonymously: the test grants the anonymous user read access to custom.metrics.k8
 from __future__ import annotations
 
 import contextlib
-import http.server
 import shutil
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from tests.support.operator_run import (
     posted,
     wait_until,
 )
+from tests.support.prom import log_tail, serve_exposition
 
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
@@ -59,31 +58,8 @@ def router_exposition(encoder_pods: list[str]) -> Iterator[int]:
     pool.update([DiscoveredEndpoint(f"http://10.2.0.{i}:8000", pod=p) for i, p in enumerate(encoder_pods)])
     for ep in pool.endpoints.values():
         pool.acquire(ep, INFLIGHT)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body, content_type = metrics.exposition()
-            self.send_response(200)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def log_tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+    with serve_exposition(metrics) as port:
+        yield port
 
 
 @pytest.fixture

@@ -15,9 +15,7 @@ anonymous user read external.metrics.k8s.io while KEDA runs.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from tests.support.operator_run import (
     posted,
     wait_until,
 )
+from tests.support.prom import log_tail, serve_exposition
 
 # KEDA is a late build: `make test` runs this module once `make k8s` has built it (dev/test_streams.py).
 pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
@@ -69,32 +68,8 @@ class RouterExposition:
 
     @contextlib.contextmanager
     def serve(self) -> Iterator[int]:
-        metrics = self.metrics
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body, content_type = metrics.exposition()
-                self.send_response(200)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield server.server_address[1]
-        finally:
-            server.shutdown()
-            server.server_close()
-
-
-def tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+        with serve_exposition(self.metrics) as port:
+            yield port
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +134,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
     logs = {name: cluster.dir / f"{name}.log" for name in (KEDA_OPERATOR, KEDA_METRICS_SERVER)}
 
     def keda_logs() -> str:
-        return "\n".join(f"{name}:\n{tail(path)}" for name, path in logs.items())
+        return "\n".join(f"{name}:\n{log_tail(path)}" for name, path in logs.items())
 
     exposition = RouterExposition()
     exposition.set_inflight(INFLIGHT)
