@@ -58,6 +58,10 @@ BASE_IMAGE = "localhost/epd-base:bookworm"
 # libnuma1: vLLM's CPU kernels (vllm._C) link it.
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd", "libnuma1")
 VLLM_CPU_IMAGE = f"localhost/epd-vllm-cpu:{venv.VLLM_VERSION}"
+# The image holds no C++ compiler, which TorchInductor needs: torch.compile is off, and the functions
+# vLLM compiles run eagerly (with tensorParallelSize > 1, its first request compiles the vocabulary
+# shard mask and would fail with InvalidCxxCompiler). The local examples run --enforce-eager anyway.
+NO_TORCH_COMPILE_ENV = {"TORCHDYNAMO_DISABLE": "1"}
 # Where the CPU vLLM image keeps the local NIXL adaptations (dev/cpu_nixl), on its PYTHONPATH.
 VLLM_CPU_NIXL_DIR = "/opt/epd-local/cpu_nixl"
 DEBIAN_MIRROR = os.environ.get("EPD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -309,6 +313,7 @@ def vllm_cpu_config() -> dict[str, Any]:
         "VIRTUAL_ENV": dest,
         **CPU_NIXL_ENV,
         "PYTHONPATH": VLLM_CPU_NIXL_DIR,
+        **NO_TORCH_COMPILE_ENV,
     }
     return {"Env": [f"{k}={v}" for k, v in env.items()], "Cmd": ["vllm", "--help"]}
 
