@@ -83,8 +83,21 @@ def body(seed: int) -> dict[str, Any]:
     return chat_body(SERVED, [text_part("Describe the image."), image_part(seed)], MAX_TOKENS)
 
 
-def logs(m: Mission, pod: str) -> str:
-    return m.kube.kubectl("-n", NS, "logs", pod, "-c", "vllm", check=False).stdout
+def logs(m: Mission, pod: str, *, previous: bool = False) -> str:
+    flags = ("--previous",) if previous else ()
+    return m.kube.kubectl("-n", NS, "logs", pod, "-c", "vllm", *flags, check=False).stdout
+
+
+def group_logs(m: Mission, lines: int = 60) -> str:
+    """The last lines each group pod's vLLM wrote, this run's and the one before a restart: what an
+    assertion about the group shows when it fails."""
+    said = []
+    for pod in sorted(group_pods(m)):
+        for previous in (True, False):
+            text = logs(m, pod, previous=previous).splitlines()[-lines:]
+            if text:
+                said.append(f"--- {pod}{' (previous)' if previous else ''}:\n" + "\n".join(text))
+    return "\n".join(said)
 
 
 def tier(m: Mission) -> dict[str, Any]:
@@ -97,7 +110,7 @@ def wait_all_ready(m: Mission, groups: int, timeout: float = 1200) -> None:
         pods = group_pods(m)
         return _all_ready(m) and len(pods) == 2 * groups and all(is_ready(p) for p in pods.values())
 
-    wait_for(ready, timeout, lambda: _describe(m), interval=3)
+    wait_for(ready, timeout, lambda: f"{_describe(m)}\n{group_logs(m)}", interval=3)
 
 
 def test_lws_creates_the_group_and_both_vllm_ranks_join_it(mission: Mission):
@@ -133,7 +146,7 @@ def test_a_chat_with_an_image_answers_through_the_router_service(mission: Missio
     answered = mission.pod_metric(leader, "vllm:request_success_total")
     with _port_forward(mission) as port:
         reply = chat(f"http://127.0.0.1:{port}", body(1))
-    assert reply.ok, f"through the router Service: {reply}"
+    assert reply.ok, f"through the router Service: {reply}\n{group_logs(mission)}"
     assert reply.completion_tokens == MAX_TOKENS
     assert mission.pod_metric(leader, "vllm:request_success_total") == answered + 1, "the leader answered"
 
