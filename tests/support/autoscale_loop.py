@@ -684,6 +684,11 @@ class _KedaLoop(_Loop):
         self.wait(lambda: all_ready(self.m, ("decode", "router")), 900, "the EPDDeployment Ready")
         self.wait(self.at_zero, 300, f"the encoder tier at zero; ScaledObject {self.scaled_object().get('status')}")
         self.say(f"EPDDeployment Ready, encoders at zero, {time.monotonic() - started:.0f} s after kubectl apply")
+        self.wait(
+            lambda: self.epd_condition("AutoscalingActive").get("status") == "True",
+            120,
+            f"AutoscalingActive from KEDA's verdict; ScaledObject {self.scaled_object().get('status')}",
+        )
         self.record.statuses["idle"] = self.summary()
 
     def run(self, client: subprocess.Popen[str]) -> None:
