@@ -609,7 +609,10 @@ class _Loop:
 KEDA_API = "keda.sh/v1alpha1"
 # The woken encoder's way from KEDA's activation to the router's first request: TIMELINE, with KEDA's
 # activation (the encoder Deployment set from 0 to 1, seen by the loop) in place of the HPA's decision.
-KEDA_TIMELINE = (("activated", "KEDA activates the tier (encoder Deployment 0 → 1)"), *TIMELINE[1:])
+KEDA_TIMELINE = (
+    ("activated", "KEDA activates the tier (encoder Deployment 0 → 1, as the loop's 1 s poll sees it)"),
+    *TIMELINE[1:],
+)
 # The KEDA loop: light load is one client, one image every 2 s, so the raw items per second stay under
 # the activation threshold of 1 and the tier stays at zero; the step (16 items at once) wakes it.
 KEDA_LOOP = LoopConfig(

@@ -181,7 +181,7 @@ def test_the_keda_report_reads_the_issues_figures_from_the_record(monkeypatch: p
     assert (
         rows["**seconds from the step's first request to an encoder serving** (its vLLM counter moves)"] == "**90 s**"
     )
-    assert rows["timeline: KEDA activates the tier (encoder Deployment 0 → 1)"] == "6 s"
+    assert rows["timeline: KEDA activates the tier (encoder Deployment 0 → 1, as the loop's 1 s poll sees it)"] == "6 s"
     assert rows["step ends → tier at zero (replicas 0)"] == "70 s"
     assert rows["tier at zero → last encoder gone (preStop, vLLM's shutdown)"] == "30 s"
     assert rows["**failed client requests, whole run (target 0)**"] == "**0 of 44**"
