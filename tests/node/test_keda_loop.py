@@ -31,7 +31,6 @@ from datetime import UTC, datetime
 import pytest
 
 from bench.procs import commit
-from dev import keda
 from tests.support.autoscale_loop import KEDA_LOOP, KEDA_TIMELINE, LoopRecord, metrics_pipeline, run_loop, write_record
 from tests.support.cluster import wait_for
 from tests.support.mission import Mission, remove
@@ -41,9 +40,6 @@ pytestmark = [
     pytest.mark.long,  # tens of minutes: `-m "not long"` leaves it out
     pytest.mark.timeout(2700),  # two vLLM starts at once under load on two shared cores, and the way back to zero
     pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
-    pytest.mark.skipif(
-        not keda.built(), reason=f"KEDA {keda.VERSION} is not built: `make k8s` (or `python -m dev.keda build`)"
-    ),
 ]
 
 
@@ -52,7 +48,7 @@ def loop(shared_mission: Mission, tmp_path_factory: pytest.TempPathFactory) -> I
     tmp = tmp_path_factory.mktemp("keda")
     started, t, ran_at = datetime.now(UTC), time.monotonic(), commit()
     m = dataclasses.replace(shared_mission, name="tiny-vl")
-    m.cluster.start_keda()
+    m.cluster.start_keda()  # builds KEDA first when `make k8s` has not (about 9 minutes), as the HPA loop its adapter
     restart_operator(m)
     try:
         with metrics_pipeline(m, tmp, adapter=False) as pipeline:
