@@ -46,6 +46,7 @@ from tests.support.autoscale_loop import (
     record_from_json,
     run_loop,
     run_loops,
+    start_keda,
     write_record,
 )
 from tests.support.mission import mission_cluster
@@ -539,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="epd-bench-autoscale-keda-") as tmp:
             work = Path(tmp)
             with mission_cluster(work) as m:
-                m.cluster.start_keda()
+                start_keda(m)
                 with metrics_pipeline(m, work, adapter=False) as pipeline:
                     record = run_loop(m, pipeline, KEDA_LOOP, work, say=lambda line: print(line, file=sys.stderr))
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,15 @@ from datetime import UTC, datetime
 import pytest
 
 from bench.procs import commit
-from tests.support.autoscale_loop import KEDA_LOOP, KEDA_TIMELINE, LoopRecord, metrics_pipeline, run_loop, write_record
-from tests.support.cluster import wait_for
+from tests.support.autoscale_loop import (
+    KEDA_LOOP,
+    KEDA_TIMELINE,
+    LoopRecord,
+    metrics_pipeline,
+    run_loop,
+    start_keda,
+    write_record,
+)
 from tests.support.mission import Mission, remove
 from tests.support.real_node import unavailable
 
@@ -48,8 +55,7 @@ def loop(shared_mission: Mission, tmp_path_factory: pytest.TempPathFactory) -> I
     tmp = tmp_path_factory.mktemp("keda")
     started, t, ran_at = datetime.now(UTC), time.monotonic(), commit()
     m = dataclasses.replace(shared_mission, name="tiny-vl")
-    m.cluster.start_keda()  # builds KEDA first when `make k8s` has not (about 9 minutes), as the HPA loop its adapter
-    restart_operator(m)
+    start_keda(m)  # builds KEDA first when `make k8s` has not (about 9 minutes), as the HPA loop its adapter
     try:
         with metrics_pipeline(m, tmp, adapter=False) as pipeline:
             record = run_loop(m, pipeline, KEDA_LOOP, tmp, say=lambda line: print(line, file=sys.stderr))
@@ -58,26 +64,6 @@ def loop(shared_mission: Mission, tmp_path_factory: pytest.TempPathFactory) -> I
             yield record
     finally:
         remove(m, m.name)
-
-
-def restart_operator(m: Mission) -> None:
-    """Restart the operator's pod and wait for the new one. The operator's watches are fixed when it starts
-    (kopf's resource scanning is off): one started before KEDA's CRDs were installed, as the shared
-    cluster's was, applies ScaledObjects but never watches them, and reports the tier's KEDA verdict as
-    pending for good. A cluster that installs KEDA after the operator restarts it the same way."""
-    ns = m.system.ns
-    m.system.kubectl("-n", ns, "rollout", "restart", "deployment/epd-operator")
-    wait_for(
-        lambda: (
-            m.system.kubectl(
-                "-n", ns, "rollout", "status", "deployment/epd-operator", "--timeout=50s", check=False
-            ).returncode
-            == 0
-        ),
-        300,
-        "the operator restarted",
-        interval=1,
-    )
 
 
 def test_idle_the_encoders_are_at_zero_and_light_load_is_served_raw(loop: LoopRecord):

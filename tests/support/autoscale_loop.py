@@ -627,6 +627,25 @@ KEDA_LOOP = LoopConfig(
 )
 
 
+def start_keda(m: Mission) -> None:
+    """KEDA's operator and metrics server on the mission's cluster (in the node's network namespace,
+    `LocalCluster.start_keda`), then the operator restarted and back. The operator's watches are fixed
+    when it starts (kopf's resource scanning is off): one started before KEDA's CRDs were installed, as
+    the mission cluster's was, applies ScaledObjects but never watches them, and reports the tier's KEDA
+    verdict as pending for good. A cluster that installs KEDA after the operator restarts it the same way."""
+    m.cluster.start_keda()
+    ns = m.system.ns
+
+    def restarted() -> bool:
+        status = m.system.kubectl(
+            "-n", ns, "rollout", "status", "deployment/epd-operator", "--timeout=50s", check=False
+        )
+        return status.returncode == 0
+
+    m.system.kubectl("-n", ns, "rollout", "restart", "deployment/epd-operator")
+    wait_for(restarted, 300, "the operator restarted", interval=1)
+
+
 class _KedaLoop(_Loop):
     """The loop from zero and back: idle at zero, light load served raw, the step wakes the tier and
     its HPA may take it to 2, light load again while KEDA takes it back to zero."""
