@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s k8s-node node-images cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-faults mutation images image-deps node-store-clean clean
+.PHONY: help install vllm-env k8s k8s-node node-images cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-autoscale-keda bench-faults mutation images image-deps node-store-clean clean
 
 help: ## this list: every target and what it does
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-21s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,8 +59,8 @@ node-images: vllm-env ## the node tier's images as archives, without loading the
 # kube-router's firewall, in namespaces of its own: root and
 # `apt-get install runc containerd containernetworking-plugins ipset`),
 # in the background: prints the kubeconfig and how to stop it. `make images` loads the images into it.
-cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node enforcing NetworkPolicies and the LWS controller in the background
-	$(BIN)/python -m dev.cluster_cli up --detach --real-node --lws
+cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node enforcing NetworkPolicies and the LWS controller in the background (KEDA=1: and KEDA)
+	$(BIN)/python -m dev.cluster_cli up --detach --real-node --lws $(if $(KEDA),--keda)
 
 cluster-down: install ## stop the local control plane
 	$(BIN)/python -m dev.cluster_cli down
@@ -150,6 +150,15 @@ bench-e2e: vllm-env ## real vLLM tiers behind each router on an image workload (
 bench-autoscale: k8s-node test-tools ## the encoder autoscaling loop on real pods: scale-up, new encoder's share, drain
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.autoscale
+
+# The same loop with the KEDA engine: the encoder tier from zero (light load served raw by the consumer), a step
+# that wakes it and takes it to 2, light load while KEDA takes it back to zero. KEDA's operator and metrics server
+# run in the real node's network namespace beside Prometheus (make k8s builds KEDA). bench/results/autoscale-keda.md,
+# .png, .json (about 20 minutes with the vLLM image in the node store).
+bench-autoscale-keda: k8s-node test-tools ## the encoder tier scaled to zero and back by KEDA on real pods: time to serve, latency at zero
+	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m dev.keda build >/dev/null
+	$(BIN)/python -m bench.autoscale --keda
 
 # The fault table on the local cluster's real node (root, like test-node): two pods per tier under steady load
 # through the router Service; pods, a router, the operator, the API server and etcd, the kubelet fail one after

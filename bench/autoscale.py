@@ -14,6 +14,13 @@ encoder replicas, ready encoders, the HPA's load and the routers' items in fligh
 queue) and autoscale.json (the raw records). Needs root and the real node's packages, like `make
 test-node`; about 30 minutes on 2 shared cores when the node's image store holds the vLLM image, most
 of it vLLM starting.
+
+`--keda` runs the same loop with the KEDA engine instead (tests/node/test_keda_loop.py's loop): the
+encoder tier from zero, KEDA's operator and metrics server in the node's network namespace reading the
+loop's Prometheus (no prometheus-adapter). It writes bench/results/autoscale-keda.md (the seconds from
+the load step's first request to an encoder serving, the woken encoder's timeline, client latency at zero,
+while the tier wakes and after, the way back to zero, failed requests), autoscale-keda.png (encoder
+replicas, ready encoders, KEDA's activity, the load, every request's latency) and autoscale-keda.json.
 """
 
 from __future__ import annotations
@@ -30,12 +37,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.support.autoscale_loop import (
+    KEDA_LOOP,
+    KEDA_TIMELINE,
     TIMELINE,
     LoopConfig,
     LoopRecord,
     metrics_pipeline,
     record_from_json,
+    run_loop,
     run_loops,
+    start_keda,
+    write_record,
 )
 from tests.support.mission import mission_cluster
 from tests.support.real_node import unavailable
@@ -289,6 +301,181 @@ def plot(records: list[LoopRecord], path: Path) -> None:
     plt.close(fig)
 
 
+# ---------------------------------------------------------------- the KEDA loop (--keda)
+
+
+def _since(record: LoopRecord, mark: str, base: str = "step_start") -> str:
+    t, t0 = record.marks.get(mark), record.marks.get(base)
+    return f"{t - t0:.0f} s" if t is not None and t0 is not None else "n/a"
+
+
+def keda_phases(record: LoopRecord) -> list[tuple[str, str, str]]:
+    """The windows client latency is reported over: (label, start mark, end mark), those the run reached."""
+    windows = [
+        ("light load, tier at zero (served raw by the consumer)", "light_start", "step_start"),
+        (
+            "step, from its first request to an encoder serving (raw, then spilled or encoded)",
+            "step_start",
+            "first_serving",
+        ),
+        ("step, after an encoder serves", "first_serving", "light_after_start"),
+        ("light load, encoders still up", "light_after_start", "scaled_down"),
+        ("light load, tier back at zero", "scaled_down", "load_end"),
+    ]
+    return [w for w in windows if w[1] in record.marks and w[2] in record.marks]
+
+
+def keda_report(
+    record: LoopRecord, started: datetime, wall: float, load_average: tuple[float, ...], ran_at: str
+) -> str:
+    c, m = record.config, record.marks
+    idle, again = record.statuses.get("idle") or {}, record.statuses.get("zero_again") or {}
+    drain = [
+        r
+        for r in record.requests
+        if r["end"] >= m.get("scaled_down", float("inf")) and r["start"] <= m.get("left_gone", 0)
+    ]
+    step_loads = [s.load for s in record.samples if s.phase == "step" and s.load is not None]
+    by_encoder = record.counts_at_step_end
+    failures = record.failures()
+    lines = [
+        "# Encoder scale to zero with KEDA on real pods (`make bench-autoscale-keda`)",
+        "",
+        f"Run {started:%Y-%m-%d %H:%M} UTC, commit `{ran_at}`, {cpu_model()} ({platform.machine()}), "
+        f"load average {load_average[0]:.1f} / {load_average[1]:.1f} / {load_average[2]:.1f} (1/5/15 min) at the end; "
+        f"{wall / 60:.1f} min in all (KEDA's start, Prometheus, the deployment, the loop). Shared cores: times are "
+        "upper bounds.",
+        "",
+        "Setup: the local cluster's real node; `examples/epd-local-cpu.yaml` (E+PD, vLLM 0.32 for CPU, tiny "
+        "Qwen2-VL, SharedStorage EC) with `encoder.autoscaling: {engine: KEDA, minReplicas: 0, maxReplicas: 2, load: "
+        f"{{targetPerPod: {c.target_per_pod}}}, keda: {{pollingInterval: {c.keda_polling}, cooldownPeriod: "
+        f"{c.keda_cooldown}, activationThreshold: {c.keda_activation:g}}}, behavior: {{scaleDown: "
+        f"{{stabilizationWindowSeconds: {c.scale_down_window}}}}}}}`. KEDA v2.21.0's operator and metrics server "
+        "(built from its Go module) run in the node's network namespace; its Prometheus trigger (the operator's "
+        "rendered query: the routers' items in flight to the tier's pods plus the media items per second they sent "
+        "raw) reads Prometheus scraping the router and vLLM pods every second; kube-controller-manager's HPA (1 s "
+        "sync) reads KEDA's external metric. Clients: chat requests (4 tokens out) with 224×224 PNGs never sent "
+        "before, to the router Service's ClusterIP from the node's network namespace; "
+        f"light = {c.light.clients} client × {c.light.images} image, {c.light.pause:g} s between requests (under "
+        f"the activation threshold of {c.keda_activation:g} raw item per second); step = {c.step.clients} "
+        f"closed-loop clients × {c.step.images} images per request; spill-over "
+        f"{'on' if c.spill_over else 'off'}.",
+        "",
+        "## Figures",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| EPDDeployment idle, before any load | phase {idle.get('phase')}, encoder tier "
+        f"{(idle.get('encoder') or {}).get('ready')} `{(idle.get('encoder') or {}).get('reason')}`, ScaledObject "
+        f"Ready={(idle.get('scaled_object') or {}).get('Ready')} Active={(idle.get('scaled_object') or {}).get('Active')} |",
+        f"| media items the router sent raw by the light phase's end (tier at zero) | "
+        f"{record.statuses.get('raw_items_at_light_end', float('nan')):.0f} |",
+        f"| **seconds from the step's first request to an encoder serving** (its vLLM counter moves) | "
+        f"**{_since(record, 'first_serving')}** |",
+        *(f"| timeline: {label} | {_since_step(record, record.timeline.get(name))} |" for name, label in KEDA_TIMELINE),
+        f"| KEDA's HPA sets 2 encoders (seen by the loop) | {_since(record, 'scaled_up')} |",
+        f"| second encoder answers its first request from the router | {_since(record, 'second_serving')} |",
+        "| encoder requests each encoder answered by the step's end | "
+        + (", ".join(f"`{pod}` {n:.0f}" for pod, n in sorted(by_encoder.items())) or "n/a")
+        + " |",
+        f"| KEDA's load per encoder during the step (its HPA's external metric): max / median | "
+        f"{max(step_loads, default=float('nan')):.2f} / "
+        f"{statistics.median(step_loads) if step_loads else float('nan'):.2f} (target {c.target_per_pod}) |",
+        f"| step ends → tier at zero (replicas 0) | {_since(record, 'scaled_down', 'light_after_start')} |",
+        f"| tier at zero → last encoder gone (preStop, vLLM's shutdown) | {_since(record, 'left_gone', 'scaled_down')} |",
+        f"| EPDDeployment back at zero | phase {again.get('phase')}, encoder tier "
+        f"{(again.get('encoder') or {}).get('ready')} `{(again.get('encoder') or {}).get('reason')}`; Events: "
+        f"{', '.join(record.statuses.get('events') or []) or 'n/a'} |",
+        f"| spilled items / requests (step; whole run) | {record.spilled.get('step_items', 0):.0f} / "
+        f"{record.spilled.get('step_requests', 0):.0f}; {record.spilled.get('items', 0):.0f} / "
+        f"{record.spilled.get('requests', 0):.0f} |",
+        f"| failed client requests while the last encoders drained (target 0) | "
+        f"{sum(1 for r in drain if r['status'] != 200)} of {len(drain)} |",
+        f"| **failed client requests, whole run (target 0)** | **{len(failures)} of {len(record.requests)}** |",
+        "",
+        "Times are seconds since the load step's first request unless the row says otherwise.",
+        "",
+        "![encoder replicas, ready encoders, KEDA's activity, load and client latency](autoscale-keda.png)",
+        "",
+        "## Client latency",
+        "",
+        "| window | requests | failed | p50 | p90 | p99 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, start, end in keda_phases(record):
+        rs = [r for r in record.requests if m[start] <= r["start"] < m[end]]
+        lat = record.latencies(start, end)
+        lines.append(
+            f"| {label} | {len(rs)} | {sum(1 for r in rs if r['status'] != 200)} | {_pct(lat, 0.5):.2f} s | "
+            f"{_pct(lat, 0.9):.2f} s | {_pct(lat, 0.99):.2f} s |"
+        )
+    lines += [
+        "",
+        *(f"- failed: {json.dumps(r)[:300]}" for r in failures[:10]),
+        "",
+        "p99 over fewer than 100 requests is the slowest one.",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def keda_plot(record: LoopRecord, path: Path) -> None:
+    """Encoder replicas, ready encoders and KEDA's Active; the load (KEDA's per-encoder value and the
+    routers' items in flight per encoder); every client request's latency, by phase; over seconds since
+    the load step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    t0 = record.marks["step_start"]
+    s = record.samples
+    ts = [x.t - t0 for x in s]
+    axes[0].step(ts, [x.replicas for x in s], where="post", label="encoder replicas (KEDA / its HPA)")
+    axes[0].step(ts, [x.ready for x in s], where="post", linestyle="--", label="ready encoders")
+    axes[0].step(ts, [0.1 if x.active else None for x in s], where="post", color="grey", label="KEDA Active")
+    axes[0].set_ylabel("encoders")
+    axes[0].set_ylim(-0.1, 2.6)
+    axes[0].legend(loc="upper right", fontsize=7)
+    for key, points in sorted(record.series.items()):
+        kind, _, pod = key.partition(":")
+        if kind == "inflight":
+            axes[1].plot([t - t0 for t, _ in points], [v for _, v in points], label=f"items in flight: {pod[-5:]}")
+    loads = [(x.t - t0, x.load) for x in s if x.load is not None]
+    axes[1].plot([t for t, _ in loads], [v for _, v in loads], "k.", markersize=3, label="KEDA's load (avg per pod)")
+    axes[1].axhline(record.config.target_per_pod, color="grey", linestyle=":", label="target per pod")
+    axes[1].set_ylabel("encoder load")
+    axes[1].legend(loc="upper right", fontsize=7)
+    for phase, color in (("light", "tab:blue"), ("step", "tab:red"), ("light_after", "tab:green")):
+        rs = [r for r in record.requests if r["phase"] == phase]
+        axes[2].scatter(
+            [r["start"] - t0 for r in rs],
+            [r["end"] - r["start"] for r in rs],
+            s=4,
+            color=color,
+            label=f"{phase} ({sum(1 for r in rs if r['status'] != 200)} failed)",
+        )
+    axes[2].set_ylabel("client latency (s)")
+    axes[2].set_xlabel("seconds since the load step")
+    axes[2].legend(loc="upper right", fontsize=7)
+    for name, color in (
+        ("step_start", "red"),
+        ("first_serving", "green"),
+        ("light_after_start", "red"),
+        ("scaled_down", "grey"),
+    ):
+        if name in record.marks:
+            for ax in axes:
+                ax.axvline(record.marks[name] - t0, color=color, alpha=0.4)
+    axes[0].set_title(
+        "KEDA, encoders from zero (red: step on/off, green: an encoder serving, grey: back to zero)", fontsize=9
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def records_from_json(data: dict) -> list[LoopRecord]:
     """The runs of an autoscale.json: `runs` (one record each), or one `record` (a single-run file)."""
     return [record_from_json(r) for r in data["runs"]] if "runs" in data else [record_from_json(data["record"])]
@@ -307,15 +494,31 @@ def write_records(path: Path, records: list[LoopRecord], started: datetime, wall
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.autoscale", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS / "autoscale.md")
+    parser.add_argument("--out", type=Path, help="default: bench/results/autoscale.md (autoscale-keda.md with --keda)")
     parser.add_argument(
         "--from-record", type=Path, help="write the report and plot from a run's autoscale.json instead of running"
     )
+    parser.add_argument("--keda", action="store_true", help="the KEDA engine's loop: encoders from zero and back")
     args = parser.parse_args(argv)
-    out: Path = args.out
+    out: Path = args.out or RESULTS / ("autoscale-keda.md" if args.keda else "autoscale.md")
     if args.from_record:
         data = json.loads(args.from_record.read_text())
         records = records_from_json(data)
+        if args.keda:
+            [record] = records
+            assert record.config.engine == "KEDA", f"{args.from_record} is a run of the {record.config.engine} engine"
+            keda_plot(record, out.with_suffix(".png"))
+            out.write_text(
+                keda_report(
+                    record,
+                    datetime.fromisoformat(data["started"]),
+                    data["wall"],
+                    tuple(data["load_average"]),
+                    data.get("commit", "not recorded"),
+                )
+            )
+            print(f"wrote {out} and {out.with_suffix('.png')} from {args.from_record}", file=sys.stderr)
+            return 0
         plot(records, out.with_suffix(".png"))
         out.write_text(
             report(
@@ -332,6 +535,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench-autoscale: {why}", file=sys.stderr)
         return 2
     started, t, ran_at = datetime.now(UTC), time.monotonic(), commit()
+    if args.keda:
+        record_path = out.with_suffix(".json")
+        with tempfile.TemporaryDirectory(prefix="epd-bench-autoscale-keda-") as tmp:
+            work = Path(tmp)
+            with mission_cluster(work) as m:
+                start_keda(m)
+                with metrics_pipeline(m, work, adapter=False) as pipeline:
+                    record = run_loop(m, pipeline, KEDA_LOOP, work, say=lambda line: print(line, file=sys.stderr))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_record(record_path, record, started, time.monotonic() - t, ran_at)
+        return main(["--keda", "--from-record", str(record_path), "--out", str(out)])
     with tempfile.TemporaryDirectory(prefix="epd-bench-autoscale-") as tmp:
         work = Path(tmp)
         with mission_cluster(work) as m, metrics_pipeline(m, work) as pipeline:

@@ -128,12 +128,14 @@ class Component:
 
 LWS_COMPONENT = "lws-controller-manager"
 KEDA_OPERATOR, KEDA_METRICS_SERVER = "keda-operator", "keda-metrics-apiserver"
-# With a real node the API server dials aggregated APIs through the node bridge, from inside the node's
-# network namespace, where KEDA's metrics server on the host's loopback does not answer.
-KEDA_WITH_REAL_NODE = (
-    "KEDA runs on the host, and with a real node the API server reaches aggregated APIs (KEDA's external "
-    "metrics API) from inside the node's network namespace: run KEDA on a cluster without a real node"
-)
+
+
+def components_network(real_nodes: Sequence[RealNode]) -> list[str]:
+    """The prefix that runs a cluster-side component (one the API server calls as an aggregated API, or
+    one that reads what pods serve) where it must listen: inside the real node's network namespace when
+    the cluster has one, since the API server dials aggregated APIs there (its egress goes through the
+    node bridge) and pod and Service IPs answer only there; else nothing (the host's loopback)."""
+    return real_nodes[0].netns_argv() if real_nodes else []
 
 
 class LocalCluster(ClusterApi):
@@ -153,8 +155,6 @@ class LocalCluster(ClusterApi):
     ):
         if len(real_nodes) > 1:
             raise ValueError("one real node at most: the API server reaches kubelets through one node bridge")
-        if keda and real_nodes:
-            raise ValueError(KEDA_WITH_REAL_NODE)
         self.version = version
         self.apiserver_only = apiserver_only
         self.real_node_specs = tuple(real_nodes)
@@ -504,24 +504,22 @@ class LocalCluster(ClusterApi):
 
     def start_keda(self, timeout: float = 120) -> None:
         """Run KEDA's operator and metrics server (dev/keda.py), with its CRDs, the gRPC link between
-        them and the external metrics APIService; once, like :meth:`start_lws`."""
+        them and the external metrics APIService; once, like :meth:`start_lws`. With a real node they
+        run in its network namespace (:func:`components_network`): their Prometheus triggers then
+        reach what listens there, a Prometheus scraping the pods."""
         from . import keda
 
         if any(c.name == KEDA_OPERATOR for c in self.components):
             return
-        if self.real_node_specs:
-            raise ClusterError(KEDA_WITH_REAL_NODE)
         binaries = keda.binaries()
         certs = keda.prepare(self, self.pki, self.dir / "keda")
         ports = keda.Ports(grpc=free_port(), health=free_port(), api=free_port(), metrics=free_port())
         env = {**os.environ, **keda.environment(self.kubeconfig_path)}
-        self._component(KEDA_OPERATOR, keda.operator_argv(binaries["keda"], certs, ports), env=env)
-        keda.wait_operator_ready(self, ports.health, timeout)
-        self._component(
-            KEDA_METRICS_SERVER,
-            keda.metrics_server_argv(binaries["keda-adapter"], certs, self.kubeconfig_path, ports),
-            env=env,
-        )
+        enter = components_network(self.real_nodes)
+        argv = keda.processes(binaries, certs, self.kubeconfig_path, ports, enter)
+        self._component(KEDA_OPERATOR, argv.operator, env=env)
+        keda.wait_operator_ready(self, ports.health, timeout, enter)
+        self._component(KEDA_METRICS_SERVER, argv.metrics_server, env=env)
         keda.register(self, self.pki, ports.api, timeout)
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,13 @@ from .kube_blocking import BlockingKube
 
 # No answer at all: the server is not listening yet, or not answering in time.
 UNREACHABLE = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+def readyz_argv(url: str) -> list[str]:
+    """A command that exits 0 when `url` answers 200 within 2 s (a readiness probe run where the
+    component listens, behind a namespace-entering prefix)."""
+    code = "import sys, urllib.request; sys.exit(urllib.request.urlopen(sys.argv[1], timeout=2).status != 200)"
+    return [sys.executable, "-c", code, url]
 
 
 class ClusterError(RuntimeError):
@@ -95,17 +104,25 @@ class ClusterApi:
                     raise TimeoutError(f"CRD {name} not established after {timeout:.0f} s")
                 time.sleep(0.2)
 
-    def wait_component_ready(self, health_port: int, what: str, timeout: float) -> None:
-        """Until a component this cluster runs on the host answers its readiness probe (``/readyz``)."""
+    def wait_component_ready(self, health_port: int, what: str, timeout: float, *, enter: Sequence[str] = ()) -> None:
+        """Until a component this cluster runs answers its readiness probe (``/readyz`` on 127.0.0.1):
+        on the host, or, with `enter` (a prefix that runs a command in another network namespace, a
+        real node's ``netns_argv()``), on that namespace's loopback."""
+        url = f"http://127.0.0.1:{health_port}/readyz"
         deadline = time.monotonic() + timeout
         while True:
             self.check_alive()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                pass
+            if enter:
+                probe = subprocess.run([*enter, *readyz_argv(url)], capture_output=True, timeout=30, check=False)
+                if probe.returncode == 0:
+                    return
+            else:
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as answer:
+                        if answer.status == 200:
+                            return
+                except OSError:
+                    pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} was not ready after {timeout:.0f} s")
             time.sleep(0.5)

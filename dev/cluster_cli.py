@@ -84,8 +84,9 @@ def _up(args: argparse.Namespace) -> int:
                 f" and real node {node.name} (pods and Service IPs answer inside its network namespace: "
                 f"nsenter --net={node.netns} curl ...; `make images` loads the local images into it)"
             )
+        where = "the real node's network namespace" if cluster.real_nodes else "the host"
         keda = (
-            " KEDA serves external.metrics.k8s.io (its operator and metrics server on the host)." if args.keda else ""
+            f" KEDA serves external.metrics.k8s.io (its operator and metrics server in {where})." if args.keda else ""
         )
         message = (
             f"Kubernetes {cluster.version} is running at {cluster.server} "

@@ -12,8 +12,11 @@ run the build at ``nice -n 10`` beside other work: it compiles client-go, contro
 scaler's SDK (about 9 minutes on 2 idle cores).
 
 On the local control plane (``LocalCluster.start_keda``, ``python -m dev.cluster_cli up --keda``) both run
-from the host as KEDA's own manifests run them in a cluster (``config/manager``, ``config/metrics-server``),
-with what a pod would have given them passed explicitly:
+as processes, as KEDA's own manifests run them in a cluster (``config/manager``, ``config/metrics-server``),
+with what a pod would have given them passed explicitly. They listen on 127.0.0.1 where the cluster's
+components are reached (:func:`processes`' `enter`): the host's, or with a real node the node's network
+namespace, where the API server dials aggregated APIs through the node bridge and where pod and Service
+IPs (and a Prometheus scraping them) answer. They get:
 
 - its CRDs, the module's own (``config/crd/bases``), and its namespace (``keda``: where KEDA looks for the
   Secrets of cluster-wide trigger authentications);
@@ -24,7 +27,8 @@ with what a pod would have given them passed explicitly:
   rotation (which writes that Secret and patches the APIService) stays off;
 - the cluster's admin kubeconfig, as every controller of the local cluster has (no leader election);
 - the metrics server registered as ``v1beta1.external.metrics.k8s.io``, through an ExternalName Service to
-  localhost (the API server dials it on 127.0.0.1) and trusted through the cluster's CA. The local API
+  localhost (the API server dials it on 127.0.0.1 of its egress: the node's namespace when there is a
+  real node) and trusted through the cluster's CA. The local API
   server has no front-proxy certificates and calls aggregated APIs anonymously, so the anonymous user may
   read ``external.metrics.k8s.io`` while KEDA runs.
 
@@ -42,9 +46,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
@@ -196,6 +201,26 @@ def metrics_server_argv(binary: Path, certs: Path, kubeconfig: Path, ports: Port
     ]
 
 
+class Processes(NamedTuple):
+    """KEDA's two command lines, in start order: the metrics server dials the operator's gRPC service."""
+
+    operator: list[str]
+    metrics_server: list[str]
+
+
+def processes(
+    binaries: dict[str, Path], certs: Path, kubeconfig: Path, ports: Ports, enter: Sequence[str] = ()
+) -> Processes:
+    """Both command lines behind `enter`, the prefix that puts a process where the cluster's components
+    listen (empty: the host; a real node's ``netns_argv()``: its network namespace). Both go to the same
+    place: the metrics server reaches the operator on 127.0.0.1, and the API server reaches the metrics
+    server on 127.0.0.1 of its egress."""
+    return Processes(
+        [*enter, *operator_argv(binaries["keda"], certs, ports)],
+        [*enter, *metrics_server_argv(binaries["keda-adapter"], certs, kubeconfig, ports)],
+    )
+
+
 def external_metrics_api(port: int, ca_bundle: bytes) -> list[dict[str, Any]]:
     """The metrics server on the API server's localhost `port` as ``v1beta1.external.metrics.k8s.io``:
     KEDA's namespace, an ExternalName Service to localhost, the APIService trusting `ca_bundle`, and
@@ -253,9 +278,9 @@ def prepare(cluster: ClusterApi, pki: Path, folder: Path) -> Path:
     return certs
 
 
-def wait_operator_ready(cluster: ClusterApi, health_port: int, timeout: float) -> None:
-    """Until the operator's readiness probe answers."""
-    cluster.wait_component_ready(health_port, "KEDA's operator", timeout)
+def wait_operator_ready(cluster: ClusterApi, health_port: int, timeout: float, enter: Sequence[str] = ()) -> None:
+    """Until the operator's readiness probe answers, where :func:`processes` put it (`enter`)."""
+    cluster.wait_component_ready(health_port, "KEDA's operator", timeout, enter=enter)
 
 
 def register(cluster: ClusterApi, pki: Path, api_port: int, timeout: float) -> None:

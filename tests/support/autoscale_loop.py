@@ -1,8 +1,8 @@
 """The encoder autoscaling loop on the real node: real load through the router Service, real metrics,
 kube-controller-manager's HPA, real vLLM encoder pods coming and going.
 
-- :func:`metrics_pipeline`: Prometheus (Debian's package) and prometheus-adapter (dev/prometheus_adapter.py)
-  inside the node's network namespace, where pod IPs answer. Prometheus scrapes the routers' `metrics`
+- :func:`metrics_pipeline`: Prometheus (Debian's package) and, for the HPA engine, prometheus-adapter
+  (dev/prometheus_adapter.py) inside the node's network namespace, where pod IPs answer. Prometheus scrapes the routers' `metrics`
   port and the vLLM pods' /metrics every second, labelled as the chart's PodMonitors label them
   (`namespace`, `pod`); Debian builds Prometheus without Kubernetes discovery, so the loop lists the
   EPDDeployment's pods and keeps a file of targets up to date. The adapter runs the operator chart's
@@ -16,9 +16,14 @@ kube-controller-manager's HPA, real vLLM encoder pods coming and going.
   EndpointSlice), each encoder's own `vllm:request_success_total`, the routers' spill-over counters,
   and Prometheus' series of the load the HPA reads. :func:`run_loops` runs it once per config, each
   on a fresh EPDDeployment.
+- The same loop with the KEDA engine (`LoopConfig(engine="KEDA")`, :data:`KEDA_LOOP`): the encoder tier
+  from 0 to 2 and back to 0. KEDA's operator and metrics server run in the node's network namespace too
+  (`LocalCluster.start_keda`), where its Prometheus trigger reaches the loop's Prometheus; light load at
+  zero is served raw by the consumer, the step wakes the tier, and after the step the tier goes back to
+  zero while light load keeps coming.
 
-The node test (tests/node/test_autoscaling_loop.py) asserts on the record; the benchmark
-(bench/autoscale.py) reports it. The local API server has no front-proxy certificates, so it calls
+The node tests (tests/node/test_autoscaling_loop.py, tests/node/test_keda_loop.py) assert on the record; the benchmark (tests/node/test_autoscaling_loop.py) asserts on the record; the benchmark
+(bench/autoscale.py, `--keda`) reports it. The local API server has no front-proxy certificates, so it calls
 aggregated APIs anonymously: the anonymous user may read custom.metrics.k8s.io while the pipeline runs.
 """
 
@@ -77,6 +82,13 @@ class LoopConfig:
     second_ready_timeout: float = 600  # a vLLM CPU pod starting on busy shared cores
     scale_down_timeout: float = 300
     spill_over: bool = True  # spec.router.spillOver.enabled (the deployment's default: on)
+    # The autoscaler: an HPA (1 to 2 encoders) or KEDA (0 to 2), with KEDA's polling interval, cooldown
+    # before zero and activation threshold (items in flight plus raw items per second).
+    engine: str = "HPA"
+    keda_polling: int = 5
+    keda_cooldown: int = 30
+    keda_activation: float = 1.0
+    second_timeout: float = 180  # KEDA: from the first encoder serving to its HPA's 2, if the load asks for it
 
 
 @dataclass
@@ -87,6 +99,7 @@ class Sample:
     ready: int  # its ready pods
     desired: int | None  # the HPA's desiredReplicas
     load: float | None  # the HPA's current average of the load metric
+    active: bool | None = None  # KEDA: the ScaledObject's Active condition
 
 
 @dataclass
@@ -108,6 +121,9 @@ class LoopRecord:
     timeline: dict[str, float] = field(default_factory=dict)
     # The routers' spill-over counters (summed over router pods) at the step's end and the load's end.
     spilled: dict[str, float] = field(default_factory=dict)
+    # KEDA: the EPDDeployment and the ScaledObject as the loop found them at its stages (idle at zero,
+    # activated, back at zero), and the media items the routers sent raw at the light phase's end.
+    statuses: dict[str, Any] = field(default_factory=dict)
 
     def failures(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if r["status"] != 200]
@@ -186,17 +202,30 @@ def rfc3339(value: str | None) -> float | None:
 
 
 def autoscaled_example(config: LoopConfig) -> list[dict[str, Any]]:
-    """examples/epd-local-cpu.yaml with `spec.encoder.autoscaling` (1 to 2 encoders on their load) and
-    the router's spill-over on or off."""
+    """examples/epd-local-cpu.yaml with `spec.encoder.autoscaling` (1 to 2 encoders on their load; with
+    KEDA 0 to 2, reading the loop's Prometheus) and the router's spill-over on or off."""
     docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
     epd = next(d for d in docs if d["kind"] == "EPDDeployment")
     epd["spec"].setdefault("router", {})["spillOver"] = {"enabled": config.spill_over}
-    epd["spec"]["encoder"]["autoscaling"] = {
+    autoscaling: dict[str, Any] = {
         "minReplicas": 1,
         "maxReplicas": 2,
         "load": {"targetPerPod": config.target_per_pod},
         "behavior": {"scaleDown": {"stabilizationWindowSeconds": config.scale_down_window}},
     }
+    if config.engine == "KEDA":
+        autoscaling |= {
+            "engine": "KEDA",
+            "minReplicas": 0,
+            "keda": {
+                # KEDA's operator runs in the node's network namespace, beside the loop's Prometheus.
+                "prometheusAddress": f"http://127.0.0.1:{PROMETHEUS_PORT}",
+                "pollingInterval": config.keda_polling,
+                "cooldownPeriod": config.keda_cooldown,
+                "activationThreshold": config.keda_activation,
+            },
+        }
+    epd["spec"]["encoder"]["autoscaling"] = autoscaling
     return docs
 
 
@@ -266,11 +295,55 @@ def _prometheus_config(tmp: Path, targets: Path) -> Path:
 
 
 @contextlib.contextmanager
-def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
-    """Prometheus and prometheus-adapter (the chart's rules) in the node's network namespace, the
-    adapter serving custom.metrics.k8s.io; stopped and unregistered on exit."""
+def metrics_pipeline(m: Mission, tmp: Path, *, adapter: bool = True) -> Iterator[Pipeline]:
+    """Prometheus in the node's network namespace and, with `adapter` (the HPA engine), prometheus-adapter
+    (the chart's rules) beside it serving custom.metrics.k8s.io; stopped and unregistered on exit. KEDA
+    (no adapter) reads Prometheus itself."""
     prometheus = shutil.which("prometheus")
     assert prometheus is not None, "Prometheus is not installed (apt-get install prometheus; `make test-tools`)"
+    node = m.cluster.real_node()
+    logs = {"prometheus": tmp / "prometheus.log", "adapter": tmp / "adapter.log"}
+    pipeline = Pipeline(m, logs, tmp / "targets.json")
+    pipeline.discover()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(
+            logged_process(
+                node.netns_argv(
+                    prometheus,
+                    f"--config.file={_prometheus_config(tmp, pipeline.targets)}",
+                    f"--storage.tsdb.path={tmp / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
+                ),
+                logs["prometheus"],
+                die_with_parent=True,
+            )
+        )
+        if adapter:
+            stack.enter_context(_adapter(m, tmp, logs["adapter"]))
+
+            def available() -> bool:
+                _, body = m.kube.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/v1beta2.{GROUP}")
+                conditions = (body.get("status") or {}).get("conditions") or []
+                return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+            wait_for(
+                available, 180, lambda: f"APIService not Available; adapter:\n{pipeline.tail('adapter')}", interval=1
+            )
+
+        def prometheus_ready() -> bool:
+            try:
+                return m.in_node(f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready", timeout=5)[0] == 200
+            except AssertionError:  # not listening yet
+                return False
+
+        wait_for(prometheus_ready, 120, lambda: f"Prometheus not ready:\n{pipeline.tail('prometheus')}", interval=2)
+        yield pipeline
+
+
+@contextlib.contextmanager
+def _adapter(m: Mission, tmp: Path, log: Path) -> Iterator[None]:
+    """prometheus-adapter in the node's network namespace with the chart's rules, registered as the
+    custom.metrics.k8s.io APIService."""
     adapter = prometheus_adapter.ensure()
     node = m.cluster.real_node()
     rules = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
@@ -278,20 +351,7 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
     adapter_config.write_text(yaml.safe_dump({"rules": rules["custom"]}))  # what the adapter chart renders
     kubeconfig = str(m.cluster.kubeconfig_path)  # https://127.0.0.1:<port>: the node bridge, in the node
     discovery = [f"/apis/{GROUP}", f"/apis/{GROUP}/v1beta1", f"/apis/{GROUP}/v1beta2", "/openapi/v2", "/openapi/v3"]
-    logs = {"prometheus": tmp / "prometheus.log", "adapter": tmp / "adapter.log"}
-    pipeline = Pipeline(m, logs, tmp / "targets.json")
-    pipeline.discover()
     with (
-        logged_process(
-            node.netns_argv(
-                prometheus,
-                f"--config.file={_prometheus_config(tmp, pipeline.targets)}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
-            ),
-            logs["prometheus"],
-            die_with_parent=True,
-        ),
         logged_process(
             node.netns_argv(
                 str(adapter),
@@ -307,7 +367,7 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
                 f"--config={adapter_config}",
                 "--metrics-relist-interval=2s",
             ),
-            logs["adapter"],
+            log,
             die_with_parent=True,
         ),
         # The adapter listens on localhost of the node's network namespace, where the API server's egress dials.
@@ -316,22 +376,7 @@ def metrics_pipeline(m: Mission, tmp: Path) -> Iterator[Pipeline]:
             custom_metrics_api("epd-custom-metrics-anonymous-reader", "default", "epd-custom-metrics", ADAPTER_PORT),
         ),
     ):
-
-        def available() -> bool:
-            _, body = m.kube.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/v1beta2.{GROUP}")
-            conditions = (body.get("status") or {}).get("conditions") or []
-            return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
-
-        wait_for(available, 180, lambda: f"APIService not Available; adapter:\n{pipeline.tail('adapter')}", interval=1)
-
-        def prometheus_ready() -> bool:
-            try:
-                return m.in_node(f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready", timeout=5)[0] == 200
-            except AssertionError:  # not listening yet
-                return False
-
-        wait_for(prometheus_ready, 120, lambda: f"Prometheus not ready:\n{pipeline.tail('prometheus')}", interval=2)
-        yield pipeline
+        yield
 
 
 # ---------------------------------------------------------------- the loop
@@ -345,6 +390,7 @@ class _Loop:
         self.last_sample = 0.0
         self.encoder_deployment = f"{m.name}-encoder"
         self.hpa_name = f"{m.name}-encoder"
+        self.ready_mark = "second_ready"  # the mark of the encoder the timeline follows being Ready
 
     # -- what the cluster says
 
@@ -376,6 +422,8 @@ class _Loop:
         for metric in status.get("currentMetrics") or []:
             if metric.get("type") == "Pods" and metric["pods"]["metric"]["name"] == LOAD:
                 load = _quantity(metric["pods"]["current"]["averageValue"])
+            elif metric.get("type") == "External":  # KEDA's HPA: its load trigger, an AverageValue
+                load = _quantity(metric["external"]["current"]["averageValue"])
         self.record.samples.append(
             Sample(
                 t=now,
@@ -384,11 +432,20 @@ class _Loop:
                 ready=int(dep.get("status", {}).get("readyReplicas") or 0),
                 desired=status.get("desiredReplicas"),
                 load=load,
+                active=self.active(),
             )
         )
 
+    def active(self) -> bool | None:
+        """KEDA's verdict on the triggers (None for an HPA)."""
+        return None
+
+    def timeline_name(self) -> str:
+        """The encoder whose way to serving the timeline follows: the one the scale-up added."""
+        return self.record.second_encoder
+
     def second_pod(self) -> dict[str, Any] | None:
-        name = self.record.second_encoder
+        name = self.timeline_name()
         return next((p for p in self.encoders() if p["metadata"]["name"] == name), None) if name else None
 
     def observe(self) -> None:
@@ -435,7 +492,7 @@ class _Loop:
                 timeline["container_started"] = started
         for cond in pod.get("status", {}).get("conditions") or []:
             if cond["type"] == "Ready" and cond["status"] == "True":
-                timeline["ready"] = rfc3339(cond.get("lastTransitionTime")) or self.record.marks["second_ready"]
+                timeline["ready"] = rfc3339(cond.get("lastTransitionTime")) or self.record.marks[self.ready_mark]
 
     def spill_counters(self) -> dict[str, float]:
         return {
@@ -549,6 +606,202 @@ class _Loop:
         self.phase = "end"
 
 
+KEDA_API = "keda.sh/v1alpha1"
+# The woken encoder's way from KEDA's activation to the router's first request: TIMELINE, with KEDA's
+# activation (the encoder Deployment set from 0 to 1, seen by the loop) in place of the HPA's decision.
+KEDA_TIMELINE = (
+    ("activated", "KEDA activates the tier (encoder Deployment 0 → 1, as the loop's 1 s poll sees it)"),
+    *TIMELINE[1:],
+)
+# The KEDA loop: light load is one client, one image every 2 s, so the raw items per second stay under
+# the activation threshold of 1 and the tier stays at zero; the step (16 items at once) wakes it.
+KEDA_LOOP = LoopConfig(
+    engine="KEDA",
+    light=Phase(clients=1, images=1, pause=2.0),
+    light_seconds=40,
+    share_seconds=30,
+    tail_seconds=20,
+    scale_up_timeout=120,
+    second_ready_timeout=720,
+    scale_down_timeout=300,
+)
+
+
+def start_keda(m: Mission) -> None:
+    """KEDA's operator and metrics server on the mission's cluster (in the node's network namespace,
+    `LocalCluster.start_keda`), then the operator restarted and back. The operator's watches are fixed
+    when it starts (kopf's resource scanning is off): one started before KEDA's CRDs were installed, as
+    the mission cluster's was, applies ScaledObjects but never watches them, and reports the tier's KEDA
+    verdict as pending for good. A cluster that installs KEDA after the operator restarts it the same way."""
+    m.cluster.start_keda()
+    ns = m.system.ns
+
+    def restarted() -> bool:
+        status = m.system.kubectl(
+            "-n", ns, "rollout", "status", "deployment/epd-operator", "--timeout=50s", check=False
+        )
+        return status.returncode == 0
+
+    m.system.kubectl("-n", ns, "rollout", "restart", "deployment/epd-operator")
+    wait_for(restarted, 300, "the operator restarted", interval=1)
+
+
+class _KedaLoop(_Loop):
+    """The loop from zero and back: idle at zero, light load served raw, the step wakes the tier and
+    its HPA may take it to 2, light load again while KEDA takes it back to zero."""
+
+    def __init__(self, m: Mission, pipeline: Pipeline, config: LoopConfig, tmp: Path, say: Callable[[str], None]):
+        super().__init__(m, pipeline, config, tmp, say)
+        self.hpa_name = f"keda-hpa-{m.name}-encoder"  # KEDA's own HPA
+        self.ready_mark = "first_ready"
+
+    def scaled_object(self) -> dict[str, Any]:
+        return self.m.kube.get(KEDA_API, "ScaledObject", self.encoder_deployment) or {}
+
+    def keda_conditions(self) -> dict[str, str]:
+        conditions = (self.scaled_object().get("status") or {}).get("conditions") or []
+        return {c["type"]: c["status"] for c in conditions}
+
+    def active(self) -> bool | None:
+        return {"True": True, "False": False}.get(self.keda_conditions().get("Active", ""))
+
+    def timeline_name(self) -> str:
+        return self.record.first_encoder
+
+    def summary(self) -> dict[str, Any]:
+        """The EPDDeployment's phase, encoder tier and conditions, and the ScaledObject's conditions."""
+        epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
+        status = epd.get("status") or {}
+        return {
+            "phase": status.get("phase"),
+            "encoder": (status.get("tiers") or {}).get("encoder"),
+            "conditions": {
+                c["type"]: {k: c.get(k) for k in ("status", "reason", "message")}
+                for c in status.get("conditions") or []
+            },
+            "scaled_object": self.keda_conditions(),
+        }
+
+    def at_zero(self) -> bool:
+        summary = self.summary()
+        return (
+            int(self.deployment().get("spec", {}).get("replicas", -1)) == 0
+            and not self.encoders(leaving=True)
+            and summary["phase"] == "Ready"
+            and (summary["encoder"] or {}).get("reason") == "ScaledToZero"
+        )
+
+    def serving(self) -> dict[str, Any] | None:
+        """An encoder the router has sent work to (its vLLM counter moved from 0: each is a new pod)."""
+        for pod in self.encoders():
+            if is_ready(pod) and self.count(pod) > 0:
+                return pod
+        return None
+
+    def deploy(self) -> None:
+        manifest = self.tmp / "epd-local-cpu-keda.yaml"
+        manifest.write_text(yaml.safe_dump_all(autoscaled_example(self.config)))
+        self.m.kube.kubectl("apply", "-f", str(manifest))
+        started = time.monotonic()
+        self.wait(lambda: all_ready(self.m, ("decode", "router")), 900, "the EPDDeployment Ready")
+        self.wait(self.at_zero, 300, f"the encoder tier at zero; ScaledObject {self.scaled_object().get('status')}")
+        self.say(f"EPDDeployment Ready, encoders at zero, {time.monotonic() - started:.0f} s after kubectl apply")
+        self.wait(
+            lambda: self.epd_condition("AutoscalingActive").get("status") == "True",
+            120,
+            f"AutoscalingActive from KEDA's verdict; ScaledObject {self.scaled_object().get('status')}",
+        )
+        self.record.statuses["idle"] = self.summary()
+
+    def run(self, client: subprocess.Popen[str]) -> None:
+        c = self.config
+
+        def phase(name: str, load: Phase) -> None:
+            self.phase = name
+            assert client.stdin is not None
+            client.stdin.write(load.line(name))
+            client.stdin.flush()
+            self.mark(f"{name}_start")
+
+        def replicas() -> int:
+            return int(self.deployment()["spec"].get("replicas") or 0)
+
+        self.record.marks["load_start"] = time.time()
+        phase("light", c.light)
+        self.hold(c.light_seconds)
+        self.record.statuses["raw_items_at_light_end"] = self.m.metric(
+            "router", "epd_router_items_total", port=9090, outcome="fallback"
+        )
+
+        phase("step", c.step)
+        self.wait(lambda: replicas() >= 1, c.scale_up_timeout, "KEDA activating the encoder tier")
+        self.mark("activated")
+        self.record.statuses["activated"] = self.summary()
+        first = self.wait(
+            lambda: min(self.encoders(), key=lambda p: p["metadata"]["creationTimestamp"], default=None),
+            60,
+            "an encoder pod",
+        )
+        self.record.first_encoder = first["metadata"]["name"]
+        self.record.timeline["activated"] = self.record.marks["activated"]
+        pod = self.wait(self.serving, c.second_ready_timeout, "an encoder answering the router")
+        self.mark("first_serving")
+        if pod["metadata"]["name"] != self.record.first_encoder:  # the later pod served first: follow it
+            self.record.first_encoder = pod["metadata"]["name"]
+            self.record.timeline = {"activated": self.record.marks["activated"]}
+        self.record.marks["first_ready"] = self.record.marks["first_serving"]  # until its own condition is read
+        self.record.timeline["router_first_request"] = self.record.marks["first_serving"]
+        self.wait(lambda: "endpointslice_ready" in self.record.timeline, 30, "the EndpointSlice listing it")
+        self.settle_timeline()
+        self.record.marks["first_ready"] = self.record.timeline.get("ready", self.record.marks["first_serving"])
+
+        # Its HPA takes the tier on from 1: to 2 when the load per encoder is above the target.
+        try:
+            self.wait(lambda: replicas() == 2, c.second_timeout, "KEDA's HPA asking for 2")
+        except AssertionError:
+            self.say(f"the load did not ask for a second encoder: {self.hpa().get('status')}")
+        else:
+            self.mark("scaled_up")
+            self.record.scaled_up_hpa = self.hpa().get("status") or {}
+            second = self.wait(
+                lambda: next((p for p in self.encoders() if p["metadata"]["name"] != self.record.first_encoder), None),
+                60,
+                "a second encoder pod",
+            )
+            self.record.second_encoder = second["metadata"]["name"]
+
+            def second_serving() -> bool:
+                pod = next((p for p in self.encoders() if p["metadata"]["name"] == self.record.second_encoder), None)
+                return pod is not None and is_ready(pod) and self.count(pod) > 0
+
+            self.wait(second_serving, c.second_ready_timeout, "the second encoder answering the router")
+            self.mark("second_serving")
+            self.record.counts_at_second_serving = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
+        self.hold(c.share_seconds)
+        self.record.counts_at_step_end = {p["metadata"]["name"]: self.count(p) for p in self.encoders() if is_ready(p)}
+        self.record.spilled = {f"step_{k}": v for k, v in self.spill_counters().items()}
+
+        phase("light_after", c.light)
+        self.wait(lambda: replicas() == 0, c.scale_down_timeout, "KEDA taking the tier back to zero")
+        self.mark("scaled_down")
+        leaving = [p["metadata"]["name"] for p in self.encoders(leaving=True)]
+        self.record.leaving_encoder = ",".join(leaving)
+        self.wait(lambda: not self.encoders(leaving=True), c.scale_down_timeout, "the last encoder gone")
+        self.mark("left_gone")
+        self.wait(self.at_zero, 120, "the EPDDeployment reporting the tier at zero again")
+        self.record.statuses["zero_again"] = self.summary()
+        self.hold(c.tail_seconds)
+        self.record.spilled.update(self.spill_counters())
+        self.record.statuses["events"] = sorted(
+            {
+                e.get("reason", "")
+                for e in self.m.kube.list("v1", "Event")
+                if (e.get("involvedObject") or {}).get("name") == self.m.name
+            }
+        )
+        self.phase = "end"
+
+
 def _quantity(value: str) -> float:
     if value.endswith("m"):
         return float(value[:-1]) / 1000
@@ -576,7 +829,7 @@ def run_loop(
 ) -> LoopRecord:
     """Deploy the autoscaled example, run the loop, and return what happened (raises when a step of
     the loop does not happen within its bound)."""
-    loop = _Loop(m, pipeline, config, tmp, say)
+    loop = (_KedaLoop if config.engine == "KEDA" else _Loop)(m, pipeline, config, tmp, say)
     loop.deploy()
     records = tmp / "requests.jsonl"
     try:

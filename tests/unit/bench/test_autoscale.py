@@ -11,7 +11,19 @@ from pathlib import Path
 import pytest
 
 from bench import autoscale
-from tests.support.autoscale_loop import TIMELINE, LoopConfig, LoopRecord, Sample, record_from_json
+from epd_operator.api.validation import parse_epd
+from tests.support.autoscale_loop import (
+    KEDA_LOOP,
+    KEDA_TIMELINE,
+    PROMETHEUS_PORT,
+    TIMELINE,
+    LoopConfig,
+    LoopRecord,
+    Sample,
+    autoscaled_example,
+    record_from_json,
+    write_record,
+)
 
 T0 = 1_000_000.0  # the load step, Unix time
 
@@ -97,3 +109,82 @@ def test_a_written_record_reads_back_into_the_same_report(tmp_path: Path):
     single = {"record": runs[0].to_json()}
     assert record_from_json(single["record"]).counts_at_step_end == runs[0].counts_at_step_end
     assert len(autoscale.records_from_json(single)) == 1
+
+
+def keda_record() -> LoopRecord:
+    """A KEDA run: 20 light requests at zero, a step whose first encoder serves 90 s in and whose second
+    serves at 200 s, then light load back to zero at 300 s."""
+    r = LoopRecord(KEDA_LOOP)
+    r.first_encoder, r.second_encoder, r.leaving_encoder = "vl-encoder-a", "vl-encoder-b", "vl-encoder-a,vl-encoder-b"
+    r.marks = {
+        "load_start": T0 - 40,
+        "light_start": T0 - 40,
+        "step_start": T0,
+        "activated": T0 + 6,
+        "first_ready": T0 + 88,
+        "first_serving": T0 + 90,
+        "scaled_up": T0 + 20,
+        "second_serving": T0 + 200,
+        "light_after_start": T0 + 230,
+        "scaled_down": T0 + 300,
+        "left_gone": T0 + 330,
+        "load_end": T0 + 360,
+    }
+    r.timeline = {name: T0 + 6 + i for i, (name, _) in enumerate(KEDA_TIMELINE)}
+    r.counts_at_step_end = {"vl-encoder-a": 70.0, "vl-encoder-b": 30.0}
+    r.statuses = {
+        "idle": {
+            "phase": "Ready",
+            "encoder": {"ready": "0/0", "reason": "ScaledToZero"},
+            "scaled_object": {"Ready": "True", "Active": "False"},
+        },
+        "zero_again": {"phase": "Ready", "encoder": {"ready": "0/0", "reason": "ScaledToZero"}},
+        "raw_items_at_light_end": 20.0,
+        "events": ["ScaledToZero"],
+    }
+    r.requests = [
+        *({"phase": "light", "start": T0 - 40 + 2 * i, "end": T0 - 39 + 2 * i, "status": 200} for i in range(20)),
+        *({"phase": "step", "start": T0 + 10 * i, "end": T0 + 10 * i + 4, "status": 200} for i in range(23)),
+        {"phase": "light_after", "start": T0 + 320, "end": T0 + 340, "status": 200},
+    ]
+    r.samples = [Sample(T0 + t, "step", 0 if t < 6 else 2, 0 if t < 88 else 1, 2, 5.0, True) for t in range(0, 230, 2)]
+    r.series = {"inflight:vl-encoder-a": [(T0 + 90, 3.0)]}
+    return r
+
+
+def test_the_keda_loop_asks_for_an_encoder_tier_from_zero_reading_the_loops_prometheus():
+    docs = autoscaled_example(KEDA_LOOP)
+    [epd] = [d for d in docs if d["kind"] == "EPDDeployment"]
+    scaling = epd["spec"]["encoder"]["autoscaling"]
+    assert (scaling["engine"], scaling["minReplicas"], scaling["maxReplicas"]) == ("KEDA", 0, 2)
+    assert scaling["keda"]["prometheusAddress"] == f"http://127.0.0.1:{PROMETHEUS_PORT}"
+    # Light load stays under the activation threshold (raw items per second), the step is far above it.
+    assert (
+        KEDA_LOOP.light.clients * KEDA_LOOP.light.images / KEDA_LOOP.light.pause
+        < scaling["keda"]["activationThreshold"]
+    )
+    assert KEDA_LOOP.step.clients * KEDA_LOOP.step.images > KEDA_LOOP.target_per_pod
+    parse_epd(epd)  # the API takes it
+    assert "engine" not in autoscaled_example(LoopConfig())[-1]["spec"]["encoder"]["autoscaling"]
+
+
+def test_the_keda_report_reads_the_issues_figures_from_the_record(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setattr(autoscale, "cpu_model", lambda: "a CPU")
+    r = keda_record()
+    path = tmp_path / "autoscale-keda.json"
+    write_record(path, r, datetime(2026, 12, 3, tzinfo=UTC), 1500.0, "abc1234")
+    [back] = autoscale.records_from_json(json.loads(path.read_text()))
+    assert back.config.engine == "KEDA" and back.statuses == r.statuses and back.samples[-1].active is True
+    text = autoscale.keda_report(back, datetime(2026, 12, 3, tzinfo=UTC), 1500.0, (1.0, 2.0, 3.0), "abc1234")
+    cells = (line.strip("| ").split(" | ") for line in text.splitlines() if " | " in line)
+    rows = {row[0]: row[1] for row in cells if len(row) > 1}
+    assert (
+        rows["**seconds from the step's first request to an encoder serving** (its vLLM counter moves)"] == "**90 s**"
+    )
+    assert rows["timeline: KEDA activates the tier (encoder Deployment 0 → 1, as the loop's 1 s poll sees it)"] == "6 s"
+    assert rows["step ends → tier at zero (replicas 0)"] == "70 s"
+    assert rows["tier at zero → last encoder gone (preStop, vLLM's shutdown)"] == "30 s"
+    assert rows["**failed client requests, whole run (target 0)**"] == "**0 of 44**"
+    assert rows["failed client requests while the last encoders drained (target 0)"] == "0 of 1"
+    assert rows["light load, tier at zero (served raw by the consumer)"] == "20"
+    assert rows["encoder requests each encoder answered by the step's end"] == "`vl-encoder-a` 70, `vl-encoder-b` 30"

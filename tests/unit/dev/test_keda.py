@@ -1,15 +1,16 @@
-"""How KEDA is wired on the local control plane (dev/keda.py): its two processes' command lines, and the
-objects that register its metrics server as the external metrics API."""
+"""How KEDA is wired on the local control plane (dev/keda.py): its two processes' command lines, where
+they run (the host, or a real node's network namespace), and the objects that register its metrics server
+as the external metrics API."""
 
 from __future__ import annotations
 
 import base64
+import sys
 from pathlib import Path
 
-import pytest
-
 from dev import keda
-from dev.cluster import LocalCluster, RealNodeSpec
+from dev.cluster import components_network
+from dev.cluster_api import readyz_argv
 from dev.cluster_pki import cert_extensions
 
 PORTS = keda.Ports(grpc=19666, health=19081, api=16443, metrics=18080)
@@ -87,7 +88,42 @@ def test_a_certificate_for_both_ends_of_a_link_may_serve_and_authenticate_a_clie
     assert "extendedKeyUsage=serverAuth,clientAuth\n" in both
 
 
-def test_a_cluster_with_a_real_node_refuses_keda_before_it_starts_anything(tmp_path: Path):
-    with pytest.raises(ValueError, match="from inside the node's network namespace"):
-        LocalCluster(tmp_path, real_nodes=(RealNodeSpec(),), keda=True)
-    assert list(tmp_path.iterdir()) == []
+NODE_NETNS = ["nsenter", "--net=/proc/4242/ns/net", "--"]
+BINARIES = {"keda": Path("/bin/keda"), "keda-adapter": Path("/bin/keda-adapter")}
+
+
+class NodeWithNetns:
+    """What components_network reads of a real node: the prefix into its network namespace."""
+
+    def netns_argv(self, *argv: str) -> list[str]:
+        return [*NODE_NETNS, *argv]
+
+
+def test_with_a_real_node_both_processes_run_in_its_network_namespace_and_find_each_other_there():
+    enter = components_network([NodeWithNetns()])  # type: ignore[list-item]
+    assert enter == NODE_NETNS
+    argv = keda.processes(BINARIES, CERTS, Path("/kc"), PORTS, enter)
+    for line in argv:
+        assert line[: len(enter)] == enter
+    operator, server = (flags(line[len(enter) :]) for line in argv)
+    assert argv.operator[len(enter)] == "/bin/keda" and argv.metrics_server[len(enter)] == "/bin/keda-adapter"
+    # Both on the same loopback: the metrics server dials the operator there, the API server's egress
+    # (the node bridge) dials the metrics server there, and a trigger's Prometheus there answers the operator.
+    assert server["metrics-service-address"] == operator["metrics-service-bind-address"] == "127.0.0.1:19666"
+    assert server["bind-address"] == "127.0.0.1"
+    # Both log in with the cluster's kubeconfig: 127.0.0.1:<API port> answers in the node's namespace too.
+    assert server["lister-kubeconfig"] == "/kc"
+
+
+def test_without_a_real_node_both_processes_run_on_the_host_as_built():
+    assert components_network([]) == []
+    argv = keda.processes(BINARIES, CERTS, Path("/kc"), PORTS)
+    assert argv.operator == keda.operator_argv(Path("/bin/keda"), CERTS, PORTS)
+    assert argv.metrics_server == keda.metrics_server_argv(Path("/bin/keda-adapter"), CERTS, Path("/kc"), PORTS)
+
+
+def test_the_readiness_probe_run_in_a_namespace_is_the_url_fetched_by_this_python():
+    argv = readyz_argv("http://127.0.0.1:19081/readyz")
+    assert argv[0] == sys.executable and argv[1] == "-c"
+    assert argv[-1] == "http://127.0.0.1:19081/readyz"
+    compile(argv[2], "<probe>", "exec")  # it is Python, whole
