@@ -572,10 +572,16 @@ GATEWAY = {
 }
 
 
-async def test_a_gateway_route_is_applied_owned_and_pruned(ns, operator):
+@pytest.fixture
+def httproutes(ns: KubeView) -> None:
+    """The Gateway API's own HTTPRoute CRD, with its CEL rules: installed before the operator starts, as
+    an optional kind must be for the operator to watch it from its start (controller/served_kinds.py)."""
     from tests.support.cluster import gateway_api_crd, install_crd
 
-    install_crd(ns.cluster, gateway_api_crd("httproutes"))  # the Gateway API's own CRD, with its CEL rules
+    install_crd(ns.cluster, gateway_api_crd("httproutes"))
+
+
+async def test_a_gateway_route_is_applied_owned_and_pruned(ns, httproutes, operator):
     doc = epd_doc()
     doc["spec"]["router"]["gateway"] = GATEWAY
     created = await create(ns, doc)

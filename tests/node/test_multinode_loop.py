@@ -56,7 +56,8 @@ pytestmark = [
 def mission(shared_mission: Mission) -> Iterator[Mission]:
     m = dataclasses.replace(shared_mission, name=NAME)
     m.cluster.start_lws()
-    # The operator watches the optional kinds whose CRDs exist when it starts: restart it to watch LWS.
+    # The operator watches the optional kinds whose CRDs exist when it starts; it would restart itself within
+    # its poll interval to watch LWS (controller/served_kinds.py): a rollout restart does it at once.
     [operator] = m.system.list("apps/v1", "Deployment", labels={"app.kubernetes.io/name": "epd-operator"})
     deployment = f"deployment/{operator['metadata']['name']}"
     m.system.kubectl("-n", m.system.ns, "rollout", "restart", deployment)

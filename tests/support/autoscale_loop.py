@@ -631,8 +631,8 @@ def start_keda(m: Mission) -> None:
     """KEDA's operator and metrics server on the mission's cluster (in the node's network namespace,
     `LocalCluster.start_keda`), then the operator restarted and back. The operator's watches are fixed
     when it starts (kopf's resource scanning is off): one started before KEDA's CRDs were installed, as
-    the mission cluster's was, applies ScaledObjects but never watches them, and reports the tier's KEDA
-    verdict as pending for good. A cluster that installs KEDA after the operator restarts it the same way."""
+    the mission cluster's was, would restart itself to watch ScaledObjects within its poll interval
+    (controller/served_kinds.py); a rollout restart does it at once."""
     m.cluster.start_keda()
     ns = m.system.ns
 

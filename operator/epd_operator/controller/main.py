@@ -38,6 +38,7 @@ from .handlers import build_registry, build_settings
 from .leader import LeaseElector
 from .metrics import CONTENT_TYPE, Metrics
 from .reconciler import Reconciler
+from .served_kinds import POLL_SECONDS, first_served, missing
 
 log = logging.getLogger("epd_operator")
 
@@ -58,6 +59,7 @@ class Options:
     identity: str = ""
     router_image: str = DEFAULT_ROUTER_IMAGE
     keda_prometheus_address: str | None = None
+    optional_kinds_poll_seconds: float = POLL_SECONDS
     verbose: bool = False
 
 
@@ -124,6 +126,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "(autoscaling.keda.prometheusAddress; default: $EPD_KEDA_PROMETHEUS_ADDRESS); the chart passes "
         "keda.prometheusAddress",
     )
+    parser.add_argument(
+        "--optional-kinds-poll-seconds",
+        type=float,
+        default=POLL_SECONDS,
+        help="how often to ask whether an optional kind missing at the start (LeaderWorkerSet, ScaledObject, "
+        f"HTTPRoute) is now served; once one is, the operator stops to be restarted watching it (default {POLL_SECONDS:g})",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     if any(not ns.strip() for ns in args.namespaces):
@@ -132,6 +141,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         ("--resync-seconds", args.resync_seconds),
         ("--lease-duration", args.lease_duration),
         ("--workers", args.workers),
+        ("--optional-kinds-poll-seconds", args.optional_kinds_poll_seconds),
     ):
         if value <= 0:
             parser.error(f"{flag} must be positive, got {value}")
@@ -266,6 +276,12 @@ async def _act(
         router_image=options.router_image,
         prometheus_address=options.keda_prometheus_address,
     )
+    # What kopf will not watch: an optional kind the API server does not serve yet (served_kinds.py).
+    namespace = None if options.all_namespaces else options.namespaces[0]
+    unserved = await missing(kube, namespace)
+    appearing = asyncio.create_task(
+        first_served(kube, unserved, namespace, options.optional_kinds_poll_seconds), name="optional kinds"
+    )
     kopf_stop, kopf_ready = asyncio.Event(), asyncio.Event()
     reconciling = asyncio.create_task(reconciler.run(), name="reconciler")
     health.reconciler_task = reconciling
@@ -285,7 +301,7 @@ async def _act(
     signals = asyncio.create_task(_reclaim_signals(kopf_ready, stop), name="signals")
     while True:
         holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
-        guards = {reconciling, watching, stopping, signals, *([holding] if holding else [])}
+        guards = {reconciling, watching, stopping, signals, appearing, *([holding] if holding else [])}
         done, _ = await asyncio.wait(guards, return_when=asyncio.FIRST_COMPLETED)
         if elector is None or holding not in done or done - {holding}:
             break
@@ -295,7 +311,7 @@ async def _act(
         health.role, health.reconciler_task = "standby", None  # a standby is healthy: no restart
         metrics.leader.set(0)
         regained = asyncio.create_task(elector.acquire(), name="lease")
-        done, _ = await asyncio.wait({regained, watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({regained, watching, stopping, appearing}, return_when=asyncio.FIRST_COMPLETED)
         if regained not in done:
             await _cancelled(regained)
             break
@@ -308,7 +324,11 @@ async def _act(
     await _cancelled(reconciling)
     kopf_stop.set()
     (watch_error,) = await asyncio.gather(watching, return_exceptions=True)
-    for task in (stopping, signals, holding):
+    polled = appearing.done() and not appearing.cancelled()
+    if polled and appearing.exception() is None:
+        kinds = ", ".join(f"{r.api_version} {r.kind}" for r in appearing.result())
+        log.warning("now served, which it was not at the start: %s; stopping, to be restarted watching it", kinds)
+    for task in (stopping, signals, holding, appearing):
         if task is not None:
             task.cancel()
     _forget_signal_handlers()
@@ -316,6 +336,7 @@ async def _act(
     for what, error in (
         ("the reconciler", reconciling.exception() if crashed else None),
         ("kopf", watch_error if isinstance(watch_error, Exception) else None),
+        ("the optional kinds' poll", appearing.exception() if polled else None),
     ):
         if error is not None:
             log.error("%s crashed", what, exc_info=error)
