@@ -227,7 +227,8 @@ async def test_pods_are_counted_per_generation_in_the_status_and_the_metrics():
     r.pod_event(None, tier_pod("encoder", 0, 20, ready, **{GENERATION_LABEL: current}))
     r.pod_event(None, tier_pod("decode", 0, 21, not_ready, **{GENERATION_LABEL: current}))
     r.pod_event(None, tier_pod("decode", 1, 22, ready, **{GENERATION_LABEL: "old"}))
-    r.pod_event(None, {**tier_pod("decode", 0, 23, ready), "metadata": {"name": "elsewhere", "namespace": "other"}})
+    elsewhere = tier_pod("decode", 9, 23, ready, **{GENERATION_LABEL: current})
+    r.pod_event(None, {**elsewhere, "metadata": {**elsewhere["metadata"], "namespace": "other"}})  # not this one's
     assert await r.full_pass(KEY) == "success"
     assert kube.statuses()[-1]["generations"] == [
         {"name": current, "current": True, "pods": {"encoder": 1, "decode": 1}, "readyPods": {"encoder": 1}},
@@ -254,7 +255,6 @@ async def test_unready_tiers_name_the_schedulers_and_the_kubelets_reasons_once()
     r.pod_event(None, tier_pod("encoder", 0, 51, {"conditions": [{"type": "Ready", "status": "True"}]}))
     r.pod_event(None, tier_pod("decode", 0, 52, UNSCHEDULABLE))
     r.pod_event(None, tier_pod("router", 0, 53, CRASHING))
-    r.pod_event(None, {**tier_pod("decode", 1, 54, UNSCHEDULABLE), "metadata": {"name": "x", "namespace": "other"}})
     kube.calls.clear()
     assert await r.status_pass(KEY) == "success"
     tiers = kube.statuses()[-1]["tiers"]
@@ -280,25 +280,18 @@ async def test_a_multi_node_tier_names_its_groups_that_are_not_ready():
     r, kube = reconciler(body_of(MULTI_NODE))
     await queued(r)
     assert await r.full_pass(KEY) == "success"
-    lws = [o for o in render(parse_epd(spec_only(body_of(MULTI_NODE)))) if o["kind"] == "LeaderWorkerSet"]
-    assert lws, "the example has a multi-node tier"
-    role = lws[0]["metadata"]["labels"][ROLE_LABEL]
-    name = lws[0]["metadata"]["name"]
-    groups = lws[0]["spec"]["replicas"]
-    size = lws[0]["spec"]["leaderWorkerTemplate"]["size"]
-    status = {"observedGeneration": 1, "replicas": groups, "readyReplicas": 0, "updatedReplicas": groups}
-    update(r, "LeaderWorkerSet", name, 50, status=status)
+    # The example's decode tier: a LeaderWorkerSet of 2 groups of 2 pods. Group 0 is ready, group 1 has no pods.
+    status = {"observedGeneration": 1, "replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}
+    update(r, "LeaderWorkerSet", f"{NAME}-decode", 50, status=status)
     ready = {"conditions": [{"type": "Ready", "status": "True"}]}
-    for i in range(size):  # group 0 complete and ready, the others without pods
-        r.pod_event(None, tier_pod(role, i, 51 + i, ready, **{GROUP_INDEX_LABEL: "0"}))
+    for i in range(2):
+        r.pod_event(None, tier_pod("decode", i, 51 + i, ready, **{GROUP_INDEX_LABEL: "0"}))
     assert await r.status_pass(KEY) == "success"
-    tier = kube.statuses()[-1]["tiers"][role]
-    missing = ", ".join(str(g) for g in range(1, groups))
-    assert tier["reason"] == "GroupsNotReady"
-    assert tier["message"].startswith(
-        f"group {missing} of {groups} not ready" if groups == 2 else f"groups {missing} of {groups} not ready"
+    decode = kube.statuses()[-1]["tiers"]["decode"]
+    assert (decode["reason"], decode["message"]) == (
+        "GroupsNotReady",
+        f"group 1 of 2 not ready (LeaderWorkerSet {NAME}-decode)",
     )
-    assert name in tier["message"]
 
 
 # ----------------------------------------------------------------------------- holds
