@@ -120,6 +120,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         [
             "tests/unit/controller/test_reconciler.py",
             "tests/unit/controller/test_reconciler_runtime.py",
+            "tests/unit/controller/test_reconciler_inputs.py",
+            "tests/unit/controller/test_reconciler_passes.py",
             "tests/unit/controller/test_runtime_edges.py",
             "tests/unit/controller/test_leader.py",
             "tests/unit/controller/test_handlers.py",
