@@ -36,6 +36,7 @@ class Leases:
         return copy.deepcopy(self.lease)
 
     async def create(self, resource, namespace, obj):
+        assert (resource, namespace) == (LEASE, "ops")
         self._maybe_fail("create")
         if self.lease is not None:
             raise ApiError(409, {"reason": "AlreadyExists"}, "POST leases")
