@@ -36,6 +36,7 @@ class Leases:
         return copy.deepcopy(self.lease)
 
     async def create(self, resource, namespace, obj):
+        assert (resource, namespace) == (LEASE, "ops")
         self._maybe_fail("create")
         if self.lease is not None:
             raise ApiError(409, {"reason": "AlreadyExists"}, "POST leases")
@@ -86,7 +87,7 @@ def test_the_timings_follow_the_lease_duration():
     e = elector(Leases(), duration=15.0)
     assert (e.renew_interval, e.renew_deadline, e.retry_interval) == (5.0, 10.0, 1.5)
     assert elector(Leases(), duration=0.3).retry_interval == 0.05
-    assert not e.is_leader
+    assert e.is_leader is False
 
 
 async def test_no_lease_yet_is_created_held_by_us(clock):
@@ -227,7 +228,7 @@ async def test_hold_renews_until_another_holder_took_over(caplog):
     with caplog.at_level(logging.ERROR, logger="epd_operator.controller.leader"):
         leases.held_by("usurper")
         await asyncio.wait_for(task, 5)
-    assert not e.is_leader
+    assert e.is_leader is False
     assert caplog.messages == ["leadership lost: Lease ops/epd-operator now held by usurper"]
 
 
@@ -240,7 +241,7 @@ async def test_hold_gives_up_when_renewals_fail_until_the_deadline(caplog):
         started = asyncio.get_running_loop().time()
         await asyncio.wait_for(e.hold(), 5)
         elapsed = asyncio.get_running_loop().time() - started
-    assert not e.is_leader
+    assert e.is_leader is False
     assert 0.2 <= elapsed < 3.0  # the renew deadline (2/3 of the lease) after the last renewal, not before
     assert "could not renew the Lease: network down" in caplog.messages
     assert caplog.messages[-1] == "leadership lost: the Lease was not renewed within 0.2s"
@@ -265,7 +266,7 @@ async def test_release_hands_the_lease_back_only_if_we_hold_it(caplog, clock):
     await e.acquire()
     with caplog.at_level(logging.INFO, logger="epd_operator.controller.leader"):
         await e.release()
-    assert not e.is_leader
+    assert e.is_leader is False
     (_, released) = leases.writes[-1]
     assert (released["spec"]["holderIdentity"], released["spec"]["leaseDurationSeconds"]) == ("", 1)
     assert released["spec"]["renewTime"] == "NOW" and e.is_leader is False
@@ -277,7 +278,7 @@ async def test_release_hands_the_lease_back_only_if_we_hold_it(caplog, clock):
     e.is_leader = True
     leases.lease = None
     await e.release()
-    assert not e.is_leader
+    assert e.is_leader is False
 
 
 async def test_a_failed_release_is_only_a_warning(caplog):
@@ -288,4 +289,4 @@ async def test_a_failed_release_is_only_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="epd_operator.controller.leader"):
         await e.release()
     assert caplog.messages == ["could not release the Lease (a standby takes over when it expires): gone"]
-    assert not e.is_leader
+    assert e.is_leader is False

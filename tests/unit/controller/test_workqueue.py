@@ -36,3 +36,9 @@ async def test_failures_back_off_exponentially_and_reset_on_success():
     queue.succeeded("a")
     assert queue.retry("a", FULL) == 0.01
     queue.close()
+
+
+async def test_the_reconcilers_backoff_starts_at_half_a_second_and_stops_growing_at_a_minute():
+    queue: WorkQueue[str] = WorkQueue()
+    assert [queue.retry("a", FULL) for _ in range(9)] == [0.5, 1, 2, 4, 8, 16, 32, 60, 60]
+    queue.close()
