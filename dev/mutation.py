@@ -116,6 +116,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "controller/cache.py",
             "controller/rollout.py",
             "controller/handlers.py",
+            "controller/served_kinds.py",
         ],
         [
             "tests/unit/controller/test_reconciler.py",
@@ -132,6 +133,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/controller/test_workqueue.py",
             "tests/unit/controller/test_status.py",
             "tests/unit/controller/test_status_keda.py",
+            "tests/unit/controller/test_served_kinds.py",
         ],
     ),
     "router-edge": (
