@@ -504,31 +504,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_record:
         data = json.loads(args.from_record.read_text())
         records = records_from_json(data)
+        run = (
+            datetime.fromisoformat(data["started"]),
+            data["wall"],
+            tuple(data["load_average"]),
+            data.get("commit", "not recorded"),
+        )
         if args.keda:
             [record] = records
             assert record.config.engine == "KEDA", f"{args.from_record} is a run of the {record.config.engine} engine"
             keda_plot(record, out.with_suffix(".png"))
-            out.write_text(
-                keda_report(
-                    record,
-                    datetime.fromisoformat(data["started"]),
-                    data["wall"],
-                    tuple(data["load_average"]),
-                    data.get("commit", "not recorded"),
-                )
-            )
-            print(f"wrote {out} and {out.with_suffix('.png')} from {args.from_record}", file=sys.stderr)
-            return 0
-        plot(records, out.with_suffix(".png"))
-        out.write_text(
-            report(
-                records,
-                datetime.fromisoformat(data["started"]),
-                data["wall"],
-                tuple(data["load_average"]),
-                data.get("commit", "not recorded"),
-            )
-        )
+            out.write_text(keda_report(record, *run))
+        else:
+            plot(records, out.with_suffix(".png"))
+            out.write_text(report(records, *run))
         print(f"wrote {out} and {out.with_suffix('.png')} from {args.from_record}", file=sys.stderr)
         return 0
     if why := unavailable():
