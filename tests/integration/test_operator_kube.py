@@ -58,6 +58,16 @@ async def test_apply_list_and_delete(client: Kube, ns: KubeView):
     ]
 
 
+async def test_discovery_names_what_a_group_version_serves_and_404s_one_it_does_not(client: Kube):
+    core = await client.served_resources("v1")
+    assert {"configmaps", "pods", "pods/status"} <= core
+    assert {"deployments", "deployments/scale"} <= await client.served_resources("apps/v1")
+    with pytest.raises(ApiError) as missing:
+        await client.served_resources("no-such-group.example.com/v1")
+    assert missing.value.status == 404
+    assert client.writes == []  # type: ignore[attr-defined]
+
+
 async def test_errors_carry_the_servers_message(client: Kube, ns: KubeView):
     with pytest.raises(ApiError) as caught:
         await client.apply(

@@ -277,10 +277,9 @@ async def _act(
         prometheus_address=options.keda_prometheus_address,
     )
     # What kopf will not watch: an optional kind the API server does not serve yet (served_kinds.py).
-    namespace = None if options.all_namespaces else options.namespaces[0]
-    unserved = await missing(kube, namespace)
+    unserved = await missing(kube)
     appearing = asyncio.create_task(
-        first_served(kube, unserved, namespace, options.optional_kinds_poll_seconds), name="optional kinds"
+        first_served(kube, unserved, options.optional_kinds_poll_seconds), name="optional kinds"
     )
     kopf_stop, kopf_ready = asyncio.Event(), asyncio.Event()
     reconciling = asyncio.create_task(reconciler.run(), name="reconciler")

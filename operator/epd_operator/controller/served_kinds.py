@@ -7,10 +7,10 @@ whose CRDs are installed after that would be applied but never watched, so what 
 therefore notes the optional kinds missing at its start, asks for them every `POLL_SECONDS`, and
 stops once one is served, so that Kubernetes starts it again, watching that kind too.
 
-A kind counts as served when a list of it in a watched namespace (the whole cluster for an
-all-namespaces operator) answers; 404 means not served. Any other answer (RBAC, a 5xx, no
-connection) says nothing either way: such a kind is not counted missing at the start, nor found
-while polling.
+A kind counts as served when API discovery of its group version names it (what kubectl asks; every
+authenticated client may read it, and it lists no objects); a 404 for the group version, or a group
+version without it, means not served. Any other answer (a 5xx, no connection) says nothing either
+way: such a kind is not counted missing at the start, nor found while polling.
 """
 
 from __future__ import annotations
@@ -26,31 +26,29 @@ OPTIONAL = tuple(r for r in CHILD_RESOURCES.values() if r.optional)
 POLL_SECONDS = 30.0
 
 
-async def served(kube: Kube, resource: Resource, namespace: str | None) -> bool | None:
-    """True when the API server serves `resource`, False when it answers 404, None when it cannot tell."""
+async def served(kube: Kube, resource: Resource) -> bool | None:
+    """True when the API server serves `resource`, False when it does not, None when it cannot tell."""
     try:
-        await kube.request("GET", resource, namespace=namespace, query={"limit": "1"})
+        names = await kube.served_resources(resource.api_version)
     except REQUEST_ERRORS as exc:
         if isinstance(exc, ApiError) and exc.status == 404:
             return False
         log.debug("cannot tell whether %s is served: %s", resource.kind, exc)
         return None
-    return True
+    return resource.plural in names
 
 
-async def missing(kube: Kube, namespace: str | None, kinds: tuple[Resource, ...] = OPTIONAL) -> list[Resource]:
+async def missing(kube: Kube, kinds: tuple[Resource, ...] = OPTIONAL) -> list[Resource]:
     """The kinds of `kinds` that the API server does not serve now."""
-    return [r for r in kinds if await served(kube, r, namespace) is False]
+    return [r for r in kinds if await served(kube, r) is False]
 
 
-async def first_served(
-    kube: Kube, kinds: list[Resource], namespace: str | None, interval: float = POLL_SECONDS
-) -> list[Resource]:
+async def first_served(kube: Kube, kinds: list[Resource], interval: float = POLL_SECONDS) -> list[Resource]:
     """Wait until one of `kinds` is served; return those that are. Never returns for no kinds."""
     if not kinds:
         await asyncio.Event().wait()
     while True:
         await asyncio.sleep(interval)
-        appeared = [r for r in kinds if await served(kube, r, namespace) is True]
+        appeared = [r for r in kinds if await served(kube, r) is True]
         if appeared:
             return appeared

@@ -137,7 +137,13 @@ class Kube:
         query = query or {}
         if method != "GET" and not query.get("dryRun"):  # a dry run persists nothing
             self._on_write(method, resource.kind)
-        path = resource.path(namespace, name, subresource)
+        return await self._send(
+            method, resource.path(namespace, name, subresource), query, body=body, content_type=content_type
+        )
+
+    async def _send(
+        self, method: str, path: str, query: dict[str, str], *, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
         for attempt in (1, 2):
             client = await self._dynamic()
             answer = await client.request(
@@ -166,6 +172,14 @@ class Kube:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ---------------------------------------------------------------- reads
+
+    async def served_resources(self, api_version: str) -> set[str]:
+        """The resource names (plurals, with subresources as `plural/sub`) the API server serves in
+        `api_version`, from discovery, which every authenticated client may read; ApiError 404 where
+        the group version is not served at all."""
+        group, _, version = api_version.rpartition("/")
+        found = await self._send("GET", f"/apis/{group}/{version}" if group else f"/api/{version}", {})
+        return {str(r.get("name")) for r in (found or {}).get("resources") or []}
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
