@@ -109,6 +109,30 @@ async def test_listing_an_optional_kind_the_server_does_not_serve_finds_nothing(
     assert exc.value.status == 404
 
 
+async def test_discovery_reads_the_group_versions_resource_names(api):
+    api.answer(200, {"kind": "APIResourceList", "resources": [{"name": "httproutes"}, {"name": "httproutes/status"}]})
+    api.answer(200, {"kind": "APIResourceList", "resources": [{"name": "pods"}]})
+    api.answer(200, {"kind": "APIResourceList", "groupVersion": "x/v1"})  # a group version serving nothing
+    api.answer(404, {"kind": "Status", "reason": "NotFound", "message": "the server could not find it"})
+    writes: list[tuple[str, str]] = []
+    async with Kube(Logins(api.url), on_write=lambda verb, kind: writes.append((verb, kind))) as kube:
+        assert await kube.served_resources(ROUTE.api_version) == {"httproutes", "httproutes/status"}
+        assert await kube.served_resources("v1") == {"pods"}
+        assert await kube.served_resources("x/v1") == set()
+        with pytest.raises(ApiError) as missing:
+            await kube.served_resources("leaderworkerset.x-k8s.io/v1")
+    assert missing.value.status == 404
+    assert str(missing.value).startswith("GET /apis/leaderworkerset.x-k8s.io/v1: HTTP 404")
+    assert [(r.method, r.path, r.query) for r in api.requests] == [
+        ("GET", "/apis/gateway.networking.k8s.io/v1", {}),
+        ("GET", "/api/v1", {}),
+        ("GET", "/apis/x/v1", {}),
+        ("GET", "/apis/leaderworkerset.x-k8s.io/v1", {}),
+    ]
+    assert api.requests[0].headers["Authorization"] == "Bearer token-1"
+    assert writes == []
+
+
 async def test_apply_is_a_strict_server_side_apply_and_a_dry_run_is_no_write(api):
     writes: list[tuple[str, str]] = []
     meta = {"name": "c", "namespace": "ns"}
