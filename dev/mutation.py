@@ -72,6 +72,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/controller/test_apply.py",
             "tests/unit/controller/test_status.py",
             "tests/unit/controller/test_status_pods.py",
+            "tests/unit/controller/test_status_autoscaling.py",
+            "tests/unit/controller/test_status_keda.py",
+            "tests/unit/controller/test_status_lws.py",
         ],
     ),
     "api": (
