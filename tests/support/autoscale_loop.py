@@ -536,16 +536,19 @@ class _Loop:
         [first] = self.encoders()
         self.record.first_encoder = first["metadata"]["name"]
 
-    def run(self, client: subprocess.Popen[str]) -> None:
+    def start_phase(self, client: subprocess.Popen[str], name: str, load: Phase) -> None:
+        """Tell the load client to run `load` from now on, and mark when it began."""
+        self.phase = name
         assert client.stdin is not None
+        client.stdin.write(load.line(name))
+        client.stdin.flush()
+        self.mark(f"{name}_start")
+
+    def run(self, client: subprocess.Popen[str]) -> None:
         c = self.config
 
         def phase(name: str, load: Phase) -> None:
-            self.phase = name
-            assert client.stdin is not None
-            client.stdin.write(load.line(name))
-            client.stdin.flush()
-            self.mark(f"{name}_start")
+            self.start_phase(client, name, load)
 
         self.record.marks["load_start"] = time.time()
         phase("light", c.light)
@@ -717,11 +720,7 @@ class _KedaLoop(_Loop):
         c = self.config
 
         def phase(name: str, load: Phase) -> None:
-            self.phase = name
-            assert client.stdin is not None
-            client.stdin.write(load.line(name))
-            client.stdin.flush()
-            self.mark(f"{name}_start")
+            self.start_phase(client, name, load)
 
         def replicas() -> int:
             return int(self.deployment()["spec"].get("replicas") or 0)
