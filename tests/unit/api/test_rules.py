@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import cel
 import pytest
 from pydantic import BaseModel
 
@@ -15,9 +16,12 @@ from epd_operator.api.rules import (
     SUPPORTED_REASONS,
     Rule,
     _cel_list,
+    _cel_string,
     _dp_ports_fit,
+    _encoder_at_zero_needs_raw_media,
     _no_shared_storage_mount,
     _settings_only_for,
+    cannot_encode,
     rules_for,
 )
 from epd_operator.api.spec import (
@@ -676,3 +680,59 @@ def test_dp_ports_fit_rule():
         "dataParallelSize",
         "FieldValueInvalid",
     )
+
+
+@pytest.mark.parametrize("text", ["plain", "it's", "a\\b", "\\'", "''", "^[a-z]([-a-z0-9]*[a-z0-9])?$", ""])
+def test_cel_string_escapes_so_that_cel_reads_the_text_back(text):
+    literal = f"'{_cel_string(text)}'"
+    assert cel.compile(literal).execute({}) == text
+    assert _cel_string("it's a\\b") == "it\\'s a\\\\b"
+
+
+@pytest.mark.parametrize(
+    ("args", "verdict"),
+    [
+        (["--language-model-only"], True),
+        (["--max-model-len", "64", "--language-model-only=true"], True),
+        (["--language-model-only-not"], False),
+        (["--no-language-model-only"], False),
+        ([], False),
+    ],
+)
+def test_cannot_encode_reads_the_flag_alone_or_with_a_value(args, verdict):
+    assert cannot_encode(args) is verdict
+
+
+@pytest.mark.parametrize("consumer", ["prefill", "decode"])
+def test_encoder_at_zero_needs_raw_media_rule(consumer):
+    rule = _encoder_at_zero_needs_raw_media(consumer)
+    applies = "has(self.prefill)" if consumer == "prefill" else "!has(self.prefill)"
+    assert rule == Rule(
+        EPDDeploymentSpec,
+        f"!({applies}) || !has(self.encoder.autoscaling) || !has(self.encoder.autoscaling.minReplicas)"
+        f" || self.encoder.autoscaling.minReplicas > 0 || !has(self.{consumer}.extraArgs)"
+        f" || !self.{consumer}.extraArgs.exists(a, a == '--language-model-only'"
+        " || a.startsWith('--language-model-only='))",
+        ".encoder.autoscaling.minReplicas",
+        f"an encoder tier at zero leaves the media to the {consumer} tier, whose --language-model-only cannot "
+        "encode it; keep minReplicas at 1 or more, or let that tier load the vision encoder",
+        "FieldValueForbidden",
+    )
+    # Where it stops holding: the consumer that gets the raw media, at zero, without its encoder.
+    tiers = {"prefill": {}} if consumer == "prefill" else {}
+    at_zero = {"encoder": {"autoscaling": {"minReplicas": 0}}, **tiers}
+    for flag in ("--language-model-only", "--language-model-only=true"):
+        assert not rule.holds({**at_zero, consumer: {"extraArgs": ["--enforce-eager", flag]}})
+    assert rule.holds({**at_zero, consumer: {"extraArgs": ["--enforce-eager"]}})
+    assert rule.holds({**at_zero, consumer: {}})
+    assert rule.holds({"encoder": {"autoscaling": {"minReplicas": 1}}, **tiers, consumer: {"extraArgs": [flag]}})
+    assert rule.holds({"encoder": {"autoscaling": {}}, **tiers, consumer: {"extraArgs": [flag]}})
+    assert rule.holds({"encoder": {}, **tiers, consumer: {"extraArgs": [flag]}})
+    # A decode tier that prefill stands before (E/P/D) gets no raw media; without prefill, decode does.
+    decode_behind_prefill = {
+        "encoder": {"autoscaling": {"minReplicas": 0}},
+        "prefill": {},
+        "decode": {"extraArgs": [flag]},
+    }
+    decode_alone = {"encoder": {"autoscaling": {"minReplicas": 0}}, "decode": {"extraArgs": [flag]}}
+    assert rule.holds(decode_behind_prefill) and rule.holds(decode_alone) is (consumer == "prefill")
