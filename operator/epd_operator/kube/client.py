@@ -141,9 +141,7 @@ class Kube:
             method, resource.path(namespace, name, subresource), query, body=body, content_type=content_type
         )
 
-    async def _send(
-        self, method: str, path: str, query: dict[str, str], *, body: Any = None, content_type: str = "application/json"
-    ) -> Any:
+    async def _send(self, method: str, path: str, query: dict[str, str], *, body: Any = None, content_type: str) -> Any:
         for attempt in (1, 2):
             client = await self._dynamic()
             answer = await client.request(
@@ -178,7 +176,8 @@ class Kube:
         `api_version`, from discovery, which every authenticated client may read; ApiError 404 where
         the group version is not served at all."""
         group, _, version = api_version.rpartition("/")
-        found = await self._send("GET", f"/apis/{group}/{version}" if group else f"/api/{version}", {})
+        path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        found = await self._send("GET", path, {}, content_type="application/json")
         return {str(r.get("name")) for r in (found or {}).get("resources") or []}
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:

@@ -719,7 +719,7 @@ def test_encoder_at_zero_needs_raw_media_rule(consumer):
         "FieldValueForbidden",
     )
     # Where it stops holding: the consumer that gets the raw media, at zero, without its encoder.
-    tiers = {"prefill": {}} if consumer == "prefill" else {}
+    tiers: dict[str, Any] = {"prefill": {}} if consumer == "prefill" else {}
     at_zero = {"encoder": {"autoscaling": {"minReplicas": 0}}, **tiers}
     for flag in ("--language-model-only", "--language-model-only=true"):
         assert not rule.holds({**at_zero, consumer: {"extraArgs": ["--enforce-eager", flag]}})
