@@ -868,3 +868,19 @@ def test_consumers_held_for_an_encoder_make_it_progressing_and_name_both_generat
     assert progressing.message == "decode (generation old) keep serving until an encoder pod of generation new is Ready"
     assert cond(st, "Ready").status == "True"  # its pods serve meanwhile
     assert derive(tiers).phase == "Ready"
+
+
+def test_every_held_consumer_is_named_and_the_encoder_rolling_out_for_them_too():
+    # the new generation's encoder is still rolling out; prefill and decode serve on the old one meanwhile
+    rolling = {"metadata": {"generation": 2}, "spec": {"replicas": 1}, "status": {"observedGeneration": 1}}
+    tiers = {"encoder": TierInput(rolling), "prefill": TierInput(settled(1)), "decode": TierInput(settled(2))}
+    held = [
+        Held("Deployment", "vl-prefill", "prefill", runs="old", waits_for="new"),
+        Held("Deployment", "vl-decode", "decode", runs="old", waits_for="new"),
+    ]
+    progressing = cond(derive(tiers, held=held), "Progressing")
+    assert (progressing.status, progressing.reason) == ("True", "WaitingForEncoders")
+    assert progressing.message == (
+        "prefill (generation old), decode (generation old) keep serving until an encoder pod of generation new "
+        "is Ready; rolling out: encoder 0/1"
+    )

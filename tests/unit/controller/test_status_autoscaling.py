@@ -100,6 +100,12 @@ def test_the_tier_carries_the_hpas_own_conditions_and_replicas():
     }
     odd = shown(TierInput(settled_deployment(1), hpa(("ScalingActive", "Maybe", "", "")))).conditions
     assert odd is not None and odd[0].status == "Unknown"
+    # what the HPA leaves out stays empty: the operator adds no words of its own
+    bare = hpa()
+    bare["status"]["conditions"] = [{"status": "False"}]
+    assert shown(TierInput(settled_deployment(1), bare)).model_dump()["conditions"] == [
+        {"type": "", "status": "False", "reason": "", "message": ""}
+    ]
 
 
 def test_an_hpa_whose_metric_is_not_served_degrades_a_ready_deployment_and_says_so():
@@ -199,9 +205,9 @@ def test_events_when_autoscaling_stops_changes_and_comes_back():
     changed = derive(hpa(ABLE, other), previous=inactive, now=T2)
     assert [(e.type, e.reason) for e in transitions(inactive, changed)] == [("Warning", "AutoscalingInactive")]
     back = derive(hpa(ABLE, ACTIVE, desired=1), previous=changed, now=T2)
-    assert [(e.type, e.reason) for e in transitions(changed, back)] == [
-        ("Normal", "AutoscalingActive"),
-        ("Normal", "Ready"),
+    assert [(e.type, e.reason, e.message) for e in transitions(changed, back)] == [
+        ("Normal", "AutoscalingActive", "every autoscaler computes its replica count from its metrics"),
+        ("Normal", "Ready", "every tier has its pods ready"),
     ]
     # an HPA inactive from the very first status is reported too
     assert [e.reason for e in transitions(None, derive(hpa(ABLE, INACTIVE)))] == ["AutoscalingInactive"]
@@ -235,3 +241,44 @@ def test_autoscaling_degradation_is_not_mistaken_for_lost_pods():
         now=T1,
     )
     assert status.phase == "Progressing"
+
+
+def test_the_autoscaling_condition_is_stamped_with_the_generation_like_the_others():
+    status = derive_status(
+        tiers={"encoder": TierInput(settled_deployment(1), hpa(ABLE, ACTIVE, desired=1))},
+        topology="E+PD",
+        endpoint=None,
+        observed_generation=7,
+        spec_errors=None,
+        previous=None,
+        now=T0,
+    )
+    assert {c.type: c.observedGeneration for c in status.conditions} == {
+        "Ready": 7,
+        "Progressing": 7,
+        "Degraded": 7,
+        "SpecValid": 7,
+        "AutoscalingActive": 7,
+    }
+
+
+def test_every_metric_an_hpa_cannot_read_is_named_when_its_message_names_none():
+    both = [
+        {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization"}}},
+        {"type": "Resource", "resource": {"name": "memory", "target": {"type": "Utilization"}}},
+    ]
+    vague = ("ScalingActive", "False", "FailedGetResourceMetric", "no metrics returned from resource metrics API")
+    verdict = verdict_of({"encoder": TierInput(settled_deployment(1), hpa(vague, metrics=both))})
+    assert verdict.message == (
+        "encoder autoscaling inactive: the HPA cannot read cpu, memory from the resource (metrics-server) metrics "
+        f"API; FailedGetResourceMetric: {vague[3]}"
+    )
+
+
+def test_every_hpa_not_reported_yet_is_named():
+    status = derive(hpa(ABLE), decode=TierInput(settled_deployment(1), hpa()))
+    scaling = cond(status, "AutoscalingActive")
+    assert (scaling.status, scaling.message) == (
+        "Unknown",
+        "waiting for the first replica count of the HPA of encoder, decode",
+    )

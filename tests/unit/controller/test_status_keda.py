@@ -111,7 +111,11 @@ def test_keda_holding_its_fallback_replicas_is_degraded():
     assert status.phase == "Degraded"
     scaling = cond(status, "AutoscalingActive")
     assert (scaling.status, scaling.reason) == ("False", "FallbackExists")
-    assert "KEDA holds its fallback replicas" in scaling.message
+    assert scaling.message == (
+        "encoder autoscaling inactive: KEDA holds its fallback replicas (ScaledObject FallbackExists: "
+        + FALLING_BACK[3]
+        + ")"
+    )
 
 
 def test_a_paused_scaled_object_is_reported_but_does_not_degrade():
@@ -150,3 +154,64 @@ def test_a_keda_scaled_tier_reports_on_its_scaled_object_and_plans_one_pod_befor
     assert tiers["encoder"].hpa is None  # KEDA's own HPA is KEDA's: not reported as ours
     # the Deployment does not exist yet: it is created without replicas, so it starts with one pod
     assert tiers["encoder"].deployment is None and tiers["encoder"].planned_replicas == 1
+
+
+def test_a_scaled_object_shows_its_own_replica_bounds_and_kedas_defaults_without_them():
+    kept_warm = tier_state(TierInput(settled_deployment(1), scaled_object=scaled_object(READY, min_replicas=1)))
+    autoscaling = kept_warm.status.autoscaling
+    assert autoscaling is not None and (autoscaling.minReplicas, autoscaling.maxReplicas) == (1, 4)
+    so = scaled_object(READY, ACTIVE)
+    del so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]
+    autoscaling = tier_state(TierInput(settled_deployment(1), scaled_object=so)).status.autoscaling
+    assert autoscaling is not None
+    # KEDA scales between 0 and 100 replicas unless told otherwise
+    assert (autoscaling.engine, autoscaling.minReplicas, autoscaling.maxReplicas) == ("KEDA", 0, 100)
+
+
+def test_a_paused_scaled_object_gives_kedas_reason_and_a_default_when_it_gives_none():
+    unsaid = ("Paused", "True", "", "ScaledObject is paused")
+    status = derive(TierInput(settled_deployment(1), scaled_object=scaled_object(READY, unsaid)))
+    assert cond(status, "AutoscalingActive").reason == "ScaledObjectPaused"
+    own = ("Paused", "True", "PausedByOperator", "paused for maintenance")
+    status = derive(TierInput(settled_deployment(1), scaled_object=scaled_object(READY, own)))
+    scaling = cond(status, "AutoscalingActive")
+    assert (scaling.reason, scaling.message) == (
+        "PausedByOperator",
+        "encoder autoscaling paused: its ScaledObject is paused (paused for maintenance)",
+    )
+
+
+def two_tiers(encoder: dict, prefill: dict):
+    return derive_status(
+        tiers={
+            "encoder": TierInput(settled_deployment(0), scaled_object=encoder),
+            "prefill": TierInput(settled_deployment(0), scaled_object=prefill),
+            "decode": TierInput(settled_deployment(1)),
+        },
+        topology="E/P/D",
+        endpoint=None,
+        observed_generation=1,
+        spec_errors=None,
+        previous=None,
+        now=T0,
+    )
+
+
+def test_every_tier_keda_scaled_to_zero_is_named():
+    status = two_tiers(scaled_object(READY, IDLE), scaled_object(READY, IDLE))
+    assert status.phase == "Ready"
+    assert cond(status, "Ready").message == "every tier has its pods ready (encoder, prefill scaled to zero)"
+    scaling = cond(status, "AutoscalingActive")
+    assert (scaling.status, scaling.message) == ("True", "every autoscaler computes its replica count from its metrics")
+
+
+def test_every_paused_and_every_pending_scaled_object_is_named():
+    paused = two_tiers(scaled_object(READY, PAUSED), scaled_object(READY, PAUSED))
+    assert cond(paused, "AutoscalingActive").message == (
+        "encoder autoscaling paused: its ScaledObject is paused (ScaledObject is paused); "
+        "prefill autoscaling paused: its ScaledObject is paused (ScaledObject is paused)"
+    )
+    pending = two_tiers(scaled_object(), scaled_object())
+    assert (
+        cond(pending, "AutoscalingActive").message == "waiting for KEDA to take up the ScaledObject of encoder, prefill"
+    )

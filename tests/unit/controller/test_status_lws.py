@@ -143,3 +143,29 @@ def test_a_pods_own_trouble_wins_over_the_group_count():
     st = derive(TierInput(lws(2, 1), trouble=trouble, unready_groups=(1,)))
     assert (st.tiers.decode.reason, st.tiers.decode.message) == (trouble.reason, trouble.message)
     assert cond(st, "Ready").reason == "PodsFailing"
+
+
+def test_the_lws_controllers_word_is_quoted_whichever_of_its_conditions_holds():
+    # a scale-up from 2 to 3 groups the controller has not seen yet: it still says Available, as it wrote
+    # it (its conditions carry no observedGeneration), and the tier says so next to its count
+    scaling = lws(2, 2)
+    scaling["metadata"]["generation"] = 4
+    scaling["spec"]["replicas"] = 3
+    for c in scaling["status"]["conditions"]:
+        del c["observedGeneration"]
+    state = tier_state(TierInput(scaling))
+    assert (state.settled, state.ready, state.status.reason) == (False, False, GROUPS_NOT_READY)
+    assert state.status.message == "2 of 3 groups ready (LeaderWorkerSet m-decode: All replicas are ready)"
+    # a condition without words adds none, not an empty quote
+    mute = lws(3, 1)
+    for c in mute["status"]["conditions"]:
+        c.pop("message")
+    assert tier_state(TierInput(mute)).status.message == "1 of 3 groups ready (LeaderWorkerSet m-decode)"
+
+
+def test_a_leader_worker_set_without_replicas_or_size_has_one_group_of_one_pod():
+    # the LWS API's defaults: replicas 1, leaderWorkerTemplate.size 1
+    bare = {"kind": "LeaderWorkerSet", "metadata": {"name": "m-decode"}, "spec": {}}
+    assert unready_groups(bare, [group_pod(0, 0)]) == ()
+    assert unready_groups(bare, [group_pod(0, 0, ready=False)]) == (0,)
+    assert unready_groups(bare, []) == (0,)

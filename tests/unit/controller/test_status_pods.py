@@ -251,3 +251,39 @@ def test_an_unplaced_pod_comes_before_a_failing_one_and_sets_the_ready_reason():
         f"not ready: encoder 0/1, decode 0/2; encoder ErrImagePull: pod e container vllm: {PULL_ERROR}; "
         "decode pods cannot be scheduled: no GPU"
     )
+
+
+def test_an_exit_reads_in_plain_words_where_the_runtime_left_a_field_out():
+    # `reason` is optional in a terminated state: the exit still says it ended, and with what code
+    assert container_trouble(container({"terminated": {"exitCode": 2}})) == ("CrashLoopBackOff", "exited (exit code 2)")
+    assert container_trouble(container({"terminated": {"reason": "Error"}})) == (
+        "CrashLoopBackOff",
+        "Error (exit code ?)",
+    )
+
+
+def test_a_waiting_container_is_trouble_only_by_the_kubelets_own_reason():
+    # no reason given: nothing to tell, the operator makes none up
+    assert container_trouble(container({"waiting": {}})) is None
+    assert container_trouble(container({"waiting": {"message": "pulling"}})) is None
+    # a reason without a message is passed on with no words added
+    assert container_trouble(container(waiting("CreateContainerError"))) == ("CreateContainerError", "")
+
+
+def test_a_pod_that_ran_to_completion_is_passed_over():
+    done = container({"terminated": {"exitCode": 0, "reason": "Completed"}})
+    assert pod_trouble([pod("a", done, phase="Succeeded"), pod("b", RESTARTING[0])]) == PodTrouble(
+        "CrashLoopBackOff", f"pod b container vllm: StartError (exit code 128): {EXEC_ERROR}"
+    )
+
+
+def test_an_init_container_that_did_its_work_leaves_the_word_to_the_container_that_fails():
+    fetched = {**container({"terminated": {"exitCode": 0, "reason": "Completed"}}), "name": "fetch"}
+    assert pod_trouble([pod("a", RESTARTING[0], init=[fetched])]) == PodTrouble(
+        "CrashLoopBackOff", f"pod a container vllm: StartError (exit code 128): {EXEC_ERROR}"
+    )
+    # a container of the pod (not an init container) that exited 0 is still a container that stopped
+    exited = container({"terminated": {"exitCode": 0, "reason": "Completed"}})
+    assert pod_trouble([pod("a", exited, init=[fetched])]) == PodTrouble(
+        "CrashLoopBackOff", "pod a container vllm: Completed (exit code 0)"
+    )
