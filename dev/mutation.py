@@ -46,6 +46,26 @@ SURVIVORS = ROOT / "dev" / "mutation_survivors.toml"
 THRESHOLD = 95.0  # per group
 
 # module (relative to epd_operator/) per group, and the test files that may kill its mutants
+# The router's own tests that serve requests in-process (unit, and loopback servers on 127.0.0.1).
+ROUTER_SERVING_TESTS = [
+    "tests/unit/router/test_video_audio.py",
+    "tests/unit/router/test_discovery.py",
+    "tests/unit/router/test_dp.py",
+    "tests/unit/router/test_generations.py",
+    "tests/unit/router/test_metrics.py",
+    "tests/unit/router/test_spill_over.py",
+    "tests/loopback/router/test_discovery_kube.py",
+    "tests/loopback/router/test_http_server.py",
+    "tests/loopback/router/test_upstream.py",
+    "tests/loopback/router/test_pipeline.py",
+    "tests/loopback/router/test_failures.py",
+    "tests/loopback/router/test_bad_input.py",
+    "tests/loopback/router/test_dp.py",
+    "tests/loopback/router/test_generations.py",
+    "tests/loopback/router/test_spill_over.py",
+    "tests/loopback/router/test_video_audio.py",
+]
+
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "render": (
         ["render/transfer.py", "render/vllm.py"],
@@ -139,33 +159,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/controller/test_served_kinds.py",
         ],
     ),
+    # The router's HTTP edge and its request flow: one group each, so that each is measured in one sitting.
     "router-edge": (
-        [
-            "router/http_server.py",
-            "router/http_messages.py",
-            "router/upstream.py",
-            "router/pipeline.py",
-            "router/backends.py",
-            "router/discovery.py",
-            "router/metrics.py",
-        ],
-        [
-            "tests/unit/router/test_discovery.py",
-            "tests/unit/router/test_dp.py",
-            "tests/unit/router/test_generations.py",
-            "tests/unit/router/test_metrics.py",
-            "tests/unit/router/test_spill_over.py",
-            "tests/loopback/router/test_discovery_kube.py",
-            "tests/loopback/router/test_http_server.py",
-            "tests/loopback/router/test_upstream.py",
-            "tests/loopback/router/test_pipeline.py",
-            "tests/loopback/router/test_failures.py",
-            "tests/loopback/router/test_bad_input.py",
-            "tests/loopback/router/test_dp.py",
-            "tests/loopback/router/test_generations.py",
-            "tests/loopback/router/test_spill_over.py",
-            "tests/loopback/router/test_video_audio.py",
-        ],
+        ["router/http_server.py", "router/http_messages.py", "router/upstream.py"],
+        ROUTER_SERVING_TESTS,
+    ),
+    "router-flow": (
+        ["router/pipeline.py", "router/backends.py", "router/discovery.py", "router/metrics.py"],
+        ROUTER_SERVING_TESTS,
     ),
 }
 # Product modules no group mutates, and why: their behaviour is reached only through a process or the
@@ -282,8 +283,11 @@ def layout(groups: list[str]) -> None:
         "only_mutate": [f"src/epd_operator/{m}" for m in modules],
         "also_copy": ALSO_COPY,
         "pytest_add_cli_args_test_selection": tests,
-        # hypothesis' example database and pytest's cache would carry state from one mutant to the next
-        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q"],
+        # hypothesis' example database and pytest's cache would carry state from one mutant to the next.
+        # A mutant that makes a loopback test wait for an answer that never comes spends no CPU, so
+        # mutmut's CPU-time limit never stops it: a per-test limit far above any listed test's run
+        # (the slowest take about a second) fails it instead, and the mutant counts as killed.
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "--timeout", "20"],
         "use_git_change_detection": False,
     }
     lines = ["", "[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in config.items()]
