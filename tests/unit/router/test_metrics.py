@@ -1,11 +1,22 @@
 """Router metrics: label names that survive Prometheus Operator's target labels, build info and process
-metrics from the first scrape, removal of a forgotten backend's gauges."""
+metrics from the first scrape, removal of a forgotten backend's gauges, and what /metrics reports when
+`--workers N` processes share prometheus_client's multiprocess files (simulated here in one process:
+each simulated worker writes the files of its own pid)."""
 
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess, values
 from prometheus_client.parser import text_string_to_metric_families
 
 from epd_operator import __version__
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
 from epd_operator.router.metrics import RouterMetrics
+from tests.support.prom import sample_values, samples
 
 # What Prometheus Operator puts on every target; a metric label of the same name gets renamed
 # to exported_<name> and dashboards reading it break.
@@ -23,7 +34,7 @@ def label_names(registry_text: bytes) -> set[str]:
 def test_router_labels_never_collide_with_target_labels_and_build_info_exists_before_traffic():
     m = RouterMetrics()
     fresh = families(m.exposition()[0])
-    assert fresh["epd_router_build_info"].samples[0].labels == {"version": __version__}
+    assert [(s.labels, s.value) for s in fresh["epd_router_build_info"].samples] == [({"version": __version__}, 1)]
     assert "process_cpu_seconds" in fresh and "process_resident_memory_bytes" in fresh
     pool = Pool("encoder", m)
     pool.update([DiscoveredEndpoint("http://10.0.0.1:8000", pod="vl-encoder-0")])
@@ -43,3 +54,122 @@ def test_a_forgotten_backend_leaves_the_gauges():
     f = families(m.exposition()[0])
     for name in ("epd_router_endpoint_available", "epd_router_endpoint_inflight"):
         assert [s.labels["backend_pod"] for s in f[name].samples] == ["pa"]
+
+
+def test_requests_are_counted_per_route_and_status():
+    m = RouterMetrics()
+    m.count_request("/v1/chat/completions", 200)
+    m.count_request("/v1/completions", 503)
+    m.count_request("/v1/chat/completions", 200)
+    text = m.exposition()[0]
+    assert sample_values(text, "epd_router_requests_total", route="/v1/chat/completions", status="200") == [2]
+    assert sample_values(text, "epd_router_requests_total", route="/v1/completions", status="503") == [1]
+
+
+def test_stage_buckets_resolve_sub_millisecond_router_work_and_multi_minute_generations():
+    m = RouterMetrics()
+    m.observe_stage("encode", 0.0004)
+    m.observe_stage("total", 200)
+    text = m.exposition()[0]
+    assert sample_values(text, "epd_router_stage_seconds_bucket", stage="encode", le="0.0005") == [1]
+    assert sample_values(text, "epd_router_stage_seconds_bucket", stage="total", le="120.0") == [0]
+    assert sample_values(text, "epd_router_stage_seconds_bucket", stage="total", le="300.0") == [1]
+
+
+def test_the_metrics_go_to_a_registry_the_caller_passes():
+    reg = CollectorRegistry()
+    m = RouterMetrics(reg)
+    m.count_request("/v1/chat/completions", 200)
+    assert sample_values(generate_latest(reg), "epd_router_requests_total", route="/v1/chat/completions") == [1]
+
+
+Worker = Callable[[int], contextlib.AbstractContextManager[None]]
+
+
+@pytest.fixture
+def worker(tmp_path, monkeypatch) -> Iterator[Worker]:
+    """`with worker(pid):` makes the metric values created inside write the multiprocess files of `pid`,
+    as a router worker process of that pid does (main sets PROMETHEUS_MULTIPROC_DIR before it starts)."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.delenv("prometheus_multiproc_dir", raising=False)
+    value_classes: dict[int, Any] = {}  # prometheus_client builds the class per process identifier
+
+    @contextlib.contextmanager
+    def as_worker(pid: int) -> Iterator[None]:
+        cls = value_classes.get(pid) or value_classes.setdefault(pid, values.MultiProcessValue(lambda: pid))
+        with monkeypatch.context() as m:
+            m.setattr(values, "ValueClass", cls)
+            yield
+
+    yield as_worker
+    for cls in value_classes.values():
+        cls.close_all_files()
+
+
+def decode_pool(m: RouterMetrics) -> Pool:
+    pool = Pool("decode", m)
+    pool.update([DiscoveredEndpoint("http://a:8000", pod="pa"), DiscoveredEndpoint("http://b:8000", pod="pb")])
+    return pool
+
+
+def test_with_workers_metrics_adds_their_counts_and_combines_backend_gauges_without_pid(worker):
+    with worker(101):
+        m1 = RouterMetrics()
+        p1 = decode_pool(m1)
+        p1.acquire(p1.endpoints["http://a:8000"], 2)
+        m1.count_request("/v1/chat/completions", 200)
+    with worker(102):
+        m2 = RouterMetrics()
+        p2 = decode_pool(m2)
+        p2.acquire(p2.endpoints["http://a:8000"])
+        for _ in range(3):  # ejected in this worker only
+            p2.record_failure(p2.endpoints["http://b:8000"], "timeout")
+        m2.count_request("/v1/chat/completions", 200)
+    # Any worker answers /metrics with every worker's values.
+    for m in (m1, m2):
+        text = m.exposition()[0]
+        assert sample_values(text, "epd_router_requests_total", route="/v1/chat/completions") == [2]
+        assert sample_values(text, "epd_router_endpoint_inflight", backend_pod="pa") == [3]
+        assert sample_values(text, "epd_router_endpoint_inflight", backend_pod="pb") == [0]
+        # available: 1 while any worker still sends it work
+        assert sample_values(text, "epd_router_endpoint_available", backend_pod="pb") == [1]
+        assert sample_values(text, "epd_router_generation_backends", role="decode") == [2]
+        assert not [s for s in samples(text) if "pid" in s.labels]
+        assert sample_values(text, "epd_router_build_info", version=__version__) == [1]
+
+
+def test_with_workers_a_backend_leaves_the_gauges_once_every_worker_forgot_it(worker):
+    pools = []
+    for pid, work in ((101, 2), (102, 1)):
+        with worker(pid):
+            pool = decode_pool(RouterMetrics())
+            pool.acquire(pool.endpoints["http://b:8000"], work)
+            pools.append(pool)
+    first, second = pools
+    first.update([DiscoveredEndpoint("http://a:8000", pod="pa")])
+    text = first.metrics.exposition()[0]
+    assert sample_values(text, "epd_router_endpoint_inflight", backend_pod="pb") == [1]  # the other worker's
+    assert sample_values(text, "epd_router_endpoint_available", backend_pod="pb") == [1]
+    second.update([DiscoveredEndpoint("http://a:8000", pod="pa")])
+    f = families(second.metrics.exposition()[0])
+    for name in ("epd_router_endpoint_available", "epd_router_endpoint_inflight"):
+        assert [s.labels["backend_pod"] for s in f[name].samples] == ["pa"]
+
+
+def test_an_exited_worker_takes_its_backend_gauges_along_but_not_its_counts(worker, tmp_path):
+    with worker(101):
+        m1 = RouterMetrics()
+        p1 = decode_pool(m1)
+        p1.acquire(p1.endpoints["http://a:8000"])
+        for _ in range(3):  # ejected in the worker that stays
+            p1.record_failure(p1.endpoints["http://b:8000"], "timeout")
+    with worker(102):
+        m2 = RouterMetrics()
+        p2 = decode_pool(m2)
+        p2.acquire(p2.endpoints["http://a:8000"], 5)
+        m2.count_request("/v1/chat/completions", 200)
+    multiprocess.mark_process_dead(102, str(tmp_path))  # what the supervisor does when a worker exits
+    text = m1.exposition()[0]
+    assert sample_values(text, "epd_router_endpoint_inflight", backend_pod="pa") == [1]
+    assert sample_values(text, "epd_router_endpoint_available", backend_pod="pb") == [0]
+    assert sample_values(text, "epd_router_requests_total", route="/v1/chat/completions") == [1]
