@@ -5,6 +5,7 @@ endpoints with their pod's generation. Against the real API server: tests/integr
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -241,3 +242,73 @@ async def test_an_endpoint_without_a_pod_is_routed_to_on_the_default_port_names(
         ("http://10.0.0.5:8001", True, None, None),
         ("http://10.0.0.6:8000", True, None, None),
     ]
+
+
+async def test_from_config_logs_in_with_the_named_kubeconfig_and_fills_the_pools(api, tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBECONFIG", raising=False)  # only the kubeconfig the flag names may be used
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": api.url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "from-ctx"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    cfg = RouterConfig(
+        discovery="kubernetes",
+        kubeconfig=str(kubeconfig),
+        prefill_selector="tier=pre",
+        decode_selector="tier=dec",
+        backend_port_name="api",
+        backend_port=9000,
+        ec_consumer_port=14579,
+    )
+    several = [{"name": "metrics", "port": 9090}, {"name": "api", "port": 8100}]
+    api.answer(200, listing(pod("10.0.2.1", "g1")))
+    api.answer(200, listing(endpoint_slice("pre-a", "10.0.2.1", ports=several)))
+    api.answer(200, listing(pod("10.0.1.1", "g1")))
+    api.answer(200, listing(endpoint_slice("dec-a", "10.0.1.1", ports=[])))
+    p = {role: Pool(role, RouterMetrics()) for role in ("prefill", "decode")}
+    d = KubernetesDiscovery.from_config(cfg, p)
+    await d.start()
+    await d.close()
+    assert [(r.path, r.query["labelSelector"]) for r in api.requests] == [
+        ("/api/v1/namespaces/from-ctx/pods", "tier=pre"),
+        ("/apis/discovery.k8s.io/v1/namespaces/from-ctx/endpointslices", "tier=pre"),
+        ("/api/v1/namespaces/from-ctx/pods", "tier=dec"),
+        ("/apis/discovery.k8s.io/v1/namespaces/from-ctx/endpointslices", "tier=dec"),
+    ]
+    assert state(p["prefill"]) == [("http://10.0.2.1:8100", True, "g1", "tcp://10.0.2.1:14579")]  # the EC consumer
+    assert state(p["decode"]) == [("http://10.0.1.1:9000", True, "g1", None)]
+
+
+async def test_a_failed_watch_is_retried_and_the_pool_catches_up(api):
+    api.answer(200, listing())  # encoder pods
+    api.answer(200, listing())  # encoder slices
+    p = pools()
+    d = discovery(api, p)
+    d.selectors = {"encoder": "tier=enc"}
+    await d.start()
+    for path, obj in (
+        ("/api/v1/namespaces/ctx-ns/pods", {**pod("10.0.0.9", "g1"), "kind": "Pod"}),
+        ("/apis/discovery.k8s.io/v1/namespaces/ctx-ns/endpointslices", endpoint_slice("enc-z", "10.0.0.9")),
+    ):
+        failed = {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd down"}
+        api.answer(500, failed, path=path)  # the watch fails
+        api.answer(200, listing(), path=path)  # after the pause: list again
+        api.stream([{"type": "ADDED", "object": obj}], hold=30, path=path)
+    task = asyncio.create_task(d.run())
+    try:
+        async with asyncio.timeout(10):
+            while state(p["encoder"]) != [("http://10.0.0.9:8000", True, "g1", None)]:
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await d.close()
