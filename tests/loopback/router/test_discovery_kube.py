@@ -5,7 +5,9 @@ endpoints with their pod's generation. Against the real API server: tests/integr
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -47,6 +49,15 @@ def pools() -> dict[str, Pool]:
 
 def state(pool: Pool) -> list[tuple[str, bool, str | None, str | None]]:
     return sorted((ep.url, ep.ready, ep.generation, ep.ec_zmq) for ep in pool.endpoints.values())
+
+
+def token(api: FakeApiServer) -> Callable[[], Awaitable[Credentials]]:
+    """Log in to `api` with a context that names no namespace; the discovery's defaults otherwise."""
+
+    async def login() -> Credentials:
+        return Credentials.from_token(api.url, "t")
+
+    return login
 
 
 def discovery(
@@ -176,3 +187,128 @@ def test_from_config_watches_the_tiers_with_a_selector_and_a_pool():
     assert (d.ec_consumer_role, d.ec_port) == ("prefill", 14579)
     cfg.prefill_selector = None
     assert KubernetesDiscovery.from_config(cfg, pools()).ec_consumer_role == "decode"
+
+
+async def test_without_a_namespace_anywhere_the_default_one_is_watched_and_a_failed_slice_list_is_logged(api, caplog):
+    api.answer(200, listing(pod("10.0.0.1", "g1")))
+    api.answer(500, {"kind": "Status", "message": "etcd down"})
+    d = KubernetesDiscovery(Kube(token(api)), None, {"encoder": "tier=enc"}, pools())
+    with caplog.at_level(logging.WARNING, logger="epd_router.discovery"):
+        await d.start()
+    await d.close()
+    assert [r.path for r in api.requests] == [
+        "/api/v1/namespaces/default/pods",
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+    ]
+    assert caplog.messages == [
+        "initial EndpointSlice list for encoder failed: "
+        "GET /apis/discovery.k8s.io/v1/namespaces/default/endpointslices: HTTP 500: etcd down"
+    ]
+
+
+async def test_deletions_take_the_endpoints_and_unknown_ones_are_harmless(api):
+    api.answer(200, listing(pod("10.0.0.1", "g1")))
+    api.answer(200, listing(endpoint_slice("enc-a", "10.0.0.1"), endpoint_slice("enc-b", "10.0.0.2")))
+    p = pools()
+    d = discovery(api, p)
+    d.selectors = {"encoder": "tier=enc"}
+    await d.start()
+    await d.close()
+    # A DELETED event carries the object as it last was.
+    d._apply("encoder", "DELETED", endpoint_slice("enc-b", "10.0.0.2"))
+    assert state(p["encoder"]) == [("http://10.0.0.1:8000", True, "g1", None)]
+    d._apply("encoder", "DELETED", endpoint_slice("enc-gone", "10.0.0.3"))  # seen neither listed nor added
+    d._apply_pod("encoder", "DELETED", pod("10.0.0.3", "g1"))
+    assert state(p["encoder"]) == [("http://10.0.0.1:8000", True, "g1", None)]
+
+
+async def test_an_endpoint_without_a_pod_is_routed_to_on_the_default_port_names(api):
+    # No targetRef: no pod whose generation could be awaited, so it is ready as its slice says.
+    podless = {"addresses": ["10.0.0.5"], "conditions": {"ready": True}}
+    several = [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8001}]
+    api.answer(200, listing())
+    api.answer(
+        200,
+        listing(
+            {"metadata": {"name": "enc-a"}, "ports": several, "endpoints": [podless]},
+            {"metadata": {"name": "enc-b"}, "endpoints": [{"addresses": ["10.0.0.6"]}]},
+        ),
+    )
+    p = pools()
+    d = KubernetesDiscovery(Kube(token(api)), "ns", {"encoder": "tier=enc"}, p)
+    await d.start()
+    await d.close()
+    assert state(p["encoder"]) == [
+        ("http://10.0.0.5:8001", True, None, None),
+        ("http://10.0.0.6:8000", True, None, None),
+    ]
+
+
+async def test_from_config_logs_in_with_the_named_kubeconfig_and_fills_the_pools(api, tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBECONFIG", raising=False)  # only the kubeconfig the flag names may be used
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": api.url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "from-ctx"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    cfg = RouterConfig(
+        discovery="kubernetes",
+        kubeconfig=str(kubeconfig),
+        prefill_selector="tier=pre",
+        decode_selector="tier=dec",
+        backend_port_name="api",
+        backend_port=9000,
+        ec_consumer_port=14579,
+    )
+    several = [{"name": "metrics", "port": 9090}, {"name": "api", "port": 8100}]
+    api.answer(200, listing(pod("10.0.2.1", "g1")))
+    api.answer(200, listing(endpoint_slice("pre-a", "10.0.2.1", ports=several)))
+    api.answer(200, listing(pod("10.0.1.1", "g1")))
+    api.answer(200, listing(endpoint_slice("dec-a", "10.0.1.1", ports=[])))
+    p = {role: Pool(role, RouterMetrics()) for role in ("prefill", "decode")}
+    d = KubernetesDiscovery.from_config(cfg, p)
+    await d.start()
+    await d.close()
+    assert [(r.path, r.query["labelSelector"]) for r in api.requests] == [
+        ("/api/v1/namespaces/from-ctx/pods", "tier=pre"),
+        ("/apis/discovery.k8s.io/v1/namespaces/from-ctx/endpointslices", "tier=pre"),
+        ("/api/v1/namespaces/from-ctx/pods", "tier=dec"),
+        ("/apis/discovery.k8s.io/v1/namespaces/from-ctx/endpointslices", "tier=dec"),
+    ]
+    assert state(p["prefill"]) == [("http://10.0.2.1:8100", True, "g1", "tcp://10.0.2.1:14579")]  # the EC consumer
+    assert state(p["decode"]) == [("http://10.0.1.1:9000", True, "g1", None)]
+
+
+async def test_a_failed_watch_is_retried_and_the_pool_catches_up(api):
+    api.answer(200, listing())  # encoder pods
+    api.answer(200, listing())  # encoder slices
+    p = pools()
+    d = discovery(api, p)
+    d.selectors = {"encoder": "tier=enc"}
+    await d.start()
+    for path, obj in (
+        ("/api/v1/namespaces/ctx-ns/pods", {**pod("10.0.0.9", "g1"), "kind": "Pod"}),
+        ("/apis/discovery.k8s.io/v1/namespaces/ctx-ns/endpointslices", endpoint_slice("enc-z", "10.0.0.9")),
+    ):
+        failed = {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd down"}
+        api.answer(500, failed, path=path)  # the watch fails
+        api.answer(200, listing(), path=path)  # after the pause: list again
+        api.stream([{"type": "ADDED", "object": obj}], hold=30, path=path)
+    task = asyncio.create_task(d.run())
+    try:
+        async with asyncio.timeout(10):
+            while state(p["encoder"]) != [("http://10.0.0.9:8000", True, "g1", None)]:
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await d.close()

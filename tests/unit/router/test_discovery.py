@@ -41,3 +41,40 @@ def test_slice_endpoints_read_the_named_port_readiness_and_pod():
         slice_endpoints({"endpoints": [{"addresses": ["10.0.0.1"]}]}, "http", 9000, None)[0].url
         == "http://10.0.0.1:9000"
     )
+
+
+def test_no_urls_and_a_bare_host_name():
+    assert split_urls(None) == [] and split_urls("") == []
+    assert split_urls("BOX/") == ["http://BOX"]  # only slashes are trimmed: a host may end in any letter
+
+
+def test_the_backend_port_is_the_named_one_else_a_single_declared_one_else_the_default():
+    def port(*ports: dict) -> str:
+        (found,) = slice_endpoints(
+            {"ports": list(ports), "endpoints": [{"addresses": ["10.0.0.1"]}]}, "api", 9000, None
+        )
+        return found.url
+
+    assert port({"name": "metrics", "port": 9090}, {"name": "api", "port": 8100}) == "http://10.0.0.1:8100"
+    assert port({"name": "api"}, {"name": "metrics", "port": 9090}) == "http://10.0.0.1:9000"  # named, no number
+    assert port({"name": "other", "port": 8200}) == "http://10.0.0.1:8200"  # the only port, whatever its name
+    assert port({"name": "other"}) == "http://10.0.0.1:9000"
+    assert port({"name": "a", "port": 8300}, {"name": "b", "port": 8400}) == "http://10.0.0.1:9000"
+
+
+def test_slice_endpoints_skip_addressless_ones_and_name_only_pods():
+    eps = {
+        "ports": [{"name": "http", "port": 8000}, {"name": "ec-dp0", "port": 20003}, {"name": "ec-dpx", "port": 1}],
+        "endpoints": [
+            {"addresses": []},
+            {"addresses": ["10.0.0.1"], "targetRef": {"kind": "VirtualMachineInstance", "name": "vm-1"}},
+            {"addresses": ["10.0.0.2"], "targetRef": {"name": "enc-2"}},  # no kind: a Pod
+        ],
+    }
+    got = [(e.url, e.pod, e.ec_zmq, e.ec_zmq_ranks) for e in slice_endpoints(eps, "http", 9000, 14579)]
+    assert got == [
+        ("http://10.0.0.1:8000", "", "tcp://10.0.0.1:20003", ("tcp://10.0.0.1:20003",)),  # `ec-dpx`: not a rank
+        ("http://10.0.0.2:8000", "enc-2", "tcp://10.0.0.2:20003", ("tcp://10.0.0.2:20003",)),
+    ]
+    # Not the Mooncake consumer tier: no control addresses, whatever ports the Service declares.
+    assert [(e.ec_zmq, e.ec_zmq_ranks) for e in slice_endpoints(eps, "http", 9000, None)] == [(None, ())] * 2
