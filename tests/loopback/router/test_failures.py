@@ -2,10 +2,14 @@
 
 import asyncio
 import contextlib
+import logging
 
 import aiohttp
 import orjson
+from aiohttp import web
 
+from epd_operator.router.backends import DiscoveredEndpoint, HealthChecker, Pool
+from epd_operator.router.metrics import RouterMetrics
 from tests.support.prom import sample_values
 from tests.support.router_stack import router_stack
 
@@ -90,6 +94,8 @@ async def test_without_any_encoder_the_raw_request_goes_to_pd_and_is_counted():
         assert [p["type"] for p in media_parts(s.decodes[0].bodies()[0])] == ["image_url", "image_url"]
         assert await metric(s, "epd_router_encoder_fallback_requests_total", reason="no_encoder") == [1]
         assert await metric(s, "epd_router_items_total", outcome="fallback") == [2]
+        r = await s.get("/health")
+        assert (r.status, r.json()["encode_cluster"]) == (200, "empty")
 
 
 async def test_an_encoder_client_error_is_relayed_not_retried():
@@ -224,20 +230,113 @@ async def test_client_disconnect_cancels_the_upstream_call():
         await wait_for(lambda: s.router.encoders.endpoints[s.encoders[0].url].inflight == 0)
 
 
-async def test_endpoints_are_ejected_after_consecutive_failed_checks_and_readmitted():
+async def test_endpoints_are_ejected_after_consecutive_failed_checks_and_readmitted(caplog):
+    caplog.set_level(logging.INFO, logger="epd_router.backends")
     async with router_stack(encoders=2, eject_after=2) as s:
         bad = s.encoders[0]
         bad.knobs.health_status = 503
-        for _ in range(2):
-            await s.router.health.check_all()
+        bad.knobs.running = 5  # a backend failing /health is not scraped for load
+        await s.router.health.check_all()
+        assert len(s.router.encoders.available) == 2  # one failed check is not enough
+        await s.router.health.check_all()
         assert [ep.url for ep in s.router.encoders.available] == [s.encoders[1].url]
         for img in (IMG_A, IMG_B, {**IMG_A, "uuid": "x"}):
             await s.post(CHAT, chat(img))
         assert not bad.received
-        assert await metric(s, "epd_router_ejections_total", backend=bad.url.split("//")[1], role="encoder") == [1]
+        backend = bad.url.split("//")[1]
+        assert await metric(s, "epd_router_ejections_total", backend=backend, role="encoder") == [1]
+        assert await metric(s, "epd_router_backend_errors_total", backend=backend, kind="health") == [2]
+        r = await s.get("/health")
+        assert r.json()["tiers"]["encoder"][0] == {
+            "url": bad.url,
+            "pod": "",
+            "generation": None,
+            "ready": True,
+            "healthy": False,
+            "inflight": 0,
+            "load": 0,
+        }
         bad.knobs.health_status = 200
         await s.router.health.check_all()
         assert len(s.router.encoders.available) == 2
+    logged = [(rec.levelname, rec.getMessage()) for rec in caplog.records if rec.name == "epd_router.backends"]
+    assert logged == [
+        ("WARNING", f"ejected encoder {bad.url} after 2 consecutive failures (health)"),
+        ("INFO", f"re-admitted encoder {bad.url}"),
+    ]
+
+
+async def test_a_backend_that_went_away_fails_its_check():
+    async with router_stack(encoders=2, eject_after=1) as s:
+        await s.encoders[0].stop()  # connection refused
+        await s.router.health.check_all()
+        assert [ep.url for ep in s.router.encoders.available] == [s.encoders[1].url]
+
+
+async def test_background_health_checks_keep_running_round_after_round():
+    async with router_stack(encoders=1, eject_after=3, health_interval=0.01) as s:
+        s.encoders[0].knobs.health_status = 503
+        await wait_for(lambda: not s.router.encoders.available, timeout=3)
+
+
+@contextlib.asynccontextmanager
+async def scripted_backend(health: tuple[int, str] | None = (200, ""), metrics: tuple[int, str] | None = (200, "")):
+    """A backend whose /health and /metrics answer (status, body) as scripted; None: never answer."""
+
+    def route(script: tuple[int, str] | None):
+        async def answer(request: web.Request) -> web.Response:
+            if script is None:
+                await asyncio.Event().wait()
+            assert script is not None
+            return web.Response(status=script[0], text=script[1])
+
+        return answer
+
+    app = web.Application()
+    app.router.add_get("/health", route(health))
+    app.router.add_get("/metrics", route(metrics))
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_probe_or_scrape_that_never_answers_gives_up_at_the_health_timeout():
+    async with (
+        scripted_backend(health=None) as hung,
+        scripted_backend(metrics=None) as slow_metrics,
+        aiohttp.ClientSession() as session,
+    ):
+        m = RouterMetrics()
+        pool = Pool("decode", m)
+        pool.update([DiscoveredEndpoint(hung), DiscoveredEndpoint(slow_metrics)])
+        async with asyncio.timeout(3):  # the session's own default would wait five minutes
+            await HealthChecker([pool], session, timeout=0.2).check_all()
+        errors = sample_values(m.exposition()[0], "epd_router_backend_errors_total", kind="health")
+        assert errors == [1]  # the hung probe; a hung scrape is no failure
+        assert [d["load"] for d in pool.describe()] == [0, 0]
+
+
+async def test_scraped_load_is_what_the_backend_runs_beyond_this_routers_own_work():
+    async with (
+        scripted_backend(metrics=(500, "vllm:num_requests_running 4.0\n")) as erring,
+        scripted_backend(metrics=(200, "vllm:num_requests_running 5.0\n")) as busy,
+        scripted_backend(metrics=(200, 'vllm:num_requests_running{engine="1"} 3.0\n')) as dp,
+        aiohttp.ClientSession() as session,
+    ):
+        m = RouterMetrics()
+        plain, ranked = Pool("decode", m), Pool("prefill", m, dp_size=2)
+        plain.update([DiscoveredEndpoint(erring), DiscoveredEndpoint(busy)])
+        ranked.update([DiscoveredEndpoint(dp)])
+        plain.acquire(plain.endpoints[busy], 2)  # two of the five are this router's
+        await HealthChecker([plain, ranked], session).check_all()
+        # a failed scrape's body is no load; the router's own two count once
+        assert [(d["inflight"], d["load"]) for d in plain.describe()] == [(0, 0), (2, 5)]
+        # engine 0 reports nothing: only engine 1's rank takes the load
+        assert [(d["rank"], d["load"]) for d in ranked.describe()] == [(0, 0), (1, 3)]
 
 
 async def test_health_is_503_while_no_decode_can_serve():

@@ -1,7 +1,9 @@
 """Static endpoints and EndpointSlice parsing (no API server needed; credentials: tests/unit/kube/test_credentials.py)."""
 
+from epd_operator.router.backends import DiscoveredEndpoint, Pool
 from epd_operator.router.config import RouterConfig
 from epd_operator.router.discovery import slice_endpoints, split_urls, static_endpoints
+from epd_operator.router.metrics import RouterMetrics
 
 
 def test_static_urls_are_normalised_and_mooncake_addresses_follow_the_consumer_tier():
@@ -78,3 +80,42 @@ def test_slice_endpoints_skip_addressless_ones_and_name_only_pods():
     ]
     # Not the Mooncake consumer tier: no control addresses, whatever ports the Service declares.
     assert [(e.ec_zmq, e.ec_zmq_ranks) for e in slice_endpoints(eps, "http", 9000, None)] == [(None, ())] * 2
+
+
+def test_a_rediscovered_backend_keeps_its_health_load_and_mooncake_address():
+    pool = Pool("decode", RouterMetrics(), eject_after=1)
+    found = [
+        DiscoveredEndpoint("http://10.0.0.1:8000", pod="pd-0", ec_zmq="tcp://10.0.0.1:14579"),
+        DiscoveredEndpoint("https://10.0.0.2:8443", pod="pd-1", ec_zmq="tcp://10.0.0.2:14579"),
+    ]
+    pool.update(found)
+    plain, tls = pool.endpoints.values()
+    pool.acquire(plain, 2)
+    pool.record_failure(tls, "health")
+    pool.update(found)  # the next list or watch event names the same backends
+    assert [(d["url"], d["inflight"], d["healthy"]) for d in pool.describe()] == [
+        ("http://10.0.0.1:8000", 2, True),
+        ("https://10.0.0.2:8443", 0, False),
+    ]
+    assert pool.available == [plain]
+    assert [(ep.origin, ep.ec_zmq) for ep in pool.endpoints.values()] == [
+        ("http://10.0.0.1:8000", "tcp://10.0.0.1:14579"),
+        ("https://10.0.0.2:8443", "tcp://10.0.0.2:14579"),  # dialled over TLS, as discovered
+    ]
+
+
+def test_an_address_in_several_slices_is_one_endpoint_ready_if_any_slice_says_so():
+    pool = Pool("encoder", RouterMetrics())
+    pool.update(
+        [
+            DiscoveredEndpoint("http://10.0.0.1:8000", ready=False, pod="old"),
+            DiscoveredEndpoint("http://10.0.0.1:8000", ready=False, pod="new"),
+            DiscoveredEndpoint("http://10.0.0.2:8000", ready=False),
+            DiscoveredEndpoint("http://10.0.0.2:8000", ready=True),
+        ]
+    )
+    assert [(d["url"], d["pod"], d["ready"]) for d in pool.describe()] == [
+        ("http://10.0.0.1:8000", "new", False),
+        ("http://10.0.0.2:8000", "", True),
+    ]
+    assert [ep.url for ep in pool.available] == ["http://10.0.0.2:8000"]

@@ -53,6 +53,18 @@ def test_queue_depth_is_read_per_engine():
     assert scraped_queue_depths(b"# nothing\n") == {}
 
 
+def test_queue_depth_survives_odd_label_values_and_bad_lines():
+    """Label values may hold spaces and braces; a line without a value or with a bad one is skipped,
+    never the lines after it."""
+    text = (
+        b"vllm:num_requests_running\n"  # a name alone: no labels, no value
+        b'vllm:num_requests_running{model_name="my {big} model",engine="1"} 2.0\n'
+        b'vllm:num_requests_waiting{engine="1"} lots\n'
+        b'vllm:num_requests_waiting{model_name="a b",engine="1"} 5.0\n'
+    )
+    assert scraped_queue_depths(text) == {"1": 7}
+
+
 def test_command_line_dp_sizes_and_vllms_consumer_flag():
     cfg = config_from_args(
         build_parser().parse_args(

@@ -43,3 +43,12 @@ def test_available_in_one_generation():
     assert [ep.pod for ep in pool.available_in("a")] == ["e0"]  # e2 is not ready
     assert [ep.pod for ep in pool.available_in("b")] == ["e1"]
     assert pool.available_in("c") == [] and pool.available_in(None) == []
+
+
+def test_tiers_not_yet_discovered_offer_no_consumer():
+    """Kubernetes discovery whose first list failed leaves the pools as built: a request finds no
+    consumer (the router answers 503), and /health calls such a tier empty."""
+    metrics = RouterMetrics()
+    prefills, decodes = Pool("prefill", metrics), Pool("decode", metrics)
+    assert finishing_consumers(prefills, decodes) == []
+    assert (prefills.status(), decodes.status()) == ("empty", "empty")

@@ -173,3 +173,48 @@ def test_an_exited_worker_takes_its_backend_gauges_along_but_not_its_counts(work
     assert sample_values(text, "epd_router_endpoint_inflight", backend_pod="pa") == [1]
     assert sample_values(text, "epd_router_endpoint_available", backend_pod="pb") == [0]
     assert sample_values(text, "epd_router_requests_total", route="/v1/chat/completions") == [1]
+
+
+def per_pod(text: bytes, name: str) -> dict[str, float]:
+    return {s.labels["backend_pod"]: s.value for s in families(text)[name].samples}
+
+
+def test_endpoint_gauges_follow_availability_in_flight_work_and_the_pod():
+    m = RouterMetrics()
+    pool = Pool("decode", m, eject_after=1)
+    pool.update([DiscoveredEndpoint("http://a:8000", pod="pa"), DiscoveredEndpoint("http://b:8000", pod="pb")])
+    a, b = pool.endpoints.values()
+    pool.acquire(a)
+    pool.acquire(a, 2)
+    pool.release(a)
+    pool.record_failure(b, "health")
+    text = m.exposition()[0]
+    assert per_pod(text, "epd_router_endpoint_available") == {"pa": 1, "pb": 0}
+    assert per_pod(text, "epd_router_endpoint_inflight") == {"pa": 2, "pb": 0}
+    # a's address now belongs to another pod: its series move to that pod's name
+    pool.update([DiscoveredEndpoint("http://a:8000", pod="pa2"), DiscoveredEndpoint("http://b:8000", pod="pb")])
+    text = m.exposition()[0]
+    assert per_pod(text, "epd_router_endpoint_available") == {"pa2": 1, "pb": 0}
+    assert per_pod(text, "epd_router_endpoint_inflight") == {"pa2": 2, "pb": 0}
+
+
+def test_with_workers_each_keeps_its_own_endpoint_gauges_current(monkeypatch, tmp_path):
+    """Under --workers (PROMETHEUS_MULTIPROC_DIR set) a worker's gauges are what it writes for the others
+    to read: its registry must hold its in-flight counts as they change, and relabelling an address
+    listed under two pods must not fail."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    m = RouterMetrics()
+    pool = Pool("decode", m)
+    pool.update([DiscoveredEndpoint("http://a:8000", pod="pa")])
+    (a,) = pool.endpoints.values()
+
+    def written() -> dict[str, float]:
+        return per_pod(generate_latest(m.registry), "epd_router_endpoint_inflight")
+
+    assert written() == {"pa": 0}
+    pool.acquire(a, 3)
+    assert written() == {"pa": 3}
+    pool.release(a)
+    assert written() == {"pa": 2}
+    pool.update([DiscoveredEndpoint("http://c:8000", pod="old"), DiscoveredEndpoint("http://c:8000", pod="new")])
+    assert written()["new"] == 0
