@@ -370,3 +370,18 @@ async def test_an_e_pd_trace_shows_the_consumer_refusing_metadata_and_the_retry_
         assert ("retry", {"epd.stage": "decode", "epd.reason": "metadata_rejected"}) in server.events
         assert [span.attributes["http.response.status_code"] for span in children["decode"]] == [400, 200]
         joined(pd, children["decode"])
+
+
+async def test_a_trace_counts_the_items_that_went_raw_beside_encoded_ones():
+    reused = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    fresh = {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}}
+    async with receiver() as rx:
+        async with router_stack(encoders=1, reuse_ttl=60, reuse_mode="pinned", otlp_traces_endpoint=rx.url) as s:
+            assert (await s.post(CHAT, chat(reused))).status == 200
+            # pinned reuse: the first image goes raw under its stored uuid, the second is encoded
+            r = await s.post(CHAT, chat(reused, fresh), headers={"x-request-id": "mixed-1"})
+            assert r.status == 200
+            assert [p["type"] for p in parts(s.decodes[0].bodies()[1])[1:]] == ["image_url", "image_embeds"]
+        [server] = [span for span in rx.spans if span.attributes.get("epd.request_id") == "mixed-1"]
+        assert server.attributes["epd.media_items"] == 2
+        assert ("encoder_fallback", {"epd.items": 1}) in server.events
