@@ -191,7 +191,7 @@ async def test_decode_gone_while_prefill_ran_is_a_503():
         await wait_for(lambda: s.prefills[0].received)
         s.decodes[0].knobs.health_status = 500
         await s.router.health.check_all()  # the only decode is ejected before prefill answers
-        r = await task
+        r = await asyncio.wait_for(task, 10)
         assert r.status == 503 and r.headers["x-request-id"] == "late-1"
         error = r.json()["error"]
         assert error["message"] == "no decode endpoint available" and error["type"] == "service_unavailable"
