@@ -6,6 +6,7 @@ import logging
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 
 from epd_operator.router.backends import DiscoveredEndpoint, HealthChecker, Pool
@@ -109,28 +110,98 @@ async def test_an_encoder_client_error_is_relayed_not_retried():
 
 
 async def test_a_consumer_rejecting_metadata_only_is_retried_with_raw_media_and_forgets_the_reuse_entry():
-    async with router_stack(encoders=1, decodes=1, reuse_ttl=60, reuse_mode="metadata") as s:
+    async with router_stack(encoders=1, decodes=1, reuse_ttl=60, reuse_mode="metadata", immutable_media_urls=True) as s:
         await s.post(CHAT, chat(IMG_A))
+        assert len(s.router.reuse) == 1
         s.decodes[0].knobs.reject_embeds = True  # the cached item was evicted from the shared store
         r = await s.post(CHAT, chat(IMG_A))
         assert r.status == 200
+        assert len(s.encoders[0].received) == 1  # the second request reused the first one's encoding
         _, rejected, retried = s.decodes[0].bodies()
         assert media_parts(rejected)[0]["type"] == "image_embeds"
         assert media_parts(retried)[0]["image_url"] == IMG_A["image_url"]
         assert media_parts(retried)[0]["uuid"] == media_parts(rejected)[0]["uuid"]
         assert len(s.router.reuse) == 0
         assert await metric(s, "epd_router_retries_total", reason="metadata_rejected", stage="decode") == [1]
+        s.decodes[0].knobs.reject_embeds = False
+        assert (await s.post(CHAT, chat(IMG_A))).status == 200
+        assert len(s.encoders[0].received) == 2  # forgotten: encoded again, not reused
 
 
-async def test_a_prefill_rejecting_metadata_only_is_retried_with_raw_media():
+async def test_a_consumer_answering_400_to_metadata_only_gets_the_media_on_the_retry():
+    async with router_stack(encoders=1, decodes=1) as s:
+        s.decodes[0].knobs.fail_next, s.decodes[0].knobs.fail_status = 1, 400
+        r = await s.post(CHAT, chat(IMG_A))
+        assert r.status == 200
+        rejected, retried = s.decodes[0].bodies()
+        assert media_parts(rejected)[0]["type"] == "image_embeds"
+        assert media_parts(retried)[0]["image_url"] == IMG_A["image_url"]
+        assert await metric(s, "epd_router_retries_total", reason="metadata_rejected", stage="decode") == [1]
+
+
+@pytest.mark.parametrize("status", [500, 400])
+async def test_a_prefill_rejecting_metadata_only_is_retried_with_raw_media(status):
     async with router_stack(encoders=1, prefills=1, decodes=1) as s:
-        s.prefills[0].knobs.fail_next = 1
+        s.prefills[0].knobs.fail_next, s.prefills[0].knobs.fail_status = 1, status
         r = await s.post(CHAT, chat(IMG_A))
         assert r.status == 200
         first, second = s.prefills[0].bodies()
         assert media_parts(first)[0]["type"] == "image_embeds"
         assert media_parts(second)[0]["type"] == "image_url"
         assert media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_url"
+        assert await metric(s, "epd_router_retries_total", reason="metadata_rejected", stage="prefill") == [1]
+
+
+def garble_prefill(fake, times: int | None = None) -> None:
+    """`fake` answers its next `times` prefills (all, when None) with a body that is not a JSON object."""
+    real = fake._prefill
+    left = [times]
+
+    def prefill(path, body):
+        if left[0] == 0:
+            return real(path, body)
+        if left[0] is not None:
+            left[0] -= 1
+        return web.Response(body=b"<html>oops</html>", content_type="application/json")
+
+    fake._prefill = prefill
+
+
+async def test_a_prefill_reply_that_is_not_json_is_a_retried_failure_of_that_backend():
+    async with router_stack(encoders=0, prefills=1, decodes=1) as s:
+        garble_prefill(s.prefills[0], 1)
+        r = await s.post(CHAT, chat())
+        assert r.status == 200
+        assert len(s.prefills[0].received) == 2
+        assert s.decodes[0].bodies()[0]["kv_transfer_params"]["remote_engine_id"] == "engine-p0"
+        assert await metric(s, "epd_router_retries_total", reason="reply", stage="prefill") == [1]
+        host = s.prefills[0].url.split("//")[1]
+        assert await metric(s, "epd_router_backend_errors_total", backend=host, kind="reply", role="prefill") == [1]
+
+
+async def test_prefill_replies_that_are_never_json_are_a_502_naming_the_prefill_tier():
+    async with router_stack(encoders=0, prefills=2, decodes=1) as s:
+        for fake in s.prefills:
+            garble_prefill(fake)
+        r = await s.post(CHAT, chat(), headers={"x-request-id": "garbled-1"})
+        assert r.status == 502 and r.headers["x-request-id"] == "garbled-1"
+        assert r.json()["error"]["message"] == "prefill failed (reply)"
+        assert not s.decodes[0].received
+
+
+async def test_decode_gone_while_prefill_ran_is_a_503():
+    async with router_stack(encoders=0, prefills=1, decodes=1, eject_after=1) as s:
+        s.prefills[0].knobs.delay = 0.2
+        task = asyncio.create_task(s.post(CHAT, chat(), headers={"x-request-id": "late-1"}))
+        await wait_for(lambda: s.prefills[0].received)
+        s.decodes[0].knobs.health_status = 500
+        await s.router.health.check_all()  # the only decode is ejected before prefill answers
+        r = await asyncio.wait_for(task, 10)
+        assert r.status == 503 and r.headers["x-request-id"] == "late-1"
+        error = r.json()["error"]
+        assert error["message"] == "no decode endpoint available" and error["type"] == "service_unavailable"
+        assert error["code"] == 503
+        assert not s.decodes[0].received
 
 
 async def test_prefill_failure_is_retried_on_another_prefill():
@@ -161,6 +232,10 @@ async def test_decode_failure_before_the_first_byte_is_retried_on_another_instan
         r = await s.post(CHAT, chat(stream=True))
         assert r.status == 200 and r.body.endswith(b"data: [DONE]\n\n")
         assert (len(failing.received), len(other.received)) == (1, 1)
+        assert await metric(s, "epd_router_retries_total", reason="status", stage="decode") == [1]
+        # the prompt's home is now the instance that answered it: the conversation goes on there
+        assert (await s.post(CHAT, chat(stream=True))).status == 200
+        assert (len(failing.received), len(other.received)) == (1, 2)
 
 
 async def test_e_p_d_decode_failure_prefills_again_then_uses_another_decode():
@@ -172,6 +247,33 @@ async def test_e_p_d_decode_failure_prefills_again_then_uses_another_decode():
         assert r.status == 200
         assert len(s.prefills[0].received) == 3  # the first request, then twice for this one
         assert (len(failing.received), len(other.received)) == (1, 1)
+
+
+async def test_e_p_d_decode_refusing_the_request_is_relayed_not_retried():
+    async with router_stack(encoders=0, prefills=1, decodes=1) as s:
+        s.decodes[0].knobs.fail_next, s.decodes[0].knobs.fail_status = 1, 400
+        r = await s.post(CHAT, chat())
+        assert r.status == 400 and "scripted failure" in r.json()["error"]["message"]
+        assert (len(s.prefills[0].received), len(s.decodes[0].received)) == (1, 1)
+        assert await metric(s, "epd_router_retries_total") == []
+
+
+@pytest.mark.parametrize(
+    "tiers, failing, status",
+    [
+        ({"decodes": 1}, "decodes", 503),  # E+PD: both attempts fail
+        ({"prefills": 1, "decodes": 1}, "prefills", 503),
+        ({"prefills": 1, "decodes": 1}, "decodes", 503),
+        ({"prefills": 1, "decodes": 1}, "prefills", 404),  # refused, relayed as it is
+    ],
+)
+async def test_an_error_reply_carries_the_clients_request_id(tiers, failing, status):
+    async with router_stack(encoders=0, **tiers) as s:
+        for fake in getattr(s, failing):
+            fake.knobs.fail_always, fake.knobs.fail_status = True, status
+        r = await s.post(CHAT, chat(), headers={"x-request-id": "failed-1"})
+        assert r.status == status and "scripted failure" in r.json()["error"]["message"]
+        assert r.headers["x-request-id"] == "failed-1"
 
 
 async def test_kv_handoffs_are_counted_by_what_decode_made_of_them():
@@ -345,8 +447,9 @@ async def test_health_is_503_while_no_decode_can_serve():
         await s.router.health.check_all()
         r = await s.get("/health")
         assert r.status == 503 and r.json()["decode_cluster"] == "unhealthy"
-        r = await s.post(CHAT, chat())
+        r = await s.post(CHAT, chat(), headers={"x-request-id": "nobody-1"})
         assert r.status == 503 and r.json()["error"]["type"] == "service_unavailable"
+        assert r.headers["x-request-id"] == "nobody-1"
 
 
 async def test_client_leaving_mid_stream_stops_decode():

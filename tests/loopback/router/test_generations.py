@@ -109,3 +109,17 @@ async def test_router_reports_available_backends_per_generation():
         s.router.encoders.update([DiscoveredEndpoint(s.encoders[1].url, True, "e1", None, "new")])
         gauge = series(s, "epd_router_generation_backends")
         assert (("role", "encoder"), ("generation", "old")) not in gauge
+
+
+async def test_a_failed_call_is_retried_on_another_instance_of_the_same_generation():
+    async with router_stack(encoders=0, decodes=3) as s:
+        assign(s, d0="new", d1="new", d2="old")
+        s.decodes[0].knobs.fail_always = True
+        replies = [await s.post(CHAT, chat(n)) for n in range(4)]
+        assert [r.status for r in replies] == [200] * 4
+        calls = generation_calls(s)
+        assert calls["d0"] > 0, "no request started on the failing instance"
+        # every request that failed on d0 was answered by a retry within its generation
+        assert series(s, "epd_router_retries_total") == {(("stage", "decode"), ("reason", "status")): calls["d0"]}
+        assert calls["d1"] >= calls["d0"] and sum(calls.values()) == 4 + calls["d0"]
+        assert sum(f.foreign_refused for f in s.all_backends()) == 0

@@ -1,10 +1,13 @@
 """The router against scripted vLLM-shaped backends: E+PD, E/P/D, streaming, batching, Mooncake, reuse."""
 
 import asyncio
+from contextlib import asynccontextmanager
 
 import orjson
 import pytest
 
+from tests.support.fake_vllm import FakeVLLM
+from tests.support.otlp_receiver import OTLPReceiver, ReceivedSpan
 from tests.support.prom import sample_values
 from tests.support.router_stack import router_stack
 
@@ -157,7 +160,10 @@ async def test_text_only_requests_skip_encoders_and_reach_pd_verbatim():
         r = await s.post(CHAT, data=raw)
         assert r.status == 200
         assert not any(e.received for e in s.encoders)
-        assert s.decodes[0].received[0].body == orjson.loads(raw)
+        [req] = s.decodes[0].received
+        assert req.body == orjson.loads(raw)
+        # the client's own bytes, extra blank included: not a re-serialisation of the parsed body
+        assert int(req.headers["Content-Length"]) == len(raw) != len(orjson.dumps(orjson.loads(raw)))
 
 
 async def test_request_id_and_authorization_reach_every_backend():
@@ -235,6 +241,8 @@ async def test_prefix_aware_in_e_p_d_sends_a_repeated_prompt_to_the_same_prefill
                     served.setdefault(body["messages"][0]["content"], set()).add(fake.name)
             assert len(served) == len(prompts)
             assert all(len(names) == 1 for names in served.values()), served
+            # and different prompts have different homes: the load bound spreads new keys over the tier
+            assert all(fake.received for fake in tier), [len(f.received) for f in tier]
 
 
 @pytest.mark.parametrize("mode, reused_part", [("pinned", "image_url"), ("metadata", "image_embeds")])
@@ -282,3 +290,98 @@ async def test_health_reports_every_tier_and_metrics_expose_inflight_per_endpoin
         assert sample_values(text, "epd_router_requests_total", route="/v1/chat/completions", status="200") == [1]
         for stage in ("encode", "prefill", "decode", "total", "ttfb"):
             assert sample_values(text, "epd_router_stage_seconds_count", stage=stage) == [1], stage
+        # every stage took part of the request's time: none is longer than the whole
+        [total] = sample_values(text, "epd_router_stage_seconds_sum", stage="total")
+        for stage in ("encode", "prefill", "decode"):
+            [took] = sample_values(text, "epd_router_stage_seconds_sum", stage=stage)
+            assert 0 < took <= total, (stage, took, total)
+        # and every call released what it held: nothing is left in flight anywhere
+        for fake in (s.prefills[0], s.decodes[0]):
+            host = fake.url.split("//")[1]
+            assert sample_values(text, "epd_router_endpoint_inflight", backend=host, role=fake.role) == [0], fake.name
+
+
+@asynccontextmanager
+async def receiver():
+    rx = OTLPReceiver()
+    await rx.start()
+    try:
+        yield rx
+    finally:
+        await rx.stop()
+
+
+def spans_of(rx: OTLPReceiver) -> tuple[ReceivedSpan, dict[str, list[ReceivedSpan]]]:
+    """The one request span and its children by name, in the order they ended."""
+    [server] = [span for span in rx.spans if span.kind == "server"]
+    children: dict[str, list[ReceivedSpan]] = {}
+    for span in rx.spans:
+        if span is not server:
+            assert span.parent_id == server.span_id and span.trace_id == server.trace_id, span.name
+            children.setdefault(span.name, []).append(span)
+    return server, children
+
+
+def joined(fake: FakeVLLM, spans: list[ReceivedSpan]) -> None:
+    """Each call `fake` received named its own span as its parent, and the span names that call."""
+    assert len(fake.received) == len(spans), (fake.name, len(fake.received), len(spans))
+    for rec, span in zip(fake.received, spans, strict=True):
+        _, trace_id, span_id, _ = rec.headers["traceparent"].split("-")
+        assert (trace_id, span_id) == (span.trace_id, span.span_id), f"{fake.name}: not its {span.name} span"
+        assert span.attributes["url.full"] == fake.url + rec.path and span.attributes["epd.stage"] == span.name
+        assert span.attributes["server.port"] == int(fake.url.rsplit(":", 1)[1])
+
+
+async def test_an_e_p_d_trace_has_a_span_per_backend_call_and_an_event_per_retry():
+    async with receiver() as rx:
+        async with router_stack(encoders=1, prefills=1, decodes=1, otlp_traces_endpoint=rx.url) as s:
+            pre, dec = s.prefills[0], s.decodes[0]
+            pre.knobs.fail_next, pre.knobs.fail_status = 1, 400  # refuses the metadata-only body once
+            dec.knobs.fail_next = 1  # fails on the KV handle: prefill again, then decode again
+            r = await s.post(CHAT, chat(IMG_A, max_tokens=4))
+            assert r.status == 200 and r.json()["choices"][0]["message"]["content"] == "answer from d0"
+            assert [parts(b)[1]["type"] for b in pre.bodies()] == ["image_embeds", "image_url", "image_url"]
+        # The router has stopped: its exporter flushed every span.
+        server, children = spans_of(rx)
+        assert sorted(children) == ["decode", "encode", "prefill"]
+        assert server.attributes["epd.media_items"] == 1
+        assert [name for name, _ in server.events] == ["retry", "retry"]  # every item was encoded: no fallback
+        assert ("retry", {"epd.stage": "prefill", "epd.reason": "metadata_rejected"}) in server.events
+        assert ("retry", {"epd.stage": "decode", "epd.reason": "status"}) in server.events
+        assert [span.status_code for span in children["prefill"]] == [2, 0, 0]
+        assert children["prefill"][0].attributes["http.response.status_code"] == 400
+        assert [span.attributes["http.response.status_code"] for span in children["decode"]] == [500, 200]
+        assert [span.status_code for span in children["decode"]] == [2, 0]
+        joined(s.encoders[0], children["encode"])
+        joined(pre, children["prefill"])
+        joined(dec, children["decode"])
+
+
+async def test_an_e_pd_trace_shows_the_consumer_refusing_metadata_and_the_retry_with_media():
+    async with receiver() as rx:
+        async with router_stack(encoders=1, otlp_traces_endpoint=rx.url) as s:
+            pd = s.decodes[0]
+            pd.knobs.fail_next, pd.knobs.fail_status = 1, 400
+            r = await s.post(CHAT, chat(IMG_A), headers={"x-request-id": "traced-1"})
+            assert r.status == 200 and r.headers["x-request-id"] == "traced-1"
+            assert [parts(b)[1]["type"] for b in pd.bodies()] == ["image_embeds", "image_url"]
+            assert all(rec.headers["x-request-id"] == "traced-1" for rec in pd.received)
+        server, children = spans_of(rx)
+        assert ("retry", {"epd.stage": "decode", "epd.reason": "metadata_rejected"}) in server.events
+        assert [span.attributes["http.response.status_code"] for span in children["decode"]] == [400, 200]
+        joined(pd, children["decode"])
+
+
+async def test_a_trace_counts_the_items_that_went_raw_beside_encoded_ones():
+    reused = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    fresh = {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}}
+    async with receiver() as rx:
+        async with router_stack(encoders=1, reuse_ttl=60, reuse_mode="pinned", otlp_traces_endpoint=rx.url) as s:
+            assert (await s.post(CHAT, chat(reused))).status == 200
+            # pinned reuse: the first image goes raw under its stored uuid, the second is encoded
+            r = await s.post(CHAT, chat(reused, fresh), headers={"x-request-id": "mixed-1"})
+            assert r.status == 200
+            assert [p["type"] for p in parts(s.decodes[0].bodies()[1])[1:]] == ["image_url", "image_embeds"]
+        [server] = [span for span in rx.spans if span.attributes.get("epd.request_id") == "mixed-1"]
+        assert server.attributes["epd.media_items"] == 2
+        assert ("encoder_fallback", {"epd.items": 1}) in server.events
