@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
-import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -280,15 +280,15 @@ def scraped_queue_depths(text: bytes) -> dict[str | None, int]:
         name_end = min((i for i in (line.find(b"{"), line.find(b" ")) if i >= 0), default=-1)
         if line[:name_end] not in (b"vllm:num_requests_running", b"vllm:num_requests_waiting"):
             continue
-        try:
-            value = float(line.rsplit(b" ", 1)[1])
+        labelled = line[name_end : name_end + 1] == b"{"
+        labels_end = line.rfind(b"}") + 1 if labelled else name_end
+        try:  # the value, then an optional timestamp (the exposition format's `name{labels} value [ms]`)
+            value = float(line[labels_end:].split()[0])
         except (IndexError, ValueError):
             continue
-        engine = (
-            _ENGINE_LABEL.search(line[name_end : line.rfind(b"}") + 1])
-            if line[name_end : name_end + 1] == b"{"
-            else None
-        )
+        if not math.isfinite(value):  # NaN or ±Inf: no queue depth
+            continue
+        engine = _ENGINE_LABEL.search(line[name_end:labels_end]) if labelled else None
         key = engine.group(1).decode() if engine else None
         totals[key] = totals.get(key, 0.0) + value
     return {key: int(value) for key, value in totals.items()}
@@ -313,7 +313,6 @@ class HealthChecker:
         self.interval = interval
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.scrape_load = scrape_load
-        self.last_round = 0.0
 
     async def check(self, pool: Pool, ep: Endpoint, ranks: list[Endpoint] | None = None) -> None:
         """Probe one backend; `ranks` are all its endpoints (one per DP rank), `ep` alone by default.
@@ -359,7 +358,6 @@ class HealthChecker:
                     by_url.setdefault(ep.url, []).append(ep)
             probes += [self.check(pool, ranks[0], ranks) for ranks in by_url.values()]
         await asyncio.gather(*probes)
-        self.last_round = time.monotonic()
 
     async def run(self) -> None:
         while True:

@@ -38,6 +38,5 @@ class RequestContext:
     encoded: dict[int, EncodedItem] = field(default_factory=dict)  # EC handles by item index; missing items go raw
     metadata_only: bool = False  # the consumer body references encoder output without the media itself
     kv: dict | None = None  # kv_transfer_params from the prefill that answered
-    prefill_ep: Endpoint | None = None  # the prefill instance that answered
     payload: bytes | None = None  # `prepared` serialized for decode, kept for a retry; None once `prepared` changes
     trace: RequestTrace | None = None  # this request's spans; None while tracing is off

@@ -193,7 +193,6 @@ class Pipeline:
         except (orjson.JSONDecodeError, AttributeError):
             pool.record_failure(ep, "reply")
             raise RetryableFailure("reply", pool.role) from None
-        ctx.prefill_ep = ep
 
     async def _decode_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> Reply:
         if self.prefills is None:

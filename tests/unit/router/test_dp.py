@@ -65,6 +65,17 @@ def test_queue_depth_survives_odd_label_values_and_bad_lines():
     assert scraped_queue_depths(text) == {"1": 7}
 
 
+def test_queue_depth_reads_the_value_before_a_timestamp_and_skips_what_is_no_number():
+    text = (
+        b'vllm:num_requests_running{engine="0"} 3 1733300000000\n'  # the exposition format's optional timestamp
+        b"vllm:num_requests_waiting 2.0 1733300000000\n"
+        b'vllm:num_requests_waiting{engine="0"} NaN\n'
+        b'vllm:num_requests_running{engine="1"} +Inf\n'
+        b'vllm:num_requests_waiting{engine="1"} 1\n'
+    )
+    assert scraped_queue_depths(text) == {"0": 3, None: 2, "1": 1}
+
+
 def test_command_line_dp_sizes_and_vllms_consumer_flag():
     cfg = config_from_args(
         build_parser().parse_args(
