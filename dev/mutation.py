@@ -266,17 +266,16 @@ def save_results(runs: dict[str, GroupRun], path: Path = RESULTS) -> None:
     path.write_text(json.dumps({g: runs[g].to_json() for g in order}, indent=1, ensure_ascii=False) + "\n")
 
 
-def layout(groups: list[str]) -> None:
+def layout(work: Path, groups: list[str], modules: list[str]) -> None:
     """The scratch tree mutmut runs in: src/epd_operator, the tests, the files they read, the config."""
-    if WORK.exists():
-        shutil.rmtree(WORK)
-    WORK.mkdir(parents=True)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(PACKAGE, WORK / "src" / "epd_operator", ignore=skip)
-    shutil.copytree(ROOT / "tests", WORK / "tests", ignore=skip)
+    shutil.copytree(PACKAGE, work / "src" / "epd_operator", ignore=skip)
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=skip)
     for name in ALSO_COPY:
-        shutil.copytree(ROOT / name, WORK / name, ignore=skip)
-    modules = [m for g in groups for m in GROUPS[g][0]]
+        shutil.copytree(ROOT / name, work / name, ignore=skip)
     tests = sorted({t for g in groups for t in GROUPS[g][1] if (ROOT / t).exists()})
     config = {
         "source_paths": ["src"],
@@ -291,38 +290,37 @@ def layout(groups: list[str]) -> None:
         "use_git_change_detection": False,
     }
     lines = ["", "[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in config.items()]
-    (WORK / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + "\n".join(lines) + "\n")
+    (work / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + "\n".join(lines) + "\n")
 
 
-def run_mutmut(jobs: int) -> None:
+def run_mutmut(work: Path, jobs: int) -> None:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)]
     # mutmut draws a spinner per mutant: its output goes to a log, printed only when the run fails
-    with open(WORK / "mutmut.log", "w") as log:
-        done = subprocess.run(cmd, cwd=WORK, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(work / "mutmut.log", "w") as log:
+        done = subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode:
-        sys.exit(f"mutmut failed ({done.returncode}), its output:\n{(WORK / 'mutmut.log').read_text()[-5000:]}")
+        sys.exit(f"mutmut failed ({done.returncode}), its output:\n{(work / 'mutmut.log').read_text()[-5000:]}")
 
 
-def collect(groups: list[str]) -> dict[str, ModuleResult]:
+def collect(work: Path, modules: list[str]) -> dict[str, ModuleResult]:
     """Read mutmut's per-file results, and the diff of every survivor, from the scratch tree."""
-    os.chdir(WORK)
-    sys.path.insert(0, str(WORK))
+    os.chdir(work)
+    sys.path.insert(0, str(work))
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
 
     results: dict[str, ModuleResult] = {}
-    for group in groups:
-        for module in GROUPS[group][0]:
-            path = Path("src/epd_operator") / module
-            data = SourceFileMutationData(path=path)
-            data.load()
-            result = ModuleResult(module)
-            for name, code in sorted(data.exit_code_by_key.items(), key=lambda kv: _natural(kv[0])):
-                status = status_by_exit_code[code]
-                result.add(name, status, None if status in KILLED else get_diff_for_mutant(name, path=path))
-            results[module] = result
+    for module in modules:
+        path = Path("src/epd_operator") / module
+        data = SourceFileMutationData(path=path)
+        data.load()
+        result = ModuleResult(module)
+        for name, code in sorted(data.exit_code_by_key.items(), key=lambda kv: _natural(kv[0])):
+            status = status_by_exit_code[code]
+            result.add(name, status, None if status in KILLED else get_diff_for_mutant(name, path=path))
+        results[module] = result
     os.chdir(ROOT)
     return results
 
@@ -480,13 +478,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="per-group results, updated by a run")
     parser.add_argument("--report", type=Path, default=REPORT, help="where to write the report")
     parser.add_argument("--reuse", action="store_true", help="report from the stored results, run nothing")
+    parser.add_argument(
+        "--module",
+        action="append",
+        help="mutate only these modules of the chosen groups (repeatable): a partial measure, so --results and "
+        "--report must name files other than the committed ones",
+    )
+    parser.add_argument("--work", type=Path, default=WORK, help="the scratch tree (one per concurrent run)")
     args = parser.parse_args(argv)
     runs = load_results(args.results)
     groups = args.group or (list(runs) if args.reuse else list(GROUPS))
+    modules = [m for g in groups for m in GROUPS[g][0] if not args.module or m in args.module]
+    if args.module:
+        unknown = sorted(set(args.module) - set(modules))
+        if unknown:
+            parser.error(f"--module {', '.join(unknown)}: not a module of {', '.join(groups)}")
+        if args.results.resolve() == RESULTS or args.report.resolve() == REPORT:
+            parser.error("--module measures part of a group: give --results and --report outside bench/results")
     if not args.reuse:
         start, state = time.monotonic(), source_state(groups)
-        layout(groups)
-        run_mutmut(args.jobs)
+        layout(args.work, groups, modules)
+        run_mutmut(args.work, args.jobs)
         state.update(
             date=datetime.date.today().isoformat(),
             mutmut=version("mutmut"),
@@ -495,9 +507,9 @@ def main(argv: list[str] | None = None) -> int:
             cores=os.cpu_count(),
             load=round(os.getloadavg()[0], 2),
         )
-        results = collect(groups)
+        results = collect(args.work, modules)
         for group in groups:
-            runs[group] = GroupRun(group, state, {m: results[m] for m in GROUPS[group][0]})
+            runs[group] = GroupRun(group, state, {m: results[m] for m in GROUPS[group][0] if m in results})
         save_results(runs, args.results)
     text, unexplained = report(runs)
     args.report.write_text(text)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from dev import mutation
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -137,6 +139,16 @@ def test_a_run_fails_for_its_own_groups_under_the_bar(tmp_path, monkeypatch):
     assert mutation.main([*argv, "--group", "cli"]) == 0
     assert mutation.main(argv) == 1  # kube: 94 of 100
     assert "kube/client.py" in report.read_text()
+
+
+def test_a_run_of_some_modules_names_modules_of_its_groups_and_writes_outside_the_committed_results(tmp_path, capsys):
+    elsewhere = ["--results", str(tmp_path / "m.json"), "--report", str(tmp_path / "m.md")]
+    with pytest.raises(SystemExit):
+        mutation.main(["--group", "cli", "--module", "router/upstream.py", *elsewhere])
+    assert "--module router/upstream.py: not a module of cli" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mutation.main(["--group", "router-edge", "--module", "router/upstream.py"])
+    assert "give --results and --report outside bench/results" in capsys.readouterr().err
 
 
 def test_modules_not_mutated_are_in_no_group():
