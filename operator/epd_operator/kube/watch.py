@@ -103,9 +103,18 @@ class ListWatch:
         # timeout_seconds given: the library's Watch ends with the server's stream instead of
         # reconnecting by itself, so a 410 comes here (and is answered with a list).
         async with Watch() as watch:
-            async for event in watch.stream(
-                open_stream, resource_version=self.resource_version, timeout_seconds=self.server_timeout
-            ):
+            events = aiter(
+                watch.stream(open_stream, resource_version=self.resource_version, timeout_seconds=self.server_timeout)
+            )
+            while True:
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    return
+                except (ApiException, *REQUEST_ERRORS):
+                    raise
+                except Exception as exc:  # the library's bare Exception (or KeyError) for JSON that is no event
+                    raise ValueError(f"not a watch event: {str(exc)[:200]}") from exc
                 if not isinstance(event, dict):  # the library hands on a line that is not JSON as it is
                     raise ValueError(f"not a watch event: {str(event)[:200]}")
                 self.resource_version = watch.resource_version or self.resource_version

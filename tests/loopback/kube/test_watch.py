@@ -139,6 +139,9 @@ async def test_410_gone_lists_again_at_once(api, caplog):
     [
         (b"not json\n", "ConfigMap watch (all) failed: not a watch event: not json"),
         ({"kind": "Status", "code": 500, "reason": "InternalError"}, "ConfigMap watch (all) failed: 500 InternalError"),
+        # JSON that is neither an event nor a Status with a code, and an ERROR event whose Status lacks one
+        ({"kind": "Status"}, "ConfigMap watch (all) failed: not a watch event: Malformed JSON response"),
+        ({"type": "ERROR", "object": {"kind": "Status"}}, "ConfigMap watch (all) failed: not a watch event: 'reason'"),
     ],
 )
 async def test_a_bad_event_or_a_failed_watch_lists_again_after_a_pause(api, caplog, answer, logged):
