@@ -226,7 +226,7 @@ async def test_chunked_framing_split_at_every_byte_still_yields_the_exact_body()
 
 async def test_idle_connections_left_from_a_burst_are_retired_by_later_traffic():
     async with scripted_backend([ok(b"{}")]) as (url, _seen):
-        up = Upstream(keepalive=0.1)
+        up = Upstream(keepalive=10)
 
         async def call():
             r = await up.request(url, "POST", "/x", JSON_HEADERS, b"{}")
@@ -237,8 +237,10 @@ async def test_idle_connections_left_from_a_burst_are_retired_by_later_traffic()
         [pool] = up._pools.values()
         burst = list(pool.idle)
         assert len(burst) == 3
-        for _ in range(4):  # steady traffic keeps reusing the newest connection
-            await asyncio.sleep(0.05)
-            await call()
+        await call()  # steady traffic reuses the newest connection, and keeps it fresh
+        assert pool.idle == burst and burst[-1].idle_since > burst[0].idle_since
+        for conn in burst[:-1]:  # the burst's other connections idle past the keep-alive (no wall-clock wait)
+            conn.idle_since -= 11
+        await call()
         assert pool.idle == [burst[-1]] and not any(conn.usable for conn in burst[:-1])
         await up.close()
