@@ -152,7 +152,8 @@ class _Connection(asyncio.Protocol):
         self.head_done = True
 
     def on_body(self, piece: bytes) -> None:
-        self.body += piece
+        if not self.complete:  # else a message nobody asked for, in the same segment as the reply
+            self.body += piece
 
     def on_message_complete(self) -> None:
         if self.interim:
@@ -284,6 +285,7 @@ class BackendReply:
             while True:
                 if conn.body:
                     yield conn.take()
+                    continue  # more may have come (or the reply ended) while the caller had the piece
                 if conn.complete:
                     break
                 try:
@@ -337,7 +339,8 @@ class _OriginPool:
     def __init__(self, origin: str, keepalive: float) -> None:
         self.keepalive = keepalive
         parts = urlsplit(origin)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        # no user:password@: a backend is host:port, and Host (below) must not carry credentials
+        if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
             raise ValueError(f"backend origin must be http(s)://host[:port], not {origin!r}")
         self.host = parts.hostname
         self.tls = parts.scheme == "https"
