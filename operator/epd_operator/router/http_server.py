@@ -50,6 +50,7 @@ _SINGLETONS = frozenset(
     {"host", "content-length", "transfer-encoding", "content-type", "authorization", "x-request-id", "expect"}
 )
 _IDLE, _HEAD, _BODY = 0, 1, 2
+_LATIN1 = "latin-1"  # field bytes as characters, one each (RFC 9110 5.5)
 
 
 class _Refuse(Exception):
@@ -69,6 +70,23 @@ class HttpConnection(asyncio.Protocol):
 
     # Set by connection_made, which the server runs before any other callback.
     transport: asyncio.Transport
+    # Starting values of the state below; the instance assigns its own when they change.
+    finishing = False  # the server is shutting down: answer what was received, then close
+    dead = False  # the parser stopped: nothing more is read from this client
+    reading_paused = False
+    continued = False  # 100 Continue already sent for the request being received
+    streaming = False  # a streamed reply has started
+    timer_kind = -1
+    # The message being parsed (on_message_begin starts each afresh).
+    begun_now = False
+    url = b""
+    nheaders = 0
+    head_bytes = 0
+    started = 0.0
+    body: bytes | bytearray | None = None
+    body_raw = 0
+    request: HttpRequest | None = None
+    last: HttpRequest | None = None  # the request parsed last
 
     def __init__(
         self, handler: Handler, max_body: int, limits: Limits | None = None, server: HttpServer | None = None
@@ -77,32 +95,17 @@ class HttpConnection(asyncio.Protocol):
         self.max_body = max_body
         self.limits = limits or Limits()
         self.server = server  # told when this connection opens and closes (it tracks them for shutdown)
-        self.finishing = False  # the server is shutting down: answer what was received, then close
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpRequestParser(self)
         self.task: asyncio.Task | None = None
         self.queue: deque = deque()  # parsed requests (or a refusal) waiting for their turn
         self.held = bytearray()  # bytes received while a reply is owed, parsed after it
-        self.dead = False  # the parser stopped: nothing more is read from this client
         self.closed = False
-        self.reading_paused = False
         self.drained: asyncio.Future | None = None  # set while the transport's buffer is full
-        self.continued = False  # 100 Continue already sent for the request being received
-        self.streaming = False  # a streamed reply has started
         self.timer: asyncio.TimerHandle | None = None
-        self.timer_kind = -1
         # The message being parsed.
         self.state = _IDLE
-        self.begun_now = False
-        self.url = b""
         self.headers: dict[str, str] = {}
-        self.nheaders = 0
-        self.head_bytes = 0
-        self.started = 0.0
-        self.body: bytes | bytearray | None = None
-        self.body_raw = 0
-        self.request: HttpRequest | None = None
-        self.last: HttpRequest | None = None  # the request parsed last
 
     # ---- asyncio.Protocol ----
 
@@ -183,16 +186,9 @@ class HttpConnection(asyncio.Protocol):
             if self.task is None and not self.queue:
                 self._close()
             return
-        except httptools.HttpParserError as exc:
+        except httptools.HttpParserError as exc:  # a target too long was refused by on_url (414) before
             self.dead = True
-            status = (
-                414
-                if isinstance(exc, httptools.HttpParserInvalidURLError)
-                and self.state == _HEAD
-                and len(self.url) > self.limits.max_line
-                else 400
-            )
-            self._refuse(status, f"malformed request: {exc}")
+            self._refuse(400, f"malformed request: {exc}")
             return
         state = self.state
         if state == _HEAD:
@@ -204,15 +200,25 @@ class HttpConnection(asyncio.Protocol):
                 return
         elif state == _BODY:
             self.body_raw += len(data)
-            if not self.continued and self.headers.get("expect", "").lower() == "100-continue":
-                self.continued = True
-                self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._continue()
             if self.body_raw > 2 * self.max_body + self.limits.max_head + 65536:
                 # Framing (chunk sizes, extensions, trailers) far beyond the body it carries.
                 self.dead = True
                 self._refuse(413, "request body framing too large")
                 return
         self._arm()
+
+    def _continue(self) -> None:
+        """Answer `Expect: 100-continue` for the body being received, once: only when no reply is owed
+        ahead of it (an interim reply sent earlier would be taken for one to an earlier request)."""
+        if (
+            not self.continued
+            and self.task is None
+            and not self.queue
+            and self.headers.get("expect", "").lower() == "100-continue"
+        ):
+            self.continued = True
+            self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_message_begin(self) -> None:
         self.state = _HEAD
@@ -242,14 +248,14 @@ class HttpConnection(asyncio.Protocol):
             raise _Refuse(431, "request head too large")
         if self.state != _HEAD:
             return  # a trailer field of a chunked body: counted, not used
-        key = name.decode("latin-1").lower()
+        key = name.decode(_LATIN1).lower()
         headers = self.headers
         if key in headers:
             if key in _SINGLETONS:
                 raise _Refuse(400, f"repeated {key} header field")
-            headers[key] += ", " + value.decode("latin-1")
+            headers[key] += ", " + value.decode(_LATIN1)
         else:
-            headers[key] = value.decode("latin-1")
+            headers[key] = value.decode(_LATIN1)
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -266,10 +272,10 @@ class HttpConnection(asyncio.Protocol):
                 raise _Refuse(501, "only the chunked transfer coding is accepted")
         if not http10 and "host" not in headers:
             raise _Refuse(400, "missing Host header field")
-        method = parser.get_method().decode("latin-1")
+        method = parser.get_method().decode(_LATIN1)
         if method == "CONNECT":
             raise _Refuse(405, "CONNECT is not served")
-        target = self.url.decode("latin-1")
+        target = self.url.decode(_LATIN1)
         path, _, query = target.partition("?")
         self.request = request = HttpRequest(
             method, path, query, headers, None, self, parser.should_keep_alive(), http10
@@ -349,20 +355,22 @@ class HttpConnection(asyncio.Protocol):
 
     def _start(self, item: HttpRequest | Response) -> None:
         if isinstance(item, Response):  # a refusal queued behind earlier replies
-            self._write_response(item, False, False)
-            self._close()
+            self._write_last(item)
             return
-        self.continued = False
         self.streaming = False
         self.task = self.loop.create_task(self._answer(item))
 
     def _refuse(self, status: int, message: str) -> None:
         response = _error(status, message)
         if self.task is None and not self.queue:
-            self._write_response(response, False, False)
-            self._close()
+            self._write_last(response)
         else:
             self.queue.append(response)
+
+    def _write_last(self, response: Response) -> None:
+        """A refusal: the connection's last reply, then close."""
+        self._write_response(response, False, False)
+        self._close()
 
     def _close(self) -> None:
         if self.closed:
@@ -397,15 +405,17 @@ class HttpConnection(asyncio.Protocol):
                     request.keep_alive = False
                 try:
                     self._write_response(response, request.keep_alive, request.http10, request.method == "HEAD")
-                except ValueError:
-                    log.error(
-                        "refused to write a reply with CR or LF in a header to %s %s", request.method, request.path
-                    )
+                except (TypeError, ValueError) as exc:  # a status that is no integer, CR or LF in a header
+                    log.error("refused to write a malformed reply to %s %s: %s", request.method, request.path, exc)
                     self._write_response(_error(500, "internal router error"), False, request.http10)
                     request.keep_alive = False
             if self.drained is not None:
                 await self.wait_drained()  # backpressure: the next request waits for this reply to leave
         except (ConnectionError, asyncio.CancelledError):
+            return
+        except Exception:  # a streamed reply that cannot be rendered: the client must not wait for it forever
+            log.exception("failed to write the reply to %s %s", request.method, request.path)
+            self.transport.abort()
             return
         self.task = None
         if self.closed:
@@ -430,6 +440,8 @@ class HttpConnection(asyncio.Protocol):
             self._feed(held)
         elif self.state != _IDLE:
             self.started = self.loop.time()
+            if self.state == _BODY:
+                self._continue()  # deferred while replies to earlier requests were owed
             self._arm()
         else:
             self._arm()
@@ -481,13 +493,11 @@ class HttpConnection(asyncio.Protocol):
         if kind == _IDLE:
             self._close()
         elif kind == _HEAD:
-            self.dead = True
-            self._refuse(408, "request head not received in time")
+            self._refuse(408, "request head not received in time")  # nothing is owed: it closes
         else:
             if self.loop.time() < self._body_deadline():  # more arrived since the timer was set
                 self._arm()
                 return
-            self.dead = True
             self._refuse(408, "request body not received in time")
 
 
