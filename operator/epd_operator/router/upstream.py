@@ -255,6 +255,11 @@ class BackendReply:
     def _deadline(self, conn: _Connection) -> float | None:
         return None if self._idle is None else conn.loop.time() + self._idle
 
+    def _ends_body(self, conn: _Connection, exc: TransportError) -> bool:
+        """Whether a read failure is the end of a read-until-close body: the backend closed, cleanly
+        (a reset, in `conn.error`, cuts the body short)."""
+        return self._until_close and exc.kind == "read" and conn.eof and not conn.bad and conn.error is None
+
     def _live(self) -> _Connection:
         conn = self._conn
         if conn is None:
@@ -269,8 +274,8 @@ class BackendReply:
                 try:
                     await conn.more(deadline if deadline is not None else self._deadline(conn))
                 except TransportError as exc:
-                    if self._until_close and exc.kind == "read" and conn.eof and not conn.bad:
-                        break  # read-until-close ends this way
+                    if self._ends_body(conn, exc):
+                        break
                     raise
         except TransportError:
             self.close()
@@ -291,7 +296,7 @@ class BackendReply:
                 try:
                     await conn.more(self._deadline(conn))
                 except TransportError as exc:
-                    if self._until_close and exc.kind == "read" and conn.eof and not conn.bad:
+                    if self._ends_body(conn, exc):
                         if conn.body:
                             yield conn.take()
                         break

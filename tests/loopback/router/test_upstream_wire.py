@@ -413,6 +413,31 @@ async def test_a_body_cut_short_is_a_read_failure_naming_a_reset():
         assert (err.kind, str(err)) == ("read", f"read: connection closed ({reset!r})")
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_body_until_close_cut_by_a_reset_is_a_read_failure_not_an_end(streamed):
+    go = asyncio.Event()
+
+    async def cut(peer: Peer) -> None:
+        await peer.request()
+        peer.send(b'HTTP/1.1 200 OK\r\n\r\n{"done":')
+        await peer.wait(go)
+        peer.reset()
+
+    async with Backend(cut) as b:
+        reply = await fetch(Upstream(), b.origin)
+        if streamed:
+            body = reply.iter_body()
+            async with asyncio.timeout(WAIT):
+                assert await anext(body) == b'{"done":'
+            go.set()
+            err = await failure(anext(body))
+        else:
+            go.set()
+            err = await failure(reply.read())
+        reset = ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+        assert (err.kind, str(err)) == ("read", f"read: connection closed ({reset!r})")
+
+
 async def test_a_body_cut_short_by_a_close_fails_after_the_bytes_that_came():
     async def cut(peer: Peer) -> None:
         await peer.request()
