@@ -7,6 +7,7 @@
 | `charts/epd-deployment/values.schema.json` | `dev/generate/values_schema.py` (from the generated CRD) |
 | `charts/epd-operator/dashboards/epd.json` | `dev/generate/dashboard.py` |
 | the field reference in `docs/api.md`, between its markers | `reference()` as `epdctl docs --output docs/api.md` writes it |
+| the router's metric table in `docs/router.md`, between its markers | `dev/generate/router_metrics.py` |
 
 `files(root)` computes every file's text from the code and, for pages with a generated part, the page under
 `root`; it reads nothing else and writes nothing. `python -m dev.generate` writes them into the repository,
@@ -24,7 +25,7 @@ from epd_operator.api.crd import build_crd
 from epd_operator.api.docs import with_reference
 from epd_operator.cli import dump_yaml
 
-from . import dashboard, kube_schemas, values_schema
+from . import dashboard, kube_schemas, router_metrics, values_schema
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = "crds/serving.epd.dev_epddeployments.yaml"
@@ -43,6 +44,7 @@ def files(root: Path = REPO) -> dict[str, str]:
         values_schema.PATH: values_schema.render(crd),
         dashboard.PATH: dashboard.render(),
         API_PAGE: with_reference((root / API_PAGE).read_text(encoding="utf-8")),
+        router_metrics.PAGE: router_metrics.with_table((root / router_metrics.PAGE).read_text(encoding="utf-8")),
     }
 
 

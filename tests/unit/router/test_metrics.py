@@ -6,13 +6,16 @@ each simulated worker writes the files of its own pid)."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess, values
 from prometheus_client.parser import text_string_to_metric_families
 
+from dev.generate import router_metrics
 from epd_operator import __version__
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
 from epd_operator.router.metrics import RouterMetrics
@@ -218,3 +221,18 @@ def test_with_workers_each_keeps_its_own_endpoint_gauges_current(monkeypatch, tm
     assert written() == {"pa": 2}
     pool.update([DiscoveredEndpoint("http://c:8000", pod="old"), DiscoveredEndpoint("http://c:8000", pod="new")])
     assert written()["new"] == 0
+
+
+def test_the_metric_table_in_the_docs_is_what_the_router_exports():
+    """Names, types, labels and `# HELP` texts: docs/router.md's table is generated from RouterMetrics."""
+    page = (Path(__file__).resolve().parents[3] / router_metrics.PAGE).read_text(encoding="utf-8")
+    assert router_metrics.with_table(page) == page, "docs/router.md's metric table is stale: run `make generate`"
+    assert (
+        "| `epd_router_requests_total` | counter | `route`, `status` | Requests answered, by route and HTTP status |"
+        in page
+    )
+
+
+def test_a_page_without_the_metric_table_markers_is_refused():
+    with pytest.raises(ValueError, match=re.escape("docs/router.md needs one <!-- router metrics")):
+        router_metrics.with_table("# Router\n")
