@@ -232,6 +232,20 @@ async def test_a_long_bad_line_is_logged_cut_to_200_characters(api, caplog):
     assert caplog.messages[0] == "ConfigMap watch (all) failed: not a watch event: " + "y" * 200
 
 
+async def test_a_long_unreadable_event_is_logged_cut_to_200_characters(api, caplog):
+    seen = Seen()
+    api.answer(200, listing("10"))
+    api.stream([{"kind": "Status", "message": "z" * 300}])  # JSON, but no event and no code
+    api.answer(200, listing("11"))
+    api.stream([], hold=30)
+    with caplog.at_level(logging.WARNING, logger="epd_operator.kube.watch"):
+        async with watching(api, seen):
+            await api.wait_for(4)
+    prefix = "ConfigMap watch (all) failed: not a watch event: "
+    assert caplog.messages[0].startswith(prefix + "Malformed JSON response")
+    assert len(caplog.messages[0]) == len(prefix) + 200
+
+
 async def test_a_failure_without_a_message_is_logged_by_its_type(api, caplog):
     seen = Seen()
     api.answer(200, listing("10"), delay=1)  # slower than the client waits
