@@ -53,6 +53,7 @@ ROUTER_SERVING_TESTS = [
     "tests/unit/router/test_dp.py",
     "tests/unit/router/test_generations.py",
     "tests/unit/router/test_metrics.py",
+    "tests/unit/router/test_metrics_collectors.py",
     "tests/unit/router/test_spill_over.py",
     "tests/loopback/router/test_discovery_kube.py",
     "tests/loopback/router/test_http_server.py",
@@ -180,9 +181,10 @@ NOT_MUTATED: dict[str, str] = {
     "and test_shutdown.py start it as a process)",
     "janitor/__main__.py": "`python -m epd_operator.janitor`: one call of main(), run as a process",
 }
-# read by the tests above through the repository root (examples rendered, schemas, chart values), and dev/,
+# read by the tests above through the repository root (examples rendered, schemas, chart values, generated docs),
+# and dev/,
 # which tests/support imports (free ports, the version pins)
-ALSO_COPY = ["examples", "crds", "charts", "dev"]
+ALSO_COPY = ["examples", "crds", "charts", "dev", "docs"]
 
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 

@@ -129,7 +129,6 @@ class MultiProcessView:
     def __init__(self, path: str) -> None:
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        self.path = path
         self.files = MultiProcessCollector(None, path=path)
 
     def collect(self) -> Iterable[Metric]:
