@@ -14,6 +14,7 @@ from typing import Protocol
 from .protocol import error_body
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+LATIN1 = "latin-1"  # HTTP/1.1 field bytes as characters, one each (RFC 9110 5.5)
 
 
 @dataclass
@@ -111,8 +112,7 @@ class StreamResponse:
     def __init__(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.headers = headers if headers is not None else {}
-        self._conn: Connection | None = None
-        self._chunked = True
+        self._conn: Connection | None = None  # set by prepare, with _chunked
         self._ended = False
 
     @property
@@ -121,9 +121,9 @@ class StreamResponse:
         return self._conn is not None
 
     async def prepare(self, request: HttpRequest) -> None:
+        self._chunked = not request.http10  # before _conn: write and write_eof read it once _conn is set
         conn = self._conn = request.connection
         conn.begin_stream()
-        self._chunked = not request.http10
         if not self._chunked or conn.last_reply():
             request.keep_alive = False
         framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
@@ -163,7 +163,7 @@ def render_head(status: int, headers: dict[str, str]) -> bytes:
     # request were checked by the parser; this is the last line of defence).
     if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
         raise ValueError("CR or LF in a response header")
-    return b"HTTP/1.1 %d %s\r\n%s" % (status, _REASONS.get(status, b"Unknown"), lines.encode("latin-1"))
+    return b"HTTP/1.1 %d %s\r\n%s" % (status, _REASONS.get(status, b"Unknown"), lines.encode(LATIN1))
 
 
 def error_response(status: int, message: str) -> Response:

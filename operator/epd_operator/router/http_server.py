@@ -39,7 +39,7 @@ from collections import deque
 
 import httptools
 
-from .http_messages import BodyTooLarge, Handler, HttpRequest, Limits, Response, StreamResponse
+from .http_messages import LATIN1, BodyTooLarge, Handler, HttpRequest, Limits, Response, StreamResponse
 from .http_messages import error_response as _error
 from .http_messages import render_head as _head
 
@@ -50,7 +50,6 @@ _SINGLETONS = frozenset(
     {"host", "content-length", "transfer-encoding", "content-type", "authorization", "x-request-id", "expect"}
 )
 _IDLE, _HEAD, _BODY = 0, 1, 2
-_LATIN1 = "latin-1"  # field bytes as characters, one each (RFC 9110 5.5)
 
 
 class _Refuse(Exception):
@@ -248,14 +247,14 @@ class HttpConnection(asyncio.Protocol):
             raise _Refuse(431, "request head too large")
         if self.state != _HEAD:
             return  # a trailer field of a chunked body: counted, not used
-        key = name.decode(_LATIN1).lower()
+        key = name.decode(LATIN1).lower()
         headers = self.headers
         if key in headers:
             if key in _SINGLETONS:
                 raise _Refuse(400, f"repeated {key} header field")
-            headers[key] += ", " + value.decode(_LATIN1)
+            headers[key] += ", " + value.decode(LATIN1)
         else:
-            headers[key] = value.decode(_LATIN1)
+            headers[key] = value.decode(LATIN1)
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -272,10 +271,10 @@ class HttpConnection(asyncio.Protocol):
                 raise _Refuse(501, "only the chunked transfer coding is accepted")
         if not http10 and "host" not in headers:
             raise _Refuse(400, "missing Host header field")
-        method = parser.get_method().decode(_LATIN1)
+        method = parser.get_method().decode(LATIN1)
         if method == "CONNECT":
             raise _Refuse(405, "CONNECT is not served")
-        target = self.url.decode(_LATIN1)
+        target = self.url.decode(LATIN1)
         path, _, query = target.partition("?")
         self.request = request = HttpRequest(
             method, path, query, headers, None, self, parser.should_keep_alive(), http10
@@ -375,7 +374,6 @@ class HttpConnection(asyncio.Protocol):
     def _close(self) -> None:
         if self.closed:
             return
-        self.dead = True
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from .http_messages import LATIN1
+
 MAX_HEAD = 64 * 1024  # a reply head larger than this is not from a backend we understand
 MAX_HEADERS = 100
 PAUSE_ABOVE = 1 << 20  # stop reading a backend while this much is buffered for a slow client
@@ -68,6 +70,11 @@ class _Connection(asyncio.Protocol):
 
     # Set by connection_made, which create_connection runs before it hands the connection out.
     transport: asyncio.Transport
+    # Set before they are read: by the parser once the head (status) or the reply (keep_alive) is
+    # complete, and by BackendReply.release when the connection goes back to the pool (idle_since).
+    status: int
+    keep_alive: bool
+    idle_since: float
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -75,22 +82,18 @@ class _Connection(asyncio.Protocol):
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
-        self.idle_since = 0.0
         self.parser: httptools.HttpResponseParser | None = None
         self.stray = False  # bytes arrived that belong to no request of ours
         self.bad: str | None = None  # why the reply could not be parsed
-        self.received = False
 
     def begin(self) -> None:
         """Ready to parse the reply to a request about to be sent."""
         self.parser = httptools.HttpResponseParser(self)
-        self.status = 0
         self.headers: dict[str, str] = {}
         self.head_done = False
         self.head_bytes = 0
         self.body = bytearray()
         self.complete = False
-        self.keep_alive = False
         self.interim = False
         self.received = False
 
@@ -136,8 +139,8 @@ class _Connection(asyncio.Protocol):
         headers = self.headers
         if len(headers) >= MAX_HEADERS:
             raise ValueError("too many reply header fields")
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
+        key = name.decode(LATIN1).lower()
+        text = value.decode(LATIN1)
         headers[key] = headers[key] + ", " + text if key in headers else text
 
     def on_headers_complete(self) -> None:
