@@ -7,6 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
+from epd_operator.api.docs import between_markers
 from epd_operator.router.metrics import ROUTER_BUILD_INFO, RouterMetrics
 
 PAGE = "docs/router.md"
@@ -28,12 +29,5 @@ def table() -> str:
 
 
 def with_table(page: str) -> str:
-    """`page` with the text between its router-metrics markers replaced by `table()`.
-
-    Raises ValueError naming the markers when the page does not hold them once each, in order.
-    """
-    if page.count(START) != 1 or page.count(END) != 1 or page.index(START) > page.index(END):
-        raise ValueError(f"{PAGE} needs one {START} line before one {END} line around the metric table")
-    before, rest = page.split(START, 1)
-    after = rest.split(END, 1)[1]
-    return f"{before}{START}\n{table()}{END}{after}"
+    """`page` with the text between its router-metrics markers replaced by `table()`."""
+    return between_markers(page, START, END, table(), "the router's metric table")

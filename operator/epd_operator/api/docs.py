@@ -190,12 +190,18 @@ def reference() -> str:
 
 
 def with_reference(page: str) -> str:
-    """`page` (a Markdown document) with the text between its api-reference markers replaced by `reference()`.
+    """`page` (a Markdown document) with the text between its api-reference markers replaced by `reference()`."""
+    return between_markers(page, START, END, reference(), "the API reference")
 
-    Raises ValueError naming the markers when the page does not hold them once each, in order.
+
+def between_markers(page: str, start: str, end: str, text: str, what: str) -> str:
+    """`page` with what lies between its `start` and `end` marker lines replaced by `text` (a generated part).
+
+    Raises ValueError naming the markers and `what` they enclose when the page does not hold them once each,
+    in order.
     """
-    if page.count(START) != 1 or page.count(END) != 1 or page.index(START) > page.index(END):
-        raise ValueError(f"the page needs one {START} line before one {END} line around the API reference")
-    before, rest = page.split(START, 1)
-    after = rest.split(END, 1)[1]
-    return f"{before}{START}\n{reference()}{END}{after}"
+    if page.count(start) != 1 or page.count(end) != 1 or page.index(start) > page.index(end):
+        raise ValueError(f"the page needs one {start} line before one {end} line around {what}")
+    before, rest = page.split(start, 1)
+    after = rest.split(end, 1)[1]
+    return f"{before}{start}\n{text}{end}{after}"

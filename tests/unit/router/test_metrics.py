@@ -234,5 +234,5 @@ def test_the_metric_table_in_the_docs_is_what_the_router_exports():
 
 
 def test_a_page_without_the_metric_table_markers_is_refused():
-    with pytest.raises(ValueError, match=re.escape("docs/router.md needs one <!-- router metrics")):
+    with pytest.raises(ValueError, match=re.escape("the page needs one <!-- router metrics")):
         router_metrics.with_table("# Router\n")
