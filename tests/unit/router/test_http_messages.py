@@ -229,17 +229,12 @@ async def test_the_head_carries_the_streams_status_and_headers():
     assert conn.sent == [b"HTTP/1.1 201 Created\r\nX-A: 1\r\nX-B: 2\r\nTransfer-Encoding: chunked\r\n\r\n"]
 
 
-async def test_an_http11_stream_as_the_connections_last_reply_closes_it():
-    conn = RecordingConnection(last=True)
-    req = request(conn)
-    await StreamResponse().prepare(req)
-    assert req.keep_alive is False
-    assert conn.sent == [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"]
-
-
-async def test_an_http11_stream_on_a_request_that_asked_to_close_says_so():
-    conn = RecordingConnection()
-    req = request(conn, keep_alive=False)
+@pytest.mark.parametrize(
+    ("last", "keep_alive"), [(True, True), (False, False)], ids=["the connection's last reply", "asked to close"]
+)
+async def test_an_http11_stream_that_ends_its_connection_says_so(last, keep_alive):
+    conn = RecordingConnection(last=last)
+    req = request(conn, keep_alive=keep_alive)
     await StreamResponse().prepare(req)
     assert req.keep_alive is False
     assert conn.sent == [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"]
