@@ -48,7 +48,7 @@ from .go_module import GoMissing
 from .node_containerd import PAUSE_IMAGE
 from .oci import single_file_layer, write_archive, write_layered_archive
 from .paths import CACHE, REPO
-from .plan import CPU_NIXL_DIR, CPU_NIXL_ENV
+from .plan import CPU_NIXL_ENV, CPU_VLLM_DIR
 
 IMAGES = CACHE / "images"
 ECHO_IMAGE = "localhost/epd-echo:dev"
@@ -62,8 +62,8 @@ VLLM_CPU_IMAGE = f"localhost/epd-vllm-cpu:{venv.VLLM_VERSION}"
 # vLLM compiles run eagerly (with tensorParallelSize > 1, its first request compiles the vocabulary
 # shard mask and would fail with InvalidCxxCompiler). The local examples run --enforce-eager anyway.
 NO_TORCH_COMPILE_ENV = {"TORCHDYNAMO_DISABLE": "1"}
-# Where the CPU vLLM image keeps the local NIXL adaptations (dev/cpu_nixl), on its PYTHONPATH.
-VLLM_CPU_NIXL_DIR = "/opt/epd-local/cpu_nixl"
+# Where the CPU vLLM image keeps the local NIXL adaptations (dev/cpu_vllm), on its PYTHONPATH.
+VLLM_CPU_ADAPTATIONS_DIR = "/opt/epd-local/cpu_vllm"
 DEBIAN_MIRROR = os.environ.get("EPD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BUILD_TOOLS = {"buildah": "buildah", "mmdebstrap": "mmdebstrap", "go": "Go (https://go.dev/dl)"}
 # The CA bundle RUN steps trust (a machine behind a TLS-inspecting proxy adds its CA there); bound
@@ -301,7 +301,7 @@ def build_operator() -> Path:
 def vllm_cpu_key() -> str:
     config = json.dumps(vllm_cpu_config())
     return _key(
-        "vllm-cpu", VLLM_CPU_IMAGE, base_key(), venv.RECIPE, REPO / "dev" / "venv.py", *_files("dev/cpu_nixl"), config
+        "vllm-cpu", VLLM_CPU_IMAGE, base_key(), venv.RECIPE, REPO / "dev" / "venv.py", *_files("dev/cpu_vllm"), config
     )
 
 
@@ -312,7 +312,7 @@ def vllm_cpu_config() -> dict[str, Any]:
         "PATH": f"{dest}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "VIRTUAL_ENV": dest,
         **CPU_NIXL_ENV,
-        "PYTHONPATH": VLLM_CPU_NIXL_DIR,
+        "PYTHONPATH": VLLM_CPU_ADAPTATIONS_DIR,
         **NO_TORCH_COMPILE_ENV,
     }
     return {"Env": [f"{k}={v}" for k, v in env.items()], "Cmd": ["vllm", "--help"]}
@@ -321,7 +321,7 @@ def vllm_cpu_config() -> dict[str, Any]:
 def build_vllm_cpu() -> Path:
     """vLLM for CPU, for local clusters: the base image plus the tests' vLLM venv (``dev/venv.py``'s
     recipe, built first when missing) relocated to ``/opt``, and the local NIXL adaptations of
-    ``dev/cpu_nixl`` switched on by the image's environment (a CPU-only image; rendered manifests
+    ``dev/cpu_vllm`` switched on by the image's environment (a CPU-only image; rendered manifests
     never carry them). The model is not in the image: pods mount it, as users mount a model cache.
     ``images/vllm-cpu/Dockerfile`` builds the same image by the same recipe where Docker works."""
     archive = IMAGES / f"vllm-cpu-{vllm_cpu_key()}.tar"
@@ -335,8 +335,8 @@ def build_vllm_cpu() -> Path:
     with tempfile.TemporaryDirectory(dir=IMAGES, prefix="vllm-cpu-") as tmp:
         layer = venv.image_layer(Path(tmp) / "layer.tar", dest)
         with tarfile.open(layer, "a") as out:
-            for source in sorted(CPU_NIXL_DIR.glob("*.py")):
-                info = out.gettarinfo(str(source), arcname=f"{VLLM_CPU_NIXL_DIR.strip('/')}/{source.name}")
+            for source in sorted(CPU_VLLM_DIR.glob("*.py")):
+                info = out.gettarinfo(str(source), arcname=f"{VLLM_CPU_ADAPTATIONS_DIR.strip('/')}/{source.name}")
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 info.mode = 0o644

@@ -13,7 +13,7 @@ same on one CPU machine is substituted, and every substitution is recorded as a 
   ``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``HF_HUB_OFFLINE=1``;
 * E/P/D keeps the rendered ``NixlConnector`` config, so KV moves prefill -> decode over NIXL
   (UCX on loopback) as in a cluster; the tiers running it get two adaptations of NIXL to a small
-  shared CPU, applied by ``dev/cpu_nixl/sitecustomize.py`` through their PYTHONPATH (see there):
+  shared CPU, applied by ``dev/cpu_vllm/sitecustomize.py`` through their PYTHONPATH (see there):
   no pinning of the model thread, and a NIXL progress-thread delay of 1 ms instead of a busy poll;
 * the router reads static URLs of the local instances instead of EndpointSlices.
 
@@ -52,12 +52,12 @@ CPU_ENV = {
 # EC connectors that can run on this machine (ECCPUConnector needs Triton, Mooncake a NIC).
 LOCAL_EC_CONNECTORS = {"ECExampleConnector"}
 LOCAL_KV_CONNECTORS = {"NixlConnector"}
-# The local-run adaptations of NIXL to a CPU shared by several instances (dev/cpu_nixl/sitecustomize.py):
+# The local-run adaptations of NIXL to a CPU shared by several instances (dev/cpu_vllm/sitecustomize.py):
 # the directory put on PYTHONPATH, and what it is told to do.
-CPU_NIXL_DIR = Path(__file__).resolve().parent / "cpu_nixl"
+CPU_VLLM_DIR = Path(__file__).resolve().parent / "cpu_vllm"
 CPU_NIXL_PROGRESS_DELAY_US = 1000
 CPU_NIXL_ENV = {
-    "PYTHONPATH": str(CPU_NIXL_DIR),
+    "PYTHONPATH": str(CPU_VLLM_DIR),
     "EPD_LOCAL_NIXL_NO_CORE_RESERVATION": "1",
     "EPD_LOCAL_NIXL_PROGRESS_DELAY_US": str(CPU_NIXL_PROGRESS_DELAY_US),
 }
@@ -299,7 +299,7 @@ def _vllm_process(pod: _Pod, model_dir: Path, vllm: Path) -> LocalProcess:
         env.update(CPU_NIXL_ENV)
         notes.append(
             f"NIXL on a shared CPU: model thread not pinned, progress-thread delay {CPU_NIXL_PROGRESS_DELAY_US} us "
-            f"(PYTHONPATH={CPU_NIXL_DIR.name}/sitecustomize.py)"
+            f"(PYTHONPATH={CPU_VLLM_DIR.name}/sitecustomize.py)"
         )
 
     tp = flag_value(args, "--tensor-parallel-size")

@@ -34,7 +34,11 @@ NIXL_VERSION = "1.5.1"
 NIXL_PACKAGES = ("nixl", "nixl-cu12", "nixl-cu13")
 # Bump when the fix-ups below change, so cached venvs are brought up to date. Fix-ups only add to
 # the venv, so a venv of a newer recipe also serves an older checkout.
-RECIPE = "6"
+RECIPE = "7"
+# The AMX permission request every process of the venv makes at start (dev/cpu_vllm/amx.py says why),
+# installed as a module and a .pth line that imports it.
+AMX_SOURCE = Path(__file__).resolve().parent / "cpu_vllm" / "amx.py"
+AMX_MODULE = "epd_cpu_amx"
 
 
 def python() -> Path:
@@ -99,6 +103,12 @@ def _add_vllm_metadata(site: Path) -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n")
     (info / "INSTALLER").write_text("epd-operator\n")
     (info / "RECORD").write_text("")
+
+
+def _install_amx_request(site: Path) -> None:
+    # Written every time (a few hundred bytes), so the venv always holds this checkout's version.
+    (site / f"{AMX_MODULE}.py").write_text(AMX_SOURCE.read_text())
+    (site / f"{AMX_MODULE}.pth").write_text(f"import {AMX_MODULE}\n")
 
 
 def _vllm_installed() -> bool:
@@ -200,11 +210,14 @@ def ensure() -> Path:
             _fix_torchvision(site)
         _log("adding `vllm` distribution metadata for the console script")
         _add_vllm_metadata(site)
+        _log(f"installing the AMX permission request ({AMX_MODULE}.pth, for Intel CPUs with AMX)")
+        _install_amx_request(site)
         _log("checking imports")
         _run(
             str(python()),
             "-c",
-            "import vllm, transformers, torchvision, nixl._api; from vllm.entrypoints.launchers import cli_args",
+            "import vllm, transformers, torchvision, nixl._api; from vllm.entrypoints.launchers import cli_args; "
+            f"import sys; assert {AMX_MODULE!r} in sys.modules, 'the .pth line did not run'",
         )
         READY.write_text(RECIPE)
         _log("ready")

@@ -3,7 +3,7 @@
 Encoder, prefill (EC consumer + NixlConnector kv_producer), decode (NixlConnector kv_consumer)
 and `epd-router`, each with its rendered command line: the prompt's KV moves from prefill to
 decode over NIXL (UCX on loopback). The NIXL tiers run with the local runner's two CPU
-adaptations (`dev/cpu_nixl/sitecustomize.py`: no pinning, a 1 ms progress-thread delay), without
+adaptations (`dev/cpu_vllm/sitecustomize.py`: no pinning, a 1 ms progress-thread delay), without
 which instances sharing 2 cores starve each other. What happened is read from vLLM's own metrics
 and prefill's log (`dev.kv_transfer`). Started once for the module.
 """

@@ -1,4 +1,4 @@
-"""The local runner's NIXL adaptations (`dev/cpu_nixl/sitecustomize.py`) against stand-in modules.
+"""The local runner's NIXL adaptations (`dev/cpu_vllm/sitecustomize.py`) against stand-in modules.
 
 The stand-ins have the shape of the two hook points (vLLM's `CpuPlatform.discover_numa_topology`,
 NIXL's `_api` creating an agent through `nixlBind.nixlAgent` after setting `pthrDelay = 0`); the
@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from dev.plan import CPU_NIXL_DIR
+from dev.plan import CPU_VLLM_DIR
 
 STAND_INS = {
     "vllm/__init__.py": "",
@@ -57,7 +57,7 @@ def run_probe(tmp_path: Path, **env: str) -> tuple[list, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("EPD_LOCAL_NIXL_")}
     done = subprocess.run(
         [sys.executable, "-c", PROBE],
-        env={**clean, "PYTHONPATH": f"{CPU_NIXL_DIR}{os.pathsep}{tmp_path}", **env},
+        env={**clean, "PYTHONPATH": f"{CPU_VLLM_DIR}{os.pathsep}{tmp_path}", **env},
         capture_output=True,
         text=True,
         check=True,
