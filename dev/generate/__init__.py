@@ -8,9 +8,10 @@
 | `charts/epd-operator/dashboards/epd.json` | `dev/generate/dashboard.py` |
 | the field reference in `docs/api.md`, between its markers | `reference()` as `epdctl docs --output docs/api.md` writes it |
 | the router's metric table in `docs/router.md`, between its markers | `dev/generate/router_metrics.py` |
+| measured figures in `docs/benchmarks.md`, `docs/faults.md` and `docs/autoscaling.md`, between their markers | `dev/generate/bench_figures.py` (from the reports in `bench/results/`) |
 
 `files(root)` computes every file's text from the code and, for pages with a generated part, the page under
-`root`; it reads nothing else and writes nothing. `python -m dev.generate` writes them into the repository,
+`root` (and, for the figures, the reports in `bench/results/`); it reads nothing else and writes nothing. `python -m dev.generate` writes them into the repository,
 `--out DIR` into DIR instead (the freshness test, tests/unit/dev/test_generate.py, compares those with the
 committed files).
 """
@@ -25,7 +26,7 @@ from epd_operator.api.crd import build_crd
 from epd_operator.api.docs import with_reference
 from epd_operator.cli import dump_yaml
 
-from . import dashboard, kube_schemas, router_metrics, values_schema
+from . import bench_figures, dashboard, kube_schemas, router_metrics, values_schema
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = "crds/serving.epd.dev_epddeployments.yaml"
@@ -45,6 +46,7 @@ def files(root: Path = REPO) -> dict[str, str]:
         dashboard.PATH: dashboard.render(),
         API_PAGE: with_reference((root / API_PAGE).read_text(encoding="utf-8")),
         router_metrics.PAGE: router_metrics.with_table((root / router_metrics.PAGE).read_text(encoding="utf-8")),
+        **bench_figures.pages(root),
     }
 
 
