@@ -18,7 +18,7 @@ import yaml
 from . import __version__
 from .api import GROUP, SpecError, parse_epd
 from .api.crd import build_crd
-from .api.spec import DEFAULT_ROUTER_IMAGE
+from .api.router import DEFAULT_ROUTER_IMAGE
 
 
 class _Dumper(yaml.SafeDumper):

@@ -9,6 +9,7 @@ from importlib import metadata
 import yaml
 from packaging.requirements import Requirement
 
+from epd_operator.api import router as api_router
 from epd_operator.api import spec as api_spec
 
 from .charts import OPERATOR_CHART, REPO
@@ -97,10 +98,9 @@ def test_operator_image_runs_as_the_charts_non_root_user():
 
 
 def test_chart_and_api_agree_on_the_operator_image():
-    api = api_spec
     chart = yaml.safe_load((OPERATOR_CHART / "Chart.yaml").read_text())
     values = yaml.safe_load((OPERATOR_CHART / "values.yaml").read_text())
-    assert f"{values['image']['repository']}:{chart['appVersion']}" == api.DEFAULT_ROUTER_IMAGE
+    assert f"{values['image']['repository']}:{chart['appVersion']}" == api_router.DEFAULT_ROUTER_IMAGE
 
 
 def test_vllm_image_extends_the_default_vllm_image_with_pinned_transfer_engines():

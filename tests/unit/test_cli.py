@@ -354,7 +354,7 @@ def flags_of(parser) -> dict[str, tuple]:
 def test_each_command_and_flag_says_what_it_does_in_the_help():
     import argparse
 
-    from epd_operator.api.spec import DEFAULT_ROUTER_IMAGE
+    from epd_operator.api.router import DEFAULT_ROUTER_IMAGE
     from epd_operator.cli import build_parser
 
     parser = build_parser()

@@ -21,9 +21,10 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from . import kube_schemas
+from .fields import KubeType
 from .quantity import Quantity
 from .rules import RULES
-from .spec import EPDDeployment, EPDDeploymentSpec, KubeType
+from .spec import EPDDeployment, EPDDeploymentSpec
 
 _QUANTITY_ARGS = typing.get_args(Quantity)[0]  # Union[int, str], as annotated by Quantity
 

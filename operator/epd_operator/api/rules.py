@@ -17,26 +17,13 @@ from typing import Any
 import cel
 from pydantic import BaseModel
 
+from .autoscaling import Autoscaling, VLLMAutoscaling
 from .labels import OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS
-from .spec import (
-    LABEL_KEY_MESSAGE,
-    LABEL_KEY_PATTERN,
-    OPERATOR_MOUNT_PATHS,
-    OPERATOR_VOLUMES,
-    Autoscaling,
-    ConsumerTier,
-    ECTransfer,
-    EgressPeer,
-    EPDDeployment,
-    EPDDeploymentSpec,
-    Mooncake,
-    Nixl,
-    Peer,
-    Placement,
-    Router,
-    SelectorRequirement,
-    VLLMAutoscaling,
-)
+from .network import LABEL_KEY_MESSAGE, LABEL_KEY_PATTERN, EgressPeer, Peer, SelectorRequirement
+from .router import Router
+from .spec import EPDDeployment, EPDDeploymentSpec
+from .tiers import OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES, ConsumerTier, Placement
+from .transfer import ECTransfer, Mooncake, Nixl
 
 # Child objects are named `<name>-<suffix>`; the longest suffix is "-mooncake-master" (16), and
 # Service names are DNS-1035 labels of at most 63 characters.

@@ -32,7 +32,7 @@ import kopf
 from aiohttp import web
 
 from .. import __version__
-from ..api.spec import DEFAULT_ROUTER_IMAGE
+from ..api.router import DEFAULT_ROUTER_IMAGE
 from ..kube import CredentialsError, CredentialSource, Kube, closing_connections, load_credentials
 from .handlers import build_registry, build_settings
 from .leader import LeaseElector

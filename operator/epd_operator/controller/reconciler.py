@@ -29,7 +29,8 @@ import time
 from typing import Any
 
 from ..api.labels import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL
-from ..api.spec import DEFAULT_ROUTER_IMAGE, KIND, EPDDeployment, Topology
+from ..api.router import DEFAULT_ROUTER_IMAGE
+from ..api.spec import KIND, EPDDeployment, Topology
 from ..api.status import EPDDeploymentStatus
 from ..api.validation import FieldError, SpecError, parse_epd
 from ..kube import CHILD_RESOURCES, EPD, POD, REQUEST_ERRORS, Kube

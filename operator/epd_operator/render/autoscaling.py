@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.spec import DEFAULT_ENCODER_LOAD_PER_POD, Autoscaling, VLLMAutoscaling
+from ..api.autoscaling import DEFAULT_ENCODER_LOAD_PER_POD, Autoscaling, VLLMAutoscaling
 
 JSON = dict[str, Any]
 

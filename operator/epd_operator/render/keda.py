@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
+from ..api.autoscaling import DEFAULT_ENCODER_LOAD_PER_POD, KEDAScaling, VLLMAutoscaling
 from ..api.kube_schemas import KEDA_API_VERSION
 from ..api.labels import MANAGED_BY_LABEL
-from ..api.spec import DEFAULT_ENCODER_LOAD_PER_POD, EPDDeployment, KEDAScaling, VLLMAutoscaling
+from ..api.spec import EPDDeployment
 from ..api.validation import FieldError, SpecError
 from .autoscaling import CPU_TARGET_UTILISATION
 from .naming import ENCODER, ROUTER, object_name

@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..api.spec import MULTI_NODE_MASTER_PORT, ConsumerTier, EPDDeployment
+from ..api.spec import EPDDeployment
+from ..api.tiers import MULTI_NODE_MASTER_PORT, ConsumerTier
 from .naming import DECODE, PREFILL, VllmRole, tier_of
 from .templating import render_one
 from .transfer import container_port, tier_transfer

@@ -7,7 +7,10 @@ built in `vllm_tiers`, the router's objects in `router_workload`, the shapes the
 
 from __future__ import annotations
 
-from ..api.spec import DEFAULT_ROUTER_IMAGE, EPDDeployment, Mooncake, Placement
+from ..api.router import DEFAULT_ROUTER_IMAGE
+from ..api.spec import EPDDeployment
+from ..api.tiers import Placement
+from ..api.transfer import Mooncake
 from .keda import scaled_object, uses_keda
 from .lws import multi_node_workload
 from .naming import (

@@ -18,7 +18,8 @@ from ..api.labels import (
     NAME_LABEL,
     ROLE_LABEL,
 )
-from ..api.spec import EPDDeployment, Tier
+from ..api.spec import EPDDeployment
+from ..api.tiers import Tier
 
 VllmRole = Literal["encoder", "prefill", "decode"]  # the tiers that run vLLM
 ENCODER: Final = "encoder"

@@ -19,7 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.labels import INSTANCE_LABEL, ROLE_LABEL
-from ..api.spec import VLLM_PORT, EgressPeer, EPDDeployment, PodsPeer, Selector
+from ..api.network import EgressPeer, PodsPeer, Selector
+from ..api.spec import EPDDeployment
+from ..api.tiers import VLLM_PORT
 from .naming import MOONCAKE_MASTER, ROUTER, object_name, selector_labels, vllm_roles
 from .pods import meta
 from .router_args import ROUTER_METRICS_PORT, ROUTER_PORT

@@ -12,7 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..api.spec import Autoscaling, EPDDeployment, MooncakeMaster, Placement
+from ..api.autoscaling import Autoscaling
+from ..api.spec import EPDDeployment
+from ..api.tiers import Placement
+from ..api.transfer import MooncakeMaster
 from .autoscaling import hpa_metrics
 from .keda import uses_keda
 from .naming import CONFIG_HASH_ANNOTATION, labels, object_name, selector_labels

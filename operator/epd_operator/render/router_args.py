@@ -9,15 +9,13 @@ from __future__ import annotations
 import contextlib
 import math
 
+from ..api.autoscaling import DEFAULT_ENCODER_LOAD_PER_POD
 from ..api.quantity import parse_quantity
+from ..api.router import SPILL_OVER_TARGET_MULTIPLE
 from ..api.rules import cannot_encode
-from ..api.spec import (
-    DEFAULT_ENCODER_LOAD_PER_POD,
-    SPILL_OVER_TARGET_MULTIPLE,
-    EPDDeployment,
-    Mooncake,
-    Tier,
-)
+from ..api.spec import EPDDeployment
+from ..api.tiers import Tier
+from ..api.transfer import Mooncake
 from ..router import contract
 from .naming import DECODE, ENCODER, PREFILL, label_selector
 from .tracing import router_tracing_args

@@ -6,7 +6,8 @@ What the router is started with (its command line) is `router_args`; this module
 
 from __future__ import annotations
 
-from ..api.spec import EPDDeployment, Placement
+from ..api.spec import EPDDeployment
+from ..api.tiers import Placement
 from .naming import ROUTER, object_name, router_service_name, selector_labels
 from .pods import (
     JSON,

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.quantity import quantity_bytes
-from ..api.spec import EPDDeployment, EPDDeploymentSpec, KVTransfer, Mooncake, SharedStorage
+from ..api.spec import EPDDeployment, EPDDeploymentSpec
+from ..api.transfer import KVTransfer, Mooncake, SharedStorage
 from ..router.contract import EC_RANK_PORT_PREFIX
 from .naming import (
     DECODE,

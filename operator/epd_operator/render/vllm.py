@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 
-from ..api.spec import (
+from ..api.spec import EPDDeployment, EPDDeploymentSpec
+from ..api.tiers import (
     ENCODER_GPU_MEMORY_UTILIZATION,
     MULTI_NODE_MASTER_PORT,
     VLLM_PORT,
     ConsumerTier,
     EncoderTier,
-    EPDDeployment,
-    EPDDeploymentSpec,
     Tier,
 )
 from .naming import DECODE, ENCODER, PREFILL, VllmRole, tier_of

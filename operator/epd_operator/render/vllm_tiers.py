@@ -8,7 +8,8 @@ embeddings and KV is `transfer.tier_transfer`. This module puts them into a pod.
 from __future__ import annotations
 
 from ..api.labels import GENERATION_LABEL
-from ..api.spec import VLLM_PORT, EPDDeployment, EPDDeploymentSpec
+from ..api.spec import EPDDeployment, EPDDeploymentSpec
+from ..api.tiers import VLLM_PORT
 from .generation import compatibility_generation
 from .naming import ENCODER, VllmRole, object_name, selector_labels, tier_of
 from .pods import (

@@ -11,6 +11,7 @@ import cel
 import pytest
 from pydantic import BaseModel
 
+from epd_operator.api.router import Router
 from epd_operator.api.rules import (
     RULES,
     SUPPORTED_REASONS,
@@ -24,16 +25,9 @@ from epd_operator.api.rules import (
     cannot_encode,
     rules_for,
 )
-from epd_operator.api.spec import (
-    ConsumerTier,
-    ECTransfer,
-    EncoderTier,
-    EPDDeployment,
-    EPDDeploymentSpec,
-    Placement,
-    Router,
-    Tier,
-)
+from epd_operator.api.spec import EPDDeployment, EPDDeploymentSpec
+from epd_operator.api.tiers import ConsumerTier, EncoderTier, Placement, Tier
+from epd_operator.api.transfer import ECTransfer
 from epd_operator.api.validation import FieldError, SpecError, _path, _walk, parse_epd
 from tests.support.epd_specs import spec
 

@@ -15,7 +15,7 @@ def test_namespaces_repeat_and_the_defaults_match_the_chart():
 
 
 def test_router_image_from_flag_else_environment_else_the_release_default(monkeypatch):
-    from epd_operator.api.spec import DEFAULT_ROUTER_IMAGE
+    from epd_operator.api.router import DEFAULT_ROUTER_IMAGE
 
     monkeypatch.delenv("EPD_ROUTER_IMAGE", raising=False)
     assert parse_args(["-A"]).router_image == DEFAULT_ROUTER_IMAGE

@@ -74,7 +74,7 @@ def test_bad_flags_are_refused_with_a_reason(tmp_path, capsys, argv, complaint):
 
 
 def test_the_rendered_sidecar_arguments_are_ones_the_janitor_takes():
-    from epd_operator.api.spec import SharedStorage
+    from epd_operator.api.transfer import SharedStorage
     from epd_operator.render.transfer import janitor_args
 
     storage = SharedStorage(claimName="ec", path="/ec-cache", maxSize="50Gi", ttlSeconds=900)

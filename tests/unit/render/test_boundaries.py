@@ -37,4 +37,4 @@ def test_render_imports_nothing_of_the_router_but_its_contract():
 
 def test_the_api_imports_nothing_of_the_router_but_its_contract():
     imports = {path.name: router_modules(path) for path in sorted(API.glob("*.py"))}
-    assert {name: found for name, found in imports.items() if found} == {"spec.py": {"router.contract"}}
+    assert {name: found for name, found in imports.items() if found} == {"router.py": {"router.contract"}}

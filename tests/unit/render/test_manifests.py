@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from epd_operator.api import parse_epd
-from epd_operator.api.spec import OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES
+from epd_operator.api.tiers import OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES
 from epd_operator.render import render, tier_hashes
 from epd_operator.render.naming import CONFIG_HASH_ANNOTATION
 from tests.support.render_examples import (
@@ -905,7 +905,7 @@ def test_no_spill_over_to_consumers_without_the_vision_encoder(flag):
 
 
 def test_the_encoder_gets_its_own_gpu_memory_default_and_consumers_keep_vllms():
-    from epd_operator.api.spec import ENCODER_GPU_MEMORY_UTILIZATION
+    from epd_operator.api.tiers import ENCODER_GPU_MEMORY_UTILIZATION
 
     doc = example_document(SHARED_STORAGE)
     for tier in ("encoder", "decode"):

@@ -12,7 +12,7 @@ import pytest
 
 from epd_operator.api import EPDDeployment
 from epd_operator.api.labels import INSTANCE_LABEL, ROLE_LABEL
-from epd_operator.api.spec import VLLM_PORT
+from epd_operator.api.tiers import VLLM_PORT
 from epd_operator.render import render
 from epd_operator.render.router_args import ROUTER_METRICS_PORT, ROUTER_PORT
 from epd_operator.render.transfer import MOONCAKE_MASTER_METRICS_PORT

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from epd_operator.api.spec import SharedStorage
+from epd_operator.api.transfer import SharedStorage
 from epd_operator.render.naming import VllmRole
 from epd_operator.render.transfer import (
     cache_ttl_seconds,
