@@ -18,6 +18,12 @@ ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid", "Autosc
 # SpecValid reasons: the spec broke our rules, or the API server refused an object rendered from it.
 INVALID_SPEC = "InvalidSpec"
 REFUSED_BY_API_SERVER = "RefusedByAPIServer"
+# AutoscalingActive False and Degraded's reason: an autoscaler cannot act.
+AUTOSCALING_INACTIVE = "AutoscalingInactive"
+# A tier's reasons for not being ready when its pods do not say: the kubelet cannot run its pods, or a
+# multi-node tier's groups are not ready.
+PODS_FAILING = "PodsFailing"
+GROUPS_NOT_READY = "GroupsNotReady"
 
 
 class _Status(BaseModel):

@@ -415,7 +415,7 @@ class Reconciler:
             # A LeaderWorkerSet has no selector of its own: its pods (leaders and workers) carry the tier's role.
             selector = dep["spec"].get("selector", {}).get("matchLabels") or {ROLE_LABEL: role}
             pods = self.cache.pods(namespace, name, selector)
-            groups = status_rules.unready_groups(dep, pods) if dep.get("kind") == status_rules.LWS_KIND else ()
+            groups = status_rules.unready_groups_of(dep, pods)
             tiers[role] = dataclasses.replace(
                 tier, unschedulable=unschedulable_reason(pods), trouble=pod_trouble(pods), unready_groups=groups
             )

@@ -18,16 +18,11 @@ Consumers kept on their generation until an encoder of the new one is Ready (con
 make the deployment Progressing (the condition's reason WaitingForEncoders names the tiers and both
 generations): their pods serve, but not from the template the spec asks for.
 
-A multi-node tier is a LeaderWorkerSet whose replicas are groups (a leader and its workers). Its
-state is read from the LeaderWorkerSet's own status the same way: ready groups (every pod of the
-group ready), updated groups, and its conditions: UpdateInProgress True is a rolling update of the
-groups under way (not settled; its updated count is no guide, since it also drops while a group
-restarts), and the tier is ready only while the controller itself says Available. A group that is not ready is named (`GroupsNotReady`, from the pods' group index), so a
-group the LWS controller restarts after losing a pod shows as that group, not as an anonymous count.
-
-An autoscaled tier also reports its HPA's own conditions. An HPA that cannot act (ScalingActive or
-AbleToScale False, e.g. its metric is not served) makes the AutoscalingActive condition False, and
-a deployment whose tiers are otherwise all ready Degraded, so a broken autoscaler is never hidden
+Each tier's workload and autoscaler are read by a module named for what it reads: `status_deployment`
+(a Deployment's rollout), `status_lws` (a LeaderWorkerSet's groups), `status_hpa` (an HPA's bounds and
+verdict) and `status_keda` (a KEDA ScaledObject's). This module combines them into the phase, the
+conditions and the Events. An autoscaler that cannot act makes the AutoscalingActive condition False,
+and a deployment whose tiers are otherwise all ready Degraded, so a broken autoscaler is never hidden
 behind Ready.
 """
 
@@ -41,28 +36,31 @@ from pydantic import ValidationError
 from ..api.labels import GENERATION_LABEL, ROLE_LABEL
 from ..api.spec import Topology
 from ..api.status import (
+    AUTOSCALING_INACTIVE,
+    GROUPS_NOT_READY,
     INVALID_SPEC,
+    PODS_FAILING,
     REFUSED_BY_API_SERVER,
     Condition,
     EPDDeploymentStatus,
     GenerationStatus,
-    HPACondition,
     TierAutoscaling,
     Tiers,
     TierStatus,
 )
 from ..api.validation import FieldError
-from .pods import UNSCHEDULABLE, PodTrouble, condition, pod_ready
+from .pods import UNSCHEDULABLE, PodTrouble, pod_ready
 from .rollout import Held
+from .status_deployment import deployment_rollout
+from .status_hpa import hpa_autoscaling, hpa_inactive, hpa_waiting
+from .status_keda import keda_autoscaling, keda_inactive, keda_waiting
+from .status_lws import LWS_KIND, lws_rollout, unready_groups
 
 TIERS = ("encoder", "prefill", "decode", "router")
 VLLM_TIERS = ("encoder", "prefill", "decode")
-# A multi-node tier's reason while groups are not ready and no pod of it says why.
-GROUPS_NOT_READY = "GroupsNotReady"
-LWS_KIND = "LeaderWorkerSet"
-# Set by LWS on every pod of a group (api/leaderworkerset/v1): the group's index, and the pod's in it.
-GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
-PODS_FAILING = "PodsFailing"  # the Ready condition's reason when the kubelet cannot run a tier's pods
+# A tier its autoscaler scaled to zero pods (KEDA, minReplicas 0): ready, with nothing to run.
+SCALED_TO_ZERO = "ScaledToZero"
+SCALED_TO_ZERO_MESSAGE = "scaled to zero by its autoscaler until its load activates it"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +82,6 @@ class TierState:
     stuck: bool
 
 
-def _true(obj: dict[str, Any], type_: str) -> bool:
-    """The object's own condition `type_` is True for its current generation."""
-    said = condition(obj, type_)
-    generation = (obj.get("metadata") or {}).get("generation")
-    current = generation is None or said.get("observedGeneration", generation) >= generation
-    return said.get("status") == "True" and current
-
-
 def _why(tier: TierInput) -> tuple[str | None, str | None]:
     """(reason, message) of a tier that is not ready: a pod the scheduler cannot place first, then a
     pod the kubelet cannot run."""
@@ -109,91 +99,35 @@ def tier_state(tier: TierInput) -> TierState:
         desired = tier.planned_replicas
         status = TierStatus(ready=f"0/{desired}", autoscaling=_autoscaling(tier), reason=reason, message=message)
         return TierState(status, settled=False, ready=False, stuck=False)
-    st = dep.get("status") or {}
-    desired = dep.get("spec", {}).get("replicas", 1)
-    replicas, ready = st.get("replicas", 0), st.get("readyReplicas", 0)
-    updated = st.get("updatedReplicas", 0)
-    lws = dep.get("kind") == LWS_KIND
-    # A LeaderWorkerSet counts ready groups (every pod of the group ready) and reports no availability.
-    available = st.get("availableReplicas", ready if lws else 0)
-    generation = dep.get("metadata", {}).get("generation")
-    seen = generation is None or st.get("observedGeneration", 0) >= generation
-    settled = seen and updated >= desired and replicas <= updated
-    is_ready = settled and ready >= desired and available >= desired
-    if lws:
-        # Its own UpdateInProgress says whether groups roll: its updated count also drops while a group
-        # restarts (a group whose pods are being recreated counts as neither updated nor current).
-        settled = seen and not _true(dep, "UpdateInProgress")
-        is_ready = settled and ready >= desired and _true(dep, "Available")
-        if not is_ready and reason is None:
-            reason, message = GROUPS_NOT_READY, _groups_message(dep, tier.unready_groups, ready, desired)
-    if is_ready:  # a ready tier has nothing to explain, whatever a pod on its way out says
+    rollout = lws_rollout(dep, tier.unready_groups) if dep.get("kind") == LWS_KIND else deployment_rollout(dep)
+    if not rollout.is_ready and reason is None:
+        reason, message = rollout.reason, rollout.message
+    if rollout.is_ready:  # a ready tier has nothing to explain, whatever a pod on its way out says
         reason = message = None
-        if desired == 0 and (tier.hpa is not None or tier.scaled_object is not None):
+        if rollout.desired == 0 and (tier.hpa is not None or tier.scaled_object is not None):
             reason, message = SCALED_TO_ZERO, SCALED_TO_ZERO_MESSAGE
     status = TierStatus(
-        replicas=replicas,
-        readyReplicas=ready,
-        updatedReplicas=updated,
-        availableReplicas=available,
-        ready=f"{ready}/{desired}",
+        replicas=rollout.replicas,
+        readyReplicas=rollout.ready,
+        updatedReplicas=rollout.updated,
+        availableReplicas=rollout.available,
+        ready=f"{rollout.ready}/{rollout.desired}",
         autoscaling=_autoscaling(tier),
         reason=reason,
         message=message,
     )
-    stuck = condition(dep, "Progressing").get("reason") == "ProgressDeadlineExceeded"
-    return TierState(status, settled, is_ready, stuck)
+    return TierState(status, rollout.settled, rollout.is_ready, rollout.stuck)
 
 
-def _conditions(obj: dict[str, Any]) -> list[HPACondition]:
-    return [
-        HPACondition(
-            type=str(c.get("type", "")),
-            status=c.get("status") if c.get("status") in ("True", "False") else "Unknown",
-            reason=str(c.get("reason") or ""),
-            message=str(c.get("message") or ""),
-        )
-        for c in (obj.get("status") or {}).get("conditions") or []
-    ]
+def unready_groups_of(workload: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[int, ...]:
+    """A multi-node tier's groups that miss a pod or have one not ready (none for a Deployment)."""
+    return unready_groups(workload, pods) if workload.get("kind") == LWS_KIND else ()
 
 
 def _autoscaling(tier: TierInput) -> TierAutoscaling | None:
-    so = tier.scaled_object
-    if so is not None:
-        spec = so.get("spec") or {}
-        return TierAutoscaling(
-            engine="KEDA",
-            minReplicas=spec.get("minReplicaCount", 0),  # KEDA's default
-            maxReplicas=spec.get("maxReplicaCount", 100),  # KEDA's default
-            conditions=_conditions(so) or None,
-        )
-    hpa = tier.hpa
-    if hpa is None:
-        return None
-    spec, st = hpa.get("spec") or {}, hpa.get("status") or {}
-    conditions = _conditions(hpa)
-    return TierAutoscaling(
-        minReplicas=spec.get("minReplicas", 1),
-        maxReplicas=spec.get("maxReplicas"),
-        desiredReplicas=st.get("desiredReplicas"),
-        currentReplicas=st.get("currentReplicas"),
-        conditions=conditions or None,
-    )
-
-
-AUTOSCALING_INACTIVE = "AutoscalingInactive"
-# A tier its autoscaler scaled to zero pods (KEDA, minReplicas 0): ready, with nothing to run.
-SCALED_TO_ZERO = "ScaledToZero"
-SCALED_TO_ZERO_MESSAGE = "scaled to zero by its autoscaler until its load activates it"
-# The HPA controller's reasons for failing to read a metric, and which metrics API and MetricSpec
-# type each is about (kube-controller-manager pkg/controller/podautoscaler/horizontal.go).
-_METRIC_FAILURES = {
-    "FailedGetPodsMetric": ("pods", "custom"),
-    "FailedGetObjectMetric": ("object", "custom"),
-    "FailedGetExternalMetric": ("external", "external"),
-    "FailedGetResourceMetric": ("resource", "resource (metrics-server)"),
-    "FailedGetContainerResourceMetric": ("containerResource", "resource (metrics-server)"),
-}
+    if tier.scaled_object is not None:
+        return keda_autoscaling(tier.scaled_object)
+    return hpa_autoscaling(tier.hpa) if tier.hpa is not None else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,49 +142,6 @@ class AutoscalingVerdict:
     degrades: bool = True
 
 
-def _metric_names(hpa: dict[str, Any], source: str) -> list[str]:
-    names = []
-    for metric in (hpa.get("spec") or {}).get("metrics") or []:
-        block = metric.get(source) or {}
-        name = (block.get("metric") or {}).get("name") or block.get("name")
-        if name:
-            names.append(str(name))
-    return names
-
-
-def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
-    """`<tier> autoscaling inactive: <what it cannot read>; <the HPA's reason>: <its message>`."""
-    reason, message = str(failed.get("reason") or ""), str(failed.get("message") or "")
-    words = f"{tier} autoscaling inactive"
-    if reason in _METRIC_FAILURES:
-        source, api = _METRIC_FAILURES[reason]
-        names = _metric_names(hpa, source)
-        named = [n for n in names if n in message] or names
-        if named:
-            words += f": the HPA cannot read {', '.join(named)} from the {api} metrics API"
-    return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
-
-
-def _keda_inactive(tier: str, so: dict[str, Any]) -> tuple[str, str, bool] | None:
-    """(reason, message, degrades) when a ScaledObject says KEDA cannot scale its tier, else None. KEDA's
-    conditions (keda.sh/v1alpha1): Ready=False, it cannot scale (TriggerError: a trigger fails, e.g.
-    Prometheus is unreachable or the query is bad); Fallback=True, it holds the fallback replicas
-    because the triggers fail; Paused=True, someone paused it (annotation autoscaling.keda.sh/paused)."""
-    conditions = {c.get("type"): c for c in (so.get("status") or {}).get("conditions") or []}
-    ready, fallback, paused = (conditions.get(t, {}) for t in ("Ready", "Fallback", "Paused"))
-    for found, words in (
-        (ready if ready.get("status") == "False" else None, "KEDA cannot scale it"),
-        (fallback if fallback.get("status") == "True" else None, "KEDA holds its fallback replicas"),
-    ):
-        if found is not None:
-            reason, message = str(found.get("reason") or AUTOSCALING_INACTIVE), str(found.get("message") or "")
-            return reason, f"{tier} autoscaling inactive: {words} (ScaledObject {reason}: {message})", True
-    if paused.get("status") == "True":
-        reason = str(paused.get("reason") or "ScaledObjectPaused")
-        return reason, f"{tier} autoscaling paused: its ScaledObject is paused ({paused.get('message') or ''})", False
-    return None
-
-
 def autoscaling_verdict(tiers: dict[str, TierInput]) -> AutoscalingVerdict | None:
     """What the tiers' autoscalers (HPAs, KEDA ScaledObjects) say about themselves (None: no tier autoscales)."""
     hpas = [(name, tiers[name].hpa) for name in TIERS if name in tiers and tiers[name].hpa is not None]
@@ -263,21 +154,17 @@ def autoscaling_verdict(tiers: dict[str, TierInput]) -> AutoscalingVerdict | Non
     paused: list[tuple[str, str]] = []
     for name, so in scaled:
         assert so is not None
-        found = _keda_inactive(name, so)
+        found = keda_inactive(name, so)
         if found is not None:
             (inactive if found[2] else paused).append(found[:2])
-        elif condition(so, "Ready").get("status") != "True":
+        elif keda_waiting(so):
             waiting_keda.append(name)
     for name, hpa in hpas:
         assert hpa is not None
-        conditions = {c.get("type"): c for c in (hpa.get("status") or {}).get("conditions") or []}
-        failed = next(
-            (conditions[t] for t in ("ScalingActive", "AbleToScale") if conditions.get(t, {}).get("status") == "False"),
-            None,
-        )
+        failed = hpa_inactive(name, hpa)
         if failed is not None:
-            inactive.append((str(failed.get("reason") or AUTOSCALING_INACTIVE), _inactive(name, hpa, failed)))
-        elif conditions.get("ScalingActive", {}).get("status") != "True":
+            inactive.append(failed)
+        elif hpa_waiting(hpa):
             waiting.append(name)
     if inactive:
         return AutoscalingVerdict(False, inactive[0][0], "; ".join(m for _, m in inactive + paused))
@@ -507,40 +394,6 @@ def last_described(previous: EPDDeploymentStatus | None) -> tuple[Topology | Non
     """(topology, endpoint) as the last status gave them: what a refused spec's status keeps saying,
     since the children of the last accepted spec keep running."""
     return (previous.topology, previous.endpoint) if previous else (None, None)
-
-
-def unready_groups(lws: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[int, ...]:
-    """The groups of a LeaderWorkerSet (indices below its replicas) that miss a pod (one of `size`)
-    or have one not ready; a pod on its way out counts as missing."""
-    spec = lws.get("spec") or {}
-    size = (spec.get("leaderWorkerTemplate") or {}).get("size", 1)
-    members: dict[int, list[dict[str, Any]]] = {}
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        index = (meta.get("labels") or {}).get(GROUP_INDEX_LABEL)
-        if index is not None and index.isdigit() and not meta.get("deletionTimestamp"):
-            members.setdefault(int(index), []).append(pod)
-    return tuple(
-        group
-        for group in range(spec.get("replicas", 1))
-        if len(members.get(group, [])) < size or not all(pod_ready(p) for p in members[group])
-    )
-
-
-def _groups_message(lws: dict[str, Any], groups: tuple[int, ...], ready: int, desired: int) -> str:
-    """`group 1 of 2 not ready (LeaderWorkerSet decode: Replicas are progressing)`."""
-    named = f"group {groups[0]}" if len(groups) == 1 else "groups " + ", ".join(map(str, groups))
-    words = f"{named} of {desired} not ready" if groups else f"{ready} of {desired} groups ready"
-    name = (lws.get("metadata") or {}).get("name", "")
-    said = next(
-        (
-            str(condition(lws, t).get("message") or "")
-            for t in ("UpdateInProgress", "Progressing", "Available")
-            if _true(lws, t)
-        ),
-        "",
-    )
-    return f"{words} (LeaderWorkerSet {name}: {said})" if said else f"{words} (LeaderWorkerSet {name})"
 
 
 def status_document(status: EPDDeploymentStatus) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from epd_operator.controller import apply
 from epd_operator.controller import reconciler as reconciler_module
 from epd_operator.controller.metrics import Metrics
 from epd_operator.controller.reconciler import Reconciler
-from epd_operator.controller.status import GROUP_INDEX_LABEL
+from epd_operator.controller.status_lws import GROUP_INDEX_LABEL
 from epd_operator.controller.workqueue import FULL, STATUS
 from epd_operator.kube import ApiError
 from epd_operator.render import render

@@ -6,15 +6,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from epd_operator.api.status import GROUPS_NOT_READY
 from epd_operator.controller.pods import PodTrouble
-from epd_operator.controller.status import (
-    GROUPS_NOT_READY,
-    TierInput,
-    derive_status,
-    tier_state,
-    transitions,
-    unready_groups,
-)
+from epd_operator.controller.status import TierInput, derive_status, tier_state, transitions
+from epd_operator.controller.status_lws import unready_groups
 from tests.unit.controller.test_status import lws
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"

@@ -1,0 +1,88 @@
+"""A tier's autoscaler as its HorizontalPodAutoscaler says it (engine HPA).
+
+The status shows the HPA's bounds, its replica counts and its own conditions. An HPA that cannot act
+(ScalingActive or AbleToScale False, e.g. its metric is not served) is *inactive*, in words that name
+the metric it cannot read and the metrics API that should serve it; one with no ScalingActive verdict
+yet is *waiting*.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.status import AUTOSCALING_INACTIVE, HPACondition, TierAutoscaling
+
+# The HPA controller's reasons for failing to read a metric, and which metrics API and MetricSpec
+# type each is about (kube-controller-manager pkg/controller/podautoscaler/horizontal.go).
+_METRIC_FAILURES = {
+    "FailedGetPodsMetric": ("pods", "custom"),
+    "FailedGetObjectMetric": ("object", "custom"),
+    "FailedGetExternalMetric": ("external", "external"),
+    "FailedGetResourceMetric": ("resource", "resource (metrics-server)"),
+    "FailedGetContainerResourceMetric": ("containerResource", "resource (metrics-server)"),
+}
+
+
+def autoscaler_conditions(obj: dict[str, Any]) -> list[HPACondition]:
+    """An autoscaler's status conditions (an HPA's, or a KEDA ScaledObject's, which has the same shape)."""
+    return [
+        HPACondition(
+            type=str(c.get("type", "")),
+            status=c.get("status") if c.get("status") in ("True", "False") else "Unknown",
+            reason=str(c.get("reason") or ""),
+            message=str(c.get("message") or ""),
+        )
+        for c in (obj.get("status") or {}).get("conditions") or []
+    ]
+
+
+def hpa_autoscaling(hpa: dict[str, Any]) -> TierAutoscaling:
+    spec, st = hpa.get("spec") or {}, hpa.get("status") or {}
+    return TierAutoscaling(
+        minReplicas=spec.get("minReplicas", 1),
+        maxReplicas=spec.get("maxReplicas"),
+        desiredReplicas=st.get("desiredReplicas"),
+        currentReplicas=st.get("currentReplicas"),
+        conditions=autoscaler_conditions(hpa) or None,
+    )
+
+
+def _metric_names(hpa: dict[str, Any], source: str) -> list[str]:
+    names = []
+    for metric in (hpa.get("spec") or {}).get("metrics") or []:
+        block = metric.get(source) or {}
+        name = (block.get("metric") or {}).get("name") or block.get("name")
+        if name:
+            names.append(str(name))
+    return names
+
+
+def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
+    """`<tier> autoscaling inactive: <what it cannot read>; <the HPA's reason>: <its message>`."""
+    reason, message = str(failed.get("reason") or ""), str(failed.get("message") or "")
+    words = f"{tier} autoscaling inactive"
+    if reason in _METRIC_FAILURES:
+        source, api = _METRIC_FAILURES[reason]
+        names = _metric_names(hpa, source)
+        named = [n for n in names if n in message] or names
+        if named:
+            words += f": the HPA cannot read {', '.join(named)} from the {api} metrics API"
+    return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
+
+
+def hpa_inactive(tier: str, hpa: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) when the HPA says it cannot act, else None."""
+    conditions = {c.get("type"): c for c in (hpa.get("status") or {}).get("conditions") or []}
+    failed = next(
+        (conditions[t] for t in ("ScalingActive", "AbleToScale") if conditions.get(t, {}).get("status") == "False"),
+        None,
+    )
+    if failed is None:
+        return None
+    return str(failed.get("reason") or AUTOSCALING_INACTIVE), _inactive(tier, hpa, failed)
+
+
+def hpa_waiting(hpa: dict[str, Any]) -> bool:
+    """The HPA has not yet said it computes a replica count (no ScalingActive True)."""
+    conditions = {c.get("type"): c for c in (hpa.get("status") or {}).get("conditions") or []}
+    return conditions.get("ScalingActive", {}).get("status") != "True"
