@@ -8,6 +8,7 @@
 | `charts/epd-operator/dashboards/epd.json` | `dev/generate/dashboard.py` |
 | the field reference in `docs/api.md`, between its markers | `reference()` as `epdctl docs --output docs/api.md` writes it |
 | the router's metric table in `docs/router.md`, between its markers | `dev/generate/router_metrics.py` |
+| `tests/golden/render/*.yaml`: what `render()` makes of every example | `dev/generate/render_golden.py` |
 | measured figures in `docs/benchmarks.md`, `docs/faults.md` and `docs/autoscaling.md`, between their markers | `dev/generate/bench_figures.py` (from the reports in `bench/results/`) |
 
 `files(root)` computes every file's text from the code and, for pages with a generated part, the page under
@@ -26,7 +27,7 @@ from epd_operator.api.crd import build_crd
 from epd_operator.api.docs import with_reference
 from epd_operator.cli import dump_yaml
 
-from . import bench_figures, dashboard, kube_schemas, router_metrics, values_schema
+from . import bench_figures, dashboard, kube_schemas, render_golden, router_metrics, values_schema
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = "crds/serving.epd.dev_epddeployments.yaml"
@@ -47,6 +48,7 @@ def files(root: Path = REPO) -> dict[str, str]:
         API_PAGE: with_reference((root / API_PAGE).read_text(encoding="utf-8")),
         router_metrics.PAGE: router_metrics.with_table((root / router_metrics.PAGE).read_text(encoding="utf-8")),
         **bench_figures.pages(root),
+        **render_golden.files(root),
     }
 
 
