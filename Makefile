@@ -168,12 +168,13 @@ bench-faults: k8s-node ## the fault table on real pods: what each fault costs a 
 
 # Mutation score of every product module the fast tests reach, per group (dev/mutation.py's GROUPS) with mutmut:
 # each mutant runs only the unit and in-process loopback tests that reach it. A run replaces its groups' results
-# in bench/results/mutation.json and renders bench/results/mutation.md from every group measured so far; fails
-# when a group of the run is under 95% or a surviving mutant is unexplained. GROUP=kube runs one group (here
-# from a minute for cli to over ten for kube, on 2 cores); JOBS=1 runs one mutant at a time (default: one per core).
-mutation: install ## mutation score per group (GROUP=kube: one group; JOBS=n mutants at once)
+# in bench/results/mutation.json and renders bench/results/mutation.md, which lists every module of the package;
+# fails when a module of the run is under 95% or a surviving mutant is unexplained. GROUP=kube runs one group
+# (from a minute for cli to over ten for kube, on 2 cores); JOBS=1 runs one mutant at a time (default: one per
+# core). STALE=1 runs nothing and lists the stored rows whose modules changed since the commit they were measured at.
+mutation: install ## mutation score per group (GROUP=kube: one group; JOBS=n mutants at once; STALE=1: list stale rows)
 	@$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q -e '.[test,mutation]'
-	$(BIN)/python dev/mutation.py $(if $(GROUP),--group $(GROUP)) $(if $(JOBS),--jobs $(JOBS))
+	$(BIN)/python dev/mutation.py $(if $(STALE),--stale,$(if $(GROUP),--group $(GROUP)) $(if $(JOBS),--jobs $(JOBS)))
 
 image-deps: install ## whether images/vllm-epd's pins resolve with its base image's vLLM (pip --dry-run; needs PyPI, ~2 min)
 	$(BIN)/python -m dev.image_deps
