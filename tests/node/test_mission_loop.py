@@ -16,7 +16,8 @@ request to the encoder's and decode's vLLM port and a connection to the NIXL sid
 through the router Service answers and moves its KV over NIXL, and with `spec.networkPolicy.enabled:
 false` the direct requests answer again. Each test asks a fixture for the state it needs
 (the example applied and settled, the E+PD answer it compares with), so any test runs alone or in any
-order; in file order each state is already there when the next test asks for it.
+order; in file order each state is already there when the next test asks for it. How long a state took
+to reach is printed, not asserted.
 """
 
 from __future__ import annotations
@@ -131,8 +132,9 @@ def mission(example: Example) -> Mission:
 
 
 def test_the_example_applies_and_its_vllm_pods_pass_their_probes(mission: Mission, example: Example):
-    # The module's first apply created it (the module starts with no EPDDeployment of its own).
-    assert f"epddeployment.serving.epd.dev/{NAME} created" in example.applied[0]
+    # An apply of the module created it (the module starts with no EPDDeployment of its own; whichever test ran
+    # first applied it, and the E/P/D variant's tests may have removed and applied it again).
+    assert any(f"epddeployment.serving.epd.dev/{NAME} created" in out for out in example.applied), example.applied
 
     for role in ("encoder", "decode"):
         [pod] = mission.pods(role)
