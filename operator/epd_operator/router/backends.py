@@ -68,7 +68,7 @@ class Endpoint:
         self,
         url: str,
         role: str,
-        pod: str = "",
+        pod: str,
         ec_zmq: str | None = None,
         generation: str | None = None,
         rank: int | None = None,
@@ -304,8 +304,8 @@ class HealthChecker:
         self,
         pools: list[Pool],
         session: aiohttp.ClientSession,
-        interval: float = 5.0,
-        timeout: float = 2.0,
+        interval: float,
+        timeout: float,
         scrape_load: bool = True,
     ) -> None:
         self.pools = pools

@@ -101,7 +101,10 @@ async def test_external_load_of_a_rank_steers_picks_away_from_it():
         (pd,) = stack.decodes
         pd.dp_size = 3
         pd.knobs.running_by_rank = {0: 0, 1: 6, 2: 0}  # another router keeps engine 1 busy
-        health = HealthChecker(stack.router.pools, stack.router.session, scrape_load=True)
+        cfg = stack.router.cfg
+        health = HealthChecker(
+            stack.router.pools, stack.router.session, cfg.health_interval, cfg.health_timeout, scrape_load=True
+        )
         await health.check_all()
         loads = {ep.rank: ep.load for ep in stack.router.decodes.endpoints.values()}
         assert loads == {0: 0, 1: 6, 2: 0}

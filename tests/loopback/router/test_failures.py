@@ -416,7 +416,7 @@ async def test_a_probe_or_scrape_that_never_answers_gives_up_at_the_health_timeo
         pool = Pool("decode", m)
         pool.update([DiscoveredEndpoint(hung), DiscoveredEndpoint(slow_metrics)])
         async with asyncio.timeout(3):  # the session's own default would wait five minutes
-            await HealthChecker([pool], session, timeout=0.2).check_all()
+            await HealthChecker([pool], session, interval=1.0, timeout=0.2).check_all()
         errors = sample_values(m.exposition()[0], "epd_router_backend_errors_total", kind="health")
         assert errors == [1]  # the hung probe; a hung scrape is no failure
         assert [d["load"] for d in pool.describe()] == [0, 0]
@@ -434,7 +434,7 @@ async def test_scraped_load_is_what_the_backend_runs_beyond_this_routers_own_wor
         plain.update([DiscoveredEndpoint(erring), DiscoveredEndpoint(busy)])
         ranked.update([DiscoveredEndpoint(dp)])
         plain.acquire(plain.endpoints[busy], 2)  # two of the five are this router's
-        await HealthChecker([plain, ranked], session).check_all()
+        await HealthChecker([plain, ranked], session, interval=1.0, timeout=2.0).check_all()
         # a failed scrape's body is no load; the router's own two count once
         assert [(d["inflight"], d["load"]) for d in plain.describe()] == [(0, 0), (2, 5)]
         # engine 0 reports nothing: only engine 1's rank takes the load

@@ -232,7 +232,7 @@ def test_an_idle_backend_has_queue_depth_zero_and_one_without_the_series_none():
 async def test_a_failed_health_round_is_logged_and_the_next_round_comes(caplog):
     caplog.set_level(logging.ERROR, logger="epd_router.backends")
     # No round reaches a backend: the session is never used.
-    checker = HealthChecker([], typing.cast("aiohttp.ClientSession", None), interval=0.001)
+    checker = HealthChecker([], typing.cast("aiohttp.ClientSession", None), interval=0.001, timeout=1.0)
     rounds = 0
 
     async def check_all() -> None:
