@@ -254,6 +254,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "controller-signals": (
         ["controller/events.py", "controller/metrics.py"],
         [
+            "tests/unit/controller/test_events.py",
             "tests/unit/controller/test_metrics.py",
             "tests/unit/controller/test_reconciler.py",
             "tests/unit/controller/test_reconciler_runtime.py",
