@@ -89,8 +89,13 @@ def test_results_of_separate_runs_are_stored_per_group_and_read_back(tmp_path):
     assert mutation.load_results(tmp_path / "absent.json") == {}
 
 
+def no_mutmut(modules: list[str], package: Path = mutation.PACKAGE) -> dict[str, int]:
+    return {}
+
+
 def test_the_report_names_each_groups_commit_the_unmeasured_groups_and_unexplained_survivors(monkeypatch):
     monkeypatch.setattr(mutation, "load_explanations", lambda: [])
+    monkeypatch.setattr(mutation, "count_mutants", no_mutmut)
     name = "epd_operator.router.reuse.xǁReuseCacheǁremember__mutmut_8"
     meta = {"jobs": 1, "cores": 2, "load": 1.5}
     runs = {
@@ -124,19 +129,28 @@ def table(text: str, heading: str) -> dict[str, list[str]]:
 
 def test_the_report_lists_every_module_of_the_package_measured_or_why_not(monkeypatch):
     monkeypatch.setattr(mutation, "load_explanations", lambda: [])
+    monkeypatch.setattr(mutation, "count_mutants", lambda modules, package: {m: len(m) for m in modules})
     meta = {"jobs": 2, "cores": 2, "load": 1.0}
     runs = {"cli": mutation.GroupRun("cli", {**run_of("c"), **meta}, {"cli.py": module_result("cli.py", 19, {})})}
     runs["cli"].modules["cli.py"].add("epd_operator.cli.x_f__mutmut_99", "no tests")
-    modules = table(mutation.report(runs)[0], "## Per module")
+    text = mutation.report(runs)[0]
+    modules = table(text, "## Per module")
     assert sorted(modules) == mutation.package_modules()
-    assert modules["cli.py"][1:] == ["cli", "20", "19", "0", "1", "95.0%", "yes"]
-    assert modules["render/keda.py"][1:3] == ["render-autoscaling", "not measured yet"]
+    assert modules["cli.py"][1:] == ["cli", "yes", "20", "19", "0", "1", "95.0%", "yes"]
+    assert modules["render/keda.py"][1:4] == ["render-autoscaling", "not measured yet", str(len("render/keda.py"))]
+    # what is not measured yet, counted by mutmut's generator: per module, per group and in all
+    autoscaling = table(text, "## Per group")["render-autoscaling"]
+    assert autoscaling[1:3] == ["2", "not measured yet"]
+    assert autoscaling[4] == str(len("render/keda.py") + len("render/autoscaling.py"))
+    waiting = [m for m, row in modules.items() if row[2] == "not measured yet"]
+    assert f"not measured yet: {len(waiting)} ({sum(map(len, waiting))} mutants)" in text
     assert modules["controller/main.py"][2] == "not mutated: process entry point (below)"
     assert modules["api/status.py"][2] == "nothing to mutate: no function"
 
 
 def test_a_module_in_no_group_is_named_in_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr(mutation, "load_explanations", lambda: [])
+    monkeypatch.setattr(mutation, "count_mutants", no_mutmut)
     (tmp_path / "cli.py").write_text("def f():\n    return 1\n")
     (tmp_path / "new.py").write_text("def g():\n    return 2\n")
     (tmp_path / "consts.py").write_text("X = 1\n")
@@ -144,7 +158,7 @@ def test_a_module_in_no_group_is_named_in_the_report(tmp_path, monkeypatch):
     modules = table(text, "## Per module")
     assert sorted(modules) == ["cli.py", "consts.py", "new.py"]
     assert modules["new.py"][1] == "**in no group**" and "**in no group: 1**" in text
-    assert modules["cli.py"][1:3] == ["cli", "not measured yet"]
+    assert modules["cli.py"][1:4] == ["cli", "not measured yet", ""]  # mutmut not installed: no count
     assert modules["consts.py"][2] == "nothing to mutate: no function"
 
 
@@ -206,6 +220,7 @@ def test_stale_lists_without_running_anything_and_never_fails(tmp_path, monkeypa
 
 def test_a_run_fails_for_its_own_groups_under_the_bar(tmp_path, monkeypatch):
     monkeypatch.setattr(mutation, "load_explanations", lambda: [])
+    monkeypatch.setattr(mutation, "count_mutants", no_mutmut)
     meta = {"jobs": 1, "cores": 2, "load": 1.5}
     runs = {
         "cli": mutation.GroupRun("cli", {**run_of("b"), **meta}, {"cli.py": module_result("cli.py", 100, {})}),
@@ -270,3 +285,13 @@ def test_coverage_problems_name_each_gap_and_what_to_do(tmp_path):
     assert "add it in dev/mutation.py's GROUPS" in problems[0] and "make mutation GROUP=" in problems[0]
     assert "process entry points only" in problems[1] and "remove it from group a" in problems[2]
     assert "group a and group b" in problems[3] and "remove it there" in problems[4]
+
+
+def test_mutants_are_counted_by_mutmuts_own_generator_in_functions_only(tmp_path):
+    pytest.importorskip("mutmut", reason="the mutation extra: .venv/bin/pip install -e '.[test,mutation]'")
+    (tmp_path / "f.py").write_text("LIMIT = 1 + 2\n\n\ndef f(a):\n    return a + LIMIT\n")
+    (tmp_path / "consts.py").write_text("LIMIT = 1 + 2\n")
+    here = Path.cwd()
+    counts = mutation.count_mutants(["f.py", "consts.py"], tmp_path)
+    assert counts["f.py"] > 0 and counts["consts.py"] == 0, counts  # module-level code is never mutated
+    assert Path.cwd() == here
