@@ -16,8 +16,7 @@ request to the encoder's and decode's vLLM port and a connection to the NIXL sid
 through the router Service answers and moves its KV over NIXL, and with `spec.networkPolicy.enabled:
 false` the direct requests answer again. Each test asks a fixture for the state it needs
 (the example applied and settled, the E+PD answer it compares with), so any test runs alone or in any
-order; in file order each state is already there when the next test asks for it. How long a state took
-to reach is printed, not asserted.
+order; in file order each state is already there when the next test asks for it.
 """
 
 from __future__ import annotations

@@ -68,12 +68,10 @@ class Endpoint:
         self,
         url: str,
         role: str,
-        pod: str,
+        pod: str = "",
         ec_zmq: str | None = None,
         generation: str | None = None,
         rank: int | None = None,
-        *,
-        ready: bool,
     ) -> None:
         self.url = url.rstrip("/")
         self.role = role
@@ -86,7 +84,7 @@ class Endpoint:
         self.origin = f"{parts.scheme or 'http'}://{parts.netloc}"
         self.prefix = parts.path
         self.pod = pod
-        self.ready = ready  # what discovery says: Kubernetes' readiness of the backend's pod
+        self.ready = True
         self.healthy = True
         self.failures = 0
         self.inflight = 0
@@ -147,7 +145,7 @@ class Pool:
                 key = url if rank is None else f"{url}#dp{rank}"
                 ep = self.endpoints.get(key) or fresh.get(key)
                 if ep is None:
-                    ep = Endpoint(url, self.role, d.pod, ec_zmq, d.generation, rank, ready=d.ready)
+                    ep = Endpoint(url, self.role, d.pod, ec_zmq, d.generation, rank)
                     self._label(ep)
                 else:
                     if ep.pod != d.pod:
@@ -156,8 +154,8 @@ class Pool:
                         self._label(ep)
                     ep.ec_zmq = ec_zmq
                     ep.generation = d.generation
-                    # One address may appear in several slices; ready if any says so.
-                    ep.ready = d.ready or (key in fresh and ep.ready)
+                # One address may appear in several slices; ready if any says so.
+                ep.ready = d.ready or (key in fresh and ep.ready)
                 fresh[key] = ep
         for url, ep in self.endpoints.items():
             if url not in fresh:
