@@ -129,9 +129,9 @@ async def _validate_on_server(args: argparse.Namespace, docs: list[dict[str, Any
             return False
         accepted = True
         for doc in docs:
-            meta = doc.setdefault("metadata", {})
+            meta = doc["metadata"]  # parse_epd accepted it: it has metadata with a name
             meta["namespace"] = meta.get("namespace") or args.namespace or login.default_namespace or "default"
-            what = f"EPDDeployment {meta['namespace']}/{meta.get('name')}"
+            what = f"EPDDeployment {meta['namespace']}/{meta['name']}"
             try:
                 await kube.apply(doc, field_manager="epdctl", dry_run=True)
             except ApiError as exc:
