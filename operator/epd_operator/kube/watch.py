@@ -118,6 +118,6 @@ class ListWatch:
                 if not isinstance(event, dict):  # the library hands on a line that is not JSON as it is
                     raise ValueError(f"not a watch event: {str(event)[:200]}")
                 self.resource_version = watch.resource_version or self.resource_version
-                kind = event.get("type", "")
+                kind = event["type"]  # the library refuses an event without one (above)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self.on_event(kind, event["raw_object"])
