@@ -18,6 +18,7 @@ from epd_operator.render import render
 from epd_operator.render.router_args import ROUTER_METRICS_PORT, ROUTER_PORT
 from epd_operator.render.transfer import MOONCAKE_MASTER_METRICS_PORT
 from tests.support.render_examples import (
+    BEHIND_GATEWAY,
     CPU_CONNECTOR,
     LOCAL_CPU,
     LOCAL_CPU_NIXL,
@@ -439,3 +440,21 @@ def test_transfer_policies_come_before_the_backends_policy():
     names = [p["metadata"]["name"] for p in policies_of(epd)]
     backends = names.index(f"{epd.name}-backends")
     assert backends > max(names.index(f"{epd.name}-prefill-transfer"), names.index(f"{epd.name}-decode-transfer"))
+
+
+def test_the_gateway_example_admits_only_its_gateways_proxy_pods_to_the_router():
+    epd = example(BEHIND_GATEWAY)
+    policies = policies_of(epd)
+    router = pod(epd, "router")
+    ns = {"kubernetes.io/metadata.name": "envoy-gateway-system"}
+    owner = {"gateway.envoyproxy.io/owning-gateway-name": "inference"}
+    proxy = Pod("envoy-gateway-system", {**owner, "gateway.envoyproxy.io/owning-gateway-namespace": "gateways"}, ns)
+    assert allowed(policies, proxy, router, ROUTER_PORT)
+    # Envoy Gateway's controller, a proxy of another Gateway, or any other pod: refused.
+    assert not allowed(
+        policies, Pod("envoy-gateway-system", {"control-plane": "envoy-gateway"}, ns), router, ROUTER_PORT
+    )
+    other = Pod("envoy-gateway-system", {**owner, "gateway.envoyproxy.io/owning-gateway-namespace": "other"}, ns)
+    assert not allowed(policies, other, router, ROUTER_PORT)
+    assert not allowed(policies, Pod(epd.namespace, {"app": "curl"}), router, ROUTER_PORT)
+    assert [o["kind"] for o in render(epd)].count("HTTPRoute") == 1
