@@ -59,8 +59,8 @@ node-images: vllm-env ## the node tier's images as archives, without loading the
 # kube-router's firewall, in namespaces of its own: root and
 # `apt-get install runc containerd containernetworking-plugins ipset`),
 # in the background: prints the kubeconfig and how to stop it. `make images` loads the images into it.
-cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node enforcing NetworkPolicies and the LWS controller in the background (KEDA=1: and KEDA)
-	$(BIN)/python -m dev.cluster_cli up --detach --real-node --lws $(if $(KEDA),--keda)
+cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node enforcing NetworkPolicies and the LWS controller in the background (KEDA=1: and KEDA; GATEWAY=1: and Traefik as the Gateway API gateway)
+	$(BIN)/python -m dev.cluster_cli up --detach --real-node --lws $(if $(KEDA),--keda) $(if $(GATEWAY),--gateway)
 
 cluster-down: install ## stop the local control plane
 	$(BIN)/python -m dev.cluster_cli down

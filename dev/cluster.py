@@ -128,6 +128,7 @@ class Component:
 
 LWS_COMPONENT = "lws-controller-manager"
 KEDA_OPERATOR, KEDA_METRICS_SERVER = "keda-operator", "keda-metrics-apiserver"
+GATEWAY_COMPONENT = "traefik"
 
 
 def components_network(real_nodes: Sequence[RealNode]) -> list[str]:
@@ -521,6 +522,26 @@ class LocalCluster(ClusterApi):
         keda.wait_operator_ready(self, ports.health, timeout, enter)
         self._component(KEDA_METRICS_SERVER, argv.metrics_server, env=env)
         keda.register(self, self.pki, ports.api, timeout)
+
+    def start_gateway(self, timeout: float = 60) -> str:
+        """Run Traefik as the cluster's Gateway API gateway (dev/gateway.py), with its GatewayClass and
+        Gateway, in the real node's network namespace; once. Returns the Gateway's address
+        (``http://<node IP>:<port>``), which answers where pods do."""
+        from . import gateway
+
+        node_ip = self.real_node().spec.node_ip
+        address = f"http://{node_ip}:{gateway.PORT}"
+        if any(c.name == GATEWAY_COMPONENT for c in self.components):
+            return address
+        binary = gateway.ensure()
+        gateway.install_crds(self)
+        for obj in gateway.objects():
+            self.apply(obj)
+        enter = components_network(self.real_nodes)
+        argv = gateway.argv(binary, self.server, self.admin_token, self.pki / "ca.crt", node_ip)
+        self._component(GATEWAY_COMPONENT, [*enter, *argv])
+        self.wait_component_ready(gateway.PING_PORT, "Traefik", timeout, enter=enter, path="/ping")
+        return address
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
         path.write_text(

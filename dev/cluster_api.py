@@ -104,11 +104,13 @@ class ClusterApi:
                     raise TimeoutError(f"CRD {name} not established after {timeout:.0f} s")
                 time.sleep(0.2)
 
-    def wait_component_ready(self, health_port: int, what: str, timeout: float, *, enter: Sequence[str] = ()) -> None:
-        """Until a component this cluster runs answers its readiness probe (``/readyz`` on 127.0.0.1):
+    def wait_component_ready(
+        self, health_port: int, what: str, timeout: float, *, enter: Sequence[str] = (), path: str = "/readyz"
+    ) -> None:
+        """Until a component this cluster runs answers its readiness probe (`path` on 127.0.0.1):
         on the host, or, with `enter` (a prefix that runs a command in another network namespace, a
         real node's ``netns_argv()``), on that namespace's loopback."""
-        url = f"http://127.0.0.1:{health_port}/readyz"
+        url = f"http://127.0.0.1:{health_port}{path}"
         deadline = time.monotonic() + timeout
         while True:
             self.check_alive()
@@ -158,7 +160,9 @@ class ClusterApi:
         """Server-side apply of a cluster-scoped or namespaced core/apps object (admin)."""
         api = obj["apiVersion"]
         prefix = f"/api/{api}" if "/" not in api else f"/apis/{api}"
-        plural = {"Node": "nodes", "Namespace": "namespaces"}.get(obj["kind"]) or obj["kind"].lower() + "s"
+        plural = {"Node": "nodes", "Namespace": "namespaces", "GatewayClass": "gatewayclasses"}.get(obj["kind"]) or (
+            obj["kind"].lower() + "s"
+        )
         ns = obj["metadata"].get("namespace")
         path = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
         return self.request(

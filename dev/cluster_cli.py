@@ -1,4 +1,4 @@
-"""``python -m dev.cluster_cli up [--detach] [--real-node] [--lws] [--keda] | down | build``: a local control plane
+"""``python -m dev.cluster_cli up [--detach] [--real-node] [--lws] [--keda] [--gateway] | down | build``: a local control plane
 (``dev/cluster.py``) for a person (``make cluster``), kept running in the background until ``down``;
 what it leaves for other commands (its kubeconfig, its real node's address) is ``dev/cluster_state.py``'s."""
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from . import gateway
 from .cluster import LocalCluster, RealNodeSpec
 from .cluster_state import REAL_NODE_STATE, STATE_DIR, running_pid
 from .k8s_binaries import NEWEST, OLDEST, binaries
@@ -38,6 +39,7 @@ def _up(args: argparse.Namespace) -> int:
                     *(["--real-node"] if args.real_node else []),
                     *(["--lws"] if args.lws else []),
                     *(["--keda"] if args.keda else []),
+                    *(["--gateway"] if args.gateway else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -88,6 +90,9 @@ def _up(args: argparse.Namespace) -> int:
         keda = (
             f" KEDA serves external.metrics.k8s.io (its operator and metrics server in {where})." if args.keda else ""
         )
+        if args.gateway:
+            address = cluster.start_gateway()
+            keda += f" Traefik serves Gateway {gateway.NAMESPACE}/{gateway.GATEWAY} at {address} (in {where})."
         message = (
             f"Kubernetes {cluster.version} is running at {cluster.server} "
             f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.{keda}\n"
@@ -142,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         "--keda",
         action="store_true",
         help="run KEDA's operator and metrics server (tiers with autoscaling.engine KEDA; dev/keda.py)",
+    )
+    up.add_argument(
+        "--gateway",
+        action="store_true",
+        help="with --real-node: run Traefik as the Gateway API gateway, with a Gateway to attach routes to (dev/gateway.py)",
     )
     up.add_argument("--timeout", type=float, default=3600, help="seconds to wait for it (first run builds it)")
     sub.add_parser("down", help="stop the background control plane")

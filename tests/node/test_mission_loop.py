@@ -12,9 +12,14 @@ table allow (tests/support/fault_table.py, under load, with the router tier scal
 to one tier rolls only that tier, and deleting the EPDDeployment removes every pod. Then the E/P/D
 variant (examples/epd-local-cpu-nixl.yaml) moves the KV cache between pods over NIXL, and its rendered
 NetworkPolicies, enforced by the node's engine, hold against a pod of another namespace: a direct
-request to the encoder's and decode's vLLM port and a connection to the NIXL side channel fail, a chat
-through the router Service answers and moves its KV over NIXL, and with `spec.networkPolicy.enabled:
-false` the direct requests answer again. Each test asks a fixture for the state it needs
+request to the encoder's and decode's vLLM port and a connection to the NIXL side channel fail, a pod
+carrying the encoder tier's labels is refused at prefill's and decode's vLLM port and at prefill's side
+channel, a chat through the router Service answers and moves its KV over NIXL (UCX on the ports the
+policies name), with `egressTo` naming only the API server the deployment's pods still resolve names
+through CoreDNS (port 1053 behind the Service's 53) and reach the API server while an unlisted pod is
+refused, a real gateway (Traefik, dev/gateway.py) accepts the rendered HTTPRoute and answers an image
+request and a stream through its address as the router Service does, and with
+`spec.networkPolicy.enabled: false` the direct requests answer again. Each test asks a fixture for the state it needs
 (the example applied and settled, the E+PD answer it compares with), so any test runs alone or in any
 order; in file order each state is already there when the next test asks for it.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -34,7 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dev import kube_router, network_policy_engine
+from dev import gateway, kube_router, network_policy_engine
 from dev.client import chat_body, image_part, text_part
 from dev.images import VLLM_CPU_IMAGE, operator_image
 from tests.support.cluster import EPD_API, KubeView, wait_for
@@ -56,6 +62,8 @@ MAX_TOKENS = 4
 ROLES = ("encoder", "decode", "router")
 PD_ROLES = ("encoder", "prefill", "decode", "router")
 CLIENT_NS, CLIENT = "netpol-client", "client"  # a pod of another namespace, for the NetworkPolicy tests
+CLIENT_PORT = 8081  # where the client pod answers HTTP (an egress destination the policies do not list)
+IMPOSTOR = "encoder-impostor"  # a pod of the deployment's namespace carrying the encoder tier's labels
 
 
 pytestmark = [
@@ -396,7 +404,9 @@ _PROBE = """
 import json, socket, sys, urllib.error, urllib.request
 kind, target, body = sys.argv[1], sys.argv[2], sys.argv[3]
 try:
-    if kind == "tcp":
+    if kind == "dns":
+        out = ["open", 0, sorted({a[4][0] for a in socket.getaddrinfo(target, 443, proto=socket.IPPROTO_TCP)})[0]]
+    elif kind == "tcp":
         host, port = target.rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=5).close()
         out = ["open", 0, ""]
@@ -427,11 +437,23 @@ class Policed:
     m: Mission
     client: KubeView
 
-    def probe(self, kind: str, target: str, body: dict[str, Any] | None = None) -> Outcome:
-        argv = ["-n", CLIENT_NS, "exec", CLIENT, "--", "python", "-c", _PROBE, kind, target]
+    def probe(
+        self, kind: str, target: str, body: dict[str, Any] | None = None, *, source: tuple[str, str, str] | None = None
+    ) -> Outcome:
+        """`_PROBE` run in the client pod, or in `source` (namespace, pod, container)."""
+        ns, pod, container = source or (CLIENT_NS, CLIENT, "client")
+        argv = ["-n", ns, "exec", pod, "-c", container, "--", "python", "-c", _PROBE, kind, target]
         out = self.client.kubectl(*argv, json.dumps(body) if body else "")
         reached, status, detail = json.loads(out.stdout)
         return Outcome(reached == "open", int(status), str(detail))
+
+    def router(self) -> tuple[str, str, str]:
+        """The router pod as a probe's source."""
+        [pod] = self.m.pods("router")
+        return NS, pod["metadata"]["name"], pod["spec"]["containers"][0]["name"]
+
+    def patch(self, spec: dict[str, Any]) -> None:
+        self.m.kube.ok("PATCH", f"/apis/{EPD_API}/namespaces/{NS}/epddeployments/{PD_NAME}", {"spec": spec})
 
     def pod_ip(self, role: str) -> str:
         [pod] = self.m.pods(role)
@@ -458,7 +480,7 @@ def _client_pod() -> dict[str, Any]:
                     "name": "client",
                     "image": operator_image(),
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-c", "import time; time.sleep(3600)"],
+                    "command": ["python", "-m", "http.server", str(CLIENT_PORT), "--directory", "/tmp"],
                     "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                     "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
                 }
@@ -479,15 +501,18 @@ def policed(example: Example) -> Policed:
     m = example.e_p_d()
     client = KubeView(m.cluster, CLIENT_NS, m.kube.kubeconfig)
     deployed = Policed(m, client)
-    m.kube.ok(  # what a test turning the policies off left
-        "PATCH", f"/apis/{EPD_API}/namespaces/{NS}/epddeployments/{PD_NAME}", {"spec": {"networkPolicy": None}}
-    )
+    deployed.patch({"networkPolicy": None})  # what a test turning the policies off or narrowing egress left
     if m.kube.get("v1", "Namespace", CLIENT_NS) is None:
         m.kube.kubectl("create", "namespace", CLIENT_NS)
     if client.get("v1", "Pod", CLIENT) is None:
         client.create(_client_pod())
-    wanted = {f"{PD_NAME}-backends", f"{PD_NAME}-router"}
-    wait_for(lambda: deployed.policies() == wanted, 60, lambda: f"policies: {deployed.policies()}", interval=1)
+    wanted = {f"{PD_NAME}-{suffix}" for suffix in ("backends", "router", "prefill-transfer", "decode-transfer")}
+
+    def as_shipped() -> bool:
+        listed = m.kube.list("networking.k8s.io/v1", "NetworkPolicy")
+        return {p["metadata"]["name"] for p in listed} == wanted and all("egress" not in p["spec"] for p in listed)
+
+    wait_for(as_shipped, 60, lambda: f"policies: {deployed.policies()}", interval=1)
     wait_for(lambda: is_ready(client.get("v1", "Pod", CLIENT)), 120, "the client pod did not start", interval=1)
     wait_for(lambda: network_policy_engine.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
     return deployed
@@ -517,6 +542,147 @@ def test_with_the_policies_on_the_router_service_answers_and_kv_moves_over_nixl(
     assert json.loads(outcome.detail)["usage"]["completion_tokens"] == MAX_TOKENS
     assert not moved.problems(), moved.line()
     assert moved.transfers >= 1, moved.line()
+
+
+def _impostor_pod() -> dict[str, Any]:
+    """A pod of the deployment's namespace with the encoder tier's labels (what a compromised encoder
+    looks like to the policies). Never Ready (its readiness probe fails), so the encoder Service and
+    the router never count it."""
+    pod = _client_pod()
+    pod["metadata"] = {
+        "name": IMPOSTOR,
+        "namespace": NS,
+        "labels": {"app.kubernetes.io/instance": PD_NAME, "serving.epd.dev/role": "encoder"},
+    }
+    pod["spec"]["containers"][0]["readinessProbe"] = {"exec": {"command": ["false"]}, "periodSeconds": 60}
+    return pod
+
+
+@needs_engine
+def test_a_pod_with_the_encoders_labels_reaches_neither_prefills_nor_decodes_api(policed: Policed):
+    """The backends reach each other only on their transfers' ports: an encoder pod (the one parsing
+    untrusted media) cannot call prefill's or decode's vLLM API, nor prefill's NIXL side channel, which
+    only decode dials. Decode's side channel and the UCX ports are probed by the KV transfer itself
+    (the test above and below: KV moves with these policies on)."""
+    m = policed.m
+    m.kube.kubectl("-n", NS, "delete", "pod", IMPOSTOR, "--ignore-not-found", "--wait=true")
+    m.kube.create(_impostor_pod())
+    try:
+        wait_for(
+            lambda: (p := m.kube.get("v1", "Pod", IMPOSTOR)) is not None and p["status"].get("phase") == "Running",
+            120,
+            "the impostor pod did not start",
+            interval=1,
+        )
+        source = (NS, IMPOSTOR, "client")
+        for role in ("prefill", "decode"):
+            outcome = policed.probe("http", f"http://{policed.pod_ip(role)}:{VLLM_PORT}/health", source=source)
+            assert not outcome.reached, f"{role}'s vLLM API answered a pod with the encoder's labels: {outcome}"
+        outcome = policed.probe("tcp", f"{policed.pod_ip('prefill')}:{policed.side_channel()}", source=source)
+        assert not outcome.reached, "prefill's NIXL side channel took a connection from the encoder's labels"
+        # The router, by contrast, is admitted to the API port (so the refusals are the policy's).
+        outcome = policed.probe(
+            "http", f"http://{policed.pod_ip('decode')}:{VLLM_PORT}/health", source=policed.router()
+        )
+        assert outcome.reached and outcome.status == 200, outcome
+    finally:
+        m.kube.kubectl("-n", NS, "delete", "pod", IMPOSTOR, "--ignore-not-found", "--wait=false")
+
+
+@needs_engine
+def test_narrowed_egress_resolves_names_reaches_the_api_server_and_refuses_the_unlisted(policed: Policed):
+    """`egressTo` naming only the API server (its endpoint: the node's address and the API server's
+    port, what the `kubernetes` Service translates to): the router still resolves names through CoreDNS
+    (whose pods listen on 1053 behind the Service's 53) and reaches the API server it watches, the chat
+    through the router Service still answers, and a pod the policies do not list is refused; before the
+    narrowing that same pod answered (so the refusal is the policy's)."""
+    m = policed.m
+    client_ip = str((policed.client.get("v1", "Pod", CLIENT) or {})["status"]["podIP"])
+    unlisted = f"http://{client_ip}:{CLIENT_PORT}/"
+    wait_for(lambda: policed.probe("http", unlisted, source=policed.router()).reached, 60, "the client never answered")
+    node = m.cluster.real_node()
+    service = m.cluster.request("GET", "/api/v1/namespaces/default/services/kubernetes")
+    policed.patch({"networkPolicy": {"egressTo": [{"cidr": f"{node.spec.node_ip}/32", "ports": [node.api_port]}]}})
+    try:
+
+        def narrowed() -> bool:
+            listed = m.kube.list("networking.k8s.io/v1", "NetworkPolicy")
+            return bool(listed) and all("Egress" in p["spec"]["policyTypes"] for p in listed)
+
+        wait_for(narrowed, 60, lambda: f"policies: {policed.policies()}", interval=1)
+        wait_for(lambda: network_policy_engine.synced(node), 60, "the engine did not sync", interval=1)
+        wait_for(
+            lambda: not policed.probe("http", unlisted, source=policed.router()).reached,
+            60,
+            "the unlisted pod still answered the router with egress narrowed",
+            interval=2,
+        )
+        resolved = policed.probe("dns", "kubernetes.default.svc.cluster.local", source=policed.router())
+        assert resolved.reached and resolved.detail == service["spec"]["clusterIP"], resolved
+        api = policed.probe("tcp", f"{service['spec']['clusterIP']}:443", source=policed.router())
+        assert api.reached, f"the router could not reach the API server it watches: {api}"
+        url = f"http://{PD_NAME}.{NS}.svc:{VLLM_PORT}/v1/chat/completions"
+        chat = policed.probe("http", url, chat_body(SERVED, "Egress narrowed.", MAX_TOKENS))
+        assert chat.reached and chat.status == 200, chat
+    finally:
+        policed.patch({"networkPolicy": None})
+
+
+@pytest.fixture
+def through_gateway(policed: Policed) -> tuple[Policed, str]:
+    """Traefik running as the cluster's gateway, the E/P/D variant's HTTPRoute attached to its Gateway
+    and accepted by it; the Gateway's address."""
+    m = policed.m
+    address = m.cluster.start_gateway()
+    policed.patch({"router": {"gateway": {"parentRefs": [gateway.parent_ref()]}}})
+    wait_for(lambda: _route_conditions(m) == {"Accepted": "True", "ResolvedRefs": "True"}, 120, lambda: str(_route(m)))
+    return policed, address
+
+
+def _route(m: Mission) -> dict[str, Any] | None:
+    return m.kube.get("gateway.networking.k8s.io/v1", "HTTPRoute", PD_NAME)
+
+
+def _route_conditions(m: Mission) -> dict[str, str]:
+    """The route's conditions as Traefik (by its controllerName) set them for the Gateway."""
+    route = _route(m) or {}
+    for parent in (route.get("status") or {}).get("parents") or []:
+        if parent.get("controllerName") == gateway.CONTROLLER and parent["parentRef"]["name"] == gateway.GATEWAY:
+            return {c["type"]: c["status"] for c in parent.get("conditions") or []}
+    return {}
+
+
+@needs_engine
+def test_the_gateway_accepts_the_rendered_route_and_answers_an_image_request(through_gateway: tuple[Policed, str]):
+    policed, address = through_gateway
+    route = _route(policed.m)
+    assert route is not None and route["spec"]["parentRefs"][0]["name"] == gateway.GATEWAY
+    status, text = policed.m.in_node(f"{address}/v1/chat/completions", _chat_body(4))
+    assert status == 200, text[:500]
+    assert json.loads(text)["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+_CREATED_AND_ID = re.compile(rb'"(created|id)":\s*("[^"]*"|\d+)')
+
+
+@needs_engine
+def test_a_stream_through_the_gateway_is_the_router_services_stream(through_gateway: tuple[Policed, str]):
+    """The same streamed request (same x-request-id, greedy) through the Gateway's address and through
+    the router Service: the same bytes, but for each chunk's `created` second and its id."""
+    policed, address = through_gateway
+    m = policed.m
+    body = chat_body(SERVED, [text_part("Stream it."), image_part(5)], MAX_TOKENS, stream=True)
+    service = m.kube.get("v1", "Service", PD_NAME)
+    assert service is not None
+    direct_url = f"http://{service['spec']['clusterIP']}:{VLLM_PORT}/v1/chat/completions"
+    streams = {}
+    for where, url in (("router Service", direct_url), ("gateway", f"{address}/v1/chat/completions")):
+        status, text = m.in_node(url, body, headers={"X-Request-Id": "gateway-stream"})
+        assert status == 200, (where, text[:500])
+        streams[where] = text.encode()
+    direct, gatewayed = streams["router Service"], streams["gateway"]
+    assert direct.count(b"data: ") >= MAX_TOKENS and direct.rstrip().endswith(b"data: [DONE]"), direct[:500]
+    assert _CREATED_AND_ID.sub(b"", gatewayed) == _CREATED_AND_ID.sub(b"", direct)
 
 
 @needs_engine

@@ -12,10 +12,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import itertools
-import json
 import os
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dev import keda, lws
+from dev import gateway, keda, lws
 from dev.cluster import LocalCluster
 from dev.lifetimes import kill_with_parent
 from epd_operator.kube import ApiError, Credentials, load_credentials
@@ -335,22 +333,9 @@ def install_crd(cluster: LocalCluster, crd: dict[str, Any]) -> None:
     wait_for(established, 30, f"CRD {name} not established")
 
 
-GATEWAY_API = "sigs.k8s.io/gateway-api@v1.4.1"
-
-
 def gateway_api_crd(kind_plural: str = "httproutes") -> dict[str, Any]:
-    """A Gateway API CRD (standard channel) as that project ships it in its Go module."""
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", GATEWAY_API],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "GOFLAGS": "-mod=mod"},
-        cwd=tempfile.gettempdir(),
-        timeout=300,
-    )
-    folder = Path(json.loads(out.stdout)["Dir"]) / "config" / "crd" / "standard"
-    return dict(yaml.safe_load((folder / f"gateway.networking.k8s.io_{kind_plural}.yaml").read_text()))
+    """A Gateway API CRD (standard channel) as that project ships it in its Go module (dev/gateway.py)."""
+    return gateway.crd(kind_plural)
 
 
 # LeaderWorkerSet (multi-node tiers): the newest release the Go module proxy serves.

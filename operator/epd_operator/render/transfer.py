@@ -1,4 +1,5 @@
-"""EC (encoder cache) and KV transfer, per connector: the vLLM configs, env, ports and volumes of a tier.
+"""EC (encoder cache) and KV transfer, per connector: the vLLM configs, env, ports and volumes of a tier,
+and the connections between tiers each connector opens (`transfer_ingress`, what the NetworkPolicies admit).
 
 Which tier plays which role:
 - the encoder is always the EC producer;
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..api.quantity import quantity_bytes
 from ..api.spec import EPDDeployment, EPDDeploymentSpec
+from ..api.tiers import VLLM_PORT, ConsumerTier
 from ..api.transfer import KVTransfer, Mooncake, SharedStorage
 from ..router.contract import EC_RANK_PORT_PREFIX
 from .naming import (
@@ -28,6 +30,7 @@ from .naming import (
     object_name,
     tier_of,
     transfer_configmap_name,
+    vllm_roles,
 )
 
 POD_IP = "$(POD_IP)"
@@ -45,11 +48,21 @@ MOONCAKE_SEGMENT_BYTES = 4 * 2**30
 JANITOR_INTERVAL_SECONDS = 30
 # cross_encoder_cache keys embeddings by the processor cache's content ids, so it must stay on.
 MM_PROCESSOR_CACHE_GB = 4
+# UCX's TCP transport (NIXL's data path when UCX_TLS allows tcp) listens, per worker and network device,
+# on a port it draws from UCX_TCP_PORT_RANGE (uct/tcp/tcp_iface.c: random in the range, redrawn while
+# taken; intersected with the pod's ip_local_port_range, 32768-60999 by default, so it lies inside).
+# Unset, the kernel picks any ephemeral port and no NetworkPolicy could name it.
+UCX_TCP_PORTS = (40000, 40999)
 
 
 def transfer_json(config: dict[str, Any]) -> str:
     """A transfer config as vLLM receives it: compact and key-sorted, so equal configs hash equally."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def ucx_tcp_port_range() -> str:
+    """`UCX_TCP_PORT_RANGE` as UCX parses it (`first-last`)."""
+    return f"{UCX_TCP_PORTS[0]}-{UCX_TCP_PORTS[1]}"
 
 
 def env_value(name: str, value: str) -> dict[str, Any]:
@@ -232,6 +245,8 @@ def _add_ec_connector(epd: EPDDeployment, role: VllmRole, out: TierTransfer) -> 
                 env_value("VLLM_EC_SIDE_CHANNEL_PORT", str(ec.cpu.sideChannelPort)),
             ]
             out.ports.append(container_port("ec-side", ec.cpu.sideChannelPort))
+        if ec.cpu.nixl:
+            out.env.append(env_value("UCX_TCP_PORT_RANGE", ucx_tcp_port_range()))
         # The connector's region is an mmap under /dev/shm.
         out.shm_bytes = quantity_bytes(ec.cpu.bytes)
 
@@ -301,5 +316,84 @@ def _add_nixl(spec: EPDDeploymentSpec, out: TierTransfer, dp: int) -> None:
         env_value("UCX_TLS", nixl.ucxTls),
         env_value("UCX_NET_DEVICES", nixl.ucxNetDevices),
     ]
+    if not any(e["name"] == "UCX_TCP_PORT_RANGE" for e in out.env):  # the CPU EC connector may have set it
+        out.env.append(env_value("UCX_TCP_PORT_RANGE", ucx_tcp_port_range()))
     # Each DP engine's side channel listens on the base port plus its DP index.
     out.ports += [container_port("nixl" if d == 0 else f"nixl-{d}", nixl.sideChannelPort + d) for d in range(dp)]
+
+
+# ----------------------------------------------------------------------------- connections between tiers
+
+PortRange = tuple[int, int]  # first and last TCP port, inclusive
+# Every TCP port but vLLM's API port, for connectors that listen on ports picked at run time.
+ALL_BUT_API: tuple[PortRange, ...] = ((1, VLLM_PORT - 1), (VLLM_PORT + 1, 65535))
+
+
+@dataclass(frozen=True)
+class TransferIngress:
+    """Connections one backend role's pods accept from other backend pods of the deployment: from
+    `sources` (roles), on `ports`, because `why`. The NetworkPolicies admit exactly these."""
+
+    role: str
+    sources: tuple[str, ...]
+    ports: tuple[PortRange, ...]
+    why: str
+
+
+def _single(port: int) -> PortRange:
+    return (port, port)
+
+
+def transfer_ingress(epd: EPDDeployment) -> list[TransferIngress]:
+    """Every connection between the deployment's backend pods its connectors and multi-node groups open,
+    from the same settings the pods' args and env are rendered from:
+
+    - NIXL (KV, E/P/D): prefill and decode reach each other on the side channel (one port per DP rank;
+      vLLM's pull mode has decode dial prefill, its push mode the reverse) and on UCX's TCP ports (UCX
+      wires an endpoint up from both ends);
+    - the CPU EC connector: the consumer dials the encoder's EC side channel; with NIXL, UCX's TCP ports
+      both ways;
+    - Mooncake (EC): the encoder and the consumer reach each other on every port but the API port: the
+      consumer's control port is named (`ecPort`), but vLLM binds its event socket on a port the kernel
+      picks and Mooncake's transfer engine picks its handshake and data ports itself. With the
+      cross-encoder cache the encoders also read each other's store segments (the same, among encoders)
+      and call the master's RPC port;
+    - a multi-node group: its pods reach each other on every port but the API port (the rendezvous at
+      the leader's `MULTI_NODE_MASTER_PORT`, then torch's and NCCL's collectives on ports they pick).
+
+    SharedStorage moves embeddings through a volume: no connection.
+    """
+    spec = epd.spec
+    out: list[TransferIngress] = []
+    kv = kv_transfer(spec)
+    if kv is not None:
+        pairs: tuple[tuple[VllmRole, VllmRole], ...] = ((PREFILL, DECODE), (DECODE, PREFILL))
+        for role, peer in pairs:
+            side = kv.nixl.sideChannelPort
+            ports = (*(_single(side + d) for d in range(data_parallel_size(epd, role))), UCX_TCP_PORTS)
+            out.append(TransferIngress(role, (peer,), ports, "NIXL KV transfer: side channel and UCX over TCP"))
+    consumer = ec_consumer_role(spec)
+    ec = spec.ecTransfer
+    if ec.connector == "CPU":
+        assert ec.cpu is not None
+        ucx = (UCX_TCP_PORTS,) if ec.cpu.nixl else ()
+        out.append(TransferIngress(ENCODER, (consumer,), (_single(ec.cpu.sideChannelPort), *ucx), "CPU EC connector"))
+        if ucx:
+            out.append(TransferIngress(consumer, (ENCODER,), ucx, "CPU EC connector: UCX over TCP"))
+    elif ec.connector == "Mooncake":
+        out += [
+            TransferIngress(consumer, (ENCODER,), ALL_BUT_API, "Mooncake EC: control, events, transfer engine"),
+            TransferIngress(ENCODER, (consumer,), ALL_BUT_API, "Mooncake EC: transfer engine handshake"),
+        ]
+        if mooncake_store_config(epd) is not None:
+            out += [
+                TransferIngress(ENCODER, (ENCODER,), ALL_BUT_API, "Mooncake store: segments among encoders"),
+                TransferIngress(
+                    MOONCAKE_MASTER, (ENCODER,), (_single(MOONCAKE_MASTER_RPC_PORT),), "Mooncake store: master RPC"
+                ),
+            ]
+    for role in vllm_roles(epd):
+        tier = tier_of(epd, role)
+        if isinstance(tier, ConsumerTier) and tier.nodesPerReplica > 1:
+            out.append(TransferIngress(role, (role,), ALL_BUT_API, "multi-node group: rendezvous and collectives"))
+    return out

@@ -13,6 +13,7 @@ from epd_operator.api.tiers import OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES
 from epd_operator.render import render, tier_hashes
 from epd_operator.render.naming import CONFIG_HASH_ANNOTATION
 from tests.support.render_examples import (
+    BEHIND_GATEWAY,
     CPU_CONNECTOR,
     DP_EP_MOE,
     LOCAL_CPU,
@@ -95,6 +96,7 @@ def test_every_example_is_rendered(examples):
         LOCAL_CPU,
         LOCAL_CPU_NIXL,
         LOCAL_CPU_MULTINODE,
+        BEHIND_GATEWAY,
     }
     assert all(example_document(path.name)["kind"] == "EPDDeployment" for path in example_files())
 

@@ -5,6 +5,7 @@ makes and the ones it must refuse."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,16 @@ from epd_operator.api.tiers import VLLM_PORT
 from epd_operator.render import render
 from epd_operator.render.router_args import ROUTER_METRICS_PORT, ROUTER_PORT
 from epd_operator.render.transfer import MOONCAKE_MASTER_METRICS_PORT
-from tests.support.render_examples import MOONCAKE, MULTI_NODE, NIXL_AUTOSCALED, example
+from tests.support.render_examples import (
+    BEHIND_GATEWAY,
+    CPU_CONNECTOR,
+    LOCAL_CPU,
+    LOCAL_CPU_NIXL,
+    MOONCAKE,
+    MULTI_NODE,
+    NIXL_AUTOSCALED,
+    example,
+)
 
 JSON = dict[str, Any]
 
@@ -67,12 +77,19 @@ def allowed(policies: list[JSON], source: Pod, target: Pod, port: int) -> bool:
     for policy in selecting:
         for rule in policy["spec"].get("ingress", []):
             ports = rule.get("ports")
-            if ports and not any(p.get("protocol", "TCP") == "TCP" and p["port"] == port for p in ports):
+            if ports and not any(_port_admits(p, port) for p in ports):
                 continue
             peers = rule.get("from")
             if not peers or any(_peer_admits(peer, policy["metadata"]["namespace"], source) for peer in peers):
                 return True
     return False
+
+
+def _port_admits(rule_port: JSON, port: int) -> bool:
+    if rule_port.get("protocol", "TCP") != "TCP":
+        return False
+    first: int = rule_port["port"]
+    return first <= port <= rule_port.get("endPort", first)
 
 
 def policies_of(epd: EPDDeployment) -> list[JSON]:
@@ -105,33 +122,166 @@ def test_only_the_routers_and_the_scrapers_reach_the_vllm_port():
         assert not allowed(policies, PROMETHEUS, target, 5600), "scrapers reach only the metrics port"
 
 
-def test_prefill_and_decode_reach_each_other_on_every_port_and_outsiders_on_none():
-    epd = example(NIXL_AUTOSCALED)
+# ----------------------------------------------------------------------------- between backends
+# The ports asked about are read from the rendered pods (their env and args), so a policy that
+# disagrees with what vLLM is told to listen on fails here.
+
+ANY_OTHER_PORT = 41234  # a port no connector of these examples names (outside UCX's range)
+
+
+def _vllm_container(epd: EPDDeployment, role: str, template: str = "template") -> JSON:
+    for obj in render(epd):
+        if obj["kind"] in ("Deployment", "LeaderWorkerSet") and obj["metadata"]["labels"][ROLE_LABEL] == role:
+            spec = obj["spec"]
+            pod_template = (
+                spec["leaderWorkerTemplate"][template] if "leaderWorkerTemplate" in spec else spec["template"]
+            )
+            return pod_template["spec"]["containers"][0]
+    raise AssertionError(f"no {role} workload")
+
+
+def _env(container: JSON, name: str) -> str:
+    (value,) = [e["value"] for e in container["env"] if e["name"] == name]
+    return value
+
+
+def _ucx_ports(container: JSON) -> list[int]:
+    first, last = (int(p) for p in _env(container, "UCX_TCP_PORT_RANGE").split("-"))
+    return [first, (first + last) // 2, last]
+
+
+def _arg(container: JSON, flag: str) -> str:
+    args = container["args"]
+    return args[args.index(flag) + 1]
+
+
+def _roles(epd: EPDDeployment) -> list[str]:
+    return ["encoder", "prefill", "decode"] if epd.spec.prefill is not None else ["encoder", "decode"]
+
+
+def test_without_a_transfer_over_the_network_no_backend_reaches_another():
+    """E+PD over SharedStorage: the embeddings go through a volume, so no backend pod accepts anything
+    from another, the API port included (an encoder could otherwise call decode's API directly)."""
+    epd = example(LOCAL_CPU)
     policies = policies_of(epd)
-    nixl = epd.spec.kvTransfer.nixl.sideChannelPort if epd.spec.kvTransfer else 5600
-    for source, target in (("prefill", "decode"), ("decode", "prefill"), ("decode", "encoder")):
-        # the side channel, and any port UCX picks
-        for port in (nixl, 41234):
+    for source in _roles(epd):
+        for target in _roles(epd):
+            for port in (VLLM_PORT, 5600, 40000, ANY_OTHER_PORT):
+                assert not allowed(policies, pod(epd, source), pod(epd, target), port), (source, target, port)
+    assert not [p for p in policies if p["metadata"]["name"].endswith("-transfer")]
+
+
+@pytest.mark.parametrize("name", [NIXL_AUTOSCALED, LOCAL_CPU_NIXL])
+def test_nixl_prefill_and_decode_reach_each_other_on_the_side_channel_and_ucx_ports_only(name):
+    epd = example(name)
+    policies = policies_of(epd)
+    for source, target in (("prefill", "decode"), ("decode", "prefill")):
+        container = _vllm_container(epd, target)
+        side = int(_env(container, "VLLM_NIXL_SIDE_CHANNEL_PORT"))
+        side_ports = [p["containerPort"] for p in container["ports"] if p["name"].startswith("nixl")]
+        assert side in side_ports
+        for port in side_ports + _ucx_ports(container):
             assert allowed(policies, pod(epd, source), pod(epd, target), port), (source, target, port)
-    assert not allowed(policies, outsider(epd), pod(epd, "prefill"), nixl)
-    assert not allowed(policies, pod(epd, "router"), pod(epd, "prefill"), nixl), "the router needs only the API port"
+        for port in (VLLM_PORT, ANY_OTHER_PORT, _ucx_ports(container)[-1] + 1):
+            assert not allowed(policies, pod(epd, source), pod(epd, target), port), (source, target, port)
+    # The encoder (it parses untrusted media) reaches neither, on any port; nor does an outsider.
+    for target in ("prefill", "decode"):
+        container = _vllm_container(epd, target)
+        for port in (VLLM_PORT, int(_env(container, "VLLM_NIXL_SIDE_CHANNEL_PORT")), *_ucx_ports(container)):
+            assert not allowed(policies, pod(epd, "encoder"), pod(epd, target), port), (target, port)
+            assert not allowed(policies, outsider(epd), pod(epd, target), port), (target, port)
+            assert not allowed(policies, pod(epd, "router"), pod(epd, target), port) or port == VLLM_PORT
+    for role in ("prefill", "decode"):
+        assert not allowed(policies, pod(epd, role), pod(epd, "encoder"), VLLM_PORT), role
 
 
-def test_a_multi_node_group_reaches_itself():
+def test_nixl_side_channel_ports_follow_the_data_parallel_ranks():
+    epd = example(NIXL_AUTOSCALED, **{"spec.prefill.dataParallelSize": 3, "spec.kvTransfer.nixl.sideChannelPort": 7000})
+    policies = policies_of(epd)
+    for port in (7000, 7001, 7002):
+        assert allowed(policies, pod(epd, "decode"), pod(epd, "prefill"), port)
+    assert not allowed(policies, pod(epd, "decode"), pod(epd, "prefill"), 7003)
+
+
+def test_mooncake_encoder_and_consumer_reach_each_other_on_every_port_but_the_api():
+    """vLLM binds the consumer's event socket on a port the kernel picks and Mooncake's transfer engine
+    picks its own: only the API port can be kept closed."""
+    epd = example(MOONCAKE, **{"spec.ecTransfer.mooncake.crossEncoderCache": False})
+    policies = policies_of(epd)
+    consumer = _vllm_container(epd, "decode")
+    ec = json.loads(_arg(consumer, "--ec-transfer-config"))
+    for port in (ec["ec_port"], ANY_OTHER_PORT, 1, 65535):
+        assert allowed(policies, pod(epd, "encoder"), pod(epd, "decode"), port), port
+        assert allowed(policies, pod(epd, "decode"), pod(epd, "encoder"), port), port
+    assert not allowed(policies, pod(epd, "encoder"), pod(epd, "decode"), VLLM_PORT)
+    assert not allowed(policies, pod(epd, "decode"), pod(epd, "encoder"), VLLM_PORT)
+    assert not allowed(policies, pod(epd, "encoder"), pod(epd, "encoder"), ANY_OTHER_PORT), "no store: no peers"
+    assert not allowed(policies, outsider(epd), pod(epd, "decode"), ec["ec_port"])
+
+
+def test_mooncake_e_p_d_encoder_reaches_prefill_and_never_decode():
+    epd = example(NIXL_AUTOSCALED, **{"spec.ecTransfer": {"connector": "Mooncake"}})
+    policies = policies_of(epd)
+    assert allowed(policies, pod(epd, "encoder"), pod(epd, "prefill"), ANY_OTHER_PORT)
+    for port in (VLLM_PORT, ANY_OTHER_PORT, 5600, 40000):
+        assert not allowed(policies, pod(epd, "encoder"), pod(epd, "decode"), port), port
+
+
+def test_the_mooncake_master_is_called_by_the_encoders_and_scraped():
+    epd = example(MOONCAKE, **{"spec.ecTransfer.mooncake.crossEncoderCache": True})
+    policies = policies_of(epd)
+    master = pod(epd, "mooncake-master")
+    store = json.loads(
+        next(o for o in render(epd) if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-transfer"))[
+            "data"
+        ]["mooncake-store.json"]
+    )
+    rpc = int(store["master_server_address"].rsplit(":", 1)[1])
+    assert allowed(policies, pod(epd, "encoder"), master, rpc)
+    assert not allowed(policies, pod(epd, "decode"), master, rpc)
+    assert not allowed(policies, pod(epd, "encoder"), master, ANY_OTHER_PORT)
+    assert allowed(policies, PROMETHEUS, master, MOONCAKE_MASTER_METRICS_PORT)
+    assert not allowed(policies, outsider(epd), master, rpc)
+    # The encoders lend each other store segments.
+    assert allowed(policies, pod(epd, "encoder"), pod(epd, "encoder"), ANY_OTHER_PORT)
+    assert not allowed(policies, pod(epd, "encoder"), pod(epd, "encoder"), VLLM_PORT)
+
+
+def test_cpu_connector_consumer_dials_the_encoders_side_channel_and_ucx_goes_both_ways():
+    epd = example(CPU_CONNECTOR)
+    policies = policies_of(epd)
+    encoder, consumer = _vllm_container(epd, "encoder"), _vllm_container(epd, "decode")
+    side = int(_env(encoder, "VLLM_EC_SIDE_CHANNEL_PORT"))
+    assert allowed(policies, pod(epd, "decode"), pod(epd, "encoder"), side)
+    assert not allowed(policies, pod(epd, "encoder"), pod(epd, "decode"), side)
+    for port in _ucx_ports(encoder):
+        assert allowed(policies, pod(epd, "decode"), pod(epd, "encoder"), port)
+    for port in _ucx_ports(consumer):
+        assert allowed(policies, pod(epd, "encoder"), pod(epd, "decode"), port)
+    for source, target in (("encoder", "decode"), ("decode", "encoder")):
+        for port in (VLLM_PORT, ANY_OTHER_PORT):
+            assert not allowed(policies, pod(epd, source), pod(epd, target), port), (source, target, port)
+
+
+def test_cpu_connector_without_nixl_opens_only_the_side_channel():
+    epd = example(CPU_CONNECTOR, **{"spec.ecTransfer.cpu.nixl": False})
+    policies = policies_of(epd)
+    assert allowed(policies, pod(epd, "decode"), pod(epd, "encoder"), 5601)
+    assert not allowed(policies, pod(epd, "decode"), pod(epd, "encoder"), 40000)
+    assert not allowed(policies, pod(epd, "encoder"), pod(epd, "decode"), 40000)
+
+
+def test_a_multi_node_group_reaches_itself_on_every_port_but_the_api_and_the_encoder_not_at_all():
     epd = example(MULTI_NODE)
     policies = policies_of(epd)
     leader = worker = pod(epd, "decode")  # LWS gives leader and workers the template's labels
-    assert allowed(policies, worker, leader, 29501)
-    assert not allowed(policies, outsider(epd), leader, 29501)
-
-
-def test_the_mooncake_master_is_a_backend_with_a_scraped_metrics_port():
-    epd = example(MOONCAKE, **{"spec.ecTransfer.mooncake": {"crossEncoderCache": True}})
-    policies = policies_of(epd)
-    master = pod(epd, "mooncake-master")
-    assert allowed(policies, pod(epd, "encoder"), master, 50051)
-    assert allowed(policies, PROMETHEUS, master, MOONCAKE_MASTER_METRICS_PORT)
-    assert not allowed(policies, outsider(epd), master, 50051)
+    rendezvous = int(_arg(_vllm_container(epd, "decode", "workerTemplate"), "--master-port"))
+    for port in (rendezvous, ANY_OTHER_PORT, 1, 65535):
+        assert allowed(policies, worker, leader, port), port
+    assert not allowed(policies, worker, leader, VLLM_PORT)
+    for port in (rendezvous, VLLM_PORT, ANY_OTHER_PORT):
+        assert not allowed(policies, outsider(epd), leader, port)
+        assert not allowed(policies, pod(epd, "encoder"), leader, port)
 
 
 def test_the_router_answers_anyone_by_default_and_its_metrics_only_the_scrapers():
@@ -180,7 +330,12 @@ def test_egress_is_open_unless_narrowed():
 def test_narrowed_egress_keeps_the_deployment_and_dns_and_adds_the_destinations():
     epd = example(NIXL_AUTOSCALED, **{"spec.networkPolicy": {"egressTo": [{"cidr": "10.96.0.1/32", "ports": [443]}]}})
     policies = policies_of(epd)
-    assert {p["metadata"]["name"] for p in policies} == {f"{epd.name}-backends", f"{epd.name}-router"}
+    assert {p["metadata"]["name"] for p in policies} == {
+        f"{epd.name}-backends",
+        f"{epd.name}-router",
+        f"{epd.name}-prefill-transfer",
+        f"{epd.name}-decode-transfer",
+    }
     for policy in policies:
         assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
         egress = policy["spec"]["egress"]
@@ -192,12 +347,75 @@ def test_narrowed_egress_keeps_the_deployment_and_dns_and_adds_the_destinations(
         } in egress
 
 
-@pytest.mark.parametrize("name", [NIXL_AUTOSCALED, MOONCAKE, MULTI_NODE])
+def _egress_allowed(policy: JSON, destination: Pod, port: int, protocol: str = "UDP") -> bool:
+    """Whether `policy`'s egress rules admit a connection to `destination` on `port` (after the
+    Service's translation: the destination pod's own port)."""
+    for rule in policy["spec"]["egress"]:
+        ports = rule.get("ports")
+        if ports and not any(p["protocol"] == protocol and p["port"] == port for p in ports):
+            continue
+        peers = rule.get("to")
+        if not peers or any(_peer_admits(peer, policy["metadata"]["namespace"], destination) for peer in peers):
+            return True
+    return False
+
+
+KUBE_SYSTEM = {"kubernetes.io/metadata.name": "kube-system"}
+
+
+@pytest.mark.parametrize("dns_port", [53, 1053, 5353])
+def test_narrowed_egress_reaches_the_cluster_dns_pods_whatever_port_they_listen_on(dns_port):
+    """Policies match the port after the kube-dns Service's translation: 53 behind 53 on most clusters,
+    1053 on this project's local cluster, 5353 on OpenShift."""
+    epd = example(LOCAL_CPU, **{"spec.networkPolicy": {"egressTo": [{"cidr": "10.0.0.1/32"}]}})
+    coredns = Pod("kube-system", {"k8s-app": "kube-dns"}, KUBE_SYSTEM)
+    for policy in policies_of(epd):
+        assert _egress_allowed(policy, coredns, dns_port), policy["metadata"]["name"]
+        assert _egress_allowed(policy, coredns, dns_port, "TCP"), policy["metadata"]["name"]
+        # A pod elsewhere that merely listens on a DNS-like port is no DNS server.
+        assert not _egress_allowed(policy, Pod("tenant-b", {"k8s-app": "kube-dns"}, {"x": "y"}), 1053)
+        assert not _egress_allowed(policy, outsider(epd), 5353)
+
+
+def test_dns_servers_can_be_named_with_their_ports():
+    openshift = {"kubernetes.io/metadata.name": "openshift-dns"}
+    epd = example(
+        LOCAL_CPU,
+        **{
+            "spec.networkPolicy": {
+                "egressTo": [{"cidr": "10.0.0.1/32"}],
+                "dns": [
+                    {
+                        "namespaceSelector": {"matchLabels": openshift},
+                        "podSelector": {"matchLabels": {"dns.operator.openshift.io/daemonset-dns": "default"}},
+                        "ports": [5353],
+                    }
+                ],
+            }
+        },
+    )
+    dns = Pod("openshift-dns", {"dns.operator.openshift.io/daemonset-dns": "default"}, openshift)
+    for policy in policies_of(epd):
+        assert _egress_allowed(policy, dns, 5353)
+        assert not _egress_allowed(policy, dns, 8080, "TCP")
+        assert not _egress_allowed(policy, Pod("kube-system", {"k8s-app": "kube-dns"}, KUBE_SYSTEM), 1053)
+
+
+def test_dns_servers_matter_only_when_egress_is_narrowed():
+    epd = example(LOCAL_CPU, **{"spec.networkPolicy": {"dns": []}})
+    assert all("egress" not in p["spec"] for p in policies_of(epd))
+
+
+@pytest.mark.parametrize("name", [NIXL_AUTOSCALED, MOONCAKE, MULTI_NODE, CPU_CONNECTOR])
 def test_every_backend_pod_is_selected_by_the_backends_policy(name):
-    """No vLLM (or Mooncake master) pod template escapes the policy: its labels match the selector."""
-    epd = example(name)
+    """No vLLM (or Mooncake master) pod template escapes the policy: its labels match the selector;
+    and each transfer policy selects exactly its own role's pods."""
+    epd = example(name, **{"spec.ecTransfer.mooncake.crossEncoderCache": True} if name == MOONCAKE else {})
     objects = render(epd)
-    (backends,) = [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-backends")]
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (backends,) = [p for p in policies if p["metadata"]["name"].endswith("-backends")]
+    transfer = {p["metadata"]["labels"][ROLE_LABEL]: p for p in policies if p["metadata"]["name"].endswith("-transfer")}
+    assert transfer, "every one of these examples moves something between pods"
     for obj in objects:
         if obj["kind"] not in ("Deployment", "LeaderWorkerSet"):
             continue
@@ -207,6 +425,36 @@ def test_every_backend_pod_is_selected_by_the_backends_policy(name):
             if "leaderWorkerTemplate" in spec
             else [spec["template"]]
         )
-        is_router = obj["metadata"]["labels"][ROLE_LABEL] == "router"
+        role = obj["metadata"]["labels"][ROLE_LABEL]
         for template in templates:
-            assert _matches(backends["spec"]["podSelector"], template["metadata"]["labels"]) != is_router
+            labels = template["metadata"]["labels"]
+            assert _matches(backends["spec"]["podSelector"], labels) != (role == "router")
+            for policy_role, policy in transfer.items():
+                assert _matches(policy["spec"]["podSelector"], labels) == (policy_role == role), (policy_role, role)
+
+
+def test_transfer_policies_come_before_the_backends_policy():
+    """Applied in order, a transfer is admitted by its own policy before an older `{name}-backends`
+    (which admitted every port between backends) is narrowed."""
+    epd = example(NIXL_AUTOSCALED)
+    names = [p["metadata"]["name"] for p in policies_of(epd)]
+    backends = names.index(f"{epd.name}-backends")
+    assert backends > max(names.index(f"{epd.name}-prefill-transfer"), names.index(f"{epd.name}-decode-transfer"))
+
+
+def test_the_gateway_example_admits_only_its_gateways_proxy_pods_to_the_router():
+    epd = example(BEHIND_GATEWAY)
+    policies = policies_of(epd)
+    router = pod(epd, "router")
+    ns = {"kubernetes.io/metadata.name": "envoy-gateway-system"}
+    owner = {"gateway.envoyproxy.io/owning-gateway-name": "inference"}
+    proxy = Pod("envoy-gateway-system", {**owner, "gateway.envoyproxy.io/owning-gateway-namespace": "gateways"}, ns)
+    assert allowed(policies, proxy, router, ROUTER_PORT)
+    # Envoy Gateway's controller, a proxy of another Gateway, or any other pod: refused.
+    assert not allowed(
+        policies, Pod("envoy-gateway-system", {"control-plane": "envoy-gateway"}, ns), router, ROUTER_PORT
+    )
+    other = Pod("envoy-gateway-system", {**owner, "gateway.envoyproxy.io/owning-gateway-namespace": "other"}, ns)
+    assert not allowed(policies, other, router, ROUTER_PORT)
+    assert not allowed(policies, Pod(epd.namespace, {"app": "curl"}), router, ROUTER_PORT)
+    assert [o["kind"] for o in render(epd)].count("HTTPRoute") == 1

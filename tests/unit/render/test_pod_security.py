@@ -38,6 +38,7 @@ EXPECTED = {
     "epd-local-cpu.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
     "epd-local-cpu-nixl.yaml": {"encoder": BASELINE, "prefill": BASELINE, "decode": BASELINE, "router": RESTRICTED},
     "epd-local-cpu-multinode.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
+    "epd-behind-gateway.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
 }
 
 

@@ -44,6 +44,8 @@ def _as_builtin(obj: dict) -> list[dict]:
     resource it has no schema for) each of its pod templates inside a Deployment."""
     if obj["kind"] == "ScaledObject":
         return []  # KEDA's: checked against KEDA's own CRD (tests/integration/test_keda_schema.py)
+    if obj["kind"] == "HTTPRoute":
+        return []  # Gateway API's: checked by the API server against its CRDs (tests/integration/test_operator.py)
     if obj["kind"] != "LeaderWorkerSet":
         return [obj]
     lws = obj["spec"]["leaderWorkerTemplate"]

@@ -45,7 +45,11 @@ def port(name: str, number: int) -> dict:
 
 
 NIXL_ENV = env(
-    VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP, VLLM_NIXL_SIDE_CHANNEL_PORT="5600", UCX_TLS="all", UCX_NET_DEVICES="all"
+    VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP,
+    VLLM_NIXL_SIDE_CHANNEL_PORT="5600",
+    UCX_TLS="all",
+    UCX_NET_DEVICES="all",
+    UCX_TCP_PORT_RANGE="40000-40999",
 )
 
 
@@ -102,7 +106,11 @@ def test_e_p_d_decode_has_only_kv_and_prefill_both():
         '{"kv_buffer_device":"cpu","kv_connector":"NixlConnector","kv_role":"kv_consumer"}',
     ]
     assert decode.env == env(
-        VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP, VLLM_NIXL_SIDE_CHANNEL_PORT="7000", UCX_TLS="tcp", UCX_NET_DEVICES="eth0"
+        VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP,
+        VLLM_NIXL_SIDE_CHANNEL_PORT="7000",
+        UCX_TLS="tcp",
+        UCX_NET_DEVICES="eth0",
+        UCX_TCP_PORT_RANGE="40000-40999",
     )
     assert decode.ports == [port("nixl", 7000)]
     assert (decode.volumes, decode.mounts) == ([], [])
@@ -283,6 +291,15 @@ def test_cpu_connector_producer_and_consumer():
         "ec_enable_nixl": True,
     }
     assert tier_transfer(default, "encoder").ports == [port("ec-side", 5601)]
+    # With NIXL, UCX's TCP transport listens where the NetworkPolicies admit it, on both ends.
+    for role in ("encoder", "decode"):
+        assert {"name": "UCX_TCP_PORT_RANGE", "value": "40000-40999"} in tier_transfer(default, role).env
+
+
+def test_ucx_tcp_port_range_is_set_once_where_the_cpu_connector_and_nixl_meet():
+    deployment = epd(**E_P_D, spec__ecTransfer={"connector": "CPU", "cpu": {"bytes": "1G"}})
+    names = [e["name"] for e in tier_transfer(deployment, "prefill").env]
+    assert names.count("UCX_TCP_PORT_RANGE") == 1
 
 
 def test_janitor_bounds_by_age_and_size():
