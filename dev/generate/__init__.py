@@ -9,7 +9,7 @@
 | the field reference in `docs/api.md`, between its markers | `reference()` as `epdctl docs --output docs/api.md` writes it |
 | the router's metric table in `docs/router.md`, between its markers | `dev/generate/router_metrics.py` |
 | `tests/golden/render/*.yaml`: what `render()` makes of every example | `dev/generate/render_golden.py` |
-| measured figures in `docs/benchmarks.md`, `docs/faults.md` and `docs/autoscaling.md`, between their markers | `dev/generate/bench_figures.py` (from the reports in `bench/results/`) |
+| measured figures in `docs/benchmarks.md`, `docs/faults.md`, `docs/autoscaling.md` and `docs/development.md`, between their markers | `dev/generate/bench_figures.py` (from the reports in `bench/results/`) |
 
 `files(root)` computes every file's text from the code and, for pages with a generated part, the page under
 `root` (and, for the figures, the reports in `bench/results/`); it reads nothing else and writes nothing. `python -m dev.generate` writes them into the repository,

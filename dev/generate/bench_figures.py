@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-PAGES = ("docs/benchmarks.md", "docs/faults.md", "docs/autoscaling.md")
+PAGES = ("docs/benchmarks.md", "docs/faults.md", "docs/autoscaling.md", "docs/development.md")
 MARKER = re.compile(r"<!-- figures: (?P<report>bench/results/[\w.-]+\.md)#(?P<heading>[^>]+?) -->")
 END = "<!-- end of figures -->"
 
