@@ -223,6 +223,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "render-tiers": (
         [
             "render/manifests.py",
+            "render/plan.py",
             "render/vllm_tiers.py",
             "render/pods.py",
             "render/naming.py",

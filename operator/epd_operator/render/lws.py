@@ -13,11 +13,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..api.spec import EPDDeployment
-from ..api.tiers import MULTI_NODE_MASTER_PORT, ConsumerTier
-from .naming import DECODE, PREFILL, VllmRole, tier_of
+from ..api.tiers import MULTI_NODE_MASTER_PORT, ConsumerTier, Tier
+from .naming import VllmRole
+from .plan import RenderPlan
 from .templating import render_one
-from .transfer import container_port, tier_transfer
+from .transfer import container_port
 from .vllm import WORKER, serve_args
 
 JSON = dict[str, Any]
@@ -32,26 +32,25 @@ WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 _API_ONLY = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
-def multi_node(epd: EPDDeployment, role: VllmRole) -> bool:
-    tier = tier_of(epd, role) if role in (PREFILL, DECODE) else None
+def multi_node(tier: Tier) -> bool:
     return isinstance(tier, ConsumerTier) and tier.nodesPerReplica > 1
 
 
-def worker_pod(epd: EPDDeployment, role: VllmRole, leader_pod: JSON) -> JSON:
+def worker_pod(plan: RenderPlan, role: VllmRole, leader_pod: JSON) -> JSON:
     """The worker's pod spec: the leader's, with the headless command line and without the API port."""
     pod = copy.deepcopy(leader_pod)
     vllm = pod["containers"][0]
     assert vllm["name"] == "vllm"
-    vllm["args"] = serve_args(epd, role, tier_transfer(epd, role), node=WORKER)
+    vllm["args"] = serve_args(plan.epd, role, plan.tier(role).transfer, node=WORKER)
     vllm["ports"] = [port for port in vllm.get("ports", []) if port["name"] != "http"]
     for probe in _API_ONLY:
         vllm.pop(probe, None)
     return pod
 
 
-def leader_worker_set(epd: EPDDeployment, role: VllmRole, deployment: JSON) -> JSON:
+def leader_worker_set(plan: RenderPlan, role: VllmRole, deployment: JSON) -> JSON:
     """The LeaderWorkerSet that replaces the tier's single-node `deployment` (same name, labels, pods)."""
-    tier = tier_of(epd, role)
+    tier = plan.tier(role).spec
     assert isinstance(tier, ConsumerTier)
     template = deployment["spec"]["template"]
     meta = deployment["metadata"]
@@ -66,7 +65,7 @@ def leader_worker_set(epd: EPDDeployment, role: VllmRole, deployment: JSON) -> J
         size=tier.nodesPerReplica,
         template_metadata=template["metadata"],
         leader_pod=leader_pod,
-        worker_pod=worker_pod(epd, role, template["spec"]),
+        worker_pod=worker_pod(plan, role, template["spec"]),
     )
 
 
@@ -77,10 +76,10 @@ def leaders_only(service: JSON) -> JSON:
     return service
 
 
-def multi_node_workload(epd: EPDDeployment, role: VllmRole, workload: Any) -> Any:
+def multi_node_workload(plan: RenderPlan, role: VllmRole, workload: Any) -> Any:
     """A tier's `Workload` as rendered for one node, or its multi-node form (LeaderWorkerSet) when asked for."""
-    if multi_node(epd, role):
-        workload.deployment = leader_worker_set(epd, role, workload.deployment)
+    if multi_node(plan.tier(role).spec):
+        workload.deployment = leader_worker_set(plan, role, workload.deployment)
         workload.service = leaders_only(workload.service)
         if workload.hpa is not None:
             workload.hpa = scale_lws(workload.hpa)

@@ -20,15 +20,14 @@ from .naming import (
     TRANSFER,
     object_name,
     selector_labels,
-    tier_of,
     transfer_configmap_name,
-    vllm_roles,
 )
 from .network_policy import network_policies
+from .plan import plan_render
 from .pods import JSON, RUNTIME_DEFAULT_SECCOMP, Workload, config_hash, meta, pod_spec, resources, workload
 from .router_workload import router_rbac, router_route, router_workload
 from .templating import render_one
-from .transfer import MOONCAKE_MASTER_METRICS_PORT, MOONCAKE_MASTER_RPC_PORT, configmap_data, mooncake_store_config
+from .transfer import MOONCAKE_MASTER_METRICS_PORT, MOONCAKE_MASTER_RPC_PORT
 from .vllm_tiers import vllm_workload
 
 __all__ = ["config_hash", "render", "tier_hashes"]  # config_hash: re-exported, the package's API
@@ -47,23 +46,21 @@ def render(
     `default_prometheus_address` is the Prometheus a KEDA-scaled tier's load trigger queries when its
     spec names none (the operator's `--keda-prometheus-address`); without either such a spec is refused.
     """
-    roles = vllm_roles(epd)
-    config = configmap_data(epd, roles)
-    image = epd.spec.router.image or default_router_image
-    workloads = [multi_node_workload(epd, role, vllm_workload(epd, role, config, image)) for role in roles]
+    plan = plan_render(epd, epd.spec.router.image or default_router_image)
+    workloads = [multi_node_workload(plan, role, vllm_workload(plan, role)) for role in plan.roles]
     scaled_objects = [
         scaled_object(epd, role, w.deployment, autoscaling, default_prometheus_address)
-        for role, w in zip(roles, workloads, strict=True)
-        if uses_keda(autoscaling := tier_of(epd, role).autoscaling)
+        for role, w in zip(plan.roles, workloads, strict=True)
+        if uses_keda(autoscaling := plan.tier(role).spec.autoscaling)
     ]
-    workloads.append(router_workload(epd, image))
-    if mooncake_store_config(epd) is not None:
+    workloads.append(router_workload(epd, plan.router_image))
+    if plan.mooncake_store is not None:
         workloads.append(_mooncake_master_workload(epd))
     return [
-        render_one("configmap.yaml.j2", **meta(epd, transfer_configmap_name(epd), TRANSFER), data=config),
+        render_one("configmap.yaml.j2", **meta(epd, transfer_configmap_name(epd), TRANSFER), data=plan.config),
         *router_rbac(epd),
         # Before the workloads: no pod of the deployment ever runs without its policies.
-        *network_policies(epd),
+        *network_policies(plan),
         *(w.service for w in workloads),
         *(w.deployment for w in workloads),
         *(w.hpa for w in workloads if w.hpa is not None),

@@ -10,8 +10,8 @@ own. The policies, each allowing (NetworkPolicies only add):
   deployment's routers; the vLLM API port (vLLM serves `/metrics` there) and the Mooncake master's
   metrics port from the scrapers. Nothing from the other backends.
 - `{name}-{role}-transfer`, on one backend role's pods, where its connectors or its multi-node group
-  need it: exactly the connections `transfer.transfer_ingress` lists (which tiers, which ports), read
-  from the same settings the pods' args and env are rendered from.
+  need it: exactly the connections the render plan lists (`plan.ingress`, from `transfer.transfer_ingress`:
+  which tiers, which ports), computed once from the settings the pods' args and env are rendered from.
 - `{name}-router`, on the router pods: the API port from `routerFrom` (absent: from anyone), the
   metrics port from the scrapers.
 
@@ -28,11 +28,12 @@ from ..api.labels import INSTANCE_LABEL, ROLE_LABEL
 from ..api.network import EgressPeer, PodsPeer, Selector
 from ..api.spec import EPDDeployment
 from ..api.tiers import VLLM_PORT
-from .naming import MOONCAKE_MASTER, ROUTER, object_name, selector_labels, vllm_roles
+from .naming import MOONCAKE_MASTER, ROUTER, object_name, selector_labels
+from .plan import RenderPlan
 from .pods import meta
 from .router_args import ROUTER_METRICS_PORT, ROUTER_PORT
 from .templating import render_one
-from .transfer import MOONCAKE_MASTER_METRICS_PORT, PortRange, mooncake_store_config, transfer_ingress
+from .transfer import MOONCAKE_MASTER_METRICS_PORT, PortRange
 
 JSON = dict[str, Any]
 
@@ -41,19 +42,20 @@ TRANSFER_SUFFIX = "transfer"  # `{name}-{role}-transfer`: what one role accepts 
 DNS_PORT = 53
 
 
-def network_policies(epd: EPDDeployment) -> list[JSON]:
+def network_policies(plan: RenderPlan) -> list[JSON]:
     """The deployment's NetworkPolicies; none when `spec.networkPolicy.enabled` is false.
 
     The transfer policies come before `{name}-backends`, so that a controller applying them in order
     admits a transfer before an older `{name}-backends` that admitted every port stops doing so."""
+    epd = plan.epd
     spec = epd.spec.networkPolicy
     if not spec.enabled:
         return []
-    backends = backend_selector(epd)
+    backends = backend_selector(plan)
     scrapers = [peer(p) for p in spec.scrapers]
     egress = _egress(epd)
     metrics_ports = [VLLM_PORT]
-    if mooncake_store_config(epd) is not None:
+    if plan.mooncake_store is not None:
         metrics_ports.append(MOONCAKE_MASTER_METRICS_PORT)
     backend_ingress: list[JSON] = [
         {"from": [{"podSelector": {"matchLabels": selector_labels(epd, ROUTER)}}], "ports": _tcp(VLLM_PORT)},
@@ -67,16 +69,17 @@ def network_policies(epd: EPDDeployment) -> list[JSON]:
     if scrapers:
         router_ingress.append({"from": scrapers, "ports": _tcp(ROUTER_METRICS_PORT)})
     return [
-        *_transfer_policies(epd, egress),
+        *_transfer_policies(plan, egress),
         _policy(epd, BACKENDS, BACKENDS, backends, backend_ingress, egress),
         _policy(epd, ROUTER, ROUTER, {"matchLabels": selector_labels(epd, ROUTER)}, router_ingress, egress),
     ]
 
 
-def _transfer_policies(epd: EPDDeployment, egress: list[JSON] | None) -> list[JSON]:
+def _transfer_policies(plan: RenderPlan, egress: list[JSON] | None) -> list[JSON]:
     """One policy per backend role that accepts transfer connections: a rule per (sources, ports)."""
+    epd = plan.epd
     rules: dict[str, list[JSON]] = {}
-    for ingress in transfer_ingress(epd):
+    for ingress in plan.ingress:
         sources = {
             "podSelector": {
                 "matchLabels": {INSTANCE_LABEL: epd.name},
@@ -90,14 +93,14 @@ def _transfer_policies(epd: EPDDeployment, egress: list[JSON] | None) -> list[JS
     ]
 
 
-def backend_selector(epd: EPDDeployment) -> JSON:
+def backend_selector(plan: RenderPlan) -> JSON:
     """Every pod of this deployment but its routers: the vLLM tiers (all pods of a multi-node group)
     and the Mooncake master where one is rendered."""
-    roles: list[str] = list(vllm_roles(epd))
-    if mooncake_store_config(epd) is not None:
+    roles: list[str] = list(plan.roles)
+    if plan.mooncake_store is not None:
         roles.append(MOONCAKE_MASTER)
     return {
-        "matchLabels": {INSTANCE_LABEL: epd.name},
+        "matchLabels": {INSTANCE_LABEL: plan.epd.name},
         "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": roles}],
     }
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from ..api.labels import GENERATION_LABEL
 from ..api.spec import EPDDeployment, EPDDeploymentSpec
-from ..api.tiers import VLLM_PORT
-from .generation import compatibility_generation
-from .naming import ENCODER, VllmRole, object_name, selector_labels, tier_of
+from ..api.tiers import VLLM_PORT, Tier
+from .naming import ENCODER, VllmRole, selector_labels
+from .plan import RenderPlan
 from .pods import (
     JSON,
     RUNTIME_DEFAULT_SECCOMP,
@@ -25,7 +25,7 @@ from .pods import (
 )
 from .templating import render_one
 from .tracing import vllm_tracing_env
-from .transfer import EC_CACHE_VOLUME, TierTransfer, container_port, janitor_args, tier_transfer
+from .transfer import EC_CACHE_VOLUME, TierTransfer, container_port, janitor_args
 from .vllm import MODELS_DIR, serve_args
 
 # NCCL and torch's shared-memory tensors live in /dev/shm; give each TP rank room for them.
@@ -50,11 +50,10 @@ EXIT_ALLOWANCE_S = 30
 VLLM_IMAGE_UID = 0
 
 
-def vllm_workload(epd: EPDDeployment, role: VllmRole, config: dict[str, str], router_image: str) -> Workload:
-    spec = epd.spec
-    tier = tier_of(epd, role)
-    transfer = tier_transfer(epd, role)
-    volumes, mounts = _vllm_volumes(epd, role, transfer)
+def vllm_workload(plan: RenderPlan, role: VllmRole) -> Workload:
+    epd, spec = plan.epd, plan.epd.spec
+    tier, transfer = plan.tier(role).spec, plan.tier(role).transfer
+    volumes, mounts = _vllm_volumes(epd, tier, transfer)
     env: list[JSON] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     if spec.model.hfTokenSecret:
         secret = spec.model.hfTokenSecret
@@ -82,7 +81,7 @@ def vllm_workload(epd: EPDDeployment, role: VllmRole, config: dict[str, str], ro
         )
     ]
     if role == ENCODER and spec.ecTransfer.connector == "SharedStorage":
-        containers.append(_janitor_container(epd, router_image))
+        containers.append(_janitor_container(epd, plan.router_image))
     pod = pod_spec(
         tier,
         containers,
@@ -91,16 +90,15 @@ def vllm_workload(epd: EPDDeployment, role: VllmRole, config: dict[str, str], ro
         RUNTIME_DEFAULT_SECCOMP,
         termination_grace_seconds=vllm_termination_grace_seconds(spec),
     )
-    name = object_name(epd, role)
     service = render_one(
         "service.yaml.j2",
-        **meta(epd, name, role),
+        **meta(epd, plan.tier(role).name, role),
         annotations={},
         headless=True,
         selector=selector_labels(epd, role),
         ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}, *transfer.service_ports],
     )
-    mounted = {key: config[key] for key in transfer.configmap_keys}
+    mounted = {key: plan.config[key] for key in transfer.configmap_keys}
     # Pod labels, not the Deployment's selector (immutable): a new generation rolls the pods.
     return workload(
         epd,
@@ -109,7 +107,7 @@ def vllm_workload(epd: EPDDeployment, role: VllmRole, config: dict[str, str], ro
         pod,
         mounted,
         service,
-        own_pod_labels={GENERATION_LABEL: compatibility_generation(epd)},
+        own_pod_labels={GENERATION_LABEL: plan.generation},
         progress_deadline=VLLM_PROGRESS_DEADLINE_S,
     )
 
@@ -118,8 +116,7 @@ def vllm_termination_grace_seconds(spec: EPDDeploymentSpec) -> int:
     return PRE_STOP_SECONDS + spec.drainSeconds + EXIT_ALLOWANCE_S
 
 
-def _vllm_volumes(epd: EPDDeployment, role: VllmRole, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:
-    tier = tier_of(epd, role)
+def _vllm_volumes(epd: EPDDeployment, tier: Tier, transfer: TierTransfer) -> tuple[list[JSON], list[JSON]]:
     shm = SHM_PER_TP_RANK * tier.ranks_per_pod + transfer.shm_bytes
     volumes: list[JSON] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": bytes_quantity(shm)}}]
     mounts: list[JSON] = [{"name": "dshm", "mountPath": "/dev/shm"}]
