@@ -180,14 +180,17 @@ DEFAULT_ENCODER_LOAD_PER_POD = 4
 
 
 class Load(Strict):
-    """The tier's own load: work the routers have sent to a pod and not yet had answered."""
+    """The tier's own load: for the encoder tier its demand (media items the routers want encoded and have
+    not finished), for prefill and decode the requests the routers have sent to a pod and not yet had answered."""
 
     targetPerPod: int = Field(
         ge=1,
-        description="Average in-flight work per pod the HPA aims for: media items for the encoder tier, requests "
-        "for prefill and decode, summed over every router. An HPA reads it as the per-pod custom metric "
-        "`epd_router_<tier>_inflight` (the operator chart's prometheus-adapter rules serve it); KEDA as the same sum "
-        "from Prometheus, averaged over the tier's pods.",
+        description="Load per pod the autoscaler aims for, summed over every router. Encoder tier: its demand, "
+        "the media items the routers want encoded and have not finished (on an encoder, spilled to a consumer, "
+        "or raw while no encoder serves), `epd_router_encoder_demand` of this deployment's routers; the HPA "
+        "reads it as an Object metric of the EPDDeployment, KEDA by the same sum from Prometheus, and either "
+        "asks for ceil(demand / targetPerPod) pods. Prefill and decode: requests in flight, the per-pod custom "
+        "metric `epd_router_<tier>_inflight` (the operator chart's prometheus-adapter rules serve both).",
     )
 
 
