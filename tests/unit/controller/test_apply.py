@@ -671,3 +671,161 @@ def test_every_kind_of_a_keda_scaled_deployment_is_one_the_operator_can_apply_an
     for name in ("keda-encoder-scale-to-zero", "keda-every-tier-multi-node-decode"):
         for rendered in render(VARIANTS[name]):
             assert child_resource(rendered) is CHILD_RESOURCES[rendered["kind"]]
+
+
+# ----------------------------------------------------------------------------- engine switch and admission denials
+
+KEDA_DENIAL = ApiError(
+    403,
+    {
+        "kind": "Status",
+        "status": "Failure",
+        "code": 403,
+        "message": "admission webhook \"vscaledobject.kb.io\" denied the request: the workload 'vl-encoder' of "
+        "type 'apps/v1.Deployment' is already managed by the hpa 'vl-encoder'",
+    },
+    "apply",
+)
+
+
+def test_an_admission_webhooks_denial_is_a_refusal_whatever_its_code_and_a_failed_call_is_not():
+    assert refusal(KEDA_DENIAL)
+    for code in (400, 403, 422):
+        denied = {"message": 'admission webhook "v.example.io" denied the request: no'}
+        assert refusal(ApiError(code, denied, "apply")), code
+    policy = {
+        "message": "deployments.apps \"x\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' "
+        "denied request: replicas too high"
+    }
+    assert refusal(ApiError(403, policy, "apply"))
+    # RBAC's 403, and a webhook the server could not call (failurePolicy Fail), are retried
+    rbac = {"message": 'scaledobjects.keda.sh "x" is forbidden: User "u" cannot create resource "scaledobjects"'}
+    assert not refusal(ApiError(403, rbac, "apply"))
+    unreachable = {
+        "message": 'Internal error occurred: failed calling webhook "vscaledobject.kb.io": connection refused'
+    }
+    assert not refusal(ApiError(500, unreachable, "apply"))
+
+
+def hpa(name: str = "vl-encoder", min_replicas: int = 2) -> dict[str, Any]:
+    return obj(
+        "HorizontalPodAutoscaler",
+        name,
+        "autoscaling/v2",
+        scaleTargetRef={"apiVersion": "apps/v1", "kind": "Deployment", "name": "vl-encoder"},
+        minReplicas=min_replicas,
+        maxReplicas=4,
+    )
+
+
+def scaled_object(name: str = "vl-encoder") -> dict[str, Any]:
+    return obj(
+        "ScaledObject",
+        name,
+        "keda.sh/v1alpha1",
+        scaleTargetRef={"apiVersion": "apps/v1", "kind": "Deployment", "name": "vl-encoder"},
+        minReplicaCount=0,
+        maxReplicaCount=4,
+    )
+
+
+def live_deployment(replicas: int) -> dict[str, Any]:
+    live = live_copy(adopt(deployment(replicas=None), OWNER))
+    live["spec"]["replicas"] = replicas
+    live["metadata"]["managedFields"] = applied_by(("epd-operator", {"f:spec": {"f:template": {}}}))
+    return live
+
+
+def test_hpa_to_keda_replaces_the_hpa_first_and_wakes_nothing():
+    desired = [adopt(deployment(replicas=None), OWNER), adopt(scaled_object(), OWNER)]
+    old = live_copy(adopt(hpa(), OWNER))
+    todo = plan(desired, [live_deployment(3), old], "uid-1")
+    (step,) = todo.applies
+    assert (step.desired["kind"], step.why, step.replaces, step.handover) == ("ScaledObject", "create", old, None)
+    assert todo.prunes == [old]
+
+
+@pytest.mark.parametrize("replicas, woken", [(0, 2), (3, None)])
+def test_keda_to_hpa_replaces_the_scaled_object_and_wakes_a_tier_at_zero_to_min_replicas(replicas, woken):
+    desired = [adopt(deployment(replicas=None), OWNER), adopt(hpa(min_replicas=2), OWNER)]
+    old = live_copy(adopt(scaled_object(), OWNER))
+    (step,) = plan(desired, [live_deployment(replicas), old], "uid-1").applies
+    assert step.replaces == old
+    if woken is None:
+        assert step.handover is None
+    else:
+        assert step.handover == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "vl-encoder", "namespace": "ns"},
+            "spec": {"replicas": woken},
+        }
+
+
+def test_an_autoscaler_that_is_not_ours_is_not_replaced():
+    desired = [adopt(deployment(replicas=None), OWNER), adopt(scaled_object(), OWNER)]
+    someone_elses = live_copy(hpa("their-hpa"))
+    (step,) = plan(desired, [live_deployment(3), someone_elses], "uid-1").applies
+    assert step.replaces is None
+
+
+async def test_dry_run_lets_a_replacement_past_the_webhook_that_sees_the_old_autoscaler_but_not_past_its_schema():
+    step = Apply(scaled_object(), "create", replaces=hpa())
+    kube = RecordingKube({("ScaledObject", "vl-encoder"): KEDA_DENIAL})
+    assert await refused_by_server(as_kube(kube), Plan([step], [hpa()])) == []
+    invalid = ApiError(422, {"message": 'ScaledObject.keda.sh "vl-encoder" is invalid: spec.triggers: Required'}, "x")
+    kube = RecordingKube({("ScaledObject", "vl-encoder"): invalid})
+    assert await refused_by_server(as_kube(kube), Plan([step], [hpa()])) == [
+        'ScaledObject vl-encoder: ScaledObject.keda.sh "vl-encoder" is invalid: spec.triggers: Required'
+    ]
+    # no engine switch: the webhook's words are the refusal, shown as they are
+    kube = RecordingKube({("ScaledObject", "vl-encoder"): KEDA_DENIAL})
+    assert await refused_by_server(as_kube(kube), Plan([Apply(scaled_object(), "create")], [])) == [
+        f"ScaledObject vl-encoder: {KEDA_DENIAL.body['message']}"
+    ]
+
+
+async def test_execute_deletes_the_old_autoscaler_wakes_the_tier_then_creates_the_new_one_and_prunes_it_once():
+    old = live_copy(adopt(scaled_object(), OWNER))
+    wake = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vl-encoder", "namespace": "ns"},
+        "spec": {"replicas": 2},
+    }
+    kube = RecordingKube()
+    touched = await execute(as_kube(kube), Plan([Apply(hpa(), "create", handover=wake, replaces=old)], [old]))
+    assert kube.calls == [
+        ("delete", "ScaledObject", "ns", "vl-encoder", "child-uid"),
+        ("apply", ("Deployment", "vl-encoder"), HANDOVER_MANAGER, True, False),  # forced: KEDA wrote the 0
+        ("apply", ("HorizontalPodAutoscaler", "vl-encoder"), "epd-operator", True, False),
+    ]
+    assert touched[("ScaledObject", "vl-encoder")] is None
+    assert touched[("HorizontalPodAutoscaler", "vl-encoder")] is not None
+
+
+class StaleWebhookKube(RecordingKube):
+    """KEDA's webhook reads HPAs from its cache: it denies the replacement a few times after the delete."""
+
+    def __init__(self, denials: int) -> None:
+        super().__init__()
+        self.denials = denials
+
+    async def apply(self, obj, *, field_manager="epd-operator", force=True, dry_run=False):
+        result = await super().apply(obj, field_manager=field_manager, force=force, dry_run=dry_run)
+        if obj["kind"] == "ScaledObject" and self.denials:
+            self.denials -= 1
+            raise KEDA_DENIAL
+        return result
+
+
+async def test_a_replacement_denied_while_the_webhook_still_sees_the_old_hpa_is_tried_again(monkeypatch):
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACEMENT_RETRY_S", 0)
+    old = live_copy(adopt(hpa(), OWNER))
+    kube = StaleWebhookKube(denials=2)
+    touched = await execute(as_kube(kube), Plan([Apply(scaled_object(), "create", replaces=old)], [old]))
+    assert [c[0] for c in kube.calls] == ["delete", "apply", "apply", "apply"]
+    assert touched[("ScaledObject", "vl-encoder")] is not None
+    kube = StaleWebhookKube(denials=100)  # a denial that stands is the pass's failure, retried with backoff
+    with pytest.raises(ApiError):
+        await execute(as_kube(kube), Plan([Apply(scaled_object(), "create", replaces=old)], [old]))
