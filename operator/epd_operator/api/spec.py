@@ -215,9 +215,9 @@ class KEDAScaling(Strict):
         DEFAULT_ACTIVATION_THRESHOLD,
         ge=0,
         description="The load trigger's `activationThreshold`: KEDA scales a tier at zero up (and keeps it above "
-        "zero) while the load query is above it. For a tier that may be at zero, the query adds the media items per "
-        "second the routers sent raw to the consumers to the work in flight, so the default (0) wakes the tier on "
-        "its first media item.",
+        "zero) while the load query is above it. The encoder tier's load is its demand, which counts the media "
+        "items the routers send raw while the tier is at zero, so the default (0) wakes the tier on its first "
+        "media item.",
     )
     pollingInterval: int | None = Field(
         None, ge=1, description="Seconds between KEDA's queries of the triggers; default KEDA's (30)."
@@ -235,7 +235,10 @@ class KEDAScaling(Strict):
         "set, or by default on the encoder tier).",
     )
     fallback: KEDAFallback | None = Field(
-        None, description="The ScaledObject's `fallback`: the replicas to hold while its triggers fail."
+        None,
+        description="The ScaledObject's `fallback`: the replicas to hold while its triggers fail. As KEDA's "
+        "webhook requires, the ScaledObject needs a trigger that is not cpu or memory (the load trigger counts), "
+        "and behavior scalingModifiers is refused (the operator renders no scalingModifiers).",
     )
 
 
