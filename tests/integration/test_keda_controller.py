@@ -7,7 +7,7 @@ Deployment, and KEDA itself takes the tier to zero and back. The EPDDeployment's
 verdict throughout.
 
 What is not real here: the routers' exposition comes from RouterMetrics (the router's own registry) served
-by the test, with work it puts in flight to one encoder pod name, and the pods are kwok's. This local
+by the test, with the encoder demand it sets, and the pods are kwok's. This local
 kube-apiserver calls aggregated APIs anonymously (no front-proxy certificates): dev/keda.py lets the
 anonymous user read external.metrics.k8s.io while KEDA runs.
 """
@@ -26,7 +26,6 @@ import yaml
 from dev import keda
 from dev.cluster import KEDA_METRICS_SERVER, KEDA_OPERATOR, LocalCluster
 from dev.ports import free_port
-from epd_operator.router.backends import DiscoveredEndpoint, Endpoint, Pool
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.cluster import KubeView, epd_crd, install_crd, logged_process, new_namespace, volumes
 from tests.support.operator_run import (
@@ -45,26 +44,22 @@ from tests.support.prom import log_tail, serve_exposition
 pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
 
 KEDA_API = "keda.sh/v1alpha1"
-# One encoder pod's name as the load query's regex matches a Deployment's pods; the query sums over them,
-# so the in-flight count of this one name is the tier's whole load.
-ENCODER_POD = "vl-encoder-5d8f7c9b4-x2x7q"
 ROUTER_POD = "vl-router-6c9d7f8b5-q4w8z"
-# Items in flight; KEDA hands the sum to its HPA as an AverageValue target of 4 per pod: ceil(12 / 4) = 3.
-INFLIGHT = 12
+DEPLOYMENT = "vl"  # epd_doc()'s EPDDeployment: the routers' --deployment, the demand's label
+# The encoder demand in items; KEDA hands the sum to its HPA as an AverageValue target of 4 per pod: ceil(12 / 4) = 3.
+DEMAND = 12
 EXPECTED_REPLICAS = 3
 
 
 class RouterExposition:
-    """A router's /metrics (its own RouterMetrics) with a settable number of items in flight to ENCODER_POD."""
+    """A router's /metrics (its own RouterMetrics) with a settable encoder demand of the deployment."""
 
     def __init__(self) -> None:
         self.metrics = RouterMetrics()
-        self.pool = Pool("encoder", self.metrics)
-        self.pool.update([DiscoveredEndpoint("http://10.2.0.1:8000", pod=ENCODER_POD)])
-        self.endpoint: Endpoint = next(iter(self.pool.endpoints.values()))
+        self.demand = self.metrics.encoder_demand.labels(DEPLOYMENT)
 
-    def set_inflight(self, n: int) -> None:
-        self.pool.acquire(self.endpoint, n - self.endpoint.inflight)
+    def set_demand(self, n: int) -> None:
+        self.demand.set(n)
 
     @contextlib.contextmanager
     def serve(self) -> Iterator[int]:
@@ -137,7 +132,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
         return "\n".join(f"{name}:\n{log_tail(path)}" for name, path in logs.items())
 
     exposition = RouterExposition()
-    exposition.set_inflight(INFLIGHT)
+    exposition.set_demand(DEMAND)
     with exposition.serve() as router_port, prometheus(ns, router_port, tmp_path) as prom_port:
         async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "1"):
             doc = epd_doc()
@@ -195,7 +190,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
                     return [result.stderr.strip()]
                 return [item["value"] for item in yaml.safe_load(result.stdout).get("items") or []]
 
-            await wait_until(lambda: served() == [str(INFLIGHT)], 60, lambda: f"served {served()}\n{keda_logs()}")
+            await wait_until(lambda: served() == [str(DEMAND)], 60, lambda: f"served {served()}\n{keda_logs()}")
 
             # kube-controller-manager's HPA scales the encoders to the load: ceil(12 / 4) = 3.
             await wait_until(
@@ -222,7 +217,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
             )
 
             # No load: after its cooldown KEDA takes the tier to zero, and the status says so.
-            exposition.set_inflight(0)
+            exposition.set_demand(0)
             await wait_until(
                 lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 0,
                 120,
@@ -242,7 +237,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
             await posted(ns, "Normal", "ScaledToZero", "encoder scaled to zero")
 
             # Load again: KEDA wakes the tier (its activation), and the HPA takes it back to the load's size.
-            exposition.set_inflight(INFLIGHT)
+            exposition.set_demand(DEMAND)
             await wait_until(
                 lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == EXPECTED_REPLICAS,
                 120,
