@@ -357,6 +357,28 @@ async def refused_by_server(kube: Kube, todo: Plan) -> list[str]:
     return problems
 
 
+# What an object refused when written (not on the dry run) says besides the server's words: what came
+# before it in the plan is applied. An admission webhook may judge only real writes: KEDA's skips its
+# checks of the target's resource requests on a dry run.
+REFUSED_WHEN_WRITTEN = "refused when written, after what came before it in the plan was applied"
+
+
+class ApplyRefused(Exception):
+    """The server refused an object of the plan when it was written: the refusal, in the dry run's
+    form, and what was written before it (as `execute` returns it)."""
+
+    def __init__(self, problem: str, touched: dict[ObjKey, dict[str, Any] | None]) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.touched = touched
+
+
+def _refused(desired: dict[str, Any], error: ApiError) -> str:
+    kind, name = key_of(desired)
+    message = error.body.get("message") if isinstance(error.body, dict) else str(error)
+    return f"{kind} {name}: {message} ({REFUSED_WHEN_WRITTEN})"
+
+
 # KEDA's webhook reads HPAs from its informer cache: for a moment after the old HPA is deleted it may still
 # see it. A replacement denied by an admission webhook is tried again this often before the pass gives up.
 REPLACEMENT_TRIES = 10
@@ -382,19 +404,24 @@ async def _create_replacement(kube: Kube, step: Apply) -> dict[str, Any]:
 async def execute(kube: Kube, todo: Plan) -> dict[ObjKey, dict[str, Any] | None]:
     """Apply, then prune (so a replacement exists before what it replaces goes), except for an engine
     switch, whose old autoscaler goes first (above). Returns the live state of every touched object
-    (None for pruned ones)."""
+    (None for pruned ones). An object the server refuses when written stops the plan: `ApplyRefused`."""
     touched: dict[ObjKey, dict[str, Any] | None] = {}
     for step in todo.applies:
-        if step.replaces is not None:
-            await _delete(kube, step.replaces)
-            touched[key_of(step.replaces)] = None
+        try:
+            if step.replaces is not None:
+                await _delete(kube, step.replaces)
+                touched[key_of(step.replaces)] = None
+                if step.handover is not None:
+                    await kube.apply(step.handover, field_manager=HANDOVER_MANAGER, force=True)
+                touched[key_of(step.desired)] = await _create_replacement(kube, step)
+                continue
             if step.handover is not None:
-                await kube.apply(step.handover, field_manager=HANDOVER_MANAGER, force=True)
-            touched[key_of(step.desired)] = await _create_replacement(kube, step)
-            continue
-        if step.handover is not None:
-            await kube.apply(step.handover, field_manager=HANDOVER_MANAGER, force=False)
-        touched[key_of(step.desired)] = await kube.apply(step.desired)
+                await kube.apply(step.handover, field_manager=HANDOVER_MANAGER, force=False)
+            touched[key_of(step.desired)] = await kube.apply(step.desired)
+        except ApiError as exc:
+            if not refusal(exc):
+                raise
+            raise ApplyRefused(_refused(step.desired, exc), touched) from exc
     for obj in todo.prunes:
         if key_of(obj) in touched:  # an engine switch deleted it already
             continue

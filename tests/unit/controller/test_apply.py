@@ -13,7 +13,9 @@ import pytest
 from epd_operator.controller.apply import (
     APPLIED_HASH,
     HANDOVER_MANAGER,
+    REFUSED_WHEN_WRITTEN,
     Apply,
+    ApplyRefused,
     Plan,
     _drift,
     _same_scalar,
@@ -826,6 +828,37 @@ async def test_a_replacement_denied_while_the_webhook_still_sees_the_old_hpa_is_
     touched = await execute(as_kube(kube), Plan([Apply(scaled_object(), "create", replaces=old)], [old]))
     assert [c[0] for c in kube.calls] == ["delete", "apply", "apply", "apply"]
     assert touched[("ScaledObject", "vl-encoder")] is not None
-    kube = StaleWebhookKube(denials=100)  # a denial that stands is the pass's failure, retried with backoff
-    with pytest.raises(ApiError):
+    kube = StaleWebhookKube(denials=100)  # a denial that stands is a refusal, with what was written before it
+    with pytest.raises(ApplyRefused) as stopped:
         await execute(as_kube(kube), Plan([Apply(scaled_object(), "create", replaces=old)], [old]))
+    assert stopped.value.touched == {("HorizontalPodAutoscaler", "vl-encoder"): None}
+    assert stopped.value.problem == f"ScaledObject vl-encoder: {KEDA_DENIAL.body['message']} ({REFUSED_WHEN_WRITTEN})"
+
+
+class DeniesWhenWritten(RecordingKube):
+    """A webhook that judges real writes only (KEDA's skips its resource-request checks on a dry run)."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__()
+        self.error = error
+
+    async def apply(self, obj, *, field_manager="epd-operator", force=True, dry_run=False):
+        result = await super().apply(obj, field_manager=field_manager, force=force, dry_run=dry_run)
+        if obj["kind"] == "ScaledObject" and not dry_run:
+            raise self.error
+        return result
+
+
+async def test_an_object_denied_when_written_stops_the_plan_as_a_refusal_and_a_failure_stays_a_failure():
+    denied = ApiError(
+        403, {"message": 'admission webhook "vscaledobject.kb.io" denied the request: no cpu request'}, "x"
+    )
+    todo = Plan([Apply(dep(), "create"), Apply(scaled_object(), "create"), Apply(obj(), "create")], [])
+    kube = DeniesWhenWritten(denied)
+    with pytest.raises(ApplyRefused) as stopped:
+        await execute(as_kube(kube), todo)
+    assert list(stopped.value.touched) == [("Deployment", "vl-encoder")]  # the Service after it was not written
+    assert stopped.value.problem.startswith('ScaledObject vl-encoder: admission webhook "vscaledobject.kb.io" denied')
+    kube = DeniesWhenWritten(ApiError(500, {"message": "etcdserver: timeout"}, "x"))
+    with pytest.raises(ApiError):
+        await execute(as_kube(kube), todo)
