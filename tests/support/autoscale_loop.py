@@ -83,7 +83,7 @@ class LoopConfig:
     scale_down_timeout: float = 300
     spill_over: bool = True  # spec.router.spillOver.enabled (the deployment's default: on)
     # The autoscaler: an HPA (1 to 2 encoders) or KEDA (0 to 2), with KEDA's polling interval, cooldown
-    # before zero and activation threshold (items in flight plus raw items per second).
+    # before zero and activation threshold (items of the encoder demand).
     engine: str = "HPA"
     keda_polling: int = 5
     keda_cooldown: int = 30
@@ -616,8 +616,8 @@ KEDA_TIMELINE = (
     ("activated", "KEDA activates the tier (encoder Deployment 0 → 1, as the loop's 1 s poll sees it)"),
     *TIMELINE[1:],
 )
-# The KEDA loop: light load is one client, one image every 2 s, so the raw items per second stay under
-# the activation threshold of 1 and the tier stays at zero; the step (16 items at once) wakes it.
+# The KEDA loop: light load is one client, one image every 2 s, so the demand (one raw item at a time) is
+# never above the activation threshold of 1 and the tier stays at zero; the step (16 items at once) wakes it.
 KEDA_LOOP = LoopConfig(
     engine="KEDA",
     light=Phase(clients=1, images=1, pause=2.0),
