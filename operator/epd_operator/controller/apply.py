@@ -252,8 +252,8 @@ class Apply:
     why: str  # "create" | "update" (our config changed) | "drift" (someone changed the live object)
     drifted: tuple[str, ...] = ()
     handover: dict[str, Any] | None = None
-    # Engine switch (above): the live autoscaler this one replaces, deleted before this apply; and
-    # `handover` is then the forced wake-up of a tier at zero (`wake_for_hpa`).
+    # Engine switch (above): the live autoscaler this one replaces, deleted before this apply (an HPA that
+    # replaces a ScaledObject first wakes a tier at zero: `wake_for_hpa`, read when the ScaledObject is gone).
     replaces: dict[str, Any] | None = None
 
     def describe(self) -> str:
@@ -283,9 +283,7 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
         handover = replicas_handover(current) if current and needs_replicas_handover(obj, current) else None
         replaces = replaced_autoscaler(obj, live, owner_uid) if current is None else None
         if replaces is not None:
-            target = scale_target(obj)
-            wake = wake_for_hpa(obj, live_by_key.get(target)) if target and obj["kind"] != "ScaledObject" else None
-            applies.append(Apply(obj, "create", handover=wake, replaces=replaces))
+            applies.append(Apply(obj, "create", replaces=replaces))
         elif current is None:
             applies.append(Apply(obj, "create"))
         elif (
@@ -383,11 +381,30 @@ def _refused(desired: dict[str, Any], error: ApiError) -> str:
 # see it. A replacement denied by an admission webhook is tried again this often before the pass gives up.
 REPLACEMENT_TRIES = 10
 REPLACEMENT_RETRY_S = 1.0
+# A ScaledObject being deleted keeps KEDA's scale loop running until KEDA's finalizer is done (it may still
+# take an idle tier to zero): a tier is woken for its HPA only once the ScaledObject is gone, waited for
+# this long at most (then woken anyway).
+REPLACED_GONE_S = 30.0
 
 
 async def _delete(kube: Kube, obj: dict[str, Any]) -> None:
     meta = obj["metadata"]
     await kube.delete(child_resource(obj), meta["namespace"], meta["name"], uid=meta.get("uid"))
+
+
+async def _gone(kube: Kube, obj: dict[str, Any]) -> None:
+    meta, deadline = obj["metadata"], asyncio.get_running_loop().time() + REPLACED_GONE_S
+    while await kube.get(child_resource(obj), meta["namespace"], meta["name"]) is not None:
+        if asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(REPLACEMENT_RETRY_S / 2)
+
+
+async def _target(kube: Kube, autoscaler: dict[str, Any]) -> dict[str, Any] | None:
+    """The live object an autoscaler scales, as the server has it now."""
+    ref = autoscaler["spec"]["scaleTargetRef"]
+    target = {"apiVersion": ref["apiVersion"], "kind": ref["kind"]}
+    return await kube.get(child_resource(target), autoscaler["metadata"]["namespace"], ref["name"])
 
 
 async def _create_replacement(kube: Kube, step: Apply) -> dict[str, Any]:
@@ -411,8 +428,11 @@ async def execute(kube: Kube, todo: Plan) -> dict[ObjKey, dict[str, Any] | None]
             if step.replaces is not None:
                 await _delete(kube, step.replaces)
                 touched[key_of(step.replaces)] = None
-                if step.handover is not None:
-                    await kube.apply(step.handover, field_manager=HANDOVER_MANAGER, force=True)
+                if step.replaces["kind"] == "ScaledObject":
+                    await _gone(kube, step.replaces)
+                    wake = wake_for_hpa(step.desired, await _target(kube, step.desired))
+                    if wake is not None:
+                        await kube.apply(wake, field_manager=HANDOVER_MANAGER, force=True)
                 touched[key_of(step.desired)] = await _create_replacement(kube, step)
                 continue
             if step.handover is not None:

@@ -32,6 +32,7 @@ from epd_operator.controller.apply import (
     refusal,
     refused_by_server,
     replicas_handover,
+    wake_for_hpa,
 )
 from epd_operator.kube import CHILD_RESOURCES, ApiError, child_resource
 from epd_operator.render import render
@@ -747,21 +748,26 @@ def test_hpa_to_keda_replaces_the_hpa_first_and_wakes_nothing():
     assert todo.prunes == [old]
 
 
-@pytest.mark.parametrize("replicas, woken", [(0, 2), (3, None)])
-def test_keda_to_hpa_replaces_the_scaled_object_and_wakes_a_tier_at_zero_to_min_replicas(replicas, woken):
+def test_keda_to_hpa_replaces_the_scaled_object():
     desired = [adopt(deployment(replicas=None), OWNER), adopt(hpa(min_replicas=2), OWNER)]
     old = live_copy(adopt(scaled_object(), OWNER))
-    (step,) = plan(desired, [live_deployment(replicas), old], "uid-1").applies
-    assert step.replaces == old
+    (step,) = plan(desired, [live_deployment(0), old], "uid-1").applies
+    assert (step.desired["kind"], step.replaces, step.handover) == ("HorizontalPodAutoscaler", old, None)
+
+
+@pytest.mark.parametrize("replicas, woken", [(0, 2), (3, None)])
+def test_a_tier_at_zero_is_woken_to_the_hpas_min_replicas_and_one_above_zero_is_left_alone(replicas, woken):
+    wake = wake_for_hpa(hpa(min_replicas=2), live_deployment(replicas))
     if woken is None:
-        assert step.handover is None
+        assert wake is None
     else:
-        assert step.handover == {
+        assert wake == {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": {"name": "vl-encoder", "namespace": "ns"},
             "spec": {"replicas": woken},
         }
+    assert wake_for_hpa(hpa(), None) is None
 
 
 def test_an_autoscaler_that_is_not_ours_is_not_replaced():
@@ -787,23 +793,28 @@ async def test_dry_run_lets_a_replacement_past_the_webhook_that_sees_the_old_aut
     ]
 
 
-async def test_execute_deletes_the_old_autoscaler_wakes_the_tier_then_creates_the_new_one_and_prunes_it_once():
+async def test_execute_deletes_the_old_autoscaler_wakes_the_tier_then_creates_the_new_one_and_prunes_it_once(
+    monkeypatch,
+):
     old = live_copy(adopt(scaled_object(), OWNER))
-    wake = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "vl-encoder", "namespace": "ns"},
-        "spec": {"replicas": 2},
-    }
     kube = RecordingKube()
-    touched = await execute(as_kube(kube), Plan([Apply(hpa(), "create", handover=wake, replaces=old)], [old]))
+    kube.stored[("Deployment", "ns", "vl-encoder")] = live_deployment(0)  # KEDA took the idle tier to zero
+    kube.lingering[("ScaledObject", "vl-encoder")] = 2  # KEDA's finalizer: its scale loop still runs meanwhile
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACEMENT_RETRY_S", 0)
+    touched = await execute(as_kube(kube), Plan([Apply(hpa(), "create", replaces=old)], [old]))
     assert kube.calls == [
         ("delete", "ScaledObject", "ns", "vl-encoder", "child-uid"),
+        *[("get", "ScaledObject", "ns", "vl-encoder")] * 3,  # the target is read once the ScaledObject is gone
+        ("get", "Deployment", "ns", "vl-encoder"),
         ("apply", ("Deployment", "vl-encoder"), HANDOVER_MANAGER, True, False),  # forced: KEDA wrote the 0
         ("apply", ("HorizontalPodAutoscaler", "vl-encoder"), "epd-operator", True, False),
     ]
     assert touched[("ScaledObject", "vl-encoder")] is None
     assert touched[("HorizontalPodAutoscaler", "vl-encoder")] is not None
+    kube = RecordingKube()
+    kube.stored[("Deployment", "ns", "vl-encoder")] = live_deployment(3)
+    await execute(as_kube(kube), Plan([Apply(hpa(), "create", replaces=old)], [old]))
+    assert [c[0] for c in kube.calls] == ["delete", "get", "get", "apply"]  # at 3: no wake-up
 
 
 class StaleWebhookKube(RecordingKube):
