@@ -26,6 +26,7 @@ MULTI_NODE = "epd-multi-node.yaml"
 LOCAL_CPU = "epd-local-cpu.yaml"
 LOCAL_CPU_NIXL = "epd-local-cpu-nixl.yaml"
 LOCAL_CPU_MULTINODE = "epd-local-cpu-multinode.yaml"
+KEDA_SCALE_TO_ZERO = "epd-keda-scale-to-zero.yaml"
 
 
 def example_files() -> list[Path]:

@@ -15,6 +15,7 @@ from epd_operator.render.naming import CONFIG_HASH_ANNOTATION
 from tests.support.render_examples import (
     CPU_CONNECTOR,
     DP_EP_MOE,
+    KEDA_SCALE_TO_ZERO,
     LOCAL_CPU,
     LOCAL_CPU_MULTINODE,
     LOCAL_CPU_NIXL,
@@ -46,6 +47,7 @@ KIND_ORDER = [
     "Service",
     "Deployment",
     "HorizontalPodAutoscaler",
+    "ScaledObject",  # a tier's autoscaler: an HPA or (engine KEDA) a ScaledObject
     "PodDisruptionBudget",
     "HTTPRoute",
 ]
@@ -95,6 +97,7 @@ def test_every_example_is_rendered(examples):
         LOCAL_CPU,
         LOCAL_CPU_NIXL,
         LOCAL_CPU_MULTINODE,
+        KEDA_SCALE_TO_ZERO,
     }
     assert all(example_document(path.name)["kind"] == "EPDDeployment" for path in example_files())
 
