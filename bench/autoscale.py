@@ -136,7 +136,7 @@ def report(
         "Setup: the local cluster's real node; `examples/epd-local-cpu.yaml` (E+PD, vLLM 0.32 for CPU, tiny "
         "Qwen2-VL, SharedStorage EC) with `encoder.autoscaling: {minReplicas: 1, maxReplicas: 2, load: "
         f"{{targetPerPod: {c.target_per_pod}}}, behavior: {{scaleDown: {{stabilizationWindowSeconds: "
-        f"{c.scale_down_window}}}}}}}`; kube-controller-manager's HPA (1 s sync) reads `epd_router_encoder_inflight` "
+        f"{c.scale_down_window}}}}}}}`; kube-controller-manager's HPA (1 s sync) reads `epd_router_encoder_demand` "
         "from prometheus-adapter v0.12.0 (the operator chart's rules, unchanged), which reads Prometheus scraping the "
         "router and vLLM pods every second. Clients: chat requests (4 tokens out) with 224×224 PNGs never sent "
         "before, to the router Service's ClusterIP from the node's network namespace; "

@@ -127,7 +127,7 @@ class Component:
 
 
 LWS_COMPONENT = "lws-controller-manager"
-KEDA_OPERATOR, KEDA_METRICS_SERVER = "keda-operator", "keda-metrics-apiserver"
+KEDA_OPERATOR, KEDA_METRICS_SERVER, KEDA_WEBHOOKS = "keda-operator", "keda-metrics-apiserver", "keda-admission-webhooks"
 GATEWAY_COMPONENT = "traefik"
 
 
@@ -504,17 +504,25 @@ class LocalCluster(ClusterApi):
         lws.register_webhooks(self, self.pki, webhook_port=webhook, health_port=health, timeout=timeout)
 
     def start_keda(self, timeout: float = 120) -> None:
-        """Run KEDA's operator and metrics server (dev/keda.py), with its CRDs, the gRPC link between
-        them and the external metrics APIService; once, like :meth:`start_lws`. With a real node they
-        run in its network namespace (:func:`components_network`): their Prometheus triggers then
-        reach what listens there, a Prometheus scraping the pods."""
+        """Run KEDA's operator, metrics server and admission webhooks (dev/keda.py), with its CRDs, the
+        gRPC link between the first two, the external metrics APIService and the ValidatingWebhookConfiguration;
+        once, like :meth:`start_lws`. With a real node they run in its network namespace
+        (:func:`components_network`): their Prometheus triggers then reach what listens there, a
+        Prometheus scraping the pods."""
         from . import keda
 
         if any(c.name == KEDA_OPERATOR for c in self.components):
             return
         binaries = keda.binaries()
         certs = keda.prepare(self, self.pki, self.dir / "keda")
-        ports = keda.Ports(grpc=free_port(), health=free_port(), api=free_port(), metrics=free_port())
+        ports = keda.Ports(
+            grpc=free_port(),
+            health=free_port(),
+            api=free_port(),
+            metrics=free_port(),
+            webhooks=free_port(),
+            webhooks_health=free_port(),
+        )
         env = {**os.environ, **keda.environment(self.kubeconfig_path)}
         enter = components_network(self.real_nodes)
         argv = keda.processes(binaries, certs, self.kubeconfig_path, ports, enter)
@@ -522,6 +530,8 @@ class LocalCluster(ClusterApi):
         keda.wait_operator_ready(self, ports.health, timeout, enter)
         self._component(KEDA_METRICS_SERVER, argv.metrics_server, env=env)
         keda.register(self, self.pki, ports.api, timeout)
+        self._component(KEDA_WEBHOOKS, argv.webhooks, env=env)
+        keda.register_webhooks(self, self.pki, ports.webhooks, ports.webhooks_health, timeout, enter)
 
     def start_gateway(self, timeout: float = 60) -> str:
         """Run Traefik as the cluster's Gateway API gateway (dev/gateway.py), with its GatewayClass and

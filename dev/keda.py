@@ -6,10 +6,11 @@ shared, fetched once), as the LeaderWorkerSet and Gateway API CRDs are. Its Scal
 `dev/generate/kube_schemas.py` takes the schemas of the KEDA types an EPDDeployment passes through
 (triggers, fallback), and what the integration tests install and check rendered ScaledObjects against.
 
-KEDA's operator (``./cmd/operator``) and metrics server (``./cmd/adapter``) build once from the module,
-against its own go.mod and go.sum (``dev/go_module.py``), into ``~/.cache/epd-operator/keda/<version>/``;
-run the build at ``nice -n 10`` beside other work: it compiles client-go, controller-runtime and every
-scaler's SDK (about 9 minutes on 2 idle cores).
+KEDA's operator (``./cmd/operator``), metrics server (``./cmd/adapter``) and admission webhooks
+(``./cmd/webhooks``) build once from the module, against its own go.mod and go.sum (``dev/go_module.py``),
+into ``~/.cache/epd-operator/keda/<version>/``; run the build at ``nice -n 10`` beside other work: it
+compiles client-go, controller-runtime and every scaler's SDK (about 9 minutes on 2 idle cores; the
+webhooks share most of the operator's packages).
 
 On the local control plane (``LocalCluster.start_keda``, ``python -m dev.cluster_cli up --keda``) both run
 as processes, as KEDA's own manifests run them in a cluster (``config/manager``, ``config/metrics-server``),
@@ -26,6 +27,10 @@ IPs (and a Prometheus scraping them) answer. They get:
   presents it to the operator and serves the external metrics API with it. KEDA's own certificate
   rotation (which writes that Secret and patches the APIService) stays off;
 - the cluster's admin kubeconfig, as every controller of the local cluster has (no leader election);
+- its validating admission webhooks, as KEDA's chart installs them by default: the module's own
+  ValidatingWebhookConfiguration (``config/webhooks/validation_webhooks.yaml``, failurePolicy as shipped),
+  each webhook called at 127.0.0.1 on the webhook server's port instead of its in-cluster Service and
+  trusting the cluster's CA; the server presents the same key pair;
 - the metrics server registered as ``v1beta1.external.metrics.k8s.io``, through an ExternalName Service to
   localhost (the API server dials it on 127.0.0.1 of its egress: the node's namespace when there is a
   real node) and trusted through the cluster's CA. The local API
@@ -33,7 +38,7 @@ IPs (and a Prometheus scraping them) answer. They get:
   read ``external.metrics.k8s.io`` while KEDA runs.
 
     python -m dev.keda             # print where the module's source lies
-    python -m dev.keda build       # build (or find) the operator and the metrics server; print their paths
+    python -m dev.keda build       # build (or find) the operator, metrics server and webhooks; print their paths
 """
 
 from __future__ import annotations
@@ -65,11 +70,17 @@ if TYPE_CHECKING:
 MODULE = "github.com/kedacore/keda/v2"
 VERSION = KEDA_VERSION  # the release the operator renders ScaledObjects for
 SCALED_OBJECTS_CRD = "config/crd/bases/keda.sh_scaledobjects.yaml"
-# KEDA's operator and metrics server, named as KEDA's Makefile names them, with its version stamped in
+VALIDATING_WEBHOOKS = "config/webhooks/validation_webhooks.yaml"
+# KEDA's operator, metrics server and admission webhooks, named as KEDA's Makefile names them, with its
+# version stamped in
 _FLAGS = ("-trimpath", f"-ldflags=-s -w -X={MODULE}/version.Version={VERSION}")
 BINARIES = {
     name: go_module.GoBinary("keda", MODULE, VERSION, package, name, flags=_FLAGS)
-    for name, package in (("keda", "./cmd/operator"), ("keda-adapter", "./cmd/adapter"))
+    for name, package in (
+        ("keda", "./cmd/operator"),
+        ("keda-adapter", "./cmd/adapter"),
+        ("keda-admission-webhooks", "./cmd/webhooks"),
+    )
 }
 
 
@@ -110,12 +121,12 @@ def crd(path: str = SCALED_OBJECTS_CRD) -> dict[str, Any]:
 
 
 def binaries() -> dict[str, Path]:
-    """KEDA's operator and metrics server, each built when absent."""
+    """KEDA's operator, metrics server and admission webhooks, each built when absent."""
     return {name: go_module.ensure(binary) for name, binary in BINARIES.items()}
 
 
 def built() -> bool:
-    """Whether both are in the cache (nothing is built)."""
+    """Whether all three are in the cache (nothing is built)."""
     return all(binary.built() for binary in BINARIES.values())
 
 
@@ -138,12 +149,15 @@ _DISCOVERY = (
 @dataclasses.dataclass(frozen=True)
 class Ports:
     """Where KEDA listens on 127.0.0.1: the operator's gRPC metrics service and health probes, the metrics
-    server's API (HTTPS) and its own /metrics (HTTP; KEDA binds that one on every address)."""
+    server's API (HTTPS) and its own /metrics (HTTP; KEDA binds that one on every address), the webhook
+    server (HTTPS; bound on every address too: KEDA's binary takes no host) and its health probes."""
 
     grpc: int
     health: int
     api: int
     metrics: int
+    webhooks: int
+    webhooks_health: int
 
 
 def crds() -> list[dict[str, Any]]:
@@ -201,24 +215,97 @@ def metrics_server_argv(binary: Path, certs: Path, kubeconfig: Path, ports: Port
     ]
 
 
+def webhooks_argv(binary: Path, certs: Path, ports: Ports) -> list[str]:
+    """KEDA's admission webhooks: served with the certificates in `certs` (tls.crt, tls.key), no metrics
+    endpoint of their own."""
+    return [
+        str(binary),
+        f"--port={ports.webhooks}",
+        f"--cert-dir={certs}",
+        f"--health-probe-bind-address=127.0.0.1:{ports.webhooks_health}",
+        "--metrics-bind-address=0",
+        "--zap-log-level=info",
+        "--zap-encoder=console",
+    ]
+
+
 class Processes(NamedTuple):
-    """KEDA's two command lines, in start order: the metrics server dials the operator's gRPC service."""
+    """KEDA's three command lines, in start order: the metrics server dials the operator's gRPC service."""
 
     operator: list[str]
     metrics_server: list[str]
+    webhooks: list[str]
 
 
 def processes(
     binaries: dict[str, Path], certs: Path, kubeconfig: Path, ports: Ports, enter: Sequence[str] = ()
 ) -> Processes:
-    """Both command lines behind `enter`, the prefix that puts a process where the cluster's components
-    listen (empty: the host; a real node's ``netns_argv()``: its network namespace). Both go to the same
+    """The command lines behind `enter`, the prefix that puts a process where the cluster's components
+    listen (empty: the host; a real node's ``netns_argv()``: its network namespace). All go to the same
     place: the metrics server reaches the operator on 127.0.0.1, and the API server reaches the metrics
-    server on 127.0.0.1 of its egress."""
+    server and the webhooks on 127.0.0.1 of its egress."""
     return Processes(
         [*enter, *operator_argv(binaries["keda"], certs, ports)],
         [*enter, *metrics_server_argv(binaries["keda-adapter"], certs, kubeconfig, ports)],
+        [*enter, *webhooks_argv(binaries["keda-admission-webhooks"], certs, ports)],
     )
+
+
+def validating_webhooks(port: int, ca_bundle: bytes) -> dict[str, Any]:
+    """The module's ValidatingWebhookConfiguration, each webhook called at 127.0.0.1:`port` + its path
+    (instead of KEDA's in-cluster Service) and trusting `ca_bundle`; everything else as KEDA ships it."""
+    config = dict(yaml.safe_load((source() / VALIDATING_WEBHOOKS).read_text(encoding="utf-8")))
+    for hook in config["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {
+            "url": f"https://127.0.0.1:{port}{path}",
+            "caBundle": base64.b64encode(ca_bundle).decode(),
+        }
+    return config
+
+
+# A ScaledObject KEDA's webhook refuses and the CRD's schema accepts: a dry run of it is denied only once the
+# webhook answers (its failurePolicy, Ignore as shipped, lets it through while the server is not up).
+WEBHOOK_PROBE = {
+    "apiVersion": "keda.sh/v1alpha1",
+    "kind": "ScaledObject",
+    "metadata": {"name": "webhook-probe", "namespace": NAMESPACE},
+    "spec": {
+        "scaleTargetRef": {"name": "webhook-probe"},
+        "minReplicaCount": 3,
+        "maxReplicaCount": 1,
+        "triggers": [
+            {
+                "type": "cron",
+                "metadata": {"timezone": "UTC", "start": "0 8 * * *", "end": "0 9 * * *", "desiredReplicas": "1"},
+            }
+        ],
+    },
+}
+WEBHOOK_PROBE_DENIAL = "MinReplicaCount=3 must be less than MaxReplicaCount=1"
+
+
+def register_webhooks(
+    cluster: ClusterApi, pki: Path, port: int, health_port: int, timeout: float, enter: Sequence[str] = ()
+) -> None:
+    """Wait for the webhook server's readiness, point the API server at its webhooks and wait until a
+    ScaledObject dry run is judged by them."""
+    cluster.wait_component_ready(health_port, "KEDA's admission webhooks", timeout, enter=enter)
+    cluster.apply(validating_webhooks(port, (pki / "ca.crt").read_bytes()))
+    path = f"/apis/keda.sh/v1alpha1/namespaces/{NAMESPACE}/scaledobjects?dryRun=All"
+    deadline = time.monotonic() + timeout
+    while True:
+        cluster.check_alive()
+        try:
+            cluster.request("POST", path, WEBHOOK_PROBE)
+            last = "the probe was let through"
+        except ApiError as error:
+            if WEBHOOK_PROBE_DENIAL in str(error):
+                return
+            last = str(error)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"KEDA's admission webhooks did not answer after {timeout:.0f} s: {last}")
+        time.sleep(0.5)
 
 
 def external_metrics_api(port: int, ca_bundle: bytes) -> list[dict[str, Any]]:

@@ -202,8 +202,20 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     # The request's handlers, calls to the tiers, the spill rule, failures and spans.
     "router-serving": (
-        ["router/server.py", "router/calls.py", "router/encoding.py", "router/failures.py", "router/tracing.py"],
-        [*ROUTER_SERVING_TESTS, "tests/loopback/router/test_tracing.py"],
+        [
+            "router/server.py",
+            "router/calls.py",
+            "router/context.py",
+            "router/encoding.py",
+            "router/failures.py",
+            "router/tracing.py",
+        ],
+        [
+            *ROUTER_SERVING_TESTS,
+            "tests/loopback/router/test_tracing.py",
+            "tests/unit/router/test_encoder_demand.py",
+            "tests/loopback/router/test_encoder_demand.py",
+        ],
     ),
     # The router's flags and the config they give, parsed from what the renderer writes.
     "router-config": (

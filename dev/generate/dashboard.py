@@ -155,6 +155,12 @@ ROWS = [
                 ],
             ),
             Panel(
+                "Encoder demand (all routers)",
+                [(f"sum by (epd_deployment) (epd_router_encoder_demand{{{SEL}}})", "{{epd_deployment}}")],
+                description="What the encoder autoscaler scales on, HPA or KEDA: media items the routers want "
+                "encoded and have not finished (on an encoder, spilled, or raw while no encoder serves).",
+            ),
+            Panel(
                 "In flight per encoder (all routers)",
                 [
                     (
@@ -162,7 +168,7 @@ ROWS = [
                         "{{backend_pod}}",
                     ),
                 ],
-                description="What the encoder HPA scales on (epd_router_encoder_inflight via the Prometheus Adapter).",
+                description="Media items on each encoder: the part of the demand the encoders hold.",
             ),
             Panel(
                 "Fallback requests / s by reason",

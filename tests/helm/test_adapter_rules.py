@@ -23,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from epd_operator.render import render
 from epd_operator.render.autoscaling import load_metric_name
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
+from epd_operator.router.config import RouterConfig
+from epd_operator.router.contract import DEMAND_DEPLOYMENT_LABEL, ENCODER_DEMAND_METRIC
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.render_examples import NIXL_AUTOSCALED, example
 
@@ -46,6 +48,15 @@ INFLIGHT = {
         "decode": {"qwen-vl-epd-decode-0": 1},
     },
     ("other", "qwen-vl-epd-router-c"): {"encoder": {"qwen-vl-epd-encoder-0": 7}},
+}
+
+# The encoder demand of each router pod (the deployment it serves, items): the example's two routers,
+# a router of another deployment in the same namespace, and one of a same-named deployment elsewhere.
+DEMAND = {
+    (NAMESPACE, "qwen-vl-epd-router-a"): ("qwen-vl-epd", 9),
+    (NAMESPACE, "qwen-vl-epd-router-b"): ("qwen-vl-epd", 3),
+    (NAMESPACE, "other-epd-router-d"): ("other-epd", 40),
+    ("other", "qwen-vl-epd-router-c"): ("qwen-vl-epd", 7),
 }
 
 
@@ -91,6 +102,26 @@ def router_series(monitors) -> list[Series]:
                 out += [({"__name__": s.name, **s.labels, **target}, s.value) for s in family.samples]
     assert out, "the router exported no in-flight series"
     return out
+
+
+def demand_series(monitors) -> list[Series]:
+    """Every epd_router_encoder_demand sample of every router, as Prometheus stores it: each router's
+    RouterMetrics, named for its deployment as the rendered `--deployment` flag names it, with items
+    held raw (spilled or at zero) as the encoder stage holds them."""
+    out: list[Series] = []
+    for (namespace, router_pod), (deployment, items) in DEMAND.items():
+        metrics = RouterMetrics()
+        metrics.encoder_demand.labels(RouterConfig(deployment=deployment).deployment).inc(items)
+        target = podmonitor_target_labels(monitors, "router", namespace, router_pod)
+        for family in text_string_to_metric_families(metrics.exposition()[0].decode()):
+            if family.name == ENCODER_DEMAND_METRIC:
+                out += [({"__name__": s.name, **s.labels, **target}, s.value) for s in family.samples]
+    assert len(out) == len(DEMAND), "the router exported no demand series"
+    return out
+
+
+def expected_demand(namespace: str, deployment: str) -> float:
+    return sum(n for (ns, _), (d, n) in DEMAND.items() if (ns, d) == (namespace, deployment))
 
 
 def vllm_series(monitors) -> list[Series]:
@@ -157,9 +188,21 @@ def served_name(rule: dict[str, Any], series_name: str) -> str | None:
 
 
 def resource_label(rule: dict[str, Any], resource: str) -> str:
-    """The series label the rule maps to a resource (pods, namespaces)."""
+    """The series label the rule maps to a resource (pods, namespaces, epddeployments)."""
     (label,) = [k for k, v in rule["resources"]["overrides"].items() if v["resource"] in (resource, resource + "s")]
     return label
+
+
+def object_query(rule: dict[str, Any], series_name: str, namespace: str, resource: str, name: str) -> str:
+    """What the adapter sends Prometheus when an HPA asks for an Object metric of the object `name`."""
+    label = resource_label(rule, resource)
+    matchers = f'{resource_label(rule, "namespace")}="{namespace}",{label}="{name}"'
+    return (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", series_name)
+        .replace("<<.LabelMatchers>>", matchers)
+        .replace("<<.GroupBy>>", label)
+    )
 
 
 def serving_rules(name: str, series: list[Series]) -> list[dict[str, Any]]:
@@ -186,9 +229,9 @@ def metrics_query(rule: dict[str, Any], series_name: str, namespace: str, pods: 
     )
 
 
-def hpa_metric_names() -> dict[str, str]:
-    """Tier -> the per-pod metric its rendered HPA asks for: the example's encoder (its own `load`)
-    and prefill and decode given `load` too."""
+def rendered_hpa_metrics() -> dict[str, dict[str, Any]]:
+    """Tier -> the load metric its rendered HPA asks for: the example's encoder (its own `load`) and
+    prefill and decode given `load` too."""
     epd = example(
         NIXL_AUTOSCALED,
         **{
@@ -196,12 +239,21 @@ def hpa_metric_names() -> dict[str, str]:
             "spec.decode.autoscaling": {"maxReplicas": 4, "load": {"targetPerPod": 64}},
         },
     )
-    names = {}
+    found = {}
     for hpa in (o for o in render(epd) if o["kind"] == "HorizontalPodAutoscaler"):
         tier = hpa["metadata"]["labels"]["serving.epd.dev/role"]
-        (metric,) = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
-        names[tier] = metric
-    return names
+        (metric,) = [m for m in hpa["spec"]["metrics"] if m["type"] in ("Pods", "Object")]
+        found[tier] = metric
+    return found
+
+
+def hpa_metric_names() -> dict[str, str]:
+    """Tier -> the per-pod metric its rendered HPA asks for (prefill and decode)."""
+    return {
+        tier: metric["pods"]["metric"]["name"]
+        for tier, metric in rendered_hpa_metrics().items()
+        if metric["type"] == "Pods"
+    }
 
 
 def expected_load(tier: str, namespace: str = NAMESPACE) -> dict[str, float]:
@@ -220,13 +272,27 @@ def expected_load(tier: str, namespace: str = NAMESPACE) -> dict[str, float]:
 def test_the_adapter_rules_read_no_recorded_series_and_name_no_colon():
     assert RULES["default"] is False  # only these rules: no adapter-wide defaults that would shadow a name
     for rule in RULES["custom"]:
-        assert sorted(v["resource"] for v in rule["resources"]["overrides"].values()) == ["namespace", "pod"]
+        resources = sorted(v["resource"] for v in rule["resources"]["overrides"].values())
+        assert resources in (["namespace", "pod"], ["epddeployments", "namespace"]), rule
         assert ":" not in rule["name"]["as"], "custom metric names cannot contain ':'"
+
+
+def test_the_encoder_hpa_reads_its_deployments_demand_through_one_rule(monitors):
+    metric = rendered_hpa_metrics()["encoder"]
+    assert metric["type"] == "Object"
+    described = metric["object"]["describedObject"]
+    assert (described["kind"], described["name"]) == ("EPDDeployment", "qwen-vl-epd")
+    assert metric["object"]["metric"]["name"] == ENCODER_DEMAND_METRIC
+    assert metric["object"]["target"]["type"] == "AverageValue"  # divided by the tier's pods
+    (rule,) = serving_rules(ENCODER_DEMAND_METRIC, demand_series(monitors))
+    override = rule["resources"]["overrides"][DEMAND_DEPLOYMENT_LABEL]
+    group = described["apiVersion"].split("/")[0]
+    assert (override["group"], override["resource"]) == (group, "epddeployments")
 
 
 def test_each_rendered_hpa_metric_is_served_by_one_rule_for_the_tiers_own_pods(monitors):
     names = hpa_metric_names()
-    assert names == {tier: load_metric_name(tier) for tier in ("encoder", "prefill", "decode")}
+    assert names == {tier: load_metric_name(tier) for tier in ("prefill", "decode")}
     series = router_series(monitors)
     for tier, name in names.items():
         rules = serving_rules(name, series)
@@ -303,6 +369,14 @@ def test_prometheus_answers_the_adapters_queries_with_each_pods_load(monitors, t
         load = expected_load(tier)
         expected = [({resource_label(rule, "pod"): pod}, value) for pod, value in sorted(load.items())]
         checks.append((metrics_query(rule, series_name, NAMESPACE, sorted(load)), expected))
+    # the encoder HPA's Object metric: the deployment's demand summed over its routers of the namespace
+    # (another deployment's router, and a same-named deployment's in another namespace, left out)
+    demand = demand_series(monitors)
+    (rule,) = serving_rules(ENCODER_DEMAND_METRIC, demand)
+    checks.append((rule["seriesQuery"], demand))
+    query = object_query(rule, ENCODER_DEMAND_METRIC, NAMESPACE, "epddeployments", "qwen-vl-epd")
+    checks.append((query, [({DEMAND_DEPLOYMENT_LABEL: "qwen-vl-epd"}, expected_demand(NAMESPACE, "qwen-vl-epd"))]))
+    series += demand
     vllm = vllm_series(monitors)
     (rule,) = serving_rules("vllm_num_requests_waiting", vllm)
     pods = ["qwen-vl-epd-encoder-0", "qwen-vl-epd-encoder-1"]

@@ -23,9 +23,10 @@ import yaml
 
 from dev import prometheus_adapter
 from dev.ports import free_port
+from epd_operator.api.spec import GROUP as EPD_GROUP
+from epd_operator.api.spec import PLURAL
 from epd_operator.controller.metrics import Metrics
-from epd_operator.render.autoscaling import load_metric_name
-from epd_operator.router.backends import DiscoveredEndpoint, Pool
+from epd_operator.router.contract import ENCODER_DEMAND_METRIC
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
 from tests.support.cluster import KubeView, cluster_objects, custom_metrics_api, logged_process, volumes
@@ -43,21 +44,19 @@ from tests.support.prom import log_tail, serve_exposition
 
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
-LOAD = load_metric_name("encoder")
-# Items in flight per encoder pod; with the default target (4 per pod) 2 encoders ask for ceil(2*10/4) = 5.
-INFLIGHT = 10
+LOAD = ENCODER_DEMAND_METRIC
+DEPLOYMENT = "vl"  # epd_doc()'s EPDDeployment
+# The deployment's encoder demand, in items; with the default target (4 per pod) 2 encoders ask for ceil(20/4) = 5.
+DEMAND = 20
 # prometheus-adapter is a late build: `make test` runs this module once `make k8s` has built it (dev/test_streams.py).
 pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
 
 
 @contextlib.contextmanager
-def router_exposition(encoder_pods: list[str]) -> Iterator[int]:
-    """A router's /metrics (its own RouterMetrics) with INFLIGHT items in flight to each encoder pod."""
+def router_exposition() -> Iterator[int]:
+    """A router's /metrics (its own RouterMetrics) holding DEMAND items of the deployment's encoder demand."""
     metrics = RouterMetrics()
-    pool = Pool("encoder", metrics)
-    pool.update([DiscoveredEndpoint(f"http://10.2.0.{i}:8000", pod=p) for i, p in enumerate(encoder_pods)])
-    for ep in pool.endpoints.values():
-        pool.acquire(ep, INFLIGHT)
+    metrics.encoder_demand.labels(DEPLOYMENT).inc(DEMAND)
     with serve_exposition(metrics) as port:
         yield port
 
@@ -80,9 +79,8 @@ async def test_the_hpa_reads_the_encoder_load_through_prometheus_and_the_charts_
     await create(kube, doc)
     await wait_until(lambda: condition(epd(kube), "AutoscalingActive").get("status") == "False", 90, lambda: epd(kube))
     await wait_until(lambda: len(kube.pods(**{"serving.epd.dev/role": "encoder"})) == 2, 60)
-    encoders = sorted(p["metadata"]["name"] for p in kube.pods(**{"serving.epd.dev/role": "encoder"}))
 
-    with router_exposition(encoders) as router_port:
+    with router_exposition() as router_port:
         prom_port, adapter_port = free_port(), free_port()
         prom_config = tmp_path / "prometheus.yml"
         prom_config.write_text(
@@ -149,23 +147,20 @@ async def test_the_hpa_reads_the_encoder_load_through_prometheus_and_the_charts_
 
             await wait_until(available, 120, lambda: f"APIService not Available; adapter log:\n{log_tail(adapter_log)}")
 
-            # The custom metrics API serves each encoder pod's load, as kubectl reads it.
-            def served() -> dict[str, str]:
-                result = kube.kubectl(
-                    "get", "--raw", f"/apis/{GROUP}/v1beta2/namespaces/{kube.ns}/pods/*/{LOAD}", check=False
-                )
-                if result.returncode != 0:
-                    return {}
-                items = yaml.safe_load(result.stdout).get("items") or []
-                return {i["describedObject"]["name"]: i["value"] for i in items}
+            # The custom metrics API serves the EPDDeployment's demand, as kubectl reads it.
+            path = f"/apis/{GROUP}/v1beta2/namespaces/{kube.ns}/{PLURAL}.{EPD_GROUP}/{DEPLOYMENT}/{LOAD}"
+
+            def served() -> str | None:
+                result = kube.kubectl("get", "--raw", path, check=False)
+                return yaml.safe_load(result.stdout).get("value") if result.returncode == 0 else None
 
             await wait_until(
-                lambda: served() == {pod: str(INFLIGHT) for pod in encoders},
+                lambda: served() == str(DEMAND),
                 120,
                 lambda: f"served {served()}; prometheus:\n{log_tail(prom_log)}\nadapter:\n{log_tail(adapter_log)}",
             )
 
-            # kube-controller-manager's HPA reads it and scales the encoders: ceil(2 x 10 / 4) = 5.
+            # kube-controller-manager's HPA reads it and scales the encoders: ceil(20 / 4) = 5.
             def hpa() -> dict[str, Any]:
                 return kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") or {}
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from epd_operator.controller.metrics import Metrics
-from epd_operator.render.autoscaling import load_metric_name
+from epd_operator.router.contract import ENCODER_DEMAND_METRIC
 from tests.support.cluster import KubeView, volumes
 from tests.support.operator_run import (
     condition,
@@ -30,7 +30,7 @@ from tests.support.operator_run import (
 from tests.support.render_examples import NIXL_AUTOSCALED
 
 HPA_API = "autoscaling/v2"
-LOAD = load_metric_name("encoder")
+LOAD = ENCODER_DEMAND_METRIC
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ async def test_an_hpa_whose_metric_is_not_served_shows_in_status_events_and_desc
         lambda: f"the HPA never reported ScalingActive=False: {hpa_conditions(ns)}",
     )
     verdict = hpa_conditions(ns)["ScalingActive"]
-    assert verdict["reason"] == "FailedGetPodsMetric"
+    assert verdict["reason"] == "FailedGetObjectMetric"
     assert f"unable to get metric {LOAD}" in verdict["message"]
     assert "custom metrics API" in verdict["message"]
 
@@ -76,10 +76,10 @@ async def test_an_hpa_whose_metric_is_not_served_shows_in_status_events_and_desc
     assert shown.keys() == hpa_conditions(ns).keys()
     assert status["tiers"]["encoder"]["autoscaling"]["minReplicas"] == 2
     active = condition(epd(ns), "AutoscalingActive")
-    assert (active["status"], active["reason"]) == ("False", "FailedGetPodsMetric")
+    assert (active["status"], active["reason"]) == ("False", "FailedGetObjectMetric")
     said = (
         f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API; "
-        f"FailedGetPodsMetric: {verdict['message']}"
+        f"FailedGetObjectMetric: {verdict['message']}"
     )
     assert active["message"] == said
     degraded = condition(epd(ns), "Degraded")

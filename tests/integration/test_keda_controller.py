@@ -7,13 +7,14 @@ Deployment, and KEDA itself takes the tier to zero and back. The EPDDeployment's
 verdict throughout.
 
 What is not real here: the routers' exposition comes from RouterMetrics (the router's own registry) served
-by the test, with work it puts in flight to one encoder pod name, and the pods are kwok's. This local
+by the test, with the encoder demand it sets, and the pods are kwok's. This local
 kube-apiserver calls aggregated APIs anonymously (no front-proxy certificates): dev/keda.py lets the
 anonymous user read external.metrics.k8s.io while KEDA runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ import yaml
 from dev import keda
 from dev.cluster import KEDA_METRICS_SERVER, KEDA_OPERATOR, LocalCluster
 from dev.ports import free_port
-from epd_operator.router.backends import DiscoveredEndpoint, Endpoint, Pool
+from epd_operator.controller.apply import REFUSED_WHEN_WRITTEN
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.cluster import KubeView, epd_crd, install_crd, logged_process, new_namespace, volumes
 from tests.support.operator_run import (
@@ -35,7 +36,11 @@ from tests.support.operator_run import (
     deployment,
     epd,
     epd_doc,
+    events,
+    full_passes,
+    observed,
     operator_in_process,
+    patch_spec,
     posted,
     wait_until,
 )
@@ -45,26 +50,22 @@ from tests.support.prom import log_tail, serve_exposition
 pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
 
 KEDA_API = "keda.sh/v1alpha1"
-# One encoder pod's name as the load query's regex matches a Deployment's pods; the query sums over them,
-# so the in-flight count of this one name is the tier's whole load.
-ENCODER_POD = "vl-encoder-5d8f7c9b4-x2x7q"
 ROUTER_POD = "vl-router-6c9d7f8b5-q4w8z"
-# Items in flight; KEDA hands the sum to its HPA as an AverageValue target of 4 per pod: ceil(12 / 4) = 3.
-INFLIGHT = 12
+DEPLOYMENT = "vl"  # epd_doc()'s EPDDeployment: the routers' --deployment, the demand's label
+# The encoder demand in items; KEDA hands the sum to its HPA as an AverageValue target of 4 per pod: ceil(12 / 4) = 3.
+DEMAND = 12
 EXPECTED_REPLICAS = 3
 
 
 class RouterExposition:
-    """A router's /metrics (its own RouterMetrics) with a settable number of items in flight to ENCODER_POD."""
+    """A router's /metrics (its own RouterMetrics) with a settable encoder demand of the deployment."""
 
     def __init__(self) -> None:
         self.metrics = RouterMetrics()
-        self.pool = Pool("encoder", self.metrics)
-        self.pool.update([DiscoveredEndpoint("http://10.2.0.1:8000", pod=ENCODER_POD)])
-        self.endpoint: Endpoint = next(iter(self.pool.endpoints.values()))
+        self.demand = self.metrics.encoder_demand.labels(DEPLOYMENT)
 
-    def set_inflight(self, n: int) -> None:
-        self.pool.acquire(self.endpoint, n - self.endpoint.inflight)
+    def set_demand(self, n: int) -> None:
+        self.demand.set(n)
 
     @contextlib.contextmanager
     def serve(self) -> Iterator[int]:
@@ -137,7 +138,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
         return "\n".join(f"{name}:\n{log_tail(path)}" for name, path in logs.items())
 
     exposition = RouterExposition()
-    exposition.set_inflight(INFLIGHT)
+    exposition.set_demand(DEMAND)
     with exposition.serve() as router_port, prometheus(ns, router_port, tmp_path) as prom_port:
         async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "1"):
             doc = epd_doc()
@@ -195,7 +196,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
                     return [result.stderr.strip()]
                 return [item["value"] for item in yaml.safe_load(result.stdout).get("items") or []]
 
-            await wait_until(lambda: served() == [str(INFLIGHT)], 60, lambda: f"served {served()}\n{keda_logs()}")
+            await wait_until(lambda: served() == [str(DEMAND)], 60, lambda: f"served {served()}\n{keda_logs()}")
 
             # kube-controller-manager's HPA scales the encoders to the load: ceil(12 / 4) = 3.
             await wait_until(
@@ -222,7 +223,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
             )
 
             # No load: after its cooldown KEDA takes the tier to zero, and the status says so.
-            exposition.set_inflight(0)
+            exposition.set_demand(0)
             await wait_until(
                 lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 0,
                 120,
@@ -242,9 +243,151 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
             await posted(ns, "Normal", "ScaledToZero", "encoder scaled to zero")
 
             # Load again: KEDA wakes the tier (its activation), and the HPA takes it back to the load's size.
-            exposition.set_inflight(INFLIGHT)
+            exposition.set_demand(DEMAND)
             await wait_until(
                 lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == EXPECTED_REPLICAS,
                 120,
                 lambda: f"not woken: {scaled_object().get('status')}, HPA {hpa().get('status')}\n{keda_logs()}",
             )
+
+
+def test_keda_s_webhook_refuses_a_scaled_object_for_a_workload_an_hpa_manages(ns):
+    """The webhooks run (dev/keda.py registers the module's own configuration): what every standard KEDA
+    install does to a ScaledObject whose target an HPA of someone else's scales."""
+    ns.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "web", "image": "web:1"}]},
+                },
+            },
+        }
+    )
+    target = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}
+    ns.create(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "web"},
+            "spec": {"scaleTargetRef": target, "minReplicas": 1, "maxReplicas": 2},
+        }
+    )
+    cron = {
+        "type": "cron",
+        "metadata": {"timezone": "UTC", "start": "0 8 * * *", "end": "0 9 * * *", "desiredReplicas": "2"},
+    }
+    status, answer = ns.request(
+        "POST",
+        f"/apis/{KEDA_API}/namespaces/{ns.ns}/scaledobjects",
+        {
+            "apiVersion": KEDA_API,
+            "kind": "ScaledObject",
+            "metadata": {"name": "web"},
+            "spec": {"scaleTargetRef": {"name": "web"}, "triggers": [cron]},
+        },
+    )
+    assert status == 403, answer
+    assert answer["message"] == (
+        "admission webhook \"vscaledobject.kb.io\" denied the request: the workload 'web' of type "
+        "'apps/v1.Deployment' is already managed by the hpa 'web'"
+    )
+
+
+async def test_switching_engines_on_keda_with_its_webhooks_converges_both_ways_at_one_replica_and_at_zero(ns, tmp_path):
+    """HPA -> KEDA (the webhook would refuse the ScaledObject beside the HPA), KEDA -> HPA at one replica
+    or more, and at zero (KEDA took the idle tier there): each pass converges, nothing is refused or
+    retried, and the tier is never left at zero by the switch."""
+    exposition = RouterExposition()
+    exposition.set_demand(4)  # one encoder's worth: KEDA holds one replica
+    with exposition.serve() as router_port, prometheus(ns, router_port, tmp_path) as prom_port:
+        async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "1"):
+            on_keda = {
+                "engine": "KEDA",
+                "minReplicas": 0,
+                "maxReplicas": 4,
+                "load": {"targetPerPod": 4},
+                "keda": {
+                    "prometheusAddress": f"http://127.0.0.1:{prom_port}",
+                    "pollingInterval": 1,
+                    "cooldownPeriod": 5,
+                },
+            }
+            on_hpa = {"engine": "HPA", "minReplicas": 2, "maxReplicas": 4, "load": {"targetPerPod": 4}, "keda": None}
+            doc = epd_doc()
+            doc["spec"]["encoder"]["autoscaling"] = {k: v for k, v in on_hpa.items() if v is not None}
+            await create(ns, doc)
+            await wait_until(lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 2, 90)
+
+            def scaled_object() -> dict[str, Any]:
+                return ns.get(KEDA_API, "ScaledObject", "vl-encoder") or {}
+
+            def keda_ready() -> bool:
+                return condition(scaled_object(), "Ready").get("status") == "True"
+
+            def failures() -> list[str]:
+                return [m for t, r, m in events(ns) if r == "ReconcileFailed" or "refused" in m]
+
+            # HPA -> KEDA
+            await patch_spec(ns, {"encoder": {"autoscaling": on_keda}})
+            await wait_until(keda_ready, 120, lambda: f"{scaled_object().get('status')} {events(ns)}")
+            assert ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") is None
+            await wait_until(lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 1, 120, lambda: events(ns))
+            assert failures() == []
+
+            # KEDA -> HPA at one replica
+            await patch_spec(ns, {"encoder": {"autoscaling": on_hpa}})
+            await observed(ns, 3)
+            await wait_until(lambda: not scaled_object(), 60, lambda: scaled_object())
+            await wait_until(lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 2, 90)
+            assert failures() == []
+
+            # back to KEDA, which takes the idle tier to zero; then KEDA -> HPA at zero
+            await patch_spec(ns, {"encoder": {"autoscaling": on_keda}})
+            await wait_until(keda_ready, 120, lambda: f"{scaled_object().get('status')} {events(ns)}")
+            exposition.set_demand(0)
+            await wait_until(lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 0, 120, scaled_object)
+            await patch_spec(ns, {"encoder": {"autoscaling": on_hpa}})
+            await observed(ns, 5)
+            assert deployment(ns, "vl-encoder")["spec"]["replicas"] == 2  # woken to minReplicas by the switch
+            await wait_until(lambda: not scaled_object(), 60, lambda: scaled_object())
+            await asyncio.sleep(10)  # KEDA's HPA goes with its ScaledObject; nothing takes the tier down again
+            assert deployment(ns, "vl-encoder")["spec"]["replicas"] == 2
+            assert failures() == []
+
+
+async def test_an_admission_webhooks_denial_is_shown_as_a_refusal_in_its_own_words_not_retried(ns):
+    """A decode tier on KEDA's cpu trigger without a CPU request: the API accepts it (it names a trigger),
+    KEDA's webhook refuses its ScaledObject, and only when it is written (KEDA skips that check on a dry
+    run). The denial is the status' refusal and one Event, with the webhook's words; the operator does not
+    retry it as a failure."""
+    cpu = {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "70"}}
+    async with operator_in_process(
+        ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "1"
+    ) as metrics:
+        doc = epd_doc()
+        doc["spec"]["decode"]["resources"] = {"limits": {"nvidia.com/gpu": 1, "memory": "64Gi"}}  # no CPU request
+        doc["spec"]["decode"]["autoscaling"] = {"engine": "KEDA", "maxReplicas": 2, "keda": {"triggers": [cpu]}}
+        await create(ns, doc)
+        await wait_until(
+            lambda: condition(epd(ns), "SpecValid").get("status") == "False", 60, lambda: (epd(ns), events(ns))
+        )
+        refused = condition(epd(ns), "SpecValid")
+        assert refused["reason"] == "RefusedByAPIServer", refused
+        assert refused["message"] == (
+            'ScaledObject vl-decode: admission webhook "vscaledobject.kb.io" denied the request: the scaledobject '
+            "has a cpu trigger but the container vllm doesn't have the cpu request defined "
+            f"({REFUSED_WHEN_WRITTEN})"
+        )
+        said = await posted(ns, "Warning", "RefusedByAPIServer", "vscaledobject.kb.io")
+        assert said == f"spec refused: {refused['message']}"
+        passes = full_passes(metrics)
+        await asyncio.sleep(5)  # resyncs a second apart: one pass each, no retry loop between them
+        assert full_passes(metrics) - passes <= 6
+        assert [r for t, r, m in events(ns) if r == "ReconcileFailed"] == []
+        assert [m for t, r, m in events(ns) if r == "RefusedByAPIServer"] == [said]

@@ -11,6 +11,9 @@ the CRD (a cluster without KEDA): tests/integration/test_operator_stale_crd.py.
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from epd_operator.render import render
@@ -21,8 +24,10 @@ from tests.support.operator_run import (
     deployment,
     epd,
     epd_doc,
+    events,
     observed,
     operator_in_process,
+    patch_spec,
     phase,
     posted,
     resyncs,
@@ -189,3 +194,64 @@ async def test_an_encoder_tier_scaled_by_keda_goes_to_zero_and_the_deployment_st
         assert (scaling["status"], scaling["reason"]) == ("False", "TriggerError")
         assert "KEDA cannot scale it" in scaling["message"] and "no such host" in scaling["message"]
         await posted(ns, "Warning", "AutoscalingInactive", "encoder autoscaling inactive")
+
+
+ENCODER_ON_HPA = {"engine": "HPA", "minReplicas": 2, "maxReplicas": 4, "keda": None}
+
+
+def reconcile_failures(ns: KubeView) -> list[str]:
+    return [m for t, r, m in events(ns) if r == "ReconcileFailed"]
+
+
+async def test_switching_engines_both_ways_hands_over_in_order_and_wakes_a_tier_at_zero(ns):
+    """HPA -> KEDA: the HPA goes before the ScaledObject is created (KEDA's webhook refuses a ScaledObject
+    for a target an HPA manages: tests/integration/test_keda_controller.py shows it with the real one).
+    KEDA -> HPA with the tier at zero: the tier gets minReplicas before its HPA exists, since an HPA
+    whose target has 0 replicas disables itself."""
+    async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", RESYNC):
+        doc = epd_doc()
+        doc["spec"]["encoder"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 4}
+        await create(ns, doc)
+        await observed(ns, 1)
+        assert ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") is not None
+        await wait_until(lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 2, 60)
+
+        await patch_spec(ns, {"encoder": {"autoscaling": ENCODER_AT_ZERO}})
+        await observed(ns, 2)
+        assert ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") is None
+        assert ns.get(KEDA_API, "ScaledObject", "vl-encoder") is not None
+        assert deployment(ns, "vl-encoder")["spec"]["replicas"] == 2  # kept through the handover
+        await posted(ns, "Normal", "Applied", "ScaledObject vl-encoder created")
+
+        # KEDA takes the idle tier to zero (through the scale subresource, as KEDA does), then back to the HPA.
+        ns.ok(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{ns.ns}/deployments/vl-encoder/scale?fieldManager=keda",
+            {"spec": {"replicas": 0}},
+            content_type="application/merge-patch+json",
+        )
+        await patch_spec(ns, {"encoder": {"autoscaling": ENCODER_ON_HPA}})
+        await observed(ns, 3)
+        assert ns.get(KEDA_API, "ScaledObject", "vl-encoder") is None
+        hpa = ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder")
+        assert hpa is not None and hpa["spec"]["minReplicas"] == 2
+        assert deployment(ns, "vl-encoder")["spec"]["replicas"] == 2  # woken to minReplicas, not left at zero
+
+        # The real HPA controller's verdict is about its metric (no custom metrics API here), never that
+        # scaling is disabled for a target at zero; and the tier stays at its minimum.
+        def scaling_active() -> dict[str, Any]:
+            got = ns.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") or {}
+            return next(
+                (c for c in (got.get("status") or {}).get("conditions") or [] if c["type"] == "ScalingActive"), {}
+            )
+
+        await wait_until(lambda: scaling_active().get("reason"), 60, lambda: scaling_active())
+        assert scaling_active()["reason"] != "ScalingDisabled", scaling_active()
+        await resyncs_of(ns)
+        assert deployment(ns, "vl-encoder")["spec"]["replicas"] == 2
+        assert reconcile_failures(ns) == []
+
+
+async def resyncs_of(ns: KubeView) -> None:
+    """A few seconds of resyncs (RESYNC apart): what a stuck or flapping pass would show in."""
+    await asyncio.sleep(10 * float(RESYNC))

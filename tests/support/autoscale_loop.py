@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from dev import prometheus_adapter
-from epd_operator.render.autoscaling import load_metric_name
+from epd_operator.router.contract import ENCODER_DEMAND_METRIC
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
 from tests.support.cluster import EPD_API, cluster_objects, custom_metrics_api, logged_process, wait_for
 from tests.support.mission import REPO, Mission, all_ready, describe, load_clients, remove
@@ -53,7 +53,7 @@ from tests.support.real_node import is_ready
 
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
 ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
-LOAD = load_metric_name("encoder")
+LOAD = ENCODER_DEMAND_METRIC
 SERVED = "tiny-vl"
 # Inside the node's network namespace nothing else listens on these.
 PROMETHEUS_PORT, ADAPTER_PORT = 19090, 16443
@@ -83,7 +83,7 @@ class LoopConfig:
     scale_down_timeout: float = 300
     spill_over: bool = True  # spec.router.spillOver.enabled (the deployment's default: on)
     # The autoscaler: an HPA (1 to 2 encoders) or KEDA (0 to 2), with KEDA's polling interval, cooldown
-    # before zero and activation threshold (items in flight plus raw items per second).
+    # before zero and activation threshold (items of the encoder demand).
     engine: str = "HPA"
     keda_polling: int = 5
     keda_cooldown: int = 30
@@ -420,8 +420,8 @@ class _Loop:
         status = hpa.get("status") or {}
         load = None
         for metric in status.get("currentMetrics") or []:
-            if metric.get("type") == "Pods" and metric["pods"]["metric"]["name"] == LOAD:
-                load = _quantity(metric["pods"]["current"]["averageValue"])
+            if metric.get("type") == "Object" and metric["object"]["metric"]["name"] == LOAD:
+                load = _quantity(metric["object"]["current"]["averageValue"])
             elif metric.get("type") == "External":  # KEDA's HPA: its load trigger, an AverageValue
                 load = _quantity(metric["external"]["current"]["averageValue"])
         self.record.samples.append(
@@ -616,8 +616,8 @@ KEDA_TIMELINE = (
     ("activated", "KEDA activates the tier (encoder Deployment 0 → 1, as the loop's 1 s poll sees it)"),
     *TIMELINE[1:],
 )
-# The KEDA loop: light load is one client, one image every 2 s, so the raw items per second stay under
-# the activation threshold of 1 and the tier stays at zero; the step (16 items at once) wakes it.
+# The KEDA loop: light load is one client, one image every 2 s, so the demand (one raw item at a time) is
+# never above the activation threshold of 1 and the tier stays at zero; the step (16 items at once) wakes it.
 KEDA_LOOP = LoopConfig(
     engine="KEDA",
     light=Phase(clients=1, images=1, pause=2.0),

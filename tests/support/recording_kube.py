@@ -17,6 +17,7 @@ class RecordingKube:
     def __init__(self, refuse: dict[tuple[str, str], ApiError] | None = None) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.refuse = refuse or {}  # (kind, name) -> the error a dry run of it raises
+        self.lingering: dict[tuple[str, str], int] = {}  # (kind, name) -> reads that still find it (a finalizer)
         # (kind, namespace, name) -> the object as the server holds it, for answers that return it whole
         self.stored: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         # Called with the object a status write returns, before the write returns: a watch event that
@@ -35,6 +36,15 @@ class RecordingKube:
     async def delete(self, resource: Any, namespace: str | None, name: str, *, uid: str | None = None) -> bool:
         self.calls.append(("delete", resource.kind, namespace, name, uid))
         return True
+
+    async def get(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """What `stored` holds; a deleted object is gone at once unless `lingering` holds a count of reads to go."""
+        self.calls.append(("get", resource.kind, namespace, name))
+        left = self.lingering.get((resource.kind, name), 0)
+        if left:
+            self.lingering[(resource.kind, name)] = left - 1
+            return {"metadata": {"name": name, "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+        return self.stored.get((resource.kind, namespace, name))
 
     async def patch_status(
         self, resource: Any, namespace: str | None, name: str, status: dict[str, Any]

@@ -27,6 +27,7 @@ LOCAL_CPU = "epd-local-cpu.yaml"
 LOCAL_CPU_NIXL = "epd-local-cpu-nixl.yaml"
 LOCAL_CPU_MULTINODE = "epd-local-cpu-multinode.yaml"
 BEHIND_GATEWAY = "epd-behind-gateway.yaml"
+KEDA_SCALE_TO_ZERO = "epd-keda-scale-to-zero.yaml"
 
 
 def example_files() -> list[Path]:

@@ -33,14 +33,17 @@ DEFAULT_ENCODER_LOAD_PER_POD = 4
 
 
 class Load(Strict):
-    """The tier's own load: work the routers have sent to a pod and not yet had answered."""
+    """The tier's own load: for the encoder tier its demand (media items the routers want encoded and have
+    not finished), for prefill and decode the requests the routers have sent to a pod and not yet had answered."""
 
     targetPerPod: int = Field(
         ge=1,
-        description="Average in-flight work per pod the HPA aims for: media items for the encoder tier, requests "
-        "for prefill and decode, summed over every router. An HPA reads it as the per-pod custom metric "
-        "`epd_router_<tier>_inflight` (the operator chart's prometheus-adapter rules serve it); KEDA as the same sum "
-        "from Prometheus, averaged over the tier's pods.",
+        description="Load per pod the autoscaler aims for, summed over every router. Encoder tier: its demand, "
+        "the media items the routers want encoded and have not finished (on an encoder, spilled to a consumer, "
+        "or raw while no encoder serves), `epd_router_encoder_demand` of this deployment's routers; the HPA "
+        "reads it as an Object metric of the EPDDeployment, KEDA by the same sum from Prometheus, and either "
+        "asks for ceil(demand / targetPerPod) pods. Prefill and decode: requests in flight, the per-pod custom "
+        "metric `epd_router_<tier>_inflight` (the operator chart's prometheus-adapter rules serve both).",
     )
 
 
@@ -65,9 +68,9 @@ class KEDAScaling(Strict):
         DEFAULT_ACTIVATION_THRESHOLD,
         ge=0,
         description="The load trigger's `activationThreshold`: KEDA scales a tier at zero up (and keeps it above "
-        "zero) while the load query is above it. For a tier that may be at zero, the query adds the media items per "
-        "second the routers sent raw to the consumers to the work in flight, so the default (0) wakes the tier on "
-        "its first media item.",
+        "zero) while the load query is above it. The encoder tier's load is its demand, which counts the media "
+        "items the routers send raw while the tier is at zero, so the default (0) wakes the tier on its first "
+        "media item.",
     )
     pollingInterval: int | None = Field(
         None, ge=1, description="Seconds between KEDA's queries of the triggers; default KEDA's (30)."
@@ -85,7 +88,10 @@ class KEDAScaling(Strict):
         "set, or by default on the encoder tier).",
     )
     fallback: KEDAFallback | None = Field(
-        None, description="The ScaledObject's `fallback`: the replicas to hold while its triggers fail."
+        None,
+        description="The ScaledObject's `fallback`: the replicas to hold while its triggers fail. As KEDA's "
+        "webhook requires, the ScaledObject needs a trigger that is not cpu or memory (the load trigger counts), "
+        "and behavior scalingModifiers is refused (the operator renders no scalingModifiers).",
     )
 
 

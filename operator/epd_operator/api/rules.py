@@ -17,12 +17,12 @@ from typing import Any
 import cel
 from pydantic import BaseModel
 
-from .autoscaling import Autoscaling, VLLMAutoscaling
+from .autoscaling import Autoscaling, KEDAScaling, VLLMAutoscaling
 from .labels import OPERATOR_POD_ANNOTATIONS, OPERATOR_POD_LABELS
 from .network import LABEL_KEY_MESSAGE, LABEL_KEY_PATTERN, EgressPeer, Peer, SelectorRequirement
 from .router import Router
 from .spec import EPDDeployment, EPDDeploymentSpec
-from .tiers import OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES, ConsumerTier, Placement
+from .tiers import OPERATOR_MOUNT_PATHS, OPERATOR_VOLUMES, ConsumerTier, EncoderTier, Placement
 from .transfer import ECTransfer, Mooncake, Nixl
 
 # Child objects are named `<name>-<suffix>`; the longest suffix is "-mooncake-master" (16), and
@@ -115,6 +115,18 @@ _HAS_TRIGGERS = (
     "(has(self.autoscaling.keda) && has(self.autoscaling.keda.triggers) && size(self.autoscaling.keda.triggers) > 0)"
 )
 _KEDA = "(has(self.engine) && self.engine == 'KEDA')"
+# KEDA's fallback (apis/keda/v1alpha1 CheckFallbackValid, run by its admission webhook) stands in for a failing
+# trigger's metric; it refuses a ScaledObject none of whose triggers it can stand in for: cpu and memory.
+_FALLBACK = "(has(self.autoscaling) && has(self.autoscaling.keda) && has(self.autoscaling.keda.fallback))"
+_NON_CPU_TRIGGER = (
+    "(has(self.autoscaling.keda.triggers) && self.autoscaling.keda.triggers.exists(t, t.type != 'cpu' && "
+    "t.type != 'memory'))"
+)
+_FALLBACK_NEEDS = (
+    "KEDA's fallback can only stand in for a trigger that is not cpu or memory, and this tier's ScaledObject "
+    "would have none (KEDA's webhook refuses it): scale on load (load.targetPerPod), add such a trigger to "
+    "keda.triggers, or remove the fallback"
+)
 # vLLM's flag that leaves the multimodal encoder out of a consumer: such a consumer cannot encode raw media.
 LANGUAGE_MODEL_ONLY = "--language-model-only"
 
@@ -280,6 +292,27 @@ RULES: tuple[Rule, ...] = (
         f"!{_KEDA} || !has(self.metrics) || size(self.metrics) == 0",
         ".metrics",
         "metrics are autoscaling/v2 MetricSpecs for an HPA; with engine KEDA write KEDA triggers in keda.triggers",
+        "FieldValueForbidden",
+    ),
+    # The encoder tier has its load trigger when `load` is set or no trigger is written; the others only with `load`.
+    Rule(
+        EncoderTier,
+        f"!{_FALLBACK} || has(self.autoscaling.load) || !{_HAS_TRIGGERS} || {_NON_CPU_TRIGGER}",
+        ".autoscaling.keda.fallback",
+        _FALLBACK_NEEDS,
+    ),
+    Rule(
+        ConsumerTier,
+        f"!{_FALLBACK} || has(self.autoscaling.load) || {_NON_CPU_TRIGGER}",
+        ".autoscaling.keda.fallback",
+        _FALLBACK_NEEDS,
+    ),
+    Rule(
+        KEDAScaling,
+        "!has(self.fallback) || !has(self.fallback.behavior) || self.fallback.behavior != 'scalingModifiers'",
+        ".fallback.behavior",
+        "fallback behavior scalingModifiers needs a scalingModifiers formula, which the operator does not "
+        "render; use static, currentReplicas, currentReplicasIfHigher or currentReplicasIfLower",
         "FieldValueForbidden",
     ),
     Rule(

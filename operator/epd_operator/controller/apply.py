@@ -12,6 +12,7 @@ out" is not an option.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import hashlib
@@ -191,6 +192,57 @@ def replicas_handover(live: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------- engine switch
+#
+# A tier's autoscaler is our HPA (engine HPA) or KEDA's ScaledObject (engine KEDA). Switching engines
+# creates the one and prunes the other, in this order:
+# - the old autoscaler goes first: KEDA's validating webhook (installed by its chart by default) refuses a
+#   ScaledObject whose target an HPA it does not own scales ("is already managed by the hpa"), and two
+#   autoscalers on one target fight (the HPA controller calls it AmbiguousSelector);
+# - a tier KEDA scaled to zero gets `minReplicas` before its new HPA exists: an HPA whose target has 0
+#   replicas disables itself ("scaling is disabled since the replica count of the target is zero") and
+#   would leave the tier at zero for good.
+# Both happen in one pass; the tier keeps its replicas in between (nothing else writes them).
+
+AUTOSCALERS = ("HorizontalPodAutoscaler", "ScaledObject")
+
+
+def scale_target(autoscaler: dict[str, Any]) -> ObjKey | None:
+    """The (kind, name) an HPA or ScaledObject scales."""
+    ref = (autoscaler.get("spec") or {}).get("scaleTargetRef") or {}
+    return (ref["kind"], ref["name"]) if ref.get("kind") and ref.get("name") else None
+
+
+def replaced_autoscaler(desired: dict[str, Any], live: list[dict[str, Any]], owner_uid: str) -> dict[str, Any] | None:
+    """The live autoscaler of ours, of the other engine, that scales what a new `desired` autoscaler will."""
+    if desired["kind"] not in AUTOSCALERS:
+        return None
+    target = scale_target(desired)
+    for obj in live:
+        if (
+            obj["kind"] in AUTOSCALERS
+            and obj["kind"] != desired["kind"]
+            and scale_target(obj) == target
+            and is_owned_by(obj, owner_uid)
+        ):
+            return obj
+    return None
+
+
+def wake_for_hpa(hpa: dict[str, Any], live_target: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What to apply (as HANDOVER_MANAGER, forced: KEDA wrote the 0) so that a tier at zero starts its new
+    HPA's life at `minReplicas`; None when its target is not at zero."""
+    if live_target is None or (live_target.get("spec") or {}).get("replicas") != 0:
+        return None
+    meta = live_target["metadata"]
+    return {
+        "apiVersion": live_target["apiVersion"],
+        "kind": live_target["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"replicas": max(1, int(hpa["spec"].get("minReplicas") or 1))},
+    }
+
+
 # ----------------------------------------------------------------------------- plan
 
 
@@ -200,6 +252,9 @@ class Apply:
     why: str  # "create" | "update" (our config changed) | "drift" (someone changed the live object)
     drifted: tuple[str, ...] = ()
     handover: dict[str, Any] | None = None
+    # Engine switch (above): the live autoscaler this one replaces, deleted before this apply (an HPA that
+    # replaces a ScaledObject first wakes a tier at zero: `wake_for_hpa`, read when the ScaledObject is gone).
+    replaces: dict[str, Any] | None = None
 
     def describe(self) -> str:
         kind, name = key_of(self.desired)
@@ -226,7 +281,10 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
     for obj in desired:
         current = live_by_key.get(key_of(obj))
         handover = replicas_handover(current) if current and needs_replicas_handover(obj, current) else None
-        if current is None:
+        replaces = replaced_autoscaler(obj, live, owner_uid) if current is None else None
+        if replaces is not None:
+            applies.append(Apply(obj, "create", replaces=replaces))
+        elif current is None:
             applies.append(Apply(obj, "create"))
         elif (
             current["metadata"].get("annotations", {}).get(APPLIED_HASH) != obj["metadata"]["annotations"][APPLIED_HASH]
@@ -247,10 +305,24 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
 UNSHAPED_KINDS = frozenset({"ServiceAccount", "Role", "RoleBinding"})
 
 
+def admission_denial(error: ApiError) -> bool:
+    """An admission webhook (or ValidatingAdmissionPolicy) denied the request. The API server reports a
+    webhook's denial with the status code the webhook chose (controller-runtime's, KEDA's included, say
+    403) and the message `admission webhook "<name>" denied the request: <the webhook's words>`
+    (k8s.io/apiserver admission/plugin/webhook/errors.ToStatusErr); a policy's as `... denied request: ...`."""
+    message = error.body.get("message") if isinstance(error.body, dict) else None
+    if not isinstance(message, str) or error.status < 400 or error.status >= 500:
+        return False
+    return (message.startswith("admission webhook ") and " denied the request" in message) or (
+        "ValidatingAdmissionPolicy " in message and " denied request" in message
+    )
+
+
 def refusal(error: ApiError) -> bool:
-    """The server refused the object itself (invalid value, unknown field): sending it again cannot
-    succeed until the spec changes. Anything else (RBAC, conflicts, 5xx, 429) is retried and evented."""
-    return error.status in (400, 422)
+    """The server refused the object itself (invalid value, unknown field, an admission webhook's or
+    policy's denial): sending it again cannot succeed until the spec (or the cluster's policy) changes.
+    Anything else (RBAC, conflicts, 5xx, 429, a webhook that could not be called) is retried and evented."""
+    return error.status in (400, 422) or admission_denial(error)
 
 
 async def refused_by_server(kube: Kube, todo: Plan) -> list[str]:
@@ -274,21 +346,105 @@ async def refused_by_server(kube: Kube, todo: Plan) -> list[str]:
                 continue
             if not refusal(exc):
                 raise
+            if step.replaces is not None and admission_denial(exc):
+                # Judged against the cluster as it is, with the autoscaler this plan deletes first
+                # (KEDA's "already managed by the hpa"): judged again, for real, when it is created.
+                continue
             message = exc.body.get("message") if isinstance(exc.body, dict) else str(exc)
             problems.append(f"{kind} {name}: {message}")
     return problems
 
 
+# What an object refused when written (not on the dry run) says besides the server's words: what came
+# before it in the plan is applied. An admission webhook may judge only real writes: KEDA's skips its
+# checks of the target's resource requests on a dry run.
+REFUSED_WHEN_WRITTEN = "refused when written, after what came before it in the plan was applied"
+
+
+class ApplyRefused(Exception):
+    """The server refused an object of the plan when it was written: the refusal, in the dry run's
+    form, and what was written before it (as `execute` returns it)."""
+
+    def __init__(self, problem: str, touched: dict[ObjKey, dict[str, Any] | None]) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.touched = touched
+
+
+def _refused(desired: dict[str, Any], error: ApiError) -> str:
+    kind, name = key_of(desired)
+    message = error.body.get("message") if isinstance(error.body, dict) else str(error)
+    return f"{kind} {name}: {message} ({REFUSED_WHEN_WRITTEN})"
+
+
+# KEDA's webhook reads HPAs from its informer cache: for a moment after the old HPA is deleted it may still
+# see it. A replacement denied by an admission webhook is tried again this often before the pass gives up.
+REPLACEMENT_TRIES = 10
+REPLACEMENT_RETRY_S = 1.0
+# A ScaledObject being deleted keeps KEDA's scale loop running until KEDA's finalizer is done (it may still
+# take an idle tier to zero): a tier is woken for its HPA only once the ScaledObject is gone, waited for
+# this long at most (then woken anyway).
+REPLACED_GONE_S = 30.0
+
+
+async def _delete(kube: Kube, obj: dict[str, Any]) -> None:
+    meta = obj["metadata"]
+    await kube.delete(child_resource(obj), meta["namespace"], meta["name"], uid=meta.get("uid"))
+
+
+async def _gone(kube: Kube, obj: dict[str, Any]) -> None:
+    meta, deadline = obj["metadata"], asyncio.get_running_loop().time() + REPLACED_GONE_S
+    while await kube.get(child_resource(obj), meta["namespace"], meta["name"]) is not None:
+        if asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(REPLACEMENT_RETRY_S / 2)
+
+
+async def _target(kube: Kube, autoscaler: dict[str, Any]) -> dict[str, Any] | None:
+    """The live object an autoscaler scales, as the server has it now."""
+    ref = autoscaler["spec"]["scaleTargetRef"]
+    target = {"apiVersion": ref["apiVersion"], "kind": ref["kind"]}
+    return await kube.get(child_resource(target), autoscaler["metadata"]["namespace"], ref["name"])
+
+
+async def _create_replacement(kube: Kube, step: Apply) -> dict[str, Any]:
+    for attempt in range(REPLACEMENT_TRIES):
+        try:
+            return await kube.apply(step.desired)
+        except ApiError as exc:
+            if not admission_denial(exc) or attempt == REPLACEMENT_TRIES - 1:
+                raise
+            await asyncio.sleep(REPLACEMENT_RETRY_S)
+    raise AssertionError("unreachable")
+
+
 async def execute(kube: Kube, todo: Plan) -> dict[ObjKey, dict[str, Any] | None]:
-    """Apply, then prune (so a replacement exists before what it replaces goes). Returns the live
-    state of every touched object (None for pruned ones)."""
+    """Apply, then prune (so a replacement exists before what it replaces goes), except for an engine
+    switch, whose old autoscaler goes first (above). Returns the live state of every touched object
+    (None for pruned ones). An object the server refuses when written stops the plan: `ApplyRefused`."""
     touched: dict[ObjKey, dict[str, Any] | None] = {}
     for step in todo.applies:
-        if step.handover is not None:
-            await kube.apply(step.handover, field_manager=HANDOVER_MANAGER, force=False)
-        touched[key_of(step.desired)] = await kube.apply(step.desired)
+        try:
+            if step.replaces is not None:
+                await _delete(kube, step.replaces)
+                touched[key_of(step.replaces)] = None
+                if step.replaces["kind"] == "ScaledObject":
+                    await _gone(kube, step.replaces)
+                    wake = wake_for_hpa(step.desired, await _target(kube, step.desired))
+                    if wake is not None:
+                        await kube.apply(wake, field_manager=HANDOVER_MANAGER, force=True)
+                touched[key_of(step.desired)] = await _create_replacement(kube, step)
+                continue
+            if step.handover is not None:
+                await kube.apply(step.handover, field_manager=HANDOVER_MANAGER, force=False)
+            touched[key_of(step.desired)] = await kube.apply(step.desired)
+        except ApiError as exc:
+            if not refusal(exc):
+                raise
+            raise ApplyRefused(_refused(step.desired, exc), touched) from exc
     for obj in todo.prunes:
-        meta = obj["metadata"]
-        await kube.delete(child_resource(obj), meta["namespace"], meta["name"], uid=meta.get("uid"))
+        if key_of(obj) in touched:  # an engine switch deleted it already
+            continue
+        await _delete(kube, obj)
         touched[key_of(obj)] = None
     return touched

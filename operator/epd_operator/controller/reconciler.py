@@ -352,7 +352,7 @@ class Reconciler:
         if refused:
             self._held.pop((seen.namespace, seen.name), None)
         else:
-            live = await self._converge(seen.body, self._hold_consumers(seen, todo, desired, live), live)
+            live, refused = await self._converge(seen.body, self._hold_consumers(seen, todo, desired, live), live)
         return live, refused
 
     def _hold_consumers(
@@ -422,7 +422,10 @@ class Reconciler:
 
     async def _converge(
         self, body: dict[str, Any], todo: apply.Plan, live: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Execute the plan: the children as they now are, and the refusal of an object the server
+        refused when written (an admission webhook that judges only real writes), reported like the
+        dry run's, not retried as a failure."""
         meta = body["metadata"]
         for step in todo.applies:
             if step.why == "drift":
@@ -430,7 +433,17 @@ class Reconciler:
             log.info("%s/%s: %s", meta["namespace"], meta["name"], step.describe())
         for obj in todo.prunes:
             log.info("%s/%s: pruning %s %s", meta["namespace"], meta["name"], obj["kind"], obj["metadata"]["name"])
-        touched = await apply.execute(self.kube, todo)
+        refused: list[str] = []
+        try:
+            touched = await apply.execute(self.kube, todo)
+        except apply.ApplyRefused as stopped:
+            touched, refused = stopped.touched, [stopped.problem]
+            log.warning("%s/%s: %s", meta["namespace"], meta["name"], stopped.problem)
+            todo = dataclasses.replace(
+                todo,
+                applies=[a for a in todo.applies if apply.key_of(a.desired) in touched],
+                prunes=[o for o in todo.prunes if apply.key_of(o) in touched],
+            )
         for obj in todo.prunes:
             self.cache.forget(obj)
         for written in touched.values():
@@ -450,7 +463,7 @@ class Reconciler:
                 merged.pop(obj_key, None)
             else:
                 merged[obj_key] = current
-        return list(merged.values())
+        return list(merged.values()), refused
 
     async def _publish(
         self, body: dict[str, Any], previous: EPDDeploymentStatus | None, new: EPDDeploymentStatus

@@ -49,6 +49,7 @@ from ..api.status import (
     TierStatus,
 )
 from ..api.validation import FieldError
+from .apply import REFUSED_WHEN_WRITTEN
 from .pods import UNSCHEDULABLE, PodTrouble, pod_ready
 from .rollout import Held
 from .status_deployment import deployment_rollout
@@ -419,7 +420,9 @@ def transitions(previous: EPDDeploymentStatus | None, current: EPDDeploymentStat
     after = {c.type: c for c in current.conditions}
     spec = after["SpecValid"]
     if spec.status == "False" and (before.get("SpecValid") is None or before["SpecValid"].message != spec.message):
-        out.append(Transition("Warning", spec.reason, f"spec refused, nothing was changed: {spec.message}"))
+        # A refusal on the dry run changed nothing; one when written (REFUSED_WHEN_WRITTEN) says what it left.
+        unchanged = "" if REFUSED_WHEN_WRITTEN in spec.message else ", nothing was changed"
+        out.append(Transition("Warning", spec.reason, f"spec refused{unchanged}: {spec.message}"))
     for name in TIERS:
         tier = getattr(current.tiers, name)
         if tier is None or tier.reason is None:

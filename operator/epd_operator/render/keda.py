@@ -1,16 +1,15 @@
 """What KEDA scales a tier with (`autoscaling.engine: KEDA`): a ScaledObject (keda.sh/v1alpha1, the KEDA
 release `kube_schemas.KEDA_VERSION`) targeting the tier's Deployment or LeaderWorkerSet.
 
-The load trigger is KEDA's Prometheus scaler on the same load the HPA path reads through
-prometheus-adapter (render/autoscaling.py): the work every router has in flight to the tier's pods,
-`epd_router_endpoint_inflight` summed over the routers and the tier's pods. KEDA hands it to the HPA it
-creates as an external metric of type AverageValue, which the HPA divides by the tier's pod count, so
-`threshold: targetPerPod` aims for the same average per pod as the HPA path's Pods metric.
-
-A tier at zero has nothing in flight: the routers send its media raw to the consumers. So for an
-encoder tier that may scale to zero, the query adds the media items per second the routers sent raw
-(`epd_router_items_total{outcome="fallback"}`, over a minute) to the work in flight; that term is zero
-while encoders take every item, and KEDA's activation (`activationThreshold`) wakes the tier on it.
+The load trigger is KEDA's Prometheus scaler on the same quantity the HPA path reads through
+prometheus-adapter (render/autoscaling.py). For the encoder tier, its demand: the media items the
+routers want encoded and have not finished (`epd_router_encoder_demand` of the deployment's routers,
+summed), which counts the items spilled to consumers and the items sent raw while the tier is at zero,
+so one query both sizes the tier and wakes it (`activationThreshold`). For prefill and decode, the work
+every router has in flight to the tier's pods (`epd_router_endpoint_inflight`, summed over the routers
+and the tier's pods). KEDA hands the value to the HPA it creates as an external metric of type
+AverageValue, which the HPA divides by the tier's pod count, so `threshold: targetPerPod` aims for the
+same average per pod as the HPA path.
 
 Pure: no I/O. The Prometheus address is the spec's, else the operator's default (a render argument).
 """
@@ -24,8 +23,9 @@ from ..api.kube_schemas import KEDA_API_VERSION
 from ..api.labels import MANAGED_BY_LABEL
 from ..api.spec import EPDDeployment
 from ..api.validation import FieldError, SpecError
+from ..router.contract import DEMAND_DEPLOYMENT_LABEL, ENCODER_DEMAND_METRIC
 from .autoscaling import CPU_TARGET_UTILISATION
-from .naming import ENCODER, ROUTER, object_name
+from .naming import ENCODER
 
 JSON = dict[str, Any]
 
@@ -38,7 +38,6 @@ HPA_EXCLUDED_LABELS_ANNOTATION = "scaledobject.keda.sh/hpa-excluded-labels"
 # a multi-node tier the routers send work to) are `<lws>-<group index>`. PromQL regexes are anchored.
 _DEPLOYMENT_PODS = "{name}-[a-z0-9]+-[a-z0-9]+"
 _LWS_LEADERS = "{name}-[0-9]+"
-RAW_ITEMS_WINDOW = "1m"
 
 
 def uses_keda(autoscaling: object) -> TypeGuard[VLLMAutoscaling]:
@@ -51,22 +50,17 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def load_query(epd: EPDDeployment, role: str, workload: JSON, raw_items: bool) -> str:
-    """PromQL: the tier's work in flight, summed over its pods and every router; with `raw_items`, plus the
-    media items per second the routers sent raw to the consumers."""
+def load_query(epd: EPDDeployment, role: str, workload: JSON) -> str:
+    """PromQL: the encoder tier's demand summed over the deployment's routers; a prefill or decode tier's
+    work in flight, summed over its pods and every router. 0, never empty, when no router reports."""
     name, namespace = workload["metadata"]["name"], workload["metadata"]["namespace"]
+    if role == ENCODER:
+        matchers = f'namespace="{namespace}",{DEMAND_DEPLOYMENT_LABEL}="{epd.name}"'
+        return f"sum({ENCODER_DEMAND_METRIC}{{{matchers}}}) or vector(0)"
     pods = (_LWS_LEADERS if workload["kind"] == "LeaderWorkerSet" else _DEPLOYMENT_PODS).format(name=name)
-    query = (
+    return (
         f'sum(epd_router_endpoint_inflight{{namespace="{namespace}",role="{role}",backend_pod=~"{pods}"}}) or vector(0)'
     )
-    if not raw_items:
-        return query
-    routers = _DEPLOYMENT_PODS.format(name=object_name(epd, ROUTER))
-    raw = (
-        f'sum(rate(epd_router_items_total{{namespace="{namespace}",pod=~"{routers}",outcome="fallback"}}'
-        f"[{RAW_ITEMS_WINDOW}])) or vector(0)"
-    )
-    return f"({query}) + ({raw})"
 
 
 def triggers(
@@ -98,7 +92,7 @@ def triggers(
                 "metricType": "AverageValue",
                 "metadata": {
                     "serverAddress": address,
-                    "query": load_query(epd, role, workload, raw_items=autoscaling.minReplicas == 0),
+                    "query": load_query(epd, role, workload),
                     "threshold": _number(target),
                     "activationThreshold": _number(keda.activationThreshold),
                 },

@@ -83,18 +83,18 @@ def workload(
         deployment=deployment,
         service=service,
         # engine KEDA: no HPA of ours; render() adds the tier's ScaledObject (KEDA creates its own HPA)
-        hpa=_hpa(metadata, role, autoscaling) if autoscaling and not uses_keda(autoscaling) else None,
+        hpa=_hpa(metadata, epd.name, role, autoscaling) if autoscaling and not uses_keda(autoscaling) else None,
         pdb=render_one("pdb.yaml.j2", **metadata, selector=selector_labels(epd, role)) if pdb else None,
     )
 
 
-def _hpa(metadata: JSON, role: str, autoscaling: Autoscaling) -> JSON:
+def _hpa(metadata: JSON, deployment: str, role: str, autoscaling: Autoscaling) -> JSON:
     return render_one(
         "hpa.yaml.j2",
         **metadata,
         min_replicas=autoscaling.minReplicas,
         max_replicas=autoscaling.maxReplicas,
-        metrics=hpa_metrics(role, autoscaling),
+        metrics=hpa_metrics(deployment, role, autoscaling),
         behavior=autoscaling.behavior,
     )
 

@@ -56,6 +56,8 @@ def router_args(epd: EPDDeployment) -> list[str]:
         contract.DISCOVERY_KUBERNETES,
         contract.NAMESPACE,
         epd.namespace,
+        contract.DEPLOYMENT,
+        epd.name,
         contract.ENCODER_SELECTOR,
         label_selector(epd, ENCODER),
     ]

@@ -121,6 +121,7 @@ class BackendCalls:
                 pool.record_failure(ep, "read")
                 raise RetryableFailure("read", pool.role) from None
             self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
+            ctx.release_raw()  # E+PD: the consumer encoded the raw items
             return Response(body=data, status=resp.status, headers={"Content-Type": ct, "x-request-id": ctx.rid})
         body = resp.iter_body()
         try:
@@ -135,6 +136,7 @@ class BackendCalls:
         if first:
             await out.write(first)
         self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
+        ctx.release_raw()  # E+PD: the consumer encoded the raw items
         try:
             async for chunk in body:
                 try:

@@ -25,6 +25,8 @@ class RouterConfig:
     # Kubernetes discovery instead of static URLs.
     discovery: contract.Discovery = "static"
     namespace: str | None = None
+    # The EPDDeployment this router serves: the `epd_deployment` label of its encoder demand gauge.
+    deployment: str = ""
     encoder_selector: str | None = None
     prefill_selector: str | None = None
     decode_selector: str | None = None

@@ -40,3 +40,14 @@ class RequestContext:
     kv: dict | None = None  # kv_transfer_params from the prefill that answered
     payload: bytes | None = None  # `prepared` serialized for decode, kept for a retry; None once `prepared` changes
     trace: RequestTrace | None = None  # this request's spans; None while tracing is off
+    # Items sent raw instead of to an encoder (encoding.py): encoder demand, held on `demand` (the
+    # router's demand gauge) until the consumer answers.
+    raw_demand: int = 0
+    demand: Any = None
+
+    def release_raw(self) -> None:
+        """The consumer answered (its first byte; in E/P/D, prefill's reply) or the request ended: its
+        raw items are no longer demand. Idempotent."""
+        if self.raw_demand:
+            self.demand.dec(self.raw_demand)
+            self.raw_demand = 0

@@ -38,6 +38,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 30
 DISCOVERY = "--discovery"
 DISCOVERY_KUBERNETES: Discovery = "kubernetes"
 NAMESPACE = "--namespace"
+# The EPDDeployment the router serves: the label of its encoder demand, which the autoscalers select on.
+DEPLOYMENT = "--deployment"
 ENCODER_SELECTOR = "--encoder-selector"
 PREFILL_SELECTOR = "--prefill-selector"
 DECODE_SELECTOR = "--decode-selector"
@@ -69,6 +71,10 @@ REUSE_TTL = "--reuse-ttl"
 ALLOW_CLIENT_EMBEDS = "--allow-client-embeds"
 TRUST_CLIENT_UUIDS = "--trust-client-uuids"
 IMMUTABLE_MEDIA_URLS = "--immutable-media-urls"
+# The encoder tier's demand (router/encoding.py), the one quantity both autoscaling engines read: the
+# gauge's name and the label naming the EPDDeployment (the value of DEPLOYMENT) that selects its routers.
+ENCODER_DEMAND_METRIC = "epd_router_encoder_demand"
+DEMAND_DEPLOYMENT_LABEL = "epd_deployment"
 # Traces.
 OTLP_TRACES_ENDPOINT = "--otlp-traces-endpoint"
 TRACE_SAMPLE_RATIO = "--trace-sample-ratio"

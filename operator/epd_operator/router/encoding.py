@@ -13,6 +13,15 @@ raw to the consumer, which encodes them itself, instead of queuing. The decision
 items never split between the two paths, so the consumer gets either encoder outputs or raw media
 for the new items, as after a fallback. A spilled item was never with an encoder: no picker records
 a home for it and the reuse cache does not remember it.
+
+Demand (`epd_router_encoder_demand`, what both autoscaling engines read): the media items this stage
+wants encoded and that are not finished. An item sent to an encoder counts until its encoder rounds
+end; an item sent raw because the tier is behind (spilled) or has no encoder for the request's
+generation (at zero, say) counts until the consumer answers (`RequestContext.release_raw`):
+either way it is encoder work that the tier did not absorb, and an autoscaler that stopped seeing it
+once it spilled would ask for at most the spill bound's worth of encoders. Not counted: reused items,
+the video of a request whose audio rides in it (its consumer must encode it anyway), and items whose
+encoder failed (a failure is not load; it shows in the failure counters).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ class EncoderStage:
         self.calls = calls
         self.reuse = reuse
         self.reuse_metadata = config.reuse_mode == "metadata"
+        self.demand = metrics.encoder_demand.labels(config.deployment)
 
     async def encode(self, ctx: RequestContext) -> dict[int, EncodedItem]:
         """Transfer handles by item index; items missing from the result go raw."""
@@ -93,6 +103,7 @@ class EncoderStage:
             self.metrics.count_items("fallback", len(todo))
             reason = "no_encoder" if not self.pool.available else "no_encoder_in_generation"
             self.metrics.fallback_requests.labels(reason).inc()
+            self._hold_raw(ctx, len(todo))
             return encoded
         if self._spills(ctx):
             reason = SPILL_REASON_ENCODERS_BUSY
@@ -101,17 +112,22 @@ class EncoderStage:
             self.metrics.spilled_requests.labels(reason).inc()
             if ctx.trace is not None:
                 ctx.trace.event("encoder_spill", {"epd.reason": reason, "epd.items": len(todo)})
+            self._hold_raw(ctx, len(todo))
             return encoded
-        failed = await self._round(ctx, todo, encoded, {})
-        if failed:
-            self.metrics.retries.labels("encode", "encoder_failed").inc()
-            if ctx.trace is not None:
-                ctx.trace.event(
-                    "retry", {"epd.stage": "encode", "epd.reason": "encoder_failed", "epd.items": len(failed)}
+        self.demand.inc(len(todo))
+        try:
+            failed = await self._round(ctx, todo, encoded, {})
+            if failed:
+                self.metrics.retries.labels("encode", "encoder_failed").inc()
+                if ctx.trace is not None:
+                    ctx.trace.event(
+                        "retry", {"epd.stage": "encode", "epd.reason": "encoder_failed", "epd.items": len(failed)}
+                    )
+                failed = await self._round(
+                    ctx, [item for item, _ in failed], encoded, {item.index: ep for item, ep in failed}
                 )
-            failed = await self._round(
-                ctx, [item for item, _ in failed], encoded, {item.index: ep for item, ep in failed}
-            )
+        finally:
+            self.demand.dec(len(todo))
         if failed:
             self.metrics.fallback_requests.labels("encoder_failed").inc()
         self.metrics.count_items("encoded", sum(1 for i in todo if i.index in encoded and encoded[i.index].metadata))
@@ -123,6 +139,12 @@ class EncoderStage:
                 if item.index in encoded and item.content_addressed:
                     self.reuse.remember(reuse_key(body, item), encoded[item.index])
         return encoded
+
+    def _hold_raw(self, ctx: RequestContext, n: int) -> None:
+        """Items sent raw instead of to an encoder: demand until the consumer answers (`ctx.release_raw`)."""
+        self.demand.inc(n)
+        ctx.raw_demand += n
+        ctx.demand = self.demand
 
     def _spills(self, ctx: RequestContext) -> bool:
         """Spill-over (module doc): every encoder of the request's generation is at the bound, and its consumer is not."""

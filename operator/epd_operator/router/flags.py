@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     k = p.add_argument_group("Kubernetes discovery")
     k.add_argument(contract.DISCOVERY, choices=contract.DISCOVERIES, default=D.discovery)
     k.add_argument(contract.NAMESPACE, default=None, help="default: the pod's own namespace")
+    k.add_argument(
+        contract.DEPLOYMENT,
+        default=D.deployment,
+        help="the EPDDeployment this router serves: the epd_deployment label of epd_router_encoder_demand",
+    )
     k.add_argument(contract.ENCODER_SELECTOR, default=None, help="label selector of the encoder EndpointSlices")
     k.add_argument(
         contract.PREFILL_SELECTOR, default=None, help="label selector of the prefill EndpointSlices (absent = E+PD)"
@@ -236,6 +241,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         decode_urls=split_urls(args.decode_servers_urls),
         discovery=args.discovery,
         namespace=args.namespace,
+        deployment=args.deployment,
         encoder_selector=args.encoder_selector,
         prefill_selector=args.prefill_selector,
         decode_selector=args.decode_selector,

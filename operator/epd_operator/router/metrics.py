@@ -32,6 +32,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.samples import Sample
 
 from .. import __version__
+from . import contract
 
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 BACKEND_LABELS = ["role", "backend", "backend_pod"]
@@ -214,6 +215,15 @@ class RouterMetrics:
             BACKEND_LABELS,
             registry=reg,
             multiprocess_mode="liveall",  # combined without `pid` by MultiProcessView
+        )
+        self.encoder_demand = Gauge(
+            contract.ENCODER_DEMAND_METRIC,
+            "Media items this router wants encoded and has not finished: on an encoder, or sent raw to the "
+            "consumer (spilled, or no encoder of the request's generation) until the consumer answers; "
+            "items that are not encoder work (audio carried in a video) or whose encoder failed are left out",
+            [contract.DEMAND_DEPLOYMENT_LABEL],
+            registry=reg,
+            multiprocess_mode="livesum",  # the router's demand: every worker's, summed
         )
         self.backend_errors = Counter(
             "epd_router_backend_errors",

@@ -99,6 +99,8 @@ class Pipeline:
             return await self._pd(ctx, consumer)
         except BackendRejection as rejection:
             return rejection.response(ctx.rid)
+        finally:
+            ctx.release_raw()  # whatever way the request ended
 
     async def _pd(self, ctx: RequestContext, consumer: Endpoint) -> Reply:
         """E+PD: the PD instance chosen as EC consumer answers."""
@@ -114,6 +116,7 @@ class Pipeline:
             p_ep = await self.retry_once(ctx, prefills, consumer, self._prefill_attempt, ctx.metadata_only)
         except RetryableFailure as failure:
             return failure.response(ctx.rid)
+        ctx.release_raw()  # prefill, the EC consumer, encoded the raw items
         self.metrics.observe_stage("prefill", time.perf_counter() - tp)
         d_ep = self.pd_pickers[self.decodes.role].pick(self.decodes.available_in(ctx.generation), ctx.key)
         if d_ep is None:

@@ -50,8 +50,21 @@ MOONCAKE_MULTI_NODE = (
 MOONCAKE = {"connector": "Mooncake"}
 CPU_REQUEST = {"requests": {"cpu": "1"}}
 EPD_P: dict[str, Any] = {"spec__prefill": {}}
-KEDA_LOAD = {"load": {"targetPerPod": 2}, "keda": {"prometheusAddress": "http://prometheus:9090"}}
+KEDA_PROMETHEUS = {"prometheusAddress": "http://prometheus:9090"}
+KEDA_LOAD: dict[str, Any] = {"load": {"targetPerPod": 2}, "keda": KEDA_PROMETHEUS}
 KEDA_AT_ZERO = {"autoscaling": {"engine": "KEDA", "minReplicas": 0, "maxReplicas": 2, **KEDA_LOAD}}
+FALLBACK = {"failureThreshold": 3, "replicas": 2}
+CPU_TRIGGER = {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "70"}}
+CRON_TRIGGER = {
+    "type": "cron",
+    "metadata": {"timezone": "UTC", "start": "0 8 * * *", "end": "0 9 * * *", "desiredReplicas": "2"},
+}
+CPU_ONLY_WITH_FALLBACK = {"triggers": [CPU_TRIGGER], "fallback": FALLBACK}
+FALLBACK_NEEDS = (
+    "KEDA's fallback can only stand in for a trigger that is not cpu or memory, and this tier's ScaledObject would "
+    "have none (KEDA's webhook refuses it): scale on load (load.targetPerPod), add such a trigger to keda.triggers, "
+    "or remove the fallback"
+)
 
 
 def errors_of(doc: dict[str, Any]) -> list[str]:
@@ -213,6 +226,37 @@ REFUSED = [
         "spec.encoder.autoscaling.minReplicas: an encoder tier at zero leaves the media to the prefill tier, whose "
         "--language-model-only cannot encode it; keep minReplicas at 1 or more, or let that tier load the vision "
         "encoder",
+    ),
+    (
+        "keda-fallback-on-an-encoder-whose-only-trigger-is-cpu",
+        spec(spec__encoder={"autoscaling": {"engine": "KEDA", "maxReplicas": 2, "keda": CPU_ONLY_WITH_FALLBACK}}),
+        f"spec.encoder.autoscaling.keda.fallback: {FALLBACK_NEEDS}",
+    ),
+    (
+        "keda-fallback-on-a-decode-tier-on-cpu",
+        spec(
+            spec__decode={
+                "autoscaling": {"engine": "KEDA", "maxReplicas": 2, "keda": {"fallback": FALLBACK}},
+                "resources": CPU_REQUEST,
+            }
+        ),
+        f"spec.decode.autoscaling.keda.fallback: {FALLBACK_NEEDS}",
+    ),
+    (
+        "keda-fallback-behaviour-scaling-modifiers",
+        spec(
+            spec__encoder={
+                "autoscaling": {
+                    "engine": "KEDA",
+                    "maxReplicas": 2,
+                    **KEDA_LOAD,
+                    "keda": {**KEDA_PROMETHEUS, "fallback": {**FALLBACK, "behavior": "scalingModifiers"}},
+                }
+            }
+        ),
+        "spec.encoder.autoscaling.keda.fallback.behavior: fallback behavior scalingModifiers needs a "
+        "scalingModifiers formula, which the operator does not render; use static, currentReplicas, "
+        "currentReplicasIfHigher or currentReplicasIfLower",
     ),
     (
         "keda-settings-with-an-hpa",
@@ -403,6 +447,43 @@ ACCEPTED = [
     ),
     ("decode-autoscaling-on-load", spec(spec__decode={"autoscaling": {"maxReplicas": 2, "load": {"targetPerPod": 8}}})),
     ("encoder-autoscaling-on-its-default-load", spec(spec__encoder={"autoscaling": {"maxReplicas": 2}})),
+    (
+        "keda-fallback-on-the-encoders-default-load",
+        spec(
+            spec__encoder={
+                "autoscaling": {"engine": "KEDA", "maxReplicas": 2, "keda": {**KEDA_PROMETHEUS, "fallback": FALLBACK}}
+            }
+        ),
+    ),
+    (
+        "keda-fallback-beside-a-cpu-trigger-with-load",
+        spec(
+            spec__encoder={
+                "autoscaling": {
+                    "engine": "KEDA",
+                    "maxReplicas": 2,
+                    **KEDA_LOAD,
+                    "keda": {**KEDA_PROMETHEUS, **CPU_ONLY_WITH_FALLBACK},
+                }
+            }
+        ),
+    ),
+    (
+        "keda-fallback-on-decode-with-a-cron-trigger",
+        spec(
+            spec__decode={
+                "autoscaling": {
+                    "engine": "KEDA",
+                    "maxReplicas": 2,
+                    "keda": {
+                        "triggers": [CPU_TRIGGER, CRON_TRIGGER],
+                        "fallback": {**FALLBACK, "behavior": "currentReplicas"},
+                    },
+                },
+                "resources": CPU_REQUEST,
+            }
+        ),
+    ),
     ("router-autoscaling-with-its-cpu-request", spec(spec__router={"autoscaling": {"maxReplicas": 2}})),
     (
         "own-labels-and-volumes",
@@ -544,11 +625,13 @@ def test_cel_list_literal():
 
 def test_rules_for_a_model_include_those_of_the_models_it_extends():
     placement = [".podLabels", ".podAnnotations", ".volumes", ".volumeMounts", ".volumeMounts"]
-    for model in (Placement, Tier, EncoderTier):
+    for model in (Placement, Tier):
         assert [r.field for r in rules_for(model)] == placement
+    assert [r.field for r in rules_for(EncoderTier)] == [".autoscaling.keda.fallback", *placement]
     assert [r.field for r in rules_for(ConsumerTier)] == [
         ".nodesPerReplica",
         ".dataParallelSize",
+        ".autoscaling.keda.fallback",
         ".autoscaling.minReplicas",
         ".autoscaling.load",
         *placement,

@@ -13,7 +13,9 @@ import pytest
 from epd_operator.controller.apply import (
     APPLIED_HASH,
     HANDOVER_MANAGER,
+    REFUSED_WHEN_WRITTEN,
     Apply,
+    ApplyRefused,
     Plan,
     _drift,
     _same_scalar,
@@ -30,6 +32,7 @@ from epd_operator.controller.apply import (
     refusal,
     refused_by_server,
     replicas_handover,
+    wake_for_hpa,
 )
 from epd_operator.kube import CHILD_RESOURCES, ApiError, child_resource
 from epd_operator.render import render
@@ -671,3 +674,202 @@ def test_every_kind_of_a_keda_scaled_deployment_is_one_the_operator_can_apply_an
     for name in ("keda-encoder-scale-to-zero", "keda-every-tier-multi-node-decode"):
         for rendered in render(VARIANTS[name]):
             assert child_resource(rendered) is CHILD_RESOURCES[rendered["kind"]]
+
+
+# ----------------------------------------------------------------------------- engine switch and admission denials
+
+KEDA_DENIAL = ApiError(
+    403,
+    {
+        "kind": "Status",
+        "status": "Failure",
+        "code": 403,
+        "message": "admission webhook \"vscaledobject.kb.io\" denied the request: the workload 'vl-encoder' of "
+        "type 'apps/v1.Deployment' is already managed by the hpa 'vl-encoder'",
+    },
+    "apply",
+)
+
+
+def test_an_admission_webhooks_denial_is_a_refusal_whatever_its_code_and_a_failed_call_is_not():
+    assert refusal(KEDA_DENIAL)
+    for code in (400, 403, 422):
+        denied = {"message": 'admission webhook "v.example.io" denied the request: no'}
+        assert refusal(ApiError(code, denied, "apply")), code
+    policy = {
+        "message": "deployments.apps \"x\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' "
+        "denied request: replicas too high"
+    }
+    assert refusal(ApiError(403, policy, "apply"))
+    # RBAC's 403, and a webhook the server could not call (failurePolicy Fail), are retried
+    rbac = {"message": 'scaledobjects.keda.sh "x" is forbidden: User "u" cannot create resource "scaledobjects"'}
+    assert not refusal(ApiError(403, rbac, "apply"))
+    unreachable = {
+        "message": 'Internal error occurred: failed calling webhook "vscaledobject.kb.io": connection refused'
+    }
+    assert not refusal(ApiError(500, unreachable, "apply"))
+
+
+def hpa(name: str = "vl-encoder", min_replicas: int = 2) -> dict[str, Any]:
+    return obj(
+        "HorizontalPodAutoscaler",
+        name,
+        "autoscaling/v2",
+        scaleTargetRef={"apiVersion": "apps/v1", "kind": "Deployment", "name": "vl-encoder"},
+        minReplicas=min_replicas,
+        maxReplicas=4,
+    )
+
+
+def scaled_object(name: str = "vl-encoder") -> dict[str, Any]:
+    return obj(
+        "ScaledObject",
+        name,
+        "keda.sh/v1alpha1",
+        scaleTargetRef={"apiVersion": "apps/v1", "kind": "Deployment", "name": "vl-encoder"},
+        minReplicaCount=0,
+        maxReplicaCount=4,
+    )
+
+
+def live_deployment(replicas: int) -> dict[str, Any]:
+    live = live_copy(adopt(deployment(replicas=None), OWNER))
+    live["spec"]["replicas"] = replicas
+    live["metadata"]["managedFields"] = applied_by(("epd-operator", {"f:spec": {"f:template": {}}}))
+    return live
+
+
+def test_hpa_to_keda_replaces_the_hpa_first_and_wakes_nothing():
+    desired = [adopt(deployment(replicas=None), OWNER), adopt(scaled_object(), OWNER)]
+    old = live_copy(adopt(hpa(), OWNER))
+    todo = plan(desired, [live_deployment(3), old], "uid-1")
+    (step,) = todo.applies
+    assert (step.desired["kind"], step.why, step.replaces, step.handover) == ("ScaledObject", "create", old, None)
+    assert todo.prunes == [old]
+
+
+def test_keda_to_hpa_replaces_the_scaled_object():
+    desired = [adopt(deployment(replicas=None), OWNER), adopt(hpa(min_replicas=2), OWNER)]
+    old = live_copy(adopt(scaled_object(), OWNER))
+    (step,) = plan(desired, [live_deployment(0), old], "uid-1").applies
+    assert (step.desired["kind"], step.replaces, step.handover) == ("HorizontalPodAutoscaler", old, None)
+
+
+@pytest.mark.parametrize("replicas, woken", [(0, 2), (3, None)])
+def test_a_tier_at_zero_is_woken_to_the_hpas_min_replicas_and_one_above_zero_is_left_alone(replicas, woken):
+    wake = wake_for_hpa(hpa(min_replicas=2), live_deployment(replicas))
+    if woken is None:
+        assert wake is None
+    else:
+        assert wake == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "vl-encoder", "namespace": "ns"},
+            "spec": {"replicas": woken},
+        }
+    assert wake_for_hpa(hpa(), None) is None
+
+
+def test_an_autoscaler_that_is_not_ours_is_not_replaced():
+    desired = [adopt(deployment(replicas=None), OWNER), adopt(scaled_object(), OWNER)]
+    someone_elses = live_copy(hpa("their-hpa"))
+    (step,) = plan(desired, [live_deployment(3), someone_elses], "uid-1").applies
+    assert step.replaces is None
+
+
+async def test_dry_run_lets_a_replacement_past_the_webhook_that_sees_the_old_autoscaler_but_not_past_its_schema():
+    step = Apply(scaled_object(), "create", replaces=hpa())
+    kube = RecordingKube({("ScaledObject", "vl-encoder"): KEDA_DENIAL})
+    assert await refused_by_server(as_kube(kube), Plan([step], [hpa()])) == []
+    invalid = ApiError(422, {"message": 'ScaledObject.keda.sh "vl-encoder" is invalid: spec.triggers: Required'}, "x")
+    kube = RecordingKube({("ScaledObject", "vl-encoder"): invalid})
+    assert await refused_by_server(as_kube(kube), Plan([step], [hpa()])) == [
+        'ScaledObject vl-encoder: ScaledObject.keda.sh "vl-encoder" is invalid: spec.triggers: Required'
+    ]
+    # no engine switch: the webhook's words are the refusal, shown as they are
+    kube = RecordingKube({("ScaledObject", "vl-encoder"): KEDA_DENIAL})
+    assert await refused_by_server(as_kube(kube), Plan([Apply(scaled_object(), "create")], [])) == [
+        f"ScaledObject vl-encoder: {KEDA_DENIAL.body['message']}"
+    ]
+
+
+async def test_execute_deletes_the_old_autoscaler_wakes_the_tier_then_creates_the_new_one_and_prunes_it_once(
+    monkeypatch,
+):
+    old = live_copy(adopt(scaled_object(), OWNER))
+    kube = RecordingKube()
+    kube.stored[("Deployment", "ns", "vl-encoder")] = live_deployment(0)  # KEDA took the idle tier to zero
+    kube.lingering[("ScaledObject", "vl-encoder")] = 2  # KEDA's finalizer: its scale loop still runs meanwhile
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACEMENT_RETRY_S", 0)
+    touched = await execute(as_kube(kube), Plan([Apply(hpa(), "create", replaces=old)], [old]))
+    assert kube.calls == [
+        ("delete", "ScaledObject", "ns", "vl-encoder", "child-uid"),
+        *[("get", "ScaledObject", "ns", "vl-encoder")] * 3,  # the target is read once the ScaledObject is gone
+        ("get", "Deployment", "ns", "vl-encoder"),
+        ("apply", ("Deployment", "vl-encoder"), HANDOVER_MANAGER, True, False),  # forced: KEDA wrote the 0
+        ("apply", ("HorizontalPodAutoscaler", "vl-encoder"), "epd-operator", True, False),
+    ]
+    assert touched[("ScaledObject", "vl-encoder")] is None
+    assert touched[("HorizontalPodAutoscaler", "vl-encoder")] is not None
+    kube = RecordingKube()
+    kube.stored[("Deployment", "ns", "vl-encoder")] = live_deployment(3)
+    await execute(as_kube(kube), Plan([Apply(hpa(), "create", replaces=old)], [old]))
+    assert [c[0] for c in kube.calls] == ["delete", "get", "get", "apply"]  # at 3: no wake-up
+
+
+class StaleWebhookKube(RecordingKube):
+    """KEDA's webhook reads HPAs from its cache: it denies the replacement a few times after the delete."""
+
+    def __init__(self, denials: int) -> None:
+        super().__init__()
+        self.denials = denials
+
+    async def apply(self, obj, *, field_manager="epd-operator", force=True, dry_run=False):
+        result = await super().apply(obj, field_manager=field_manager, force=force, dry_run=dry_run)
+        if obj["kind"] == "ScaledObject" and self.denials:
+            self.denials -= 1
+            raise KEDA_DENIAL
+        return result
+
+
+async def test_a_replacement_denied_while_the_webhook_still_sees_the_old_hpa_is_tried_again(monkeypatch):
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACEMENT_RETRY_S", 0)
+    old = live_copy(adopt(hpa(), OWNER))
+    kube = StaleWebhookKube(denials=2)
+    touched = await execute(as_kube(kube), Plan([Apply(scaled_object(), "create", replaces=old)], [old]))
+    assert [c[0] for c in kube.calls] == ["delete", "apply", "apply", "apply"]
+    assert touched[("ScaledObject", "vl-encoder")] is not None
+    kube = StaleWebhookKube(denials=100)  # a denial that stands is a refusal, with what was written before it
+    with pytest.raises(ApplyRefused) as stopped:
+        await execute(as_kube(kube), Plan([Apply(scaled_object(), "create", replaces=old)], [old]))
+    assert stopped.value.touched == {("HorizontalPodAutoscaler", "vl-encoder"): None}
+    assert stopped.value.problem == f"ScaledObject vl-encoder: {KEDA_DENIAL.body['message']} ({REFUSED_WHEN_WRITTEN})"
+
+
+class DeniesWhenWritten(RecordingKube):
+    """A webhook that judges real writes only (KEDA's skips its resource-request checks on a dry run)."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__()
+        self.error = error
+
+    async def apply(self, obj, *, field_manager="epd-operator", force=True, dry_run=False):
+        result = await super().apply(obj, field_manager=field_manager, force=force, dry_run=dry_run)
+        if obj["kind"] == "ScaledObject" and not dry_run:
+            raise self.error
+        return result
+
+
+async def test_an_object_denied_when_written_stops_the_plan_as_a_refusal_and_a_failure_stays_a_failure():
+    denied = ApiError(
+        403, {"message": 'admission webhook "vscaledobject.kb.io" denied the request: no cpu request'}, "x"
+    )
+    todo = Plan([Apply(dep(), "create"), Apply(scaled_object(), "create"), Apply(obj(), "create")], [])
+    kube = DeniesWhenWritten(denied)
+    with pytest.raises(ApplyRefused) as stopped:
+        await execute(as_kube(kube), todo)
+    assert list(stopped.value.touched) == [("Deployment", "vl-encoder")]  # the Service after it was not written
+    assert stopped.value.problem.startswith('ScaledObject vl-encoder: admission webhook "vscaledobject.kb.io" denied')
+    kube = DeniesWhenWritten(ApiError(500, {"message": "etcdserver: timeout"}, "x"))
+    with pytest.raises(ApiError):
+        await execute(as_kube(kube), todo)

@@ -9,6 +9,7 @@ from typing import Any
 
 from epd_operator.api.status import Condition, EPDDeploymentStatus, GenerationStatus
 from epd_operator.api.validation import FieldError
+from epd_operator.controller.apply import REFUSED_WHEN_WRITTEN
 from epd_operator.controller.pods import unschedulable_reason
 from epd_operator.controller.rollout import Held
 from epd_operator.controller.status import (
@@ -505,6 +506,10 @@ def test_events_for_each_phase_change():
     assert [(t.type, t.reason) for t in transitions(ready, failed)] == [("Warning", "RefusedByAPIServer")]
     other = derive({"decode": TierInput(settled(2))}, previous=failed, refused=["Service y: still no"])
     assert [t.message for t in transitions(failed, other)] == ["spec refused, nothing was changed: Service y: still no"]
+    # refused when written (a webhook that judges real writes only): the Event does not claim nothing changed
+    written = f'ScaledObject z: admission webhook "v" denied the request: no ({REFUSED_WHEN_WRITTEN})'
+    partial = derive({"decode": TierInput(settled(2))}, previous=other, refused=[written])
+    assert [t.message for t in transitions(other, partial)] == [f"spec refused: {written}"]
 
 
 def test_unschedulable_event_again_only_when_the_reason_changes():

@@ -8,12 +8,14 @@ import base64
 import sys
 from pathlib import Path
 
+import pytest
+
 from dev import keda
 from dev.cluster import components_network
 from dev.cluster_api import readyz_argv
 from dev.cluster_pki import cert_extensions
 
-PORTS = keda.Ports(grpc=19666, health=19081, api=16443, metrics=18080)
+PORTS = keda.Ports(grpc=19666, health=19081, api=16443, metrics=18080, webhooks=19443, webhooks_health=19082)
 CERTS = Path("/run/keda/certs")
 
 
@@ -89,7 +91,11 @@ def test_a_certificate_for_both_ends_of_a_link_may_serve_and_authenticate_a_clie
 
 
 NODE_NETNS = ["nsenter", "--net=/proc/4242/ns/net", "--"]
-BINARIES = {"keda": Path("/bin/keda"), "keda-adapter": Path("/bin/keda-adapter")}
+BINARIES = {
+    "keda": Path("/bin/keda"),
+    "keda-adapter": Path("/bin/keda-adapter"),
+    "keda-admission-webhooks": Path("/bin/keda-admission-webhooks"),
+}
 
 
 class NodeWithNetns:
@@ -105,7 +111,7 @@ def test_with_a_real_node_both_processes_run_in_its_network_namespace_and_find_e
     argv = keda.processes(BINARIES, CERTS, Path("/kc"), PORTS, enter)
     for line in argv:
         assert line[: len(enter)] == enter
-    operator, server = (flags(line[len(enter) :]) for line in argv)
+    operator, server, _ = (flags(line[len(enter) :]) for line in argv)
     assert argv.operator[len(enter)] == "/bin/keda" and argv.metrics_server[len(enter)] == "/bin/keda-adapter"
     # Both on the same loopback: the metrics server dials the operator there, the API server's egress
     # (the node bridge) dials the metrics server there, and a trigger's Prometheus there answers the operator.
@@ -120,6 +126,35 @@ def test_without_a_real_node_both_processes_run_on_the_host_as_built():
     argv = keda.processes(BINARIES, CERTS, Path("/kc"), PORTS)
     assert argv.operator == keda.operator_argv(Path("/bin/keda"), CERTS, PORTS)
     assert argv.metrics_server == keda.metrics_server_argv(Path("/bin/keda-adapter"), CERTS, Path("/kc"), PORTS)
+    assert argv.webhooks == keda.webhooks_argv(Path("/bin/keda-admission-webhooks"), CERTS, PORTS)
+
+
+def test_the_webhooks_serve_with_the_same_certificates_on_this_runs_ports():
+    hooks = flags(keda.webhooks_argv(Path("/bin/keda-admission-webhooks"), CERTS, PORTS))
+    assert hooks == {
+        "port": "19443",
+        "cert-dir": str(CERTS),  # tls.crt and tls.key, signed by the cluster's CA, which the configuration trusts
+        "health-probe-bind-address": "127.0.0.1:19082",
+        "metrics-bind-address": "0",
+        "zap-log-level": "info",
+        "zap-encoder": "console",
+    }
+
+
+def test_the_webhook_configuration_is_keda_s_own_called_on_loopback_and_trusting_the_cluster_ca():
+    if keda.cached_source() is None:
+        pytest.skip("KEDA's Go module is not in Go's module cache (`python -m dev.keda` fetches it)")
+    config = keda.validating_webhooks(19443, b"CA PEM")
+    assert config["kind"] == "ValidatingWebhookConfiguration"
+    hooks = {h["name"]: h for h in config["webhooks"]}
+    scaled = hooks["vscaledobject.kb.io"]
+    assert scaled["clientConfig"] == {
+        "url": "https://127.0.0.1:19443/validate-keda-sh-v1alpha1-scaledobject",
+        "caBundle": base64.b64encode(b"CA PEM").decode(),
+    }
+    assert scaled["failurePolicy"] == "Ignore"  # as KEDA ships it
+    assert scaled["rules"][0]["resources"] == ["scaledobjects"]
+    assert all(h["clientConfig"]["url"].startswith("https://127.0.0.1:19443/validate-") for h in hooks.values())
 
 
 def test_the_readiness_probe_run_in_a_namespace_is_the_url_fetched_by_this_python():

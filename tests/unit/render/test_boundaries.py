@@ -32,7 +32,13 @@ def router_modules(path: Path) -> set[str]:
 def test_render_imports_nothing_of_the_router_but_its_contract():
     imports = {path.name: router_modules(path) for path in sorted(RENDER.glob("*.py"))}
     assert {name: found for name, found in imports.items() if found - {"router.contract"}} == {}
-    assert {name for name, found in imports.items() if found} == {"router_args.py", "tracing.py", "transfer.py"}
+    assert {name for name, found in imports.items() if found} == {
+        "autoscaling.py",
+        "keda.py",
+        "router_args.py",
+        "tracing.py",
+        "transfer.py",
+    }
 
 
 def test_the_api_imports_nothing_of_the_router_but_its_contract():

@@ -42,10 +42,8 @@ def test_an_encoder_that_may_scale_to_zero_gets_a_scaled_object_and_no_hpa():
         "metricType": "AverageValue",
         "metadata": {
             "serverAddress": KEDA_PROMETHEUS,
-            "query": '(sum(epd_router_endpoint_inflight{namespace="default",role="encoder",'
-            'backend_pod=~"qwen-vl-encoder-[a-z0-9]+-[a-z0-9]+"}) or vector(0)) + '
-            '(sum(rate(epd_router_items_total{namespace="default",pod=~"qwen-vl-router-[a-z0-9]+-[a-z0-9]+",'
-            'outcome="fallback"}[1m])) or vector(0))',
+            # one quantity in one unit, to size the tier and to wake it: the deployment's demand in items
+            "query": 'sum(epd_router_encoder_demand{namespace="default",epd_deployment="qwen-vl"}) or vector(0)',
             "threshold": "4",  # the encoder's default load per pod, as with an HPA
             "activationThreshold": "0",  # the documented default: the first media item wakes the tier
         },
@@ -58,11 +56,10 @@ def test_every_tier_may_use_keda_and_a_multi_node_tier_is_targeted_as_a_leader_w
     encoder, prefill, decode = (
         find(objects, "ScaledObject", f"qwen-vl-epd-{t}") for t in ("encoder", "prefill", "decode")
     )
-    # a tier that never goes to zero queries exactly the load the adapter rules serve
+    # a tier that never goes to zero queries the same demand as one that may
     load = encoder["spec"]["triggers"][0]["metadata"]
     assert load["query"] == (
-        'sum(epd_router_endpoint_inflight{namespace="inference",role="encoder",'
-        'backend_pod=~"qwen-vl-epd-encoder-[a-z0-9]+-[a-z0-9]+"}) or vector(0)'
+        'sum(epd_router_encoder_demand{namespace="inference",epd_deployment="qwen-vl-epd"}) or vector(0)'
     )
     assert (load["threshold"], load["activationThreshold"]) == ("6", "2.5")
     # the user's triggers and fallback, as written, after the load trigger
@@ -83,7 +80,7 @@ def test_every_tier_may_use_keda_and_a_multi_node_tier_is_targeted_as_a_leader_w
 def test_a_leader_worker_set_tiers_load_counts_its_leaders():
     objects = render(VARIANTS["keda-every-tier-multi-node-decode"])
     lws = find(objects, "LeaderWorkerSet", "qwen-vl-epd-decode")
-    query = load_query(VARIANTS["keda-every-tier-multi-node-decode"], "decode", lws, raw_items=False)
+    query = load_query(VARIANTS["keda-every-tier-multi-node-decode"], "decode", lws)
     assert 'backend_pod=~"qwen-vl-epd-decode-[0-9]+"' in query
 
 

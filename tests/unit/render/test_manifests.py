@@ -16,6 +16,7 @@ from tests.support.render_examples import (
     BEHIND_GATEWAY,
     CPU_CONNECTOR,
     DP_EP_MOE,
+    KEDA_SCALE_TO_ZERO,
     LOCAL_CPU,
     LOCAL_CPU_MULTINODE,
     LOCAL_CPU_NIXL,
@@ -47,6 +48,7 @@ KIND_ORDER = [
     "Service",
     "Deployment",
     "HorizontalPodAutoscaler",
+    "ScaledObject",  # a tier's autoscaler: an HPA or (engine KEDA) a ScaledObject
     "PodDisruptionBudget",
     "HTTPRoute",
 ]
@@ -97,6 +99,7 @@ def test_every_example_is_rendered(examples):
         LOCAL_CPU_NIXL,
         LOCAL_CPU_MULTINODE,
         BEHIND_GATEWAY,
+        KEDA_SCALE_TO_ZERO,
     }
     assert all(example_document(path.name)["kind"] == "EPDDeployment" for path in example_files())
 
@@ -595,17 +598,22 @@ def test_autoscaled_tier_has_an_hpa_and_no_replicas(examples):
     hpa = find(objects, "HorizontalPodAutoscaler", "qwen-vl-epd-encoder")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "qwen-vl-epd-encoder"}
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 8)
-    assert hpa["metrics"] == [ENCODER_LOAD_4]
+    assert hpa["metrics"] == [encoder_demand("qwen-vl-epd", "4")]
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
 
 
-ENCODER_LOAD_4 = {
-    "type": "Pods",
-    "pods": {
-        "metric": {"name": "epd_router_encoder_inflight"},
-        "target": {"type": "AverageValue", "averageValue": "4"},
-    },
-}
+def encoder_demand(deployment: str, target: str) -> dict:
+    """The encoder HPA's load: its deployment's demand, an Object metric divided by the tier's pods."""
+    return {
+        "type": "Object",
+        "object": {
+            "describedObject": {"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment", "name": deployment},
+            "metric": {"name": "epd_router_encoder_demand"},
+            "target": {"type": "AverageValue", "averageValue": target},
+        },
+    }
+
+
 CPU_70 = {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}
 MEMORY_METRIC = {
     "type": "Resource",
@@ -619,15 +627,12 @@ def hpa_metrics_of(tier: str, autoscaling: dict, **more) -> list[dict]:
 
 
 def test_encoder_hpa_defaults_to_its_load():
-    assert hpa_metrics_of("encoder", {"maxReplicas": 4}) == [ENCODER_LOAD_4]
+    assert hpa_metrics_of("encoder", {"maxReplicas": 4}) == [encoder_demand("qwen-vl", "4")]
 
 
 def test_hpa_on_load_with_a_target_per_pod():
     (metric,) = hpa_metrics_of("encoder", {"maxReplicas": 4, "load": {"targetPerPod": 2}})
-    assert metric["pods"] == {
-        "metric": {"name": "epd_router_encoder_inflight"},
-        "target": {"type": "AverageValue", "averageValue": "2"},
-    }
+    assert metric == encoder_demand("qwen-vl", "2")
     (metric,) = hpa_metrics_of("decode", {"maxReplicas": 4, "load": {"targetPerPod": 64}})
     assert metric["pods"]["metric"] == {"name": "epd_router_decode_inflight"}
     objects = render(
@@ -640,7 +645,7 @@ def test_hpa_on_load_with_a_target_per_pod():
 def test_raw_metrics_stay_as_written_and_follow_the_load():
     assert hpa_metrics_of("encoder", {"maxReplicas": 4, "metrics": [MEMORY_METRIC]}) == [MEMORY_METRIC]
     both = {"maxReplicas": 4, "load": {"targetPerPod": 4}, "metrics": [MEMORY_METRIC]}
-    assert hpa_metrics_of("encoder", both) == [ENCODER_LOAD_4, MEMORY_METRIC]
+    assert hpa_metrics_of("encoder", both) == [encoder_demand("qwen-vl", "4"), MEMORY_METRIC]
 
 
 def test_hpa_of_prefill_decode_and_router_defaults_to_cpu_utilisation():

@@ -31,6 +31,7 @@ EXPECTED = {
     "epd-mooncake.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED, "mooncake-master": BASELINE},
     "epd-nixl-autoscaled.yaml": {"encoder": BASELINE, "prefill": BASELINE, "decode": BASELINE, "router": RESTRICTED},
     "epd-shared-storage.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
+    "epd-keda-scale-to-zero.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
     "epd-dp-ep-moe.yaml": {"encoder": BASELINE, "prefill": BASELINE, "decode": BASELINE, "router": RESTRICTED},
     # decode: a LeaderWorkerSet; its leader and worker pods are both checked.
     "epd-multi-node.yaml": {"encoder": BASELINE, "decode": BASELINE, "router": RESTRICTED},
