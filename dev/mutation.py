@@ -88,6 +88,7 @@ RENDER_TESTS = [
     "tests/unit/render/test_tracing.py",
     "tests/unit/render/test_transfer.py",
     "tests/unit/render/test_vllm.py",
+    "tests/unit/render/test_golden.py",
 ]
 
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
@@ -230,8 +231,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/render/test_tracing.py",
         ],
     ),
-    # The renderer's modules are reached through render(): every test of tests/unit/render may kill them, except
-    # test_golden.py, which renders at import, before a mutant is switched on.
+    # The renderer's modules are reached through render(): every test of tests/unit/render may kill them (the
+    # golden comparison of every example's objects among them).
     "render-tiers": (
         [
             "render/manifests.py",

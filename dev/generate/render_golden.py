@@ -19,9 +19,13 @@ from ..runner import load_spec
 GOLDEN = "tests/golden/render"
 
 
+def render_example(example: Path) -> str:
+    """What the operator renders for the example file, as the golden file holds it."""
+    return dump_yaml(render(parse_epd(load_spec(example))))
+
+
 def files(root: Path) -> dict[str, str]:
     """Each example's rendered objects, by the golden file's path relative to `root`."""
     return {
-        f"{GOLDEN}/{example.name}": dump_yaml(render(parse_epd(load_spec(example))))
-        for example in sorted((root / "examples").glob("*.yaml"))
+        f"{GOLDEN}/{example.name}": render_example(example) for example in sorted((root / "examples").glob("*.yaml"))
     }
