@@ -264,25 +264,20 @@ def validating_webhooks(port: int, ca_bundle: bytes) -> dict[str, Any]:
     return config
 
 
-# A ScaledObject KEDA's webhook refuses and the CRD's schema accepts: a dry run of it is denied only once the
-# webhook answers (its failurePolicy, Ignore as shipped, lets it through while the server is not up).
+# A ScaledObject KEDA's webhook refuses and the CRD's schema accepts (a fallback with only a cpu trigger,
+# KEDA's CheckFallbackValid): a dry run of it is denied only once the webhook answers (its failurePolicy,
+# Ignore as shipped, lets it through while the server is not up).
 WEBHOOK_PROBE = {
     "apiVersion": "keda.sh/v1alpha1",
     "kind": "ScaledObject",
     "metadata": {"name": "webhook-probe", "namespace": NAMESPACE},
     "spec": {
         "scaleTargetRef": {"name": "webhook-probe"},
-        "minReplicaCount": 3,
-        "maxReplicaCount": 1,
-        "triggers": [
-            {
-                "type": "cron",
-                "metadata": {"timezone": "UTC", "start": "0 8 * * *", "end": "0 9 * * *", "desiredReplicas": "1"},
-            }
-        ],
+        "fallback": {"failureThreshold": 3, "replicas": 1},
+        "triggers": [{"type": "cpu", "metricType": "Utilization", "metadata": {"value": "50"}}],
     },
 }
-WEBHOOK_PROBE_DENIAL = "MinReplicaCount=3 must be less than MaxReplicaCount=1"
+WEBHOOK_PROBE_DENIAL = "has to have the `AverageValue` type for the fallback to be enabled"
 
 
 def register_webhooks(

@@ -291,6 +291,7 @@ def test_keda_s_webhook_refuses_a_scaled_object_for_a_workload_an_hpa_manages(ns
             "metadata": {"name": "web"},
             "spec": {"scaleTargetRef": {"name": "web"}, "triggers": [cron]},
         },
+        content_type="application/json",
     )
     assert status == 403, answer
     assert answer["message"] == (
@@ -322,6 +323,7 @@ async def test_switching_engines_on_keda_with_its_webhooks_converges_both_ways_a
             doc = epd_doc()
             doc["spec"]["encoder"]["autoscaling"] = {k: v for k, v in on_hpa.items() if v is not None}
             await create(ns, doc)
+            await observed(ns, 1)
             await wait_until(lambda: deployment(ns, "vl-encoder")["spec"].get("replicas") == 2, 90)
 
             def scaled_object() -> dict[str, Any]:
