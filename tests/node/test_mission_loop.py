@@ -636,6 +636,9 @@ def through_gateway(policed: Policed) -> tuple[Policed, str]:
     policed.patch({"router": {"gateway": {"parentRefs": [gateway.parent_ref()]}}})
     wanted = {"Accepted": "True", "ResolvedRefs": "True"}
     wait_for(lambda: wanted.items() <= _route_conditions(m).items(), 120, lambda: str(_route(m)))
+    # Traefik reports the route before its router takes it (its configuration is applied after a
+    # throttle): until then the Gateway answers its own 404. The router answers /v1/models.
+    wait_for(lambda: m.in_node(f"{address}/v1/models")[0] == 200, 60, lambda: str(m.in_node(f"{address}/v1/models")))
     return policed, address
 
 
