@@ -10,7 +10,6 @@ transfer settings stay identical on every node of a replica.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from ..api.tiers import MULTI_NODE_MASTER_PORT, ConsumerTier, Tier
@@ -38,14 +37,12 @@ def multi_node(tier: Tier) -> bool:
 
 def worker_pod(plan: RenderPlan, role: VllmRole, leader_pod: JSON) -> JSON:
     """The worker's pod spec: the leader's, with the headless command line and without the API port."""
-    pod = copy.deepcopy(leader_pod)
-    vllm = pod["containers"][0]
-    assert vllm["name"] == "vllm"
+    leader, *sidecars = leader_pod["containers"]
+    assert leader["name"] == "vllm"
+    vllm = {key: value for key, value in leader.items() if key not in _API_ONLY}
     vllm["args"] = serve_args(plan.epd, role, plan.tier(role).transfer, node=WORKER)
-    vllm["ports"] = [port for port in vllm.get("ports", []) if port["name"] != "http"]
-    for probe in _API_ONLY:
-        vllm.pop(probe, None)
-    return pod
+    vllm["ports"] = [port for port in leader["ports"] if port["name"] != "http"]
+    return {**leader_pod, "containers": [vllm, *sidecars]}
 
 
 def leader_worker_set(plan: RenderPlan, role: VllmRole, deployment: JSON) -> JSON:
@@ -54,8 +51,9 @@ def leader_worker_set(plan: RenderPlan, role: VllmRole, deployment: JSON) -> JSO
     assert isinstance(tier, ConsumerTier)
     template = deployment["spec"]["template"]
     meta = deployment["metadata"]
-    leader_pod = copy.deepcopy(template["spec"])
-    leader_pod["containers"][0]["ports"].append(container_port("rendezvous", MULTI_NODE_MASTER_PORT))
+    vllm, *sidecars = template["spec"]["containers"]
+    rendezvous = container_port("rendezvous", MULTI_NODE_MASTER_PORT)
+    leader_pod = {**template["spec"], "containers": [{**vllm, "ports": [*vllm["ports"], rendezvous]}, *sidecars]}
     return render_one(
         "leaderworkerset.yaml.j2",
         name=meta["name"],
@@ -71,9 +69,8 @@ def leader_worker_set(plan: RenderPlan, role: VllmRole, deployment: JSON) -> JSO
 
 def leaders_only(service: JSON) -> JSON:
     """The tier's Service selects only leaders: the router must never send a request to a worker."""
-    service = copy.deepcopy(service)
-    service["spec"]["selector"] = {**service["spec"]["selector"], WORKER_INDEX_LABEL: "0"}
-    return service
+    spec = service["spec"]
+    return {**service, "spec": {**spec, "selector": {**spec["selector"], WORKER_INDEX_LABEL: "0"}}}
 
 
 def multi_node_workload(plan: RenderPlan, role: VllmRole, workload: Any) -> Any:
@@ -88,6 +85,6 @@ def multi_node_workload(plan: RenderPlan, role: VllmRole, workload: Any) -> Any:
 
 def scale_lws(hpa: JSON) -> JSON:
     """An HPA scales the LeaderWorkerSet by whole groups (LWS serves the scale subresource)."""
-    hpa = copy.deepcopy(hpa)
-    hpa["spec"]["scaleTargetRef"] = {**hpa["spec"]["scaleTargetRef"], "apiVersion": LWS_API_VERSION, "kind": LWS_KIND}
-    return hpa
+    spec = hpa["spec"]
+    target = {**spec["scaleTargetRef"], "apiVersion": LWS_API_VERSION, "kind": LWS_KIND}
+    return {**hpa, "spec": {**spec, "scaleTargetRef": target}}

@@ -319,6 +319,28 @@ def test_named_scrapers_replace_the_default():
     assert allowed(policies_of(none), pod(none, "router"), pod(none, "decode"), VLLM_PORT)
 
 
+def test_set_based_selectors_reach_the_policies_as_written():
+    scrapers = [
+        {
+            "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["obs", "sre"]}]},
+            "podSelector": {"matchExpressions": [{"key": "scraper", "operator": "Exists"}]},
+        }
+    ]
+    epd = example(NIXL_AUTOSCALED, **{"spec.networkPolicy": {"scrapers": scrapers}})
+    policies = policies_of(epd)
+    [backends] = [p for p in policies if p["metadata"]["name"].endswith("-backends")]
+    assert backends["spec"]["ingress"][1]["from"] == [
+        {
+            "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["obs", "sre"]}]},
+            "podSelector": {"matchExpressions": [{"key": "scraper", "operator": "Exists"}]},
+        }
+    ]
+    decode = pod(epd, "decode")
+    assert allowed(policies, Pod("o", {"scraper": "yes"}, {"team": "sre"}), decode, VLLM_PORT)
+    assert not allowed(policies, Pod("o", {"scraper": "yes"}, {"team": "web"}), decode, VLLM_PORT)
+    assert not allowed(policies, Pod("o", {"app": "x"}, {"team": "obs"}), decode, VLLM_PORT)
+
+
 def test_turned_off_renders_no_policy():
     assert policies_of(example(NIXL_AUTOSCALED, **{"spec.networkPolicy": {"enabled": False}})) == []
 

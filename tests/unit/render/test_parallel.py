@@ -117,7 +117,7 @@ def test_pipeline_parallel_size_reaches_vllm():
 # ----------------------------------------------------------------------------- multi-node
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # rendered per test: a mutation run attributes a module-scoped render to its first test only
 def multi_node() -> list[dict]:
     return render(
         example(
