@@ -381,7 +381,8 @@ async def test_removing_the_prefill_tier_prunes_its_objects(ns, operator):
     await create(ns, epd_doc(NIXL_AUTOSCALED))
     await observed(ns, 1)
     prefill = {k for k, o in children(ns).items() if o["metadata"]["labels"].get("serving.epd.dev/role") == "prefill"}
-    assert {kind for kind, _ in prefill} == {"Deployment", "Service", "PodDisruptionBudget"}
+    # the NetworkPolicy: what prefill accepts from decode for the KV transfer (`vl-prefill-transfer`)
+    assert {kind for kind, _ in prefill} == {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
     kept = set(children(ns)) - prefill
 
     await patch_spec(ns, {"prefill": None, "kvTransfer": None})

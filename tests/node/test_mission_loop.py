@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -666,13 +665,29 @@ def test_the_gateway_accepts_the_rendered_route_and_answers_an_image_request(thr
     assert json.loads(text)["usage"]["completion_tokens"] == MAX_TOKENS
 
 
-_CREATED_AND_ID = re.compile(rb'"(created|id)":\s*("[^"]*"|\d+)')
+def _stream_meaning(raw: bytes) -> dict[str, Any]:
+    """What a streamed chat answer says, event by event joined: vLLM decides where one chunk ends
+    (tokens that arrive together share one), so two generations of the same greedy answer may split
+    it differently; the tokens, the text, the end and the framing are the answer."""
+    events = [e for e in raw.decode().split("\n\n") if e.strip()]
+    assert all(e.startswith("data: ") for e in events), events[:3]
+    assert events[-1] == "data: [DONE]", events[-3:]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    choices = [c["choices"][0] for c in chunks if c.get("choices")]
+    return {
+        "objects": {c["object"] for c in chunks},
+        "model": {c["model"] for c in chunks},
+        "tokens": [t for choice in choices for t in choice.get("token_ids") or []],
+        "text": "".join(choice["delta"].get("content") or "" for choice in choices),
+        "finish": [choice["finish_reason"] for choice in choices if choice.get("finish_reason")],
+    }
 
 
 @needs_engine
 def test_a_stream_through_the_gateway_is_the_router_services_stream(through_gateway: tuple[Policed, str]):
     """The same streamed request (same x-request-id, greedy, caches warm) through the Gateway's address
-    and through the router Service: the same bytes, but for each chunk's `created` second and its id."""
+    and through the router Service: the same events, framed the same, with the same tokens and text (how
+    vLLM groups tokens into chunks follows its own timing, not the path the request took)."""
     policed, address = through_gateway
     m = policed.m
     body = chat_body(SERVED, [text_part("Stream it."), image_part(5)], MAX_TOKENS, stream=True)
@@ -688,15 +703,10 @@ def test_a_stream_through_the_gateway_is_the_router_services_stream(through_gate
     for where, url in (("router Service", direct_url), ("gateway", f"{address}/v1/chat/completions")):
         status, text = m.in_node(url, body, headers={"X-Request-Id": "gateway-stream"})
         assert status == 200, (where, text[:500])
-        streams[where] = text.encode()
+        streams[where] = _stream_meaning(text.encode())
     direct, gatewayed = streams["router Service"], streams["gateway"]
-    assert direct.count(b"data: ") >= MAX_TOKENS and direct.rstrip().endswith(b"data: [DONE]"), direct[:500]
-    by_gateway, by_service = (
-        _CREATED_AND_ID.sub(b"", gatewayed).split(b"\n\n"),
-        _CREATED_AND_ID.sub(b"", direct).split(b"\n\n"),
-    )
-    differ = [(g, d) for g, d in zip(by_gateway, by_service, strict=False) if g != d][:1]
-    assert by_gateway == by_service, f"first differing event (gateway, router Service): {differ}"
+    assert len(direct["tokens"]) == MAX_TOKENS and direct["finish"] == ["length"], direct
+    assert gatewayed == direct
 
 
 @needs_engine
