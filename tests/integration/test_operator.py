@@ -383,10 +383,12 @@ async def test_removing_the_prefill_tier_prunes_its_objects(ns, operator):
     prefill = {k for k, o in children(ns).items() if o["metadata"]["labels"].get("serving.epd.dev/role") == "prefill"}
     # the NetworkPolicy: what prefill accepts from decode for the KV transfer (`vl-prefill-transfer`)
     assert {kind for kind, _ in prefill} == {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
-    kept = set(children(ns)) - prefill
+    # decode accepted prefill's KV transfer: that policy goes too (E+PD on shared storage opens no connection)
+    gone = prefill | {("NetworkPolicy", "vl-decode-transfer")}
+    kept = set(children(ns)) - gone
 
     await patch_spec(ns, {"prefill": None, "kvTransfer": None})
-    await wait_until(lambda: not prefill & set(children(ns)), 20, "prefill objects were not pruned")
+    await wait_until(lambda: not gone & set(children(ns)), 20, "prefill objects were not pruned")
     assert kept <= set(children(ns))
     await wait_until(lambda: epd(ns)["status"].get("topology") == "E+PD", 20)
     assert "prefill" not in epd(ns)["status"]["tiers"]
