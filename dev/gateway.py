@@ -27,7 +27,6 @@ namespace). Traffic from it reaches pods from the node's own address, not from a
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -40,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from . import paths
+from . import go_module, paths
 
 if TYPE_CHECKING:
     from dev.cluster_api import ClusterApi
@@ -100,16 +99,7 @@ def ensure() -> Path:
 @cache
 def crd_folder() -> Path:
     """The standard channel's CRDs in Go's module cache (downloaded when absent)."""
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", GATEWAY_API],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "GOFLAGS": "-mod=mod"},
-        cwd=tempfile.gettempdir(),  # outside any Go module of ours
-        timeout=300,
-    )
-    return Path(json.loads(out.stdout)["Dir"]) / "config" / "crd" / "standard"
+    return go_module.module_source(GATEWAY_API, "the Gateway API's CRDs", timeout=300) / "config" / "crd" / "standard"
 
 
 def crd(kind_plural: str = "httproutes") -> dict[str, Any]:

@@ -140,6 +140,21 @@ def _build(go: str, c: GoBinary) -> None:
     _log(c, f"built in {time.monotonic() - started:.0f} s: {c.path}")
 
 
+def module_source(module_at_version: str, what: str, timeout: float = 600) -> Path:
+    """A module release's source in Go's module cache (`go mod download`, once), e.g. to read its CRDs."""
+    go = require_go(what)
+    out = subprocess.run(
+        [go, "mod", "download", "-json", module_at_version],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
+        cwd=tempfile.gettempdir(),  # outside any Go module of ours
+        timeout=timeout,
+    )
+    return Path(json.loads(out.stdout)["Dir"])
+
+
 def build_local(source: Path, binary: Path) -> None:
     """A ``main`` package of this repository (``dev/pause``, ``dev/echo``: their own go.mod, no dependency)
     built into ``binary`` the way every component is: static, at nice 10. Caching is the caller's (the images

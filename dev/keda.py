@@ -45,11 +45,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from functools import cache
@@ -60,7 +57,6 @@ import yaml
 
 from dev import go_module
 from dev.cluster_pki import sign_serving_cert
-from dev.go_module import require_go
 from epd_operator.api.kube_schemas import KEDA_VERSION
 from epd_operator.kube import ApiError
 
@@ -102,17 +98,7 @@ def source() -> Path:
     cached = cached_source()
     if cached is not None:
         return cached
-    go = require_go("KEDA's CRDs")
-    out = subprocess.run(
-        [go, "mod", "download", "-json", f"{MODULE}@{VERSION}"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "GOFLAGS": "-mod=mod"},
-        cwd=tempfile.gettempdir(),  # outside any Go module of ours
-        timeout=600,
-    )
-    return Path(json.loads(out.stdout)["Dir"])
+    return go_module.module_source(f"{MODULE}@{VERSION}", "KEDA's CRDs")
 
 
 def crd(path: str = SCALED_OBJECTS_CRD) -> dict[str, Any]:
