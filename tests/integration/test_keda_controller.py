@@ -142,17 +142,7 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
     with exposition.serve() as router_port, prometheus(ns, router_port, tmp_path) as prom_port:
         async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "1"):
             doc = epd_doc()
-            doc["spec"]["encoder"]["autoscaling"] = {
-                "engine": "KEDA",
-                "minReplicas": 0,
-                "maxReplicas": 4,
-                "load": {"targetPerPod": 4},
-                "keda": {
-                    "prometheusAddress": f"http://127.0.0.1:{prom_port}",
-                    "pollingInterval": 1,
-                    "cooldownPeriod": 5,
-                },
-            }
+            doc["spec"]["encoder"]["autoscaling"] = keda_from_zero(prom_port)
             await create(ns, doc)
 
             def scaled_object() -> dict[str, Any]:
@@ -251,6 +241,17 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
             )
 
 
+def keda_from_zero(prom_port: int) -> dict:
+    """The encoder tier on KEDA from zero, its load read from the test's Prometheus every second."""
+    return {
+        "engine": "KEDA",
+        "minReplicas": 0,
+        "maxReplicas": 4,
+        "load": {"targetPerPod": 4},
+        "keda": {"prometheusAddress": f"http://127.0.0.1:{prom_port}", "pollingInterval": 1, "cooldownPeriod": 5},
+    }
+
+
 def test_keda_s_webhook_refuses_a_scaled_object_for_a_workload_an_hpa_manages(ns):
     """The webhooks run (dev/keda.py registers the module's own configuration): what every standard KEDA
     install does to a ScaledObject whose target an HPA of someone else's scales."""
@@ -308,17 +309,7 @@ async def test_switching_engines_on_keda_with_its_webhooks_converges_both_ways_a
     exposition.set_demand(4)  # one encoder's worth: KEDA holds one replica
     with exposition.serve() as router_port, prometheus(ns, router_port, tmp_path) as prom_port:
         async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "1"):
-            on_keda = {
-                "engine": "KEDA",
-                "minReplicas": 0,
-                "maxReplicas": 4,
-                "load": {"targetPerPod": 4},
-                "keda": {
-                    "prometheusAddress": f"http://127.0.0.1:{prom_port}",
-                    "pollingInterval": 1,
-                    "cooldownPeriod": 5,
-                },
-            }
+            on_keda = keda_from_zero(prom_port)
             on_hpa = {"engine": "HPA", "minReplicas": 2, "maxReplicas": 4, "load": {"targetPerPod": 4}, "keda": None}
             doc = epd_doc()
             doc["spec"]["encoder"]["autoscaling"] = {k: v for k, v in on_hpa.items() if v is not None}

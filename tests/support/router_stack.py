@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +17,15 @@ from epd_operator.router.config import RouterConfig
 from epd_operator.router.server import Router, RouterServer
 
 from .fake_vllm import FakeVLLM
+
+
+async def until(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    """Until `condition()` holds, polling every 5 ms; fails after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not condition():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.005)
 
 
 def router_argv(port: int, *args: str) -> list[str]:

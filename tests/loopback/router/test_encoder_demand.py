@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.support.prom import sample_values
-from tests.support.router_stack import router_stack
+from tests.support.router_stack import router_stack, until
 
 CHAT = "/v1/chat/completions"
 DEPLOYMENT = "qwen-vl"
@@ -27,14 +27,6 @@ def chat(*parts, **extra):
         "messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, *parts]}],
         **extra,
     }
-
-
-async def until(condition, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not condition():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.005)
 
 
 async def demand(s) -> float:

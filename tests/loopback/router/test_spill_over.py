@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.support.prom import sample_values
-from tests.support.router_stack import router_stack
+from tests.support.router_stack import router_stack, until
 
 CHAT = "/v1/chat/completions"
 
@@ -24,14 +24,6 @@ def encoded_urls(fakes) -> list[str]:
     return [
         part["image_url"]["url"] for fake in fakes for body in fake.bodies() for part in body["messages"][0]["content"]
     ]
-
-
-async def until(condition, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not condition():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize("rewrite", ["metadata", "pinned"])
