@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s k8s-node node-images cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-autoscale-keda bench-faults mutation images image-deps node-store-clean clean
+.PHONY: help install vllm-env k8s k8s-node node-images cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-autoscale-keda bench-faults mutation module-sources images image-deps node-store-clean clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-21s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -81,12 +81,12 @@ lint: install ## ruff check, ruff format --check and mypy (what the pre-commit h
 # (dev/test_streams.py); .ci/run calls it. The caches build side by side: the Go builds are CPU, the vLLM
 # venv and the images mostly download, unpack and copy.
 test: install ## lint, then every test tier, the node tier's quick part beside the rest (CI: .ci/run)
-	$(MAKE) -j3 vllm-env k8s-node test-tools node-images
+	$(MAKE) -j3 vllm-env k8s-node test-tools node-images module-sources
 	$(MAKE) lint
 	$(BIN)/python -m dev.test_streams
 
-# Pure tests: no process, no socket, no heavy build; a fresh clone needs only the venv.
-test-unit: install ## the pure tier (tests/unit): needs only the venv
+# Pure tests: no process, no socket, no heavy build; a fresh clone needs the venv and the sources below.
+test-unit: install module-sources ## the pure tier (tests/unit): needs only the venv and KEDA's module source
 	$(BIN)/pytest tests/unit
 
 # Routers, workers, the janitor sidecar and fake vLLM backends as processes and loopback servers.
@@ -124,7 +124,12 @@ demo: install ## run an example on this machine on real vLLM (EXAMPLE=examples/.
 
 # Every generated file from its generator (dev/generate): the CRD and the operator chart's copy, the
 # Kubernetes schemas the API embeds, the deployment chart's values schema, the dashboard, docs/api.md's reference.
-generate: install ## rewrite every generated file from its generator (dev/generate)
+# The Go module sources generators read (KEDA's CRDs, for the ScaledObject types in api/kube_schemas.json),
+# downloaded into Go's module cache once (seconds): the pure tier checks generated files without a process.
+module-sources: install ## download the Go module sources make generate reads (KEDA's release)
+	$(BIN)/python -m dev.keda >/dev/null
+
+generate: install module-sources ## rewrite every generated file from its generator (dev/generate)
 	$(BIN)/python -m dev.generate
 
 # The overhead benchmark drives load with wrk (Debian's package): installed when missing and possible.
