@@ -43,7 +43,7 @@ from .cluster_pki import ADMIN_TOKEN_USER, kubeconfig, make_pki
 from .fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, GPU, FakeNode
 from .k8s_binaries import NEWEST, OLDEST, binaries, log
 from .lifetimes import die_with_parent
-from .node_kube_config import CLUSTER_DNS_IP, CLUSTER_DOMAIN, SERVICE_CIDR
+from .node_kube_config import CLUSTER_DNS_IP, CLUSTER_DOMAIN, REAL_NODE_LABEL, SERVICE_CIDR
 from .ports import free_port
 from .real_node import RealNode, RealNodeSpec, unavailable
 
@@ -128,7 +128,6 @@ class Component:
 
 LWS_COMPONENT = "lws-controller-manager"
 KEDA_OPERATOR, KEDA_METRICS_SERVER, KEDA_WEBHOOKS = "keda-operator", "keda-metrics-apiserver", "keda-admission-webhooks"
-GATEWAY_COMPONENT = "traefik"
 
 
 def components_network(real_nodes: Sequence[RealNode]) -> list[str]:
@@ -533,25 +532,30 @@ class LocalCluster(ClusterApi):
         self._component(KEDA_WEBHOOKS, argv.webhooks, env=env)
         keda.register_webhooks(self, self.pki, ports.webhooks, ports.webhooks_health, timeout, enter)
 
-    def start_gateway(self, timeout: float = 60) -> str:
-        """Run Traefik as the cluster's Gateway API gateway (dev/gateway.py), with its GatewayClass and
-        Gateway, in the real node's network namespace; once. Returns the Gateway's address
-        (``http://<node IP>:<port>``), which answers where pods do."""
+    def start_gateway(self, timeout: float = 120) -> str:
+        """Run Traefik as the cluster's Gateway API gateway (dev/gateway.py): its GatewayClass and Gateway,
+        and Traefik as a Deployment on the real node behind its Service; once (again: nothing changes).
+        Returns the Gateway's address (``http://<Service ClusterIP>:<port>``), which answers where pods do."""
         from . import gateway
+        from .images import build_traefik
 
-        node_ip = self.real_node().spec.node_ip
-        address = f"http://{node_ip}:{gateway.PORT}"
-        if any(c.name == GATEWAY_COMPONENT for c in self.components):
-            return address
-        binary = gateway.ensure()
+        node = self.real_node()
+        node.load_image(build_traefik())
         gateway.install_crds(self)
         for obj in gateway.objects():
             self.apply(obj)
-        enter = components_network(self.real_nodes)
-        argv = gateway.argv(binary, self.server, self.admin_token, self.pki / "ca.crt", node_ip)
-        self._component(GATEWAY_COMPONENT, [*enter, *argv])
-        self.wait_component_ready(gateway.PING_PORT, "Traefik", timeout, enter=enter, path="/ping")
-        return address
+        ip = self.request("GET", f"/api/v1/namespaces/{gateway.NAMESPACE}/services/{gateway.GATEWAY}")["spec"][
+            "clusterIP"
+        ]
+        self.apply(gateway.deployment(ip, {REAL_NODE_LABEL: "true"}))
+        path = f"/apis/apps/v1/namespaces/{gateway.NAMESPACE}/deployments/{gateway.NAME}"
+        deadline = time.monotonic() + timeout
+        while not (self.request("GET", path).get("status") or {}).get("availableReplicas"):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Traefik's pod was not Ready after {timeout:.0f} s")
+            time.sleep(0.5)
+        return f"http://{ip}:{gateway.PORT}"
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
         path.write_text(

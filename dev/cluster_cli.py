@@ -92,7 +92,10 @@ def _up(args: argparse.Namespace) -> int:
         )
         if args.gateway:
             address = cluster.start_gateway()
-            keda += f" Traefik serves Gateway {gateway.NAMESPACE}/{gateway.GATEWAY} at {address} (in {where})."
+            keda += (
+                f" Traefik serves Gateway {gateway.NAMESPACE}/{gateway.GATEWAY} at {address} "
+                f"(a pod on the real node, labelled {gateway.LABELS})."
+            )
         message = (
             f"Kubernetes {cluster.version} is running at {cluster.server} "
             f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.{keda}\n"

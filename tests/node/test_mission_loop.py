@@ -17,8 +17,11 @@ carrying the encoder tier's labels is refused at prefill's and decode's vLLM por
 channel, a chat through the router Service answers and moves its KV over NIXL (UCX on the ports the
 policies name), with `egressTo` naming only the API server the deployment's pods still resolve names
 through CoreDNS (port 1053 behind the Service's 53) and reach the API server while an unlisted pod is
-refused, a real gateway (Traefik, dev/gateway.py) accepts the rendered HTTPRoute and answers an image
-request and a stream through its address as the router Service does, and with
+refused, a real gateway (Traefik running as a pod, dev/gateway.py) accepts the rendered HTTPRoute and
+answers an image request and a stream through its address as the router Service does, with `routerFrom`
+naming the gateway's pods a pod beside the gateway is refused by the router while the gateway is
+answered, a Prometheus pod of another namespace (tests/support/scraper.py) scrapes the router and every
+vLLM pod through the scraper rule and cannot without it, and with
 `spec.networkPolicy.enabled: false` the direct requests answer again. Each test asks a fixture for the state it needs
 (the example applied and settled, the E+PD answer it compares with), so any test runs alone or in any
 order; in file order each state is already there when the next test asks for it.
@@ -42,6 +45,8 @@ import yaml
 from dev import gateway, kube_router, network_policy_engine
 from dev.client import chat_body, image_part, text_part
 from dev.images import VLLM_CPU_IMAGE, operator_image
+from epd_operator.render.router_args import ROUTER_METRICS_PORT, ROUTER_PORT
+from tests.support import scraper
 from tests.support.cluster import EPD_API, KubeView, wait_for
 from tests.support.fault_checks import check
 from tests.support.fault_table import QUICK_REPLICAS, QUICK_ROWS, SECOND, FaultRecord, run_recorded
@@ -63,6 +68,7 @@ PD_ROLES = ("encoder", "prefill", "decode", "router")
 CLIENT_NS, CLIENT = "netpol-client", "client"  # a pod of another namespace, for the NetworkPolicy tests
 CLIENT_PORT = 8081  # where the client pod answers HTTP (an egress destination the policies do not list)
 IMPOSTOR = "encoder-impostor"  # a pod of the deployment's namespace carrying the encoder tier's labels
+BESIDE_GATEWAY = "beside-gateway"  # a pod in the gateway's namespace that is not the gateway
 
 
 pytestmark = [
@@ -707,6 +713,105 @@ def test_a_stream_through_the_gateway_is_the_router_services_stream(through_gate
     direct, gatewayed = streams["router Service"], streams["gateway"]
     assert len(direct["tokens"]) == MAX_TOKENS and direct["finish"] == ["length"], direct
     assert gatewayed == direct
+
+
+def _pod_beside_the_gateway() -> dict[str, Any]:
+    """A pod in the gateway's namespace that is not one of its pods (another label)."""
+    pod = _client_pod()
+    pod["metadata"] = {"name": BESIDE_GATEWAY, "namespace": gateway.NAMESPACE, "labels": {"app": BESIDE_GATEWAY}}
+    return pod
+
+
+def _router_policy_admits_only_named_peers(m: Mission) -> bool:
+    policy = m.kube.get("networking.k8s.io/v1", "NetworkPolicy", f"{PD_NAME}-router") or {"spec": {}}
+    api_rules = [
+        r for r in policy["spec"].get("ingress") or [] if {"port": ROUTER_PORT, "protocol": "TCP"} in r["ports"]
+    ]
+    return bool(api_rules) and all("from" in r for r in api_rules)
+
+
+@needs_engine
+def test_with_router_from_naming_the_gateways_pods_only_the_gateway_reaches_the_router(
+    through_gateway: tuple[Policed, str],
+):
+    """`spec.networkPolicy.routerFrom` naming Traefik's pods (their namespace and labels, as
+    examples/epd-behind-gateway.yaml names Envoy Gateway's): a pod beside the gateway, in its namespace,
+    is refused at the router's port and a chat through the Gateway's address is answered; before the
+    narrowing that same pod reached the router (so the refusal is the policy's)."""
+    policed, address = through_gateway
+    m = policed.m
+    beside = KubeView(m.cluster, gateway.NAMESPACE, m.kube.kubeconfig)
+    if beside.get("v1", "Pod", BESIDE_GATEWAY) is None:
+        beside.create(_pod_beside_the_gateway())
+    wait_for(lambda: is_ready(beside.get("v1", "Pod", BESIDE_GATEWAY)), 120, "the pod beside the gateway did not start")
+    source = (gateway.NAMESPACE, BESIDE_GATEWAY, "client")
+    router_url = f"http://{policed.pod_ip('router')}:{ROUTER_PORT}/v1/models"
+    wait_for(lambda: policed.probe("http", router_url, source=source).reached, 60, "the router never answered")
+    only_gateway = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": gateway.NAMESPACE}},
+        "podSelector": {"matchLabels": gateway.LABELS},
+    }
+    policed.patch({"networkPolicy": {"routerFrom": [only_gateway]}})
+    try:
+        wait_for(lambda: _router_policy_admits_only_named_peers(m), 60, lambda: f"policies: {policed.policies()}")
+        wait_for(lambda: network_policy_engine.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
+        wait_for(
+            lambda: not policed.probe("http", router_url, source=source).reached,
+            60,
+            "the pod beside the gateway still reached the router with routerFrom naming the gateway's pods",
+            interval=2,
+        )
+        assert not policed.probe("http", router_url).reached, "a pod of another namespace reached the router"
+        status, text = m.in_node(f"{address}/v1/chat/completions", _chat_body(6))
+        assert status == 200, text[:500]
+        assert json.loads(text)["usage"]["completion_tokens"] == MAX_TOKENS
+    finally:
+        policed.patch({"networkPolicy": None})
+        beside.kubectl("-n", gateway.NAMESPACE, "delete", "pod", BESIDE_GATEWAY, "--ignore-not-found", "--wait=false")
+
+
+def _scraped(m: Mission, prometheus_ip: str) -> dict[str, float]:
+    url = f"http://{prometheus_ip}:{scraper.PORT}/api/v1/query?query=up"
+    status, text = m.in_node(url, timeout=10)
+    return scraper.up_by_role(json.loads(text)) if status == 200 else {}
+
+
+@needs_engine
+def test_a_prometheus_pod_admitted_by_the_scraper_rule_scrapes_the_router_and_vllm_and_without_it_cannot(
+    policed: Policed,
+):
+    """A Prometheus running as a pod in a namespace of its own, labelled as the Prometheus Operator labels
+    its pods (what the default `spec.networkPolicy.scrapers` admits), scrapes the router's metrics port
+    and each vLLM pod's API port (vLLM's `/metrics`); with `scrapers: []` every scrape fails."""
+    from dev.images import build_prometheus, prometheus_image
+
+    m = policed.m
+    m.cluster.real_node().load_image(build_prometheus())
+    targets = {"router": f"{policed.pod_ip('router')}:{ROUTER_METRICS_PORT}"}
+    targets |= {role: f"{policed.pod_ip(role)}:{VLLM_PORT}" for role in ("encoder", "prefill", "decode")}
+    view = KubeView(m.cluster, scraper.NAMESPACE, m.kube.kubeconfig)
+    if view.get("v1", "Pod", scraper.NAME) is not None:  # an earlier run's, scraping other pods' addresses
+        view.kubectl("-n", scraper.NAMESPACE, "delete", "pod", scraper.NAME, "--wait=true")
+    for obj in scraper.objects(prometheus_image(), targets):
+        m.cluster.apply(obj)
+    try:
+        wait_for(lambda: is_ready(view.get("v1", "Pod", scraper.NAME)), 120, "the Prometheus pod was not Ready")
+        ip = str((view.get("v1", "Pod", scraper.NAME) or {})["status"]["podIP"])
+        every = dict.fromkeys(targets, 1.0)
+        wait_for(lambda: _scraped(m, ip) == every, 60, lambda: f"up by role: {_scraped(m, ip)}", interval=1)
+        policed.patch({"networkPolicy": {"scrapers": []}})
+        wait_for(lambda: len(_backend_ingress(m)) == 1, 60, lambda: f"policies: {policed.policies()}", interval=1)
+        wait_for(lambda: network_policy_engine.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
+        none = dict.fromkeys(targets, 0.0)
+        wait_for(lambda: _scraped(m, ip) == none, 60, lambda: f"up by role: {_scraped(m, ip)}", interval=1)
+    finally:
+        policed.patch({"networkPolicy": None})
+        view.kubectl("-n", scraper.NAMESPACE, "delete", "pod", scraper.NAME, "--ignore-not-found", "--wait=false")
+
+
+def _backend_ingress(m: Mission) -> list[dict[str, Any]]:
+    policy = m.kube.get("networking.k8s.io/v1", "NetworkPolicy", f"{PD_NAME}-backends") or {"spec": {}}
+    return list(policy["spec"].get("ingress") or [])
 
 
 @needs_engine
