@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 .DEFAULT_GOAL := help
 
-.PHONY: help install vllm-env k8s k8s-node node-images cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-autoscale-keda bench-faults mutation module-sources images image-deps node-store-clean clean
+.PHONY: help install vllm-env k8s k8s-node node-images cluster cluster-down lint test test-unit test-loopback test-integration test-helm test-e2e test-node test-tools demo generate bench bench-tools bench-quick bench-e2e bench-autoscale bench-autoscale-keda bench-faults bench-gateway mutation module-sources images image-deps node-store-clean clean
 
 help: ## this list: every target and what it does
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-21s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -164,6 +164,11 @@ bench-autoscale-keda: k8s-node test-tools ## the encoder tier scaled to zero and
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m dev.keda build >/dev/null
 	$(BIN)/python -m bench.autoscale --keda
+
+# What the local cluster's gateway (Traefik as a pod) adds to a request against the router Service reached
+# directly: p50 and CPU per request. bench/results/gateway.md and .json (about 10 minutes on 2 cores).
+bench-gateway: k8s-node ## the gateway's added latency and CPU per request, on real pods
+	$(BIN)/python -m bench.gateway
 
 # The fault table on the local cluster's real node (root, like test-node): two pods per tier under steady load
 # through the router Service; pods, a router, the operator, the API server and etcd, the kubelet fail one after
