@@ -21,10 +21,10 @@ JOB = "epd"
 
 
 def config(targets: dict[str, str]) -> str:
-    """A one-second scrape of each ``role -> host:port`` target, labelled ``role``."""
+    """A scrape every two seconds of each ``role -> host:port`` target, labelled ``role``."""
     return yaml.safe_dump(
         {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"},
             "scrape_configs": [
                 {
                     "job_name": JOB,
