@@ -23,9 +23,9 @@ install: $(STAMP) ## .venv with the package (editable) and the test dependencies
 # wheel (parser and config objects only, over the CPU venv's packages): built once (minutes, with
 # progress) into ~/.cache/epd-operator, then reused by every run and fresh clone.
 vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, into ~/.cache/epd-operator
-	$(BIN)/python -m dev.venv
-	$(BIN)/python -m dev.tiny_model
-	$(BIN)/python -m dev.vllm_wheel
+	$(BIN)/python -m dev.builds.venv
+	$(BIN)/python -m dev.builds.tiny_model
+	$(BIN)/python -m dev.builds.vllm_wheel
 
 # The real Kubernetes control plane the tests run on (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok) and the real node's kubelet and kube-proxy, built once by one `go build`
@@ -33,9 +33,9 @@ vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, i
 # progress), the cluster's DNS, CoreDNS, and the real node's NetworkPolicy engine, kube-router's firewall,
 # from the Go module proxy (~/.cache/epd-operator/coredns, ~/.cache/epd-operator/kube-router).
 k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet and kube-proxy (one go build), CoreDNS and kube-router
-	$(BIN)/python -m dev.cluster_cli build --real-node
-	$(BIN)/python -m dev.coredns
-	$(BIN)/python -m dev.kube_router >/dev/null
+	$(BIN)/python -m dev.cluster.cli build --real-node
+	$(BIN)/python -m dev.parts.coredns
+	$(BIN)/python -m dev.parts.kube_router >/dev/null
 
 # Plus the oldest supported kube-apiserver, prometheus-adapter for the custom metrics API the encoder
 # HPA reads (~/.cache/epd-operator/prometheus-adapter), the LeaderWorkerSet controller for multi-node
@@ -43,16 +43,16 @@ k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet 
 # (~/.cache/epd-operator/keda): only the tests marked late_build need them, which `make test` runs
 # once they are built; their cold builds would take it past its time budget.
 k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter, the LWS controller and KEDA, from source, cached
-	$(BIN)/python -m dev.cluster_cli build --oldest
-	$(BIN)/python -m dev.prometheus_adapter
-	$(BIN)/python -m dev.lws
-	$(BIN)/python -m dev.keda build
+	$(BIN)/python -m dev.cluster.cli build --oldest
+	$(BIN)/python -m dev.parts.prometheus_adapter
+	$(BIN)/python -m dev.parts.lws
+	$(BIN)/python -m dev.parts.keda build
 
-# The node tier's images as archives (dev/images.py), built beside the Go builds: they copy files where
+# The node tier's images as archives (dev/builds/images.py), built beside the Go builds: they copy files where
 # those compile. Only where a real node can run (root, buildah, mmdebstrap); elsewhere its tests skip.
 node-images: vllm-env ## the node tier's images as archives, without loading them (where a real node can run)
 	@if [ "$$(id -u)" = 0 ] && command -v buildah >/dev/null && command -v mmdebstrap >/dev/null; then \
-	  $(BIN)/python -m dev.images build pause coredns echo vllm-stub base operator vllm-cpu >/dev/null; \
+	  $(BIN)/python -m dev.builds.images build pause coredns echo vllm-stub base operator vllm-cpu >/dev/null; \
 	else echo "make test: no root, buildah or mmdebstrap here: the node tier's images are not built and its tests skip"; fi
 
 # A local control plane with fake GPU nodes and a real node (containerd, runc, CNI, kubelet, kube-proxy,
@@ -60,15 +60,15 @@ node-images: vllm-env ## the node tier's images as archives, without loading the
 # `apt-get install runc containerd containernetworking-plugins ipset`),
 # in the background: prints the kubeconfig and how to stop it. `make images` loads the images into it.
 cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node enforcing NetworkPolicies and the LWS controller in the background (KEDA=1: and KEDA; GATEWAY=1: and Traefik as the Gateway API gateway)
-	$(BIN)/python -m dev.cluster_cli up --detach --real-node --lws $(if $(KEDA),--keda) $(if $(GATEWAY),--gateway)
+	$(BIN)/python -m dev.cluster.cli up --detach --real-node --lws $(if $(KEDA),--keda) $(if $(GATEWAY),--gateway)
 
 cluster-down: install ## stop the local control plane
-	$(BIN)/python -m dev.cluster_cli down
+	$(BIN)/python -m dev.cluster.cli down
 
 # The real node's image store (~/.cache/epd-operator/node/containerd): containerd roots kept between
 # clusters so that images are imported once. Refused while a cluster's node holds a slot.
 node-store-clean: install ## empty the real node's image store (refused while a cluster runs)
-	$(BIN)/python -m dev.node_store clear
+	$(BIN)/python -m dev.node.store clear
 
 # ruff (lint and format) over the code and tests, mypy over the package (it ships py.typed).
 lint: install ## ruff check, ruff format --check and mypy (what the pre-commit hooks run)
@@ -78,12 +78,12 @@ lint: install ## ruff check, ruff format --check and mypy (what the pre-commit h
 
 # The test tiers, one folder each, named by what they need (docs/development.md#test-tiers).
 # `make test` is lint, then every tier in one pytest run with the node tier's quick part beside it
-# (dev/test_streams.py); .ci/run calls it. The caches build side by side: the Go builds are CPU, the vLLM
+# (dev/testing/test_streams.py); .ci/run calls it. The caches build side by side: the Go builds are CPU, the vLLM
 # venv and the images mostly download, unpack and copy.
 test: install ## lint, then every test tier, the node tier's quick part beside the rest (CI: .ci/run)
 	$(MAKE) -j3 vllm-env k8s-node test-tools node-images module-sources
 	$(MAKE) lint
-	$(BIN)/python -m dev.test_streams
+	$(BIN)/python -m dev.testing.test_streams
 
 # Pure tests: no process, no socket, no heavy build; a fresh clone needs the venv and the sources below.
 test-unit: install module-sources ## the pure tier (tests/unit): needs only the venv and KEDA's module source
@@ -120,14 +120,14 @@ test-tools: ## install Debian's prometheus and libibverbs for the autoscaling an
 
 # EXAMPLE=examples/epd-nixl-autoscaled.yaml runs E/P/D with KV over NIXL (default: E+PD, shared storage).
 demo: install ## run an example on this machine on real vLLM (EXAMPLE=examples/...yaml)
-	$(BIN)/python -m dev.demo $(if $(EXAMPLE),--example $(EXAMPLE))
+	$(BIN)/python -m dev.local.demo $(if $(EXAMPLE),--example $(EXAMPLE))
 
 # Every generated file from its generator (dev/generate): the CRD and the operator chart's copy, the
 # Kubernetes schemas the API embeds, the deployment chart's values schema, the dashboard, docs/api.md's reference.
 # The Go module sources generators read (KEDA's CRDs, for the ScaledObject types in api/kube_schemas.json),
 # downloaded into Go's module cache once (seconds): the pure tier checks generated files without a process.
 module-sources: install ## download the Go module sources make generate reads (KEDA's release)
-	$(BIN)/python -m dev.keda >/dev/null
+	$(BIN)/python -m dev.parts.keda >/dev/null
 
 generate: install module-sources ## rewrite every generated file from its generator (dev/generate)
 	$(BIN)/python -m dev.generate
@@ -162,7 +162,7 @@ bench-autoscale: k8s-node test-tools ## the encoder autoscaling loop on real pod
 # .png, .json (about 20 minutes with the vLLM image in the node store).
 bench-autoscale-keda: k8s-node test-tools ## the encoder tier scaled to zero and back by KEDA on real pods: time to serve, latency at zero
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
-	$(BIN)/python -m dev.keda build >/dev/null
+	$(BIN)/python -m dev.parts.keda build >/dev/null
 	$(BIN)/python -m bench.autoscale --keda
 
 # What the local cluster's gateway (Traefik as a pod) adds to a request against the router Service reached
@@ -176,7 +176,7 @@ bench-gateway: k8s-node ## the gateway's added latency and CPU per request, on r
 bench-faults: k8s-node ## the fault table on real pods: what each fault costs a client, in figures
 	$(BIN)/python -m bench.faults
 
-# Mutation score of every product module the fast tests reach, per group (dev/mutation.py's GROUPS) with mutmut:
+# Mutation score of every product module the fast tests reach, per group (dev/testing/mutation.py's GROUPS) with mutmut:
 # each mutant runs only the unit and in-process loopback tests that reach it. A run replaces its groups' results
 # in bench/results/mutation.json and renders bench/results/mutation.md, which lists every module of the package;
 # fails when a module of the run is under 95% or a surviving mutant is unexplained. GROUP=kube runs one group
@@ -184,18 +184,18 @@ bench-faults: k8s-node ## the fault table on real pods: what each fault costs a 
 # core). STALE=1 runs nothing and lists the stored rows whose modules changed since the commit they were measured at.
 mutation: install ## mutation score per group (GROUP=kube: one group; JOBS=n mutants at once; STALE=1: list stale rows)
 	@$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q -e '.[test,mutation]'
-	$(BIN)/python dev/mutation.py $(if $(STALE),--stale,$(if $(GROUP),--group $(GROUP)) $(if $(JOBS),--jobs $(JOBS)))
+	$(BIN)/python dev/testing/mutation.py $(if $(STALE),--stale,$(if $(GROUP),--group $(GROUP)) $(if $(JOBS),--jobs $(JOBS)))
 
 image-deps: install ## whether images/vllm-epd's pins resolve with its base image's vLLM (pip --dry-run; needs PyPI, ~2 min)
-	$(BIN)/python -m dev.image_deps
+	$(BIN)/python -m dev.builds.image_deps
 
 # The images a local real node runs, without Docker or a registry: buildah and mmdebstrap (Debian's
 # packages) build them into ~/.cache/epd-operator/images as OCI archives keyed by their inputs, and load
 # them into a running `make cluster`. With a working Docker daemon, docker builds the operator and vLLM CPU
 # Dockerfiles from their usual bases instead, under the names the chart and the example use, and they are
-# loaded the same way (dev/images.py).
+# loaded the same way (dev/builds/images.py).
 images: install ## the images the real node runs, loaded into `make cluster` (buildah, or docker build where Docker works)
-	$(BIN)/python -m dev.images load
+	$(BIN)/python -m dev.builds.images load
 
 clean: ## remove .venv and build outputs
 	rm -rf $(VENV) .pytest_cache build *.egg-info operator/*.egg-info

@@ -3,7 +3,7 @@
 The deployment is `examples/epd-shared-storage.yaml` (E+PD, SharedStorage EC connector),
 sized for this CPU the way `make demo` sizes it (`cpu_sizing.fit_to_cpu`), with
 `encoder.replicas: 2` and `decode.replicas: 1`, rendered by the operator's `render()` and
-planned by `dev.plan` (the same machinery as `make demo` and the e2e tests).
+planned by `dev.local.plan` (the same machinery as `make demo` and the e2e tests).
 The plan runs one process per tier; the second encoder replica is the planned encoder's
 command line on another port (both write to the same local "claim" directory).
 
@@ -118,8 +118,8 @@ def _log(msg: str) -> None:
 
 
 def _spec() -> tuple[dict, list[str]]:
-    from dev.cpu_sizing import fit_to_cpu
-    from dev.runner import load_spec
+    from dev.local.cpu_sizing import fit_to_cpu
+    from dev.local.runner import load_spec
 
     spec, changes = fit_to_cpu(load_spec(EXAMPLE))
     spec["spec"]["encoder"]["replicas"] = 2
@@ -129,16 +129,16 @@ def _spec() -> tuple[dict, list[str]]:
 
 
 def _set(argv: list[str], flag: str, value: str) -> list[str]:
-    from dev.plan import set_flag
+    from dev.local.plan import set_flag
 
     return set_flag(argv, flag, value)
 
 
 def build_plan(workdir: Path):
     """The local plan of the rendered deployment, with the encoder Deployment's 2 replicas as 2 processes."""
-    from dev.plan import ENCODER, ROUTER
+    from dev.local.plan import ENCODER, ROUTER
+    from dev.local.runner import local_plan
     from dev.ports import free_port
-    from dev.runner import local_plan
 
     spec, changes = _spec()
     plan = local_plan(spec, workdir)
@@ -172,8 +172,8 @@ class Deployment:
         self.changes: list[str] = []
 
     def start(self) -> Deployment:
-        from dev.plan import DECODE, ROUTER
-        from dev.runner import LocalEPD
+        from dev.local.plan import DECODE, ROUTER
+        from dev.local.runner import LocalEPD
 
         self.plan, self.changes = build_plan(self.workdir)
         self.local = LocalEPD(self.plan, self.workdir, progress=_log)
@@ -280,7 +280,7 @@ ROUTER_COUNTERS = (
 
 
 def _scrape(url: str, counters) -> dict[str, float]:
-    from dev.client import metrics
+    from dev.local.client import metrics
 
     try:
         samples = metrics(url)
@@ -800,7 +800,7 @@ Ablation (per-repeat ratios, median and range; TTFT below 1× is faster, req/s a
 
 - **Deployment**: `examples/epd-shared-storage.yaml` (E+PD, SharedStorage EC connector) sized for this CPU as
   `make demo` sizes it ({"; ".join(dep.changes)}), rendered by the operator's `render()` and planned by
-  `dev.plan`: **two encoder processes (the encoder Deployment's 2 replicas) and one PD process** on
+  `dev.local.plan`: **two encoder processes (the encoder Deployment's 2 replicas) and one PD process** on
   the 2 cores, sharing one local directory as the RWX claim. Tiny random-weight Qwen2-VL (2 layers, hidden 128; a
   224 px image is 64 tokens), `OMP_NUM_THREADS=1` per vLLM process.
 {proc_lines}

@@ -1,4 +1,4 @@
-"""`make bench-gateway`: what the local cluster's Gateway API gateway (Traefik, dev/gateway.py) adds to a
+"""`make bench-gateway`: what the local cluster's Gateway API gateway (Traefik, dev/parts/gateway.py) adds to a
 request, against the router Service reached directly.
 
 On the local cluster's real node: the operator from its chart, examples/epd-local-cpu.yaml (E+PD, one
@@ -41,7 +41,7 @@ PER_BLOCK = {"models": 200, "image chat": 8}
 
 
 def _request(conn: http.client.HTTPConnection, kind: str, seed: int) -> float:
-    from dev.client import chat_body, image_part, text_part
+    from dev.local.client import chat_body, image_part, text_part
 
     if kind == "models":
         method, path, body = "GET", "/v1/models", None
@@ -117,7 +117,7 @@ def report(raw: dict[str, Any]) -> str:
         "",
         "Setup: the local cluster's real node; `examples/epd-local-cpu.yaml` (one encoder, one prefill+decode "
         "pod, one router; vLLM 0.32 for CPU, tiny Qwen2-VL) with its HTTPRoute attached to the Gateway that "
-        "Traefik 3.7.15 serves as a pod (dev/gateway.py). One client in the node's network namespace, "
+        "Traefik 3.7.15 serves as a pod (dev/parts/gateway.py). One client in the node's network namespace, "
         "sequential requests over one keep-alive connection per path, in interleaved blocks "
         f"({BLOCKS} per path): `GET /v1/models` (the router asks decode's vLLM) and a chat with a never-seen "
         "image (4 tokens). CPU: user+system time of the gateway's and the router's processes over each "
@@ -150,7 +150,7 @@ def report(raw: dict[str, Any]) -> str:
 
 
 def run(tmp: Path) -> dict[str, Any]:
-    from dev import gateway
+    from dev.parts import gateway
     from tests.support.cluster import EPD_API, wait_for
     from tests.support.mission import all_ready, describe, mission_cluster
 

@@ -2,7 +2,7 @@
 
     python -m bench.operator_scale [--deployments 1000] [--out bench/results/operator-scale.md]
 
-A local kube-apiserver with its etcd (dev/cluster.py, no controllers) behind the
+A local kube-apiserver with its etcd (dev/cluster/local.py, no controllers) behind the
 recording proxy (tests/support/faults.py), which counts every request the operator sends by verb and
 resource, as RBAC names them. The operator is a subprocess (leader election off: a single replica, so
 no Lease renewals among the writes) pinned to its own core; its RSS is read from /proc. The N custom
@@ -109,7 +109,7 @@ def rss_mib(pid: int) -> float:
 
 
 async def _measure(plan: Plan, log_dir: Path, progress) -> ScaleResult:
-    from dev.cluster import LocalCluster
+    from dev.cluster.local import LocalCluster
     from tests.support.cluster import epd_crd, install_crd
     from tests.support.faults import FaultProxy, api_verb
     from tests.support.operator_run import metric_value, operator_command
@@ -326,7 +326,7 @@ def _by_verb(counts: Counter[tuple[str, str]], per: float) -> str:
 
 
 def markdown(r: ScaleResult) -> str:
-    from dev.cluster import NEWEST as K8S
+    from dev.cluster.local import NEWEST as K8S
 
     p = r.plan
     n = p.deployments

@@ -12,10 +12,10 @@ Three ways, by what has to die:
   are close-on-exec). The owner tells it each group it starts (``+PGID``) and each it has stopped itself
   (``-PGID``). When the pipe closes, because the owner closed it or died (the kernel closes a dead
   process's descriptors, also after SIGKILL), the watcher SIGKILLs every group still on its list;
-- **a real node** (``dev/real_node.py``): containerd's shims and the containers leave every process tree,
+- **a real node** (``dev/node/real_node.py``): containerd's shims and the containers leave every process tree,
   so the node's watcher (``node``), started the same way, kills what is left in the node's cgroup, removes
-  the node's cgroups in every hierarchy (``dev/cgroups.py``), then the node's folder and its egress socket.
-  It inherits the lock of the node's image-store slot (``dev/node_store.py``) and never touches it: the
+  the node's cgroups in every hierarchy (``dev/node/cgroups.py``), then the node's folder and its egress socket.
+  It inherits the lock of the node's image-store slot (``dev/node/store.py``) and never touches it: the
   kernel drops the lock when the watcher exits, so no other node takes that containerd root while this
   node's processes may still write to it. Mounts and network namespaces need nothing: they vanish with
   their last process.
@@ -37,8 +37,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import cgroups
-from .paths import REPO
+from dev.node import cgroups
+from dev.paths import REPO
 
 _PR_SET_PDEATHSIG = 1
 # Loaded here, not in the child: a client library's thread may be running when we fork, and a dlopen in
@@ -115,7 +115,7 @@ def reap_node(
     cgroup: str, parents: list[str], remove: list[str], v2_here: str | None = None, v2_enabled: Sequence[str] = ()
 ) -> int:
     """The node's clean-up: its cgroups emptied and removed, the parents it created removed when empty,
-    with cgroup v2 the own cgroup's preparation undone (:func:`dev.cgroups.v2_restore`), then ``remove``."""
+    with cgroup v2 the own cgroup's preparation undone (:func:`dev.node.cgroups.v2_restore`), then ``remove``."""
     mounts = cgroups.hierarchies()
     roots = [m / cgroup.lstrip("/") for m in mounts]
     survivors = cgroups.kill_all(roots)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--cgroup", required=True, help="the node's cgroup path, the same in every hierarchy")
     node.add_argument("--parent", action="append", default=[], help="a parent cgroup to remove when empty")
     node.add_argument("--remove", action="append", default=[], help="a file or folder to delete once nothing runs")
-    node.add_argument("--v2-here", help="cgroup v2: the own cgroup prepared for the node (dev/cgroups.py)")
+    node.add_argument("--v2-here", help="cgroup v2: the own cgroup prepared for the node (dev/node/cgroups.py)")
     node.add_argument("--v2-enabled", action="append", default=[], help="cgroup v2: a controller it enabled")
     node.add_argument("--now", action="store_true", help="clean up at once instead of waiting for stdin to close")
     args = parser.parse_args(argv)

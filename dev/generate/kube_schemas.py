@@ -6,7 +6,7 @@ Generation turns the definitions into CRD *structural* schema form: every `$ref`
 node (no `null`), `IntOrString` as `x-kubernetes-int-or-string`, `Quantity` as int-or-string with the
 quantity grammar as pattern, descriptions dropped (size: each type is inlined once per tier), and
 free-form objects marked `x-kubernetes-preserve-unknown-fields`. The KEDA types (`KEDA_TYPES`) are already
-structural in the ScaledObject CRD KEDA ships in its Go module (`dev/keda.py`, fetched with `go mod
+structural in the ScaledObject CRD KEDA ships in its Go module (`dev/parts/keda.py`, fetched with `go mod
 download`): their nodes are taken as they are, descriptions dropped. Kubernetes' OpenAPI carries no enums
 for these types (the API server checks them in Go), so `ENUMS` adds the allowed values of the fields
 whose values are a closed set, taken from the Kubernetes API reference of that release, and
@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dev import keda
+from dev.parts import keda
 from epd_operator.api.kube_schemas import KEDA_API_VERSION, KEDA_TYPES, KEDA_VERSION, KUBERNETES_VERSION, TYPES
 
 PATH = "operator/epd_operator/api/kube_schemas.json"

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dev.local.runner import load_spec
 from epd_operator.api import parse_epd
 from epd_operator.cli import dump_yaml
 from epd_operator.render import render
-
-from ..runner import load_spec
 
 GOLDEN = "tests/golden/render"
 

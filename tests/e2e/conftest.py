@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dev import tiny_model, venv
+from dev.builds import tiny_model, venv
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The vLLM CPU venv asks for the AMX tile state in every process it starts (`dev/cpu_vllm/amx.py`).
+"""The vLLM CPU venv asks for the AMX tile state in every process it starts (`dev/builds/cpu_vllm/amx.py`).
 
 On an Intel CPU with AMX, vLLM 0.32's CPU attention kernel runs AMX instructions in the engine's
 worker without asking Linux for the tile state first, and the kernel kills the worker with SIGILL
@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from dev import venv
+from dev.builds import venv
 
 pytestmark = pytest.mark.usefixtures("vllm_ready")
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dev.client import chat, chat_body, image_part, metric_sum, text_part
-from dev.cpu_sizing import fit_to_cpu
-from dev.runner import load_spec, run_local
+from dev.local.client import chat, chat_body, image_part, metric_sum, text_part
+from dev.local.cpu_sizing import fit_to_cpu
+from dev.local.runner import load_spec, run_local
 from tests.support.vllm_pipeline import ask
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]

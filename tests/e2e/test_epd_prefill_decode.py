@@ -3,9 +3,9 @@
 Encoder, prefill (EC consumer + NixlConnector kv_producer), decode (NixlConnector kv_consumer)
 and `epd-router`, each with its rendered command line: the prompt's KV moves from prefill to
 decode over NIXL (UCX on loopback). The NIXL tiers run with the local runner's two CPU
-adaptations (`dev/cpu_vllm/sitecustomize.py`: no pinning, a 1 ms progress-thread delay), without
+adaptations (`dev/builds/cpu_vllm/sitecustomize.py`: no pinning, a 1 ms progress-thread delay), without
 which instances sharing 2 cores starve each other. What happened is read from vLLM's own metrics
-and prefill's log (`dev.kv_transfer`). Started once for the module.
+and prefill's log (`dev.local.kv_transfer`). Started once for the module.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from dev import kv_transfer
-from dev.client import chat, chat_body, image_part, text_part
-from dev.cpu_sizing import fit_to_cpu
-from dev.runner import load_spec, run_local
+from dev.local import kv_transfer
+from dev.local.client import chat, chat_body, image_part, text_part
+from dev.local.cpu_sizing import fit_to_cpu
+from dev.local.runner import load_spec, run_local
 from tests.support.vllm_pipeline import MAX_TOKENS, ask, requests_served
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first run also builds the vLLM venv

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from dev.client import chat, chat_body, image_part, image_url, text_part, video_part, video_url
-from dev.cpu_sizing import fit_to_cpu
-from dev.runner import load_spec, run_local
+from dev.local.client import chat, chat_body, image_part, image_url, text_part, video_part, video_url
+from dev.local.cpu_sizing import fit_to_cpu
+from dev.local.runner import load_spec, run_local
 from tests.support.vllm_pipeline import MAX_TOKENS, ask, requests_served, router_items
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first run also builds the vLLM venv

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dev.client import image_part, text_part
-from dev.cpu_sizing import fit_to_cpu
-from dev.runner import load_spec, run_local
+from dev.local.client import image_part, text_part
+from dev.local.cpu_sizing import fit_to_cpu
+from dev.local.runner import load_spec, run_local
 from tests.support.otlp_receiver import receiver_in_thread, wait_for_spans
 from tests.support.vllm_pipeline import ask
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from dev import venv
+from dev.builds import venv
 from dev.ports import free_port
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.router_stack import router_stack

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from dev import tiny_model, venv
-from dev.client import image_part, post
+from dev.builds import tiny_model, venv
 from dev.lifetimes import GroupReaper
-from dev.plan import CPU_ENV
+from dev.local.client import image_part, post
+from dev.local.plan import CPU_ENV
 from dev.ports import free_port
 
 pytestmark = [pytest.mark.usefixtures("vllm_ready"), pytest.mark.timeout(900)]

@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from dev import venv
+from dev.builds import venv
 from epd_operator.render import render
 from tests.support.render_examples import LOCAL_CPU_NIXL, example
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dev.k8s_binaries import NEWEST, minor
+from dev.builds.k8s_binaries import NEWEST, minor
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_CHART = REPO / "charts" / "epd-operator"

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from dev.runner import load_spec
+from dev.local.runner import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from dev.runner import load_spec
+from dev.local.runner import load_spec
 
 from .charts import DEPLOYMENT_CHART, REPO, ci_values
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
 from tests.support.cluster import KubeView, volumes, wait_for
 from tests.support.operator_run import OperatorProcess, wait_until
 

@@ -14,14 +14,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dev.k8s_binaries import NEWEST, OLDEST, minor
+from dev.builds.k8s_binaries import NEWEST, OLDEST, minor
 from epd_operator.api import spec as api_spec
 
 from .charts import CHARTS, OPERATOR_CHART, REPO, case_id, ci_values, values_cases
 
 pytestmark = pytest.mark.helm
 
-KUBERNETES_VERSIONS = (f"{minor(OLDEST)}.0", f"{minor(NEWEST)}.0")  # the pinned range (dev/k8s_binaries.py)
+KUBERNETES_VERSIONS = (f"{minor(OLDEST)}.0", f"{minor(NEWEST)}.0")  # the pinned range (dev/builds/k8s_binaries.py)
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 CRD_PATH = REPO / "crds" / "serving.epd.dev_epddeployments.yaml"
 

@@ -1,6 +1,6 @@
 """The encoder HPA reads its load through a real metrics pipeline on a REAL control plane: Prometheus
 (Debian's package) scrapes a router's /metrics exposition, prometheus-adapter (built from the Go module
-proxy, dev/prometheus_adapter.py) serves it with the rules the operator chart ships, registered as the
+proxy, dev/parts/prometheus_adapter.py) serves it with the rules the operator chart ships, registered as the
 custom.metrics.k8s.io APIService, and kube-controller-manager's own HPA controller reads it and scales
 the encoder Deployment. The EPDDeployment goes from "autoscaling inactive" to active as that happens.
 
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dev import prometheus_adapter
+from dev.parts import prometheus_adapter
 from dev.ports import free_port
 from epd_operator.api.spec import GROUP as EPD_GROUP
 from epd_operator.api.spec import PLURAL
@@ -48,7 +48,7 @@ LOAD = ENCODER_DEMAND_METRIC
 DEPLOYMENT = "vl"  # epd_doc()'s EPDDeployment
 # The deployment's encoder demand, in items; with the default target (4 per pod) 2 encoders ask for ceil(20/4) = 5.
 DEMAND = 20
-# prometheus-adapter is a late build: `make test` runs this module once `make k8s` has built it (dev/test_streams.py).
+# prometheus-adapter is a late build: `make test` runs this module once `make k8s` has built it (dev/testing/test_streams.py).
 pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
 
 

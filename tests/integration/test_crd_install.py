@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dev.cluster import NEWEST, OLDEST, LocalCluster
-from dev.runner import load_spec
+from dev.cluster.local import NEWEST, OLDEST, LocalCluster
+from dev.local.runner import load_spec
 from tests.support.cluster import CRD_FILE, KubeView, new_namespace, wait_for
 from tests.support.operator_run import epd_doc
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-# The oldest apiserver is a late build: `make test` runs its tests once `make k8s` has built it (dev/test_streams.py).
+# The oldest apiserver is a late build: `make test` runs its tests once `make k8s` has built it (dev/testing/test_streams.py).
 @pytest.fixture(
     scope="module", params=[NEWEST, pytest.param(OLDEST, marks=pytest.mark.late_build)], ids=lambda v: f"k8s-{v}"
 )

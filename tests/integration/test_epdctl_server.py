@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
 from epd_operator.cli import main
 from tests.support.cluster import KubeView, epd_crd, install_crd, new_namespace, wait_for
 from tests.support.operator_run import epd_doc

@@ -1,5 +1,5 @@
 """An encoder tier scaled by the real KEDA on a REAL control plane: KEDA's operator and metrics server,
-built from its Go module and run against the local cluster with its own CRDs (dev/keda.py), the metrics
+built from its Go module and run against the local cluster with its own CRDs (dev/parts/keda.py), the metrics
 server registered as the external.metrics.k8s.io APIService. The operator renders the ScaledObject; KEDA
 accepts it, creates its HPA, queries the load trigger from a real Prometheus (Debian's package) and serves
 the value through the APIService; kube-controller-manager's HPA controller reads it and scales the encoder
@@ -8,7 +8,7 @@ verdict throughout.
 
 What is not real here: the routers' exposition comes from RouterMetrics (the router's own registry) served
 by the test, with the encoder demand it sets, and the pods are kwok's. This local
-kube-apiserver calls aggregated APIs anonymously (no front-proxy certificates): dev/keda.py lets the
+kube-apiserver calls aggregated APIs anonymously (no front-proxy certificates): dev/parts/keda.py lets the
 anonymous user read external.metrics.k8s.io while KEDA runs.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dev import keda
-from dev.cluster import KEDA_METRICS_SERVER, KEDA_OPERATOR, LocalCluster
+from dev.cluster.local import KEDA_METRICS_SERVER, KEDA_OPERATOR, LocalCluster
+from dev.parts import keda
 from dev.ports import free_port
 from epd_operator.controller.apply import REFUSED_WHEN_WRITTEN
 from epd_operator.router.metrics import RouterMetrics
@@ -46,7 +46,7 @@ from tests.support.operator_run import (
 )
 from tests.support.prom import log_tail, serve_exposition
 
-# KEDA is a late build: `make test` runs this module once `make k8s` has built it (dev/test_streams.py).
+# KEDA is a late build: `make test` runs this module once `make k8s` has built it (dev/testing/test_streams.py).
 pytestmark = [pytest.mark.timeout(600), pytest.mark.late_build]
 
 KEDA_API = "keda.sh/v1alpha1"
@@ -77,7 +77,7 @@ class RouterExposition:
 def k8s_keda(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     if not keda.built():
         pytest.skip(
-            f"KEDA {keda.VERSION} is not built: `make k8s` (or `python -m dev.keda build`, about 9 minutes on 2 idle cores)"
+            f"KEDA {keda.VERSION} is not built: `make k8s` (or `python -m dev.parts.keda build`, about 9 minutes on 2 idle cores)"
         )
     if shutil.which("prometheus") is None:
         pytest.skip("Prometheus is not installed (Debian/Ubuntu: apt-get install prometheus; `make test-tools`)")
@@ -253,7 +253,7 @@ def keda_from_zero(prom_port: int) -> dict:
 
 
 def test_keda_s_webhook_refuses_a_scaled_object_for_a_workload_an_hpa_manages(ns):
-    """The webhooks run (dev/keda.py registers the module's own configuration): what every standard KEDA
+    """The webhooks run (dev/parts/keda.py registers the module's own configuration): what every standard KEDA
     install does to a ScaledObject whose target an HPA of someone else's scales."""
     ns.create(
         {

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from dev import k8s_binaries, paths
-from dev.cluster import NEWEST, LocalCluster
+from dev import paths
+from dev.builds import k8s_binaries
+from dev.cluster.local import NEWEST, LocalCluster
 from epd_operator.kube import ApiError
 
 STARTER = """
 import json, sys, time
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
 c = LocalCluster(apiserver_only=True)
 c.start()
 print(json.dumps({"port": c.port, "pids": [x.process.pid for x in c.components]}), flush=True)
@@ -87,7 +88,7 @@ def test_kubebuilder_assets_are_honoured_for_what_they_hold(tmp_path, monkeypatc
 
 
 def test_fake_nodes_carry_gpu_capacity_labels_and_taints_a_test_chooses(k8s: LocalCluster, kube):
-    from dev.cluster import FakeNode
+    from dev.cluster.local import FakeNode
 
     node = FakeNode(
         "a100-node",

@@ -1,5 +1,5 @@
 """Multi-node tiers with the real LeaderWorkerSet controller (sigs.k8s.io/lws, built from its Go module,
-its CRDs and webhooks: dev/lws.py) on the local control plane, pods on kwok's fake GPU nodes.
+its CRDs and webhooks: dev/parts/lws.py) on the local control plane, pods on kwok's fake GPU nodes.
 
 The operator renders the tier's LeaderWorkerSet; LWS creates each group's leader and worker pods
 (its pod webhook labels them and gives them the leader's address); the EPDDeployment's status reads
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
 from tests.support.cluster import KubeView, epd_crd, install_crd, new_namespace, volumes
 from tests.support.operator_run import condition, create, epd, epd_doc, operator_in_process, posted, wait_until
 

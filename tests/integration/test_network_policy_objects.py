@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.cluster import NEWEST, LocalCluster
+from dev.cluster.local import NEWEST, LocalCluster
 from epd_operator.api import parse_epd
 from epd_operator.render import render
 from tests.support.cluster import KubeView, api_path, new_namespace

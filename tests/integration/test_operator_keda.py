@@ -3,7 +3,7 @@ installed: the API server judges every rendered ScaledObject strictly, and the o
 the ScaledObject, never writes the tier's replicas, leaves the HPA KEDA creates alone, and reports the
 ScaledObject's verdict and an encoder tier at zero.
 
-No KEDA controller runs here (dev/keda.py only fetches its module): what KEDA does is done the way it
+No KEDA controller runs here (dev/parts/keda.py only fetches its module): what KEDA does is done the way it
 does it, through the API (the Deployment's scale subresource, the ScaledObject's status subresource,
 an HPA owned by the ScaledObject), so the operator's reading of real objects is what is tested. Without
 the CRD (a cluster without KEDA): tests/integration/test_operator_stale_crd.py.

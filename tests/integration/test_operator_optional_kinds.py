@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
 from dev.ports import free_port
 from epd_operator.controller.main import parse_args, run
 from tests.support.cluster import KubeView, epd_crd, install_crd, keda_crd, new_namespace

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
 from tests.support.cluster import KubeView, epd_crd, install_crd, new_namespace
 from tests.support.operator_run import (
     children,

@@ -17,7 +17,7 @@ carrying the encoder tier's labels is refused at prefill's and decode's vLLM por
 channel, a chat through the router Service answers and moves its KV over NIXL (UCX on the ports the
 policies name), with `egressTo` naming only the API server the deployment's pods still resolve names
 through CoreDNS (port 1053 behind the Service's 53) and reach the API server while an unlisted pod is
-refused, a real gateway (Traefik running as a pod, dev/gateway.py) accepts the rendered HTTPRoute and
+refused, a real gateway (Traefik running as a pod, dev/parts/gateway.py) accepts the rendered HTTPRoute and
 answers an image request and a stream through its address as the router Service does, with `routerFrom`
 naming the gateway's pods a pod beside the gateway is refused by the router while the gateway is
 answered, a Prometheus pod of another namespace (tests/support/scraper.py) scrapes the router and every
@@ -42,9 +42,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dev import gateway, kube_router, network_policy_engine
-from dev.client import chat_body, image_part, text_part
-from dev.images import VLLM_CPU_IMAGE, operator_image
+from dev.builds.images import VLLM_CPU_IMAGE, operator_image
+from dev.local.client import chat_body, image_part, text_part
+from dev.parts import gateway, kube_router, network_policy_engine
 from epd_operator.render.router_args import ROUTER_METRICS_PORT, ROUTER_PORT
 from tests.support import scraper
 from tests.support.cluster import EPD_API, KubeView, wait_for
@@ -165,7 +165,7 @@ def _chat_body(seed: int) -> dict[str, Any]:
 
 
 def test_a_chat_with_an_image_through_kubectl_port_forward_is_encoded_once(mission: Mission, example: Example):
-    from dev.client import chat
+    from dev.local.client import chat
 
     encoded = mission.metric("encoder", "vllm:request_success_total")
     answered = mission.metric("decode", "vllm:request_success_total")
@@ -328,7 +328,7 @@ def test_deleting_the_epddeployment_removes_every_pod(example: Example):
 
 @dataclass
 class _PodsEPD:
-    """A running E/P/D deployment as `dev.kv_transfer` reads one: each tier's URL (a port-forward to its
+    """A running E/P/D deployment as `dev.local.kv_transfer` reads one: each tier's URL (a port-forward to its
     one pod) and its log (`kubectl logs`)."""
 
     m: Mission
@@ -349,7 +349,7 @@ class _PodsEPD:
 @pytest.fixture
 def e_pd_answer(example: Example) -> list[int]:
     """The E+PD deployment's greedy answer for image 1 (the port-forward test's, else asked for here)."""
-    from dev.client import chat
+    from dev.local.client import chat
 
     if 1 not in example.answers:
         with _port_forward(example.deployed()) as port:
@@ -362,7 +362,7 @@ def e_pd_answer(example: Example) -> list[int]:
 @contextlib.contextmanager
 def _kv_counters(mission: Mission, logs: Path) -> Iterator[_PodsEPD]:
     """Prefill's and decode's own /metrics and logs (port-forwards through the kubelet, not the pod
-    network), as `dev.kv_transfer` reads them."""
+    network), as `dev.local.kv_transfer` reads them."""
     with contextlib.ExitStack() as stack:
         urls = {}
         for role in ("prefill", "decode"):
@@ -379,8 +379,8 @@ def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(
     decode from prefill with NIXL (UCX over TCP) through the rendered side channel (the pod's IP),
     unchanged; vLLM's own counters say every transfer succeeded and no lease expired, and the greedy
     answer equals the E+PD deployment's for the same image."""
-    from dev import kv_transfer
-    from dev.client import chat
+    from dev.local import kv_transfer
+    from dev.local.client import chat
 
     mission = example.e_p_d()
     for role in ("prefill", "decode"):
@@ -402,7 +402,7 @@ def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(
 
 
 # The rendered NetworkPolicies on the E/P/D variant (on by default), enforced by the node's engine
-# (kube-router's firewall, dev/network_policy_engine.py), seen from a pod of another namespace.
+# (kube-router's firewall, dev/parts/network_policy_engine.py), seen from a pod of another namespace.
 
 # Run in the client pod: one TCP connection or HTTP request, its outcome as JSON on stdout.
 _PROBE = """
@@ -495,7 +495,8 @@ def _client_pod() -> dict[str, Any]:
 
 
 needs_engine = pytest.mark.skipif(
-    not kube_router.KUBE_ROUTER.built(), reason="kube-router is not built: make k8s-node (or python -m dev.kube_router)"
+    not kube_router.KUBE_ROUTER.built(),
+    reason="kube-router is not built: make k8s-node (or python -m dev.parts.kube_router)",
 )
 
 
@@ -535,7 +536,7 @@ def test_from_another_namespace_the_vllm_ports_and_the_side_channel_are_closed(p
 
 @needs_engine
 def test_with_the_policies_on_the_router_service_answers_and_kv_moves_over_nixl(policed: Policed, tmp_path: Path):
-    from dev import kv_transfer
+    from dev.local import kv_transfer
 
     m = policed.m
     with _kv_counters(m, tmp_path) as running:
@@ -783,7 +784,7 @@ def test_a_prometheus_pod_admitted_by_the_scraper_rule_scrapes_the_router_and_vl
     """A Prometheus running as a pod in a namespace of its own, labelled as the Prometheus Operator labels
     its pods (what the default `spec.networkPolicy.scrapers` admits), scrapes the router's metrics port
     and each vLLM pod's API port (vLLM's `/metrics`); with `scrapers: []` every scrape fails."""
-    from dev.images import build_prometheus, prometheus_image
+    from dev.builds.images import build_prometheus, prometheus_image
 
     m = policed.m
     m.cluster.real_node().load_image(build_prometheus())

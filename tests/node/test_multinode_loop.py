@@ -1,7 +1,7 @@
 """A multi-node tier on real pods: the prefill+decode tier of examples/epd-local-cpu-multinode.yaml is a
 LeaderWorkerSet whose two pods (standing for two nodes) run vLLM 0.32 for CPU with the model split by
 tensor parallelism across them, on the local cluster's real node with the real LWS controller
-(dev/lws.py, started on the shared cluster; the chart's operator restarted so that it watches the
+(dev/parts/lws.py, started on the shared cluster; the chart's operator restarted so that it watches the
 LeaderWorkerSets whose CRD just appeared).
 
 LWS creates the leader and the worker, and both vLLM ranks say they joined one group; the tier's Service
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from dev.client import Reply, chat, chat_body, image_part, text_part
+from dev.local.client import Reply, chat, chat_body, image_part, text_part
 from tests.support.cluster import wait_for
 from tests.support.mission import Mission, remove
 from tests.support.mission import all_ready as _all_ready

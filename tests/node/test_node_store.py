@@ -1,4 +1,4 @@
-"""The real node's image store across clusters (dev/node_store.py, dev/real_node.py): an image one
+"""The real node's image store across clusters (dev/node/store.py, dev/node/real_node.py): an image one
 cluster imported is found present by the next, which imports nothing; the pod of a cluster killed by
 SIGKILL is gone from containerd before the next cluster's kubelet starts, and a pod of the same name
 runs there; with every slot taken, a node keeps its images in its own folder, gone with it.
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from dev.cluster import LocalCluster, RealNodeSpec
-from dev.images import ECHO_IMAGE, build_echo
-from dev.node_containerd import CRI_PLUGIN, PAUSE_IMAGE
-from dev.node_store import in_use, take
-from dev.real_node import RealNode
+from dev.builds.images import ECHO_IMAGE, build_echo
+from dev.cluster.local import LocalCluster, RealNodeSpec
+from dev.node.containerd import CRI_PLUGIN, PAUSE_IMAGE
+from dev.node.real_node import RealNode
+from dev.node.store import in_use, take
 from tests.support.cluster import wait_for
 from tests.support.real_node import unavailable
 
@@ -101,8 +101,8 @@ def test_a_second_cluster_finds_the_image_the_first_imported_and_imports_nothing
 STARTER = """
 import json, sys, time
 from pathlib import Path
-from dev.cluster import LocalCluster, RealNodeSpec
-from dev.images import build_echo
+from dev.cluster.local import LocalCluster, RealNodeSpec
+from dev.builds.images import build_echo
 c = LocalCluster(Path(sys.argv[2]), real_nodes=(RealNodeSpec(store=Path(sys.argv[1])),), nodes=())
 c.start()
 node = c.real_node()

@@ -1,4 +1,4 @@
-"""The local cluster's real node (``dev/real_node.py``): a kubelet, containerd, runc, CNI and
+"""The local cluster's real node (``dev/node/real_node.py``): a kubelet, containerd, runc, CNI and
 kube-proxy that run pods for real beside the fake GPU nodes, without changing this machine.
 
 Needs root, the Debian packages runc, containerd and containernetworking-plugins, and the kubelet
@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from dev import cgroups
-from dev.cluster import ClusterError, LocalCluster, RealNodeSpec
-from dev.images import ECHO_IMAGE, VLLM_STUB_IMAGE, build_echo, build_vllm_stub
-from dev.node_kube_config import KUBELET_SYSCTLS, REAL_NODE_LABEL, read_sysctls
+from dev.builds.images import ECHO_IMAGE, VLLM_STUB_IMAGE, build_echo, build_vllm_stub
+from dev.cluster.local import ClusterError, LocalCluster, RealNodeSpec
+from dev.node import cgroups
+from dev.node.kube_config import KUBELET_SYSCTLS, REAL_NODE_LABEL, read_sysctls
 from epd_operator.api.labels import INSTANCE_LABEL, ROLE_LABEL
 from tests.support.cluster import KubeView, new_namespace, wait_for
 from tests.support.real_node import InstalledOperator, install_operator_chart, is_ready, unavailable
@@ -172,8 +172,8 @@ def test_the_kubelet_sees_the_kernel_settings_it_wants_and_the_machine_keeps_its
 
 STARTER = """
 import json, sys, time
-from dev.cluster import ClusterError, LocalCluster, RealNodeSpec
-from dev.images import build_echo
+from dev.cluster.local import ClusterError, LocalCluster, RealNodeSpec
+from dev.builds.images import build_echo
 c = LocalCluster(__import__("pathlib").Path(sys.argv[1]), real_nodes=(RealNodeSpec(),), nodes=())
 c.start()
 node = c.real_node()
@@ -278,7 +278,7 @@ def test_pods_resolve_services_by_name_through_the_cluster_dns(
         forms rendered objects and users' clients use), through the `kube-dns` Service the kubelet
         writes into pods' resolv.conf; a name that does not exist fails as such (NXDOMAIN, not a lost query that
     times out); each lookup's time is printed."""
-    from dev.cluster_dns import NAMESPACE, SERVICE
+    from dev.parts.cluster_dns import NAMESPACE, SERVICE
 
     dns_service = node_ns.get("v1", "Service", SERVICE, namespace=NAMESPACE)
     assert dns_service is not None and dns_service["spec"]["clusterIP"] == "10.96.0.10"
@@ -352,7 +352,7 @@ def test_a_missing_image_archive_is_named(real_k8s: LocalCluster, tmp_path: Path
 def loaded_operator_image(real_k8s: LocalCluster) -> str:
     """The operator image (the router's too, and a Python for client pods), loaded into the node
     once per module: the import takes a minute."""
-    from dev.images import build_operator, operator_image
+    from dev.builds.images import build_operator, operator_image
 
     real_k8s.real_node().load_image(build_operator())
     return operator_image()
@@ -378,7 +378,7 @@ def test_the_operator_chart_runs_the_operator_from_the_local_image_under_its_ser
 ):
     """The operator reaches the API server through the `kubernetes` Service with its own token,
     reconciles an EPDDeployment, and the router it renders (the same image) runs on the node."""
-    from dev.images import operator_image
+    from dev.builds.images import operator_image
     from tests.support.cluster import volumes
     from tests.support.epd_specs import minimal
 

@@ -2,7 +2,7 @@
 kube-controller-manager's HPA, real vLLM encoder pods coming and going.
 
 - :func:`metrics_pipeline`: Prometheus (Debian's package) and, for the HPA engine, prometheus-adapter
-  (dev/prometheus_adapter.py) inside the node's network namespace, where pod IPs answer. Prometheus scrapes the routers' `metrics`
+  (dev/parts/prometheus_adapter.py) inside the node's network namespace, where pod IPs answer. Prometheus scrapes the routers' `metrics`
   port and the vLLM pods' /metrics every second, labelled as the chart's PodMonitors label them
   (`namespace`, `pod`); Debian builds Prometheus without Kubernetes discovery, so the loop lists the
   EPDDeployment's pods and keeps a file of targets up to date. The adapter runs the operator chart's
@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from dev import prometheus_adapter
+from dev.parts import prometheus_adapter
 from epd_operator.router.contract import ENCODER_DEMAND_METRIC
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
 from tests.support.cluster import EPD_API, cluster_objects, custom_metrics_api, logged_process, wait_for

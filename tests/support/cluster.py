@@ -1,4 +1,4 @@
-"""pytest fixtures around a REAL Kubernetes control plane (``dev.cluster``).
+"""pytest fixtures around a REAL Kubernetes control plane (``dev.cluster.local``).
 
 - ``k8s`` (session): etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok fake GPU
   nodes, started once per test session, with the EPDDeployment CRD from ``crds/`` installed.
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dev import gateway, keda, lws
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
 from dev.lifetimes import kill_with_parent
+from dev.parts import gateway, keda, lws
 from epd_operator.kube import ApiError, Credentials, load_credentials
 
 REPO = Path(__file__).resolve().parents[2]
@@ -334,18 +334,18 @@ def install_crd(cluster: LocalCluster, crd: dict[str, Any]) -> None:
 
 
 def gateway_api_crd(kind_plural: str = "httproutes") -> dict[str, Any]:
-    """A Gateway API CRD (standard channel) as that project ships it in its Go module (dev/gateway.py)."""
+    """A Gateway API CRD (standard channel) as that project ships it in its Go module (dev/parts/gateway.py)."""
     return gateway.crd(kind_plural)
 
 
 # LeaderWorkerSet (multi-node tiers): the newest release the Go module proxy serves.
 def lws_crd() -> dict[str, Any]:
-    """The LeaderWorkerSet CRD as that project ships it in its Go module (the version dev/lws.py runs)."""
+    """The LeaderWorkerSet CRD as that project ships it in its Go module (the version dev/parts/lws.py runs)."""
     return lws.leader_worker_set_crd()
 
 
 def keda_crd() -> dict[str, Any]:
-    """KEDA's ScaledObject CRD as that project ships it in its Go module (dev/keda.py)."""
+    """KEDA's ScaledObject CRD as that project ships it in its Go module (dev/parts/keda.py)."""
     return keda.crd()
 
 

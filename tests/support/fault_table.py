@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from dev.cluster import LocalCluster
-from dev.images import VLLM_CPU_IMAGE, VLLM_STUB_IMAGE, build_vllm_stub, operator_image
+from dev.builds.images import VLLM_CPU_IMAGE, VLLM_STUB_IMAGE, build_vllm_stub, operator_image
+from dev.cluster.local import LocalCluster
 from epd_operator.api.labels import GENERATION_LABEL as GENERATION
 from tests.support.cluster import EPD_API, wait_for
 from tests.support.mission import Mission, all_ready, describe, load_clients

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
 from epd_operator.kube import Credentials, closing_connections
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}

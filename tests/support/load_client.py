@@ -25,7 +25,7 @@ import zlib
 from base64 import b64encode
 from typing import Any
 
-SIDE = 224  # 64 image tokens each, the tiny model's maximum (dev/client.py)
+SIDE = 224  # 64 image tokens each, the tiny model's maximum (dev/local/client.py)
 TIMEOUT = 300.0
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dev.cluster import LocalCluster, RealNodeSpec
-from dev.images import build_vllm_cpu
+from dev.builds.images import build_vllm_cpu
+from dev.cluster.local import LocalCluster, RealNodeSpec
 from dev.lifetimes import kill_with_parent
 from tests.support.cluster import EPD_API, KubeView, wait_for
 from tests.support.real_node import install_operator_chart, is_ready
@@ -135,7 +135,8 @@ def mission_cluster(tmp: Path, name: str = "tiny-vl") -> Iterator[Mission]:
     missing), the Gateway API CRDs (so the operator watches HTTPRoutes from its start; the gateway itself,
     `cluster.start_gateway()`, only for the tests that use it) and the operator chart installed and
     running (tests/support/real_node.py); stopped on exit."""
-    from dev import gateway, tiny_model
+    from dev.builds import tiny_model
+    from dev.parts import gateway
 
     vllm = build_vllm_cpu()
     tiny_model.ensure()

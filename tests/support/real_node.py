@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from dev import real_node
-from dev.cluster import LocalCluster
+from dev.cluster.local import LocalCluster
+from dev.node import real_node
 from tests.support.cluster import KubeView, epd_crd, install_crd, wait_for
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "epd-operator"
@@ -40,7 +40,7 @@ def install_operator_chart(
     """The README's plain `helm install epd-operator charts/epd-operator`: the chart's default image
     name, loaded into the node from the local build (unless `load_image` is False: loaded already);
     returns once the operator pod is ready."""
-    from dev.images import build_operator
+    from dev.builds.images import build_operator
     from tests.support.helm import ensure_helm
 
     if load_image:

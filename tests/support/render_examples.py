@@ -10,8 +10,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from dev.argv import expand_vars
-from dev.runner import load_spec
+from dev.local.argv import expand_vars
+from dev.local.runner import load_spec
 from epd_operator.api import EPDDeployment, parse_epd
 from epd_operator.render import render
 

@@ -2,7 +2,7 @@
 its Prometheus pods (`app.kubernetes.io/name: prometheus`, what an EPDDeployment's default
 `spec.networkPolicy.scrapers` admits): the scraper the NetworkPolicies must let in, or keep out.
 
-Debian's Prometheus (the image ``dev/images.py`` builds from the host's binary) has no Kubernetes
+Debian's Prometheus (the image ``dev/builds/images.py`` builds from the host's binary) has no Kubernetes
 service discovery, so its targets are static: the pod IPs a test hands it, each labelled with the tier
 it belongs to. Its API (``/api/v1/query``) answers on the pod's IP from the node's network namespace.
 """

@@ -6,8 +6,8 @@ default image). This module is two things in one file:
 
 * imported by tests (dev venv): ``check_serve_commands(argvs, version)`` sends every command line
   to a checker process of that vLLM release and returns one error (or ``None``) per command line.
-  0.32's checker runs in the cached vLLM CPU venv (`dev.venv`); 0.33's runs the same interpreter
-  with 0.33's wheel first on its path (`dev.vllm_wheel`: the wheel without its dependencies, so its
+  0.32's checker runs in the cached vLLM CPU venv (`dev.builds.venv`); 0.33's runs the same interpreter
+  with 0.33's wheel first on its path (`dev.builds.vllm_wheel`: the wheel without its dependencies, so its
   parser and config objects run over the CPU venv's packages). A checker starts once per test
   process and release (importing vLLM costs seconds) and is reused; each command line then costs
   well under a second.
@@ -142,7 +142,7 @@ class _Checker:
     """One long-lived checker process of one vLLM release, shared by every caller in this process."""
 
     def __init__(self, version: str) -> None:
-        from dev import tiny_model, venv, vllm_wheel
+        from dev.builds import tiny_model, venv, vllm_wheel
 
         python = venv.ensure()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

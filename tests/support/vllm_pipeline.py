@@ -1,8 +1,8 @@
-"""What the e2e tests ask a locally running EPD pipeline (`dev.runner.LocalEPD`)."""
+"""What the e2e tests ask a locally running EPD pipeline (`dev.local.runner.LocalEPD`)."""
 
 from __future__ import annotations
 
-from dev.client import Reply, chat, chat_body, metric_sum
+from dev.local.client import Reply, chat, chat_body, metric_sum
 
 MAX_TOKENS = 8
 

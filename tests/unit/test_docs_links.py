@@ -167,11 +167,11 @@ def test_the_checker_notices_what_does_not_exist():
             "[ok](../README.md) [gone](gone.md) [anchor](install.md#no-such-heading) [self](#a-page)",
             "`tests/support/apiserver.py`, `hack/run.sh`, `reference/vllm-epd.md`, `router/nowhere.py`",
             "`tests/unit/test_nothing*.py` and `epd_operator/local` and `make no-such-target`",
-            "kept: `serving.epd.dev/role`, `core/v1 Affinity`, `~/.cache/epd-operator`, `dev/plan.py`, `router/pickers.py`",
+            "kept: `serving.epd.dev/role`, `core/v1 Affinity`, `~/.cache/epd-operator`, `dev/local/plan.py`, `router/pickers.py`",
             # outputs a command writes: the same verdict with or without a build/ left in the tree
             "kept: `build/test-node.log`, `build/mutation/mutation.md`, `dist/epd_operator-0.1.0.whl`",
             "```bash",
-            "python tests/support/gone.py && python -m dev.no_such && python -m dev.demo && make demo",
+            "python tests/support/gone.py && python -m dev.no_such && python -m dev.local.demo && make demo",
             "```",
         ]
     )

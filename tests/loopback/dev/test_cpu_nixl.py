@@ -1,4 +1,4 @@
-"""The local runner's NIXL adaptations (`dev/cpu_vllm/sitecustomize.py`) against stand-in modules.
+"""The local runner's NIXL adaptations (`dev/builds/cpu_vllm/sitecustomize.py`) against stand-in modules.
 
 The stand-ins have the shape of the two hook points (vLLM's `CpuPlatform.discover_numa_topology`,
 NIXL's `_api` creating an agent through `nixlBind.nixlAgent` after setting `pthrDelay = 0`); the
@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from dev.plan import CPU_VLLM_DIR
+from dev.local.plan import CPU_VLLM_DIR
 
 STAND_INS = {
     "vllm/__init__.py": "",

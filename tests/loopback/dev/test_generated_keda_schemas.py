@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dev import generate, keda
+from dev import generate
+from dev.parts import keda
 
 REPO = Path(__file__).resolve().parents[3]
 

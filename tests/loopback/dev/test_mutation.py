@@ -1,4 +1,4 @@
-"""dev/mutation.py's stale rows read from a real git repository: a row is stale once a module it measured changed
+"""dev/testing/mutation.py's stale rows read from a real git repository: a row is stale once a module it measured changed
 since its commit (committed or not), and not before."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from dev import mutation
+from dev.testing import mutation
 
 
 def git(repo: Path, *args: str) -> str:

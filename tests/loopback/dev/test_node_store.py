@@ -1,4 +1,4 @@
-"""The image store's slot locks (dev/node_store.py) across processes: a node's process that dies,
+"""The image store's slot locks (dev/node/store.py) across processes: a node's process that dies,
 even by SIGKILL, frees its slot; the programs it starts do not keep it; the one it hands the lock to
 (the node's reaper) keeps the slot until it exits."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.node_store import in_use
+from dev.node.store import in_use
 from dev.paths import REPO
 from tests.support.cluster import wait_for
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 HOLDER = """
 import subprocess, sys, time
 from pathlib import Path
-from dev.node_store import take
+from dev.node.store import take
 slot = take(Path(sys.argv[1]), slots=1, owner="holder")
 assert slot is not None
 component = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -1,4 +1,4 @@
-"""The local runner's tiers (dev/runner.py) die with the process that started them, also when it is
+"""The local runner's tiers (dev/local/runner.py) die with the process that started them, also when it is
 killed by SIGKILL and runs no clean-up: each tier's leader and the processes it forked."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 OWNER = """
 import sys, time
 from pathlib import Path
-from dev.plan import LocalPlan, LocalProcess
-from dev.runner import LocalEPD
+from dev.local.plan import LocalPlan, LocalProcess
+from dev.local.runner import LocalEPD
 tier, workdir, ports = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 processes = [
     LocalProcess(role, role, [sys.executable, "-c", tier, port], {}, int(port))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from dev.cluster_pki import make_pki
+from dev.cluster.pki import make_pki
 from epd_operator.kube import closing_connections
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dev.runner import load_spec
+from dev.local.runner import load_spec
 from epd_operator.api import SpecError, parse_epd
 from epd_operator.api.crd import build_crd
 from epd_operator.cli import main as epdctl

@@ -1,4 +1,4 @@
-"""dev/cgroups.py from recorded layouts: this machine's kind (cgroup v1 with the unified hierarchy beside it)
+"""dev/node/cgroups.py from recorded layouts: this machine's kind (cgroup v1 with the unified hierarchy beside it)
 and a cgroup v2-only host (most current distributions), whose ``/sys/fs/cgroup`` is played by a folder."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dev import cgroups
+from dev.node import cgroups
 
 # /proc/self/mountinfo's cgroup lines (other mounts are ignored) of a hybrid v1 machine...
 HYBRID_MOUNTINFO = """\
@@ -131,9 +131,9 @@ def test_subtree_lists_the_deepest_cgroups_first(tmp_path: Path):
 def test_a_real_node_on_a_v2_host_that_cannot_delegate_is_refused_before_anything_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """dev/real_node.py's up-front check (LocalCluster.start and the node tier ask it first) on a recorded
+    """dev/node/real_node.py's up-front check (LocalCluster.start and the node tier ask it first) on a recorded
     v2 layout whose own cgroup lacks the memory controller, then once it has every needed controller."""
-    from dev import real_node
+    from dev.node import real_node
 
     mount = cgroups.Mount(tmp_path, "cgroup2", False)
     monkeypatch.setattr(cgroups, "mounts", lambda mountinfo=None: [mount])

@@ -1,4 +1,4 @@
-"""The AMX permission request every process of the vLLM CPU venv makes (`dev/cpu_vllm/amx.py`)."""
+"""The AMX permission request every process of the vLLM CPU venv makes (`dev/builds/cpu_vllm/amx.py`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dev import venv
+from dev.builds import venv
 
 XEON = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n"
 EPYC = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 sha_ni\n"

@@ -1,4 +1,4 @@
-"""dev/gateway.py: Traefik's command line and the Gateway it serves agree on where the listener is, its pods
+"""dev/parts/gateway.py: Traefik's command line and the Gateway it serves agree on where the listener is, its pods
 carry the labels its Service and `routerFrom` select, and an EPDDeployment's route names the Gateway's
 listener."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dev import gateway
+from dev.parts import gateway
 from epd_operator.api import parse_epd
 from epd_operator.render import render
 from tests.support.render_examples import LOCAL_CPU_NIXL, example_document

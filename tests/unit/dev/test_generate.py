@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dev import generate, keda
+from dev import generate
 from dev.generate import values_schema
+from dev.parts import keda
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parents[3]
 def test_every_generated_file_is_committed_as_generated(tmp_path):
     if keda.cached_source() is None:  # fetching it runs `go`, which a unit test may not
         pytest.skip(
-            "KEDA's Go module is not in Go's module cache (`python -m dev.keda` fetches it); "
+            "KEDA's Go module is not in Go's module cache (`python -m dev.parts.keda` fetches it); "
             "tests/loopback/dev/test_generated_keda_schemas.py fetches it and runs this check"
         )
     written = generate.write(tmp_path)

@@ -3,7 +3,7 @@ pin the Dockerfile passes to pip, with its ARG expanded (the resolution itself n
 
 from __future__ import annotations
 
-from dev.image_deps import DOCKERFILE, dockerfile_args, image_requirements
+from dev.builds.image_deps import DOCKERFILE, dockerfile_args, image_requirements
 from epd_operator.api import spec as api_spec
 
 

@@ -1,4 +1,4 @@
-"""The local images' inputs and archives (dev/images.py, dev/oci.py), without building anything."""
+"""The local images' inputs and archives (dev/builds/images.py, dev/builds/oci.py), without building anything."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dev import images
-from dev.images import REPO, dockerfile_inputs
-from dev.oci import single_file_layer, write_archive
+from dev.builds import images
+from dev.builds.images import REPO, dockerfile_inputs
+from dev.builds.oci import single_file_layer, write_archive
 
 
 def test_the_operator_image_is_keyed_by_every_file_its_dockerfile_copies():

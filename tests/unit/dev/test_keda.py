@@ -1,4 +1,4 @@
-"""How KEDA is wired on the local control plane (dev/keda.py): its two processes' command lines, where
+"""How KEDA is wired on the local control plane (dev/parts/keda.py): its two processes' command lines, where
 they run (the host, or a real node's network namespace), and the objects that register its metrics server
 as the external metrics API."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dev import keda
-from dev.cluster import components_network
-from dev.cluster_api import readyz_argv
-from dev.cluster_pki import cert_extensions
+from dev.cluster.api import readyz_argv
+from dev.cluster.local import components_network
+from dev.cluster.pki import cert_extensions
+from dev.parts import keda
 
 PORTS = keda.Ports(grpc=19666, health=19081, api=16443, metrics=18080, webhooks=19443, webhooks_health=19082)
 CERTS = Path("/run/keda/certs")
@@ -143,7 +143,7 @@ def test_the_webhooks_serve_with_the_same_certificates_on_this_runs_ports():
 
 def test_the_webhook_configuration_is_keda_s_own_called_on_loopback_and_trusting_the_cluster_ca():
     if keda.cached_source() is None:
-        pytest.skip("KEDA's Go module is not in Go's module cache (`python -m dev.keda` fetches it)")
+        pytest.skip("KEDA's Go module is not in Go's module cache (`python -m dev.parts.keda` fetches it)")
     config = keda.validating_webhooks(19443, b"CA PEM")
     assert config["kind"] == "ValidatingWebhookConfiguration"
     hooks = {h["name"]: h for h in config["webhooks"]}

@@ -1,4 +1,4 @@
-"""dev/mutation.py's matching of surviving mutants to their recorded explanations (the mutation run
+"""dev/testing/mutation.py's matching of surviving mutants to their recorded explanations (the mutation run
 itself is `make mutation`, not part of the test suite)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dev import mutation
+from dev.testing import mutation
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -47,7 +47,7 @@ def test_a_survivor_matches_by_the_line_it_mutates_or_the_line_it_writes():
 
 def test_every_recorded_explanation_is_complete_and_names_a_module_of_a_group():
     modules = {m for mods, _ in mutation.GROUPS.values() for m in mods}
-    entries = tomllib.loads((ROOT / "dev" / "mutation_survivors.toml").read_text())["survivor"]
+    entries = tomllib.loads((ROOT / "dev" / "testing" / "mutation_survivors.toml").read_text())["survivor"]
     for entry in entries:
         assert entry["module"] in modules, entry
         assert entry["kind"] in ("equivalent", "gap"), entry
@@ -199,9 +199,9 @@ def test_stale_rows_name_the_modules_changed_since_their_commit_and_every_other_
     stale = mutation.stale_rows(runs, changed)
     assert stale == {
         "router": f"changed since old: {mutation.GROUPS['router'][0][0]}",
-        "api": "its module list in dev/mutation.py changed; this repository does not hold its commit gone",
-        "janitor": "its module list in dev/mutation.py changed; measured with uncommitted changes",
-        "retired": "no longer a group of dev/mutation.py",
+        "api": "its module list in dev/testing/mutation.py changed; this repository does not hold its commit gone",
+        "janitor": "its module list in dev/testing/mutation.py changed; measured with uncommitted changes",
+        "retired": "no longer a group of dev/testing/mutation.py",
     }
     text = mutation.stale_text(runs, stale)
     assert "router (measured at old): changed since old" in text and "4 of 5 measured groups stale" in text
@@ -250,7 +250,7 @@ def test_a_run_of_some_modules_names_modules_of_its_groups_and_writes_outside_th
 
 def test_every_module_of_the_package_is_in_a_mutation_group_or_is_a_process_entry_point():
     problems = mutation.coverage_problems()
-    assert not problems, "dev/mutation.py does not cover operator/epd_operator:\n- " + "\n- ".join(problems)
+    assert not problems, "dev/testing/mutation.py does not cover operator/epd_operator:\n- " + "\n- ".join(problems)
 
 
 def test_coverage_problems_name_each_gap_and_what_to_do(tmp_path):
@@ -282,7 +282,7 @@ def test_coverage_problems_name_each_gap_and_what_to_do(tmp_path):
         "gone.py",  # no such module
         "missing_test.py,",
     ]
-    assert "add it in dev/mutation.py's GROUPS" in problems[0] and "make mutation GROUP=" in problems[0]
+    assert "add it in dev/testing/mutation.py's GROUPS" in problems[0] and "make mutation GROUP=" in problems[0]
     assert "process entry points only" in problems[1] and "remove it from group a" in problems[2]
     assert "group a and group b" in problems[3] and "remove it there" in problems[4]
 

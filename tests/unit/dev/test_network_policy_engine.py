@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dev import network_policy_engine, real_node
+from dev.node import real_node
+from dev.parts import network_policy_engine
 
 
 def _flags(argv: list[str]) -> dict[str, str]:

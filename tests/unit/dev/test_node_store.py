@@ -1,4 +1,4 @@
-"""The real node's image store (dev/node_store.py): slots taken by flock, one holder each, and a
+"""The real node's image store (dev/node/store.py): slots taken by flock, one holder each, and a
 clear that refuses while any is taken. Locks only: no process, no containerd."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.node_store import StoreInUse, clear, describe, holder, in_use, take
+from dev.node.store import StoreInUse, clear, describe, holder, in_use, take
 
 
 def test_each_node_takes_the_first_free_slot_and_none_when_all_are_taken(tmp_path: Path):

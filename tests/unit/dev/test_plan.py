@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dev.cpu_sizing import fit_to_cpu
-from dev.plan import (
+from dev.local.cpu_sizing import fit_to_cpu
+from dev.local.plan import (
     CPU_KV_BLOCK_SIZE,
     CPU_NIXL_ENV,
     LocalPlan,
@@ -21,7 +21,7 @@ from dev.plan import (
     flag_value,
     plan,
 )
-from dev.runner import load_spec
+from dev.local.runner import load_spec
 from epd_operator.api import parse_epd
 from epd_operator.render import render
 

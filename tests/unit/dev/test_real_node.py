@@ -1,4 +1,4 @@
-"""What the real node decides without running anything (dev/real_node.py): which images an archive
+"""What the real node decides without running anything (dev/node/real_node.py): which images an archive
 holds, and which of them containerd already has complete and unpacked."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from dev.node_containerd import archive_images, ready_images
-from dev.oci import single_file_layer, write_archive
+from dev.builds.oci import single_file_layer, write_archive
+from dev.node.containerd import archive_images, ready_images
 
 
 def _layout(path: Path, index: dict[str, Any]) -> Path:

@@ -1,4 +1,4 @@
-"""`make test`'s two pytest runs (dev/test_streams.py): what they select, and when the late_build tests run."""
+"""`make test`'s two pytest runs (dev/testing/test_streams.py): what they select, and when the late_build tests run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from dev import keda, lws, paths, prometheus_adapter, test_streams
-from dev.k8s_binaries import OLDEST
+from dev import paths
+from dev.builds.k8s_binaries import OLDEST
+from dev.parts import keda, lws, prometheus_adapter
+from dev.testing import test_streams
 from tests.conftest import TIERS
 
 

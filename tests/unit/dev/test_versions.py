@@ -1,11 +1,11 @@
-"""The Kubernetes versions are pinned once (dev/k8s_binaries.py); every page and target that names them says
+"""The Kubernetes versions are pinned once (dev/builds/k8s_binaries.py); every page and target that names them says
 the same: the tested range in docs/install.md, the versions the tests run on, kubectl's cache path."""
 
 from __future__ import annotations
 
 import re
 
-from dev.k8s_binaries import NEWEST, OLDEST, minor
+from dev.builds.k8s_binaries import NEWEST, OLDEST, minor
 from dev.paths import REPO
 
 

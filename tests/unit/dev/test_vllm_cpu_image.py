@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dev import images, venv
+from dev.builds import images, venv
 
 DOCKERFILE = Path(__file__).resolve().parents[3] / "images" / "vllm-cpu" / "Dockerfile"
 

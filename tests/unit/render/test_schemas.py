@@ -13,12 +13,12 @@ import kubernetes_validate.utils
 import pytest
 from kubernetes_validate.utils import latest_version
 
-from dev.k8s_binaries import OLDEST, minor
+from dev.builds.k8s_binaries import OLDEST, minor
 from epd_operator.api import EPDDeployment, parse_epd
 from epd_operator.render import render
 from tests.support.render_examples import SHARED_STORAGE, example, example_document, example_files, variants
 
-OLDEST_SUPPORTED = minor(OLDEST)  # the pinned oldest Kubernetes (dev/k8s_binaries.py)
+OLDEST_SUPPORTED = minor(OLDEST)  # the pinned oldest Kubernetes (dev/builds/k8s_binaries.py)
 NEWEST = latest_version()
 
 
