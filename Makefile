@@ -34,8 +34,7 @@ vllm-env: install ## the vLLM CPU venv, the tiny model and vLLM 0.33's parser, i
 # from the Go module proxy (~/.cache/epd-operator/coredns, ~/.cache/epd-operator/kube-router).
 k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet and kube-proxy (one go build), CoreDNS and kube-router
 	$(BIN)/python -m dev.cluster.cli build --real-node
-	$(BIN)/python -m dev.parts.coredns
-	$(BIN)/python -m dev.parts.kube_router >/dev/null
+	$(BIN)/python -m dev.parts build coredns kube-router >/dev/null
 
 # Plus the oldest supported kube-apiserver, prometheus-adapter for the custom metrics API the encoder
 # HPA reads (~/.cache/epd-operator/prometheus-adapter), the LeaderWorkerSet controller for multi-node
@@ -44,9 +43,7 @@ k8s-node: install ## the Kubernetes 1.37 control plane, the real node's kubelet 
 # once they are built; their cold builds would take it past its time budget.
 k8s: k8s-node ## all of k8s-node, 1.34's kube-apiserver, prometheus-adapter, the LWS controller and KEDA, from source, cached
 	$(BIN)/python -m dev.cluster.cli build --oldest
-	$(BIN)/python -m dev.parts.prometheus_adapter
-	$(BIN)/python -m dev.parts.lws
-	$(BIN)/python -m dev.parts.keda build
+	$(BIN)/python -m dev.parts build prometheus-adapter lws keda
 
 # The node tier's images as archives (dev/builds/images.py), built beside the Go builds: they copy files where
 # those compile. Only where a real node can run (root, buildah, mmdebstrap); elsewhere its tests skip.
@@ -59,8 +56,10 @@ node-images: vllm-env ## the node tier's images as archives, without loading the
 # kube-router's firewall, in namespaces of its own: root and
 # `apt-get install runc containerd containernetworking-plugins ipset`),
 # in the background: prints the kubeconfig and how to stop it. `make images` loads the images into it.
-cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node enforcing NetworkPolicies and the LWS controller in the background (KEDA=1: and KEDA; GATEWAY=1: and Traefik as the Gateway API gateway)
-	$(BIN)/python -m dev.cluster.cli up --detach --real-node --lws $(if $(KEDA),--keda) $(if $(GATEWAY),--gateway)
+# PARTS names the cluster parts to run beside it (dev/parts/registry.py; `python -m dev.parts list`).
+PARTS ?= lws
+cluster: k8s-node ## start a local control plane with fake GPU nodes, a real node enforcing NetworkPolicies and the LWS controller in the background (PARTS="lws keda gateway": those parts, dev/parts/registry.py)
+	$(BIN)/python -m dev.cluster.cli up --detach --real-node $(addprefix --part=,$(PARTS))
 
 cluster-down: install ## stop the local control plane
 	$(BIN)/python -m dev.cluster.cli down
@@ -162,7 +161,7 @@ bench-autoscale: k8s-node test-tools ## the encoder autoscaling loop on real pod
 # .png, .json (about 20 minutes with the vLLM image in the node store).
 bench-autoscale-keda: k8s-node test-tools ## the encoder tier scaled to zero and back by KEDA on real pods: time to serve, latency at zero
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
-	$(BIN)/python -m dev.parts.keda build >/dev/null
+	$(BIN)/python -m dev.parts build keda >/dev/null
 	$(BIN)/python -m bench.autoscale --keda
 
 # What the local cluster's gateway (Traefik as a pod) adds to a request against the router Service reached

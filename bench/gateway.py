@@ -157,7 +157,8 @@ def run(tmp: Path) -> dict[str, Any]:
     with mission_cluster(tmp) as m:
         m.kube.kubectl("apply", "-f", str(EXAMPLE))
         wait_for(lambda: all_ready(m), 900, lambda: describe(m), interval=2)
-        address = m.cluster.start_gateway()
+        m.cluster.start_part("gateway")
+        address = gateway.address(m.cluster)
         m.kube.ok(
             "PATCH",
             f"/apis/{EPD_API}/namespaces/{m.kube.ns}/epddeployments/{NAME}",

@@ -54,7 +54,7 @@ from dev.paths import CACHE, REPO
 IMAGES = CACHE / "images"
 ECHO_IMAGE = "localhost/epd-echo:dev"
 VLLM_STUB_IMAGE = "localhost/epd-vllm-stub:dev"
-COREDNS_IMAGE = f"localhost/epd-coredns:{coredns.VERSION}"
+COREDNS_IMAGE = coredns.IMAGE
 BASE_IMAGE = "localhost/epd-base:bookworm"
 # libnuma1: vLLM's CPU kernels (vllm._C) link it.
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "passwd", "libnuma1")
@@ -167,12 +167,12 @@ def build_vllm_stub() -> Path:
 
 
 def build_coredns() -> Path:
-    """The cluster's DNS (``dev/parts/cluster_dns.py``): the CoreDNS binary ``dev/parts/coredns.py`` builds from
-    the Go module proxy, alone in one layer."""
+    """The cluster's DNS (``dev/parts/coredns.py``): its CoreDNS binary, built from the Go module proxy, alone in
+    one layer."""
     archive = IMAGES / f"coredns-{_key('coredns', COREDNS_IMAGE, *coredns.PLUGINS)}.tar"
     if archive.exists():
         return archive
-    binary = coredns.ensure()
+    binary = go_module.ensure(coredns.COREDNS)
     _one_binary_image(archive, COREDNS_IMAGE, binary, ["/coredns"], "65532:65532")
     _log(f"{COREDNS_IMAGE}: {archive}")
     return archive

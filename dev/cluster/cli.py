@@ -1,6 +1,7 @@
-"""``python -m dev.cluster.cli up [--detach] [--real-node] [--lws] [--keda] [--gateway] | down | build``: a local control plane
-(``dev/cluster/local.py``) for a person (``make cluster``), kept running in the background until ``down``;
-what it leaves for other commands (its kubeconfig, its real node's address) is ``dev/cluster/state.py``'s."""
+"""``python -m dev.cluster.cli up [--detach] [--real-node] [--part NAME]... | down | build``: a local control plane
+(``dev/cluster/local.py``) for a person (``make cluster``), kept running in the background until ``down``, with the
+parts asked for (``--part``: any part of ``dev/parts/registry.py`` not started with every real node); what it
+leaves for other commands (its kubeconfig, its real node's address) is ``dev/cluster/state.py``'s."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import time
 from dev.builds.k8s_binaries import NEWEST, OLDEST, binaries
 from dev.cluster.local import LocalCluster, RealNodeSpec
 from dev.cluster.state import REAL_NODE_STATE, STATE_DIR, running_pid
-from dev.parts import gateway
+from dev.parts import registry
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -37,9 +38,7 @@ def _up(args: argparse.Namespace) -> int:
                     "--version",
                     args.version,
                     *(["--real-node"] if args.real_node else []),
-                    *(["--lws"] if args.lws else []),
-                    *(["--keda"] if args.keda else []),
-                    *(["--gateway"] if args.gateway else []),
+                    *(f"--part={name}" for name in args.part),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -73,7 +72,7 @@ def _up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     real_nodes = (RealNodeSpec(),) if args.real_node else ()
-    with LocalCluster(workdir, version=args.version, real_nodes=real_nodes, lws=args.lws, keda=args.keda) as cluster:
+    with LocalCluster(workdir, version=args.version, real_nodes=real_nodes, parts=args.part) as cluster:
         kc = STATE_DIR / "kubeconfig"
         shutil.copy(cluster.kubeconfig_path, kc)
         (STATE_DIR / "pid").write_text(str(os.getpid()))
@@ -86,19 +85,10 @@ def _up(args: argparse.Namespace) -> int:
                 f" and real node {node.name} (pods and Service IPs answer inside its network namespace: "
                 f"nsenter --net={node.netns} curl ...; `make images` loads the local images into it)"
             )
-        where = "the real node's network namespace" if cluster.real_nodes else "the host"
-        keda = (
-            f" KEDA serves external.metrics.k8s.io (its operator and metrics server in {where})." if args.keda else ""
-        )
-        if args.gateway:
-            address = cluster.start_gateway()
-            keda += (
-                f" Traefik serves Gateway {gateway.NAMESPACE}/{gateway.GATEWAY} at {address} "
-                f"(a pod on the real node, labelled {gateway.LABELS})."
-            )
+        parts = "".join(f"\n  {part.name}: {part.running(cluster)}" for part in cluster.parts.values())
         message = (
             f"Kubernetes {cluster.version} is running at {cluster.server} "
-            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}.{keda}\n"
+            f"with fake GPU nodes {', '.join(n.name for n in cluster.nodes)}{real}, and its parts:{parts or ' none'}\n"
             f"  export KUBECONFIG={kc}\n"
             f"  export PATH={cluster.bin}:$PATH    # kubectl {cluster.version}\n"
             f"  stop it with: make cluster-down   (or: python -m dev.cluster.cli down)\n"
@@ -143,18 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--version", default=NEWEST, help=f"Kubernetes version (default {NEWEST})")
     up.add_argument("--detach", action="store_true", help="run in the background; stop with `down`")
     up.add_argument("--real-node", action="store_true", help="add a real node (containerd, kubelet) that runs pods")
+    asked = registry.on_request()
     up.add_argument(
-        "--lws", action="store_true", help="run the LeaderWorkerSet controller (multi-node tiers; dev/parts/lws.py)"
-    )
-    up.add_argument(
-        "--keda",
-        action="store_true",
-        help="run KEDA's operator and metrics server (tiers with autoscaling.engine KEDA; dev/parts/keda.py)",
-    )
-    up.add_argument(
-        "--gateway",
-        action="store_true",
-        help="with --real-node: run Traefik as the Gateway API gateway, with a Gateway to attach routes to (dev/parts/gateway.py)",
+        "--part",
+        action="append",
+        default=[],
+        choices=[part.name for part in asked],
+        metavar="NAME",
+        help="run this part too (repeatable; dev/parts/registry.py): "
+        + "; ".join(f"{part.name}: {part.summary}" for part in asked),
     )
     up.add_argument("--timeout", type=float, default=3600, help="seconds to wait for it (first run builds it)")
     sub.add_parser("down", help="stop the background control plane")

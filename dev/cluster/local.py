@@ -2,14 +2,17 @@
 
 etcd + kube-apiserver (RBAC enforced, service-account tokens) + kube-controller-manager (deployment,
 replicaset, endpointslice, garbage collector, HPA, ...) + kube-scheduler, all built from the official Go
-modules by ``dev/builds/k8s-binaries.sh`` and cached in ``~/.cache/epd-operator/k8s/<version>/``, plus
+modules (``dev/builds/k8s_binaries.py``) and cached in ``~/.cache/epd-operator/k8s/<version>/``, plus
 kwok, SIG Scheduling's fake kubelet, for nodes with ``nvidia.com/gpu`` capacity on which pods are
 scheduled for real and become Running/Ready (they run nothing: their IPs are for reading only).
 With ``real_nodes``, real worker nodes join them (``dev/node/real_node.py``: containerd, runc, CNI, kubelet,
-kube-proxy in namespaces of their own, and the cluster's DNS, ``dev/parts/cluster_dns.py``) and run pods for
-real; the fake GPU nodes then carry the ``nvidia.com/gpu`` NoSchedule taint, which pods asking for GPUs
-tolerate (the ExtendedResourceToleration admission plugin, as on clouds' GPU pools), so only GPU pods
-land on them.
+kube-proxy in namespaces of their own) and run pods for real; the fake GPU nodes then carry the
+``nvidia.com/gpu`` NoSchedule taint, which pods asking for GPUs tolerate (the ExtendedResourceToleration
+admission plugin, as on clouds' GPU pools), so only GPU pods land on them.
+
+Beside them run the cluster's parts (``dev/parts/``, listed in ``dev/parts/registry.py``): those that start with
+every real node (its NetworkPolicy engine, its DNS) and those asked for, at the start (``parts``) or later on a
+running cluster (:meth:`LocalCluster.start_part`): the LeaderWorkerSet controller, KEDA, a Gateway API gateway.
 
     python -m dev.cluster.cli up [--detach]   # prints the kubeconfig path and how to stop (dev/cluster/cli.py)
     python -m dev.cluster.cli down
@@ -27,7 +30,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,13 +38,14 @@ from pathlib import Path
 import yaml
 
 from dev.builds.k8s_binaries import NEWEST, OLDEST, binaries, log
-from dev.cluster.api import ClusterApi, ClusterError
+from dev.cluster.api import ClusterError
+from dev.cluster.components import ClusterComponents, Component
 from dev.cluster.fake_nodes import DEFAULT_NODES, FAKE_NODE_LABEL, GPU, FakeNode
 from dev.cluster.pki import ADMIN_TOKEN_USER, kubeconfig, make_pki
-from dev.lifetimes import die_with_parent
-from dev.node.kube_config import CLUSTER_DNS_IP, CLUSTER_DOMAIN, REAL_NODE_LABEL, SERVICE_CIDR
+from dev.node.kube_config import SERVICE_CIDR
 from dev.node.real_node import RealNode, RealNodeSpec, unavailable
-from dev.parts import kube_router, network_policy_engine
+from dev.parts import registry
+from dev.parts.part import WITH_REAL_NODE, Part
 from dev.ports import free_port
 from epd_operator.kube import ApiError
 
@@ -90,54 +93,7 @@ CONTROLLERS = tuple(
 )
 
 
-@dataclasses.dataclass
-class Component:
-    name: str
-    argv: list[str]
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self, env: dict[str, str] | None = None) -> None:
-        out = self.log.open("ab")
-        self.process = subprocess.Popen(
-            self.argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-            env=env,
-        )
-        out.close()
-
-    def check_alive(self) -> None:
-        if self.process is not None and self.process.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-3000:]
-            raise ClusterError(f"{self.name} exited with status {self.process.returncode}; its log ends:\n{tail}")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-LWS_COMPONENT = "lws-controller-manager"
-KEDA_OPERATOR, KEDA_METRICS_SERVER, KEDA_WEBHOOKS = "keda-operator", "keda-metrics-apiserver", "keda-admission-webhooks"
-
-
-def components_network(real_nodes: Sequence[RealNode]) -> list[str]:
-    """The prefix that runs a cluster-side component (one the API server calls as an aggregated API, or
-    one that reads what pods serve) where it must listen: inside the real node's network namespace when
-    the cluster has one, since the API server dials aggregated APIs there (its egress goes through the
-    node bridge) and pod and Service IPs answer only there; else nothing (the host's loopback)."""
-    return real_nodes[0].netns_argv() if real_nodes else []
-
-
-class LocalCluster(ClusterApi):
+class LocalCluster(ClusterComponents):
     """Start, use and stop one local control plane. Use as a context manager."""
 
     def __init__(
@@ -149,8 +105,7 @@ class LocalCluster(ClusterApi):
         nodes: Sequence[FakeNode] = DEFAULT_NODES,
         real_nodes: Sequence[RealNodeSpec] = (),
         hpa_sync_seconds: float = 1.0,
-        lws: bool = False,
-        keda: bool = False,
+        parts: Sequence[str] = (),
     ):
         if len(real_nodes) > 1:
             raise ValueError("one real node at most: the API server reaches kubelets through one node bridge")
@@ -158,18 +113,15 @@ class LocalCluster(ClusterApi):
         self.apiserver_only = apiserver_only
         self.real_node_specs = tuple(real_nodes)
         self.nodes = tuple(dataclasses.replace(n, taints=(*n.taints, GPU_TAINT)) if real_nodes else n for n in nodes)
-        self.real_nodes: list[RealNode] = []
         self.hpa_sync_seconds = hpa_sync_seconds
-        self.lws = lws  # run the LeaderWorkerSet controller (dev/parts/lws.py) with its CRDs and webhooks
-        self.keda = keda  # run KEDA's operator and metrics server (dev/parts/keda.py) with its CRDs and APIService
+        # The parts asked for (dev/parts/registry.py's names), started once the nodes are; every part running.
+        self.part_names = tuple(registry.part(name).name for name in parts)
+        self.parts: dict[str, Part] = {}
         self._owned_dir = workdir is None
-        self.dir = workdir or Path(tempfile.mkdtemp(prefix="epd-cluster-"))
-        self.pki = self.dir / "pki"
         self.port = free_port()
         admin_token = base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
-        super().__init__(f"https://127.0.0.1:{self.port}", self.pki / "ca.crt", admin_token)
-        self.kubeconfig_path = self.dir / "kubeconfig"
-        self.components: list[Component] = []
+        workdir = workdir or Path(tempfile.mkdtemp(prefix="epd-cluster-"))
+        super().__init__(f"https://127.0.0.1:{self.port}", workdir, admin_token)
         self.bin: Path | None = None
 
     # -------------------------------------------------------------- lifecycle
@@ -205,16 +157,16 @@ class LocalCluster(ClusterApi):
             self._wait_for_schedulable_nodes((n.name for n in self.nodes), 30)
             for node in self.real_nodes:
                 self._start_real_node(node)
-            if self.lws:
-                self.start_lws()
-            if self.keda:
-                self.start_keda()
+            for name in self.part_names:
+                self.start_part(name)
         log(f"Kubernetes {self.version} ready in {time.monotonic() - started:.1f} s at {self.server}")
 
     def stop(self) -> None:
         self.close_api()
         for node in self.real_nodes:
             node.stop()
+        for part in reversed(self.parts.values()):
+            part.stop(self)
         for component in reversed(self.components):
             component.stop()
         self.components.clear()
@@ -261,11 +213,20 @@ class LocalCluster(ClusterApi):
         )
 
     def _start_real_node(self, node: RealNode, timeout: float = 120) -> None:
-        from dev.builds.images import build_coredns, build_pause
+        """The node, its images, its kubelet once the API server knows where pods reach it, then the parts every
+        real node starts with (dev/parts/registry.py) once it is Ready; a part that cannot run here says why."""
+        from dev.builds import images
 
+        parts = []
+        for kind in registry.with_real_node():
+            part = kind()
+            if (why := part.unavailable(self)) is not None:
+                print(f"[cluster] real node {node.name}: {why}", flush=True)
+            else:
+                parts.append(part)
         node.start()
-        node.load_image(build_pause())
-        node.load_image(build_coredns())
+        for image in ("pause", *(name for part in parts for name in part.images)):
+            node.load_image(images.BUILDERS[image]())
         self.apply(node.api_endpoint_slice())
         node.start_kubelet()
         deadline = time.monotonic() + timeout
@@ -278,41 +239,34 @@ class LocalCluster(ClusterApi):
                 )
             time.sleep(0.5)
         self._wait_for_schedulable_nodes([node.name], 30)
-        if kube_router.KUBE_ROUTER.built():
-            network_policy_engine.start(node, SERVICE_CIDR)
-        else:
-            print(
-                f"[cluster] real node {node.name}: NetworkPolicies are not enforced: kube-router is not built"
-                " (make k8s-node, or python -m dev.parts.kube_router)",
-                flush=True,
-            )
-        self._start_cluster_dns(node)
+        for part in parts:
+            self._run_part(part)
 
-    def _start_cluster_dns(self, node: RealNode, timeout: float = 60) -> None:
-        """CoreDNS on the real node; ready when the `kubernetes` Service's name resolves through the
-        `kube-dns` Service from inside the node's network namespace, as a pod's lookup does."""
-        from dev.builds.images import COREDNS_IMAGE
-        from dev.parts.cluster_dns import objects
+    # -------------------------------------------------------------- parts
 
-        started = time.monotonic()
-        for obj in objects(COREDNS_IMAGE):
-            self.apply(obj)
-        probe = node.netns_argv(
-            sys.executable, "-m", "dev.parts.cluster_dns", f"kubernetes.default.svc.{CLUSTER_DOMAIN}"
-        )
-        repo = Path(__file__).resolve().parents[2]
-        deadline = started + timeout
-        while True:
-            answer = subprocess.run(probe, capture_output=True, text=True, cwd=repo, timeout=30)
-            if answer.returncode == 0:
-                break
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"the cluster's DNS did not answer in {timeout:.0f} s: {(answer.stdout + answer.stderr).strip()[-500:]}"
-                )
-            time.sleep(0.5)
-        log(f"cluster DNS ({CLUSTER_DNS_IP}) answers, {time.monotonic() - started:.1f} s after the node was Ready")
+    def start_part(self, name: str, timeout: float | None = None) -> Part:
+        """Run the part registered as `name` (dev/parts/registry.py) on this cluster, once: built when absent,
+        configured, started, and ready (`timeout`: the part's own by default). A cluster started without it may
+        start it later (a test that needs it, on a shared cluster); ClusterError says why it cannot run here."""
+        if name in self.parts:
+            return self.parts[name]
+        part = registry.part(name)()
+        if (why := part.unavailable(self)) is not None:
+            raise ClusterError(why)
+        self._run_part(part, timeout)
+        return part
+
+    def _run_part(self, part: Part, timeout: float | None = None) -> None:
+        self.parts[part.name] = part  # stopped with the cluster from here on, even if it never gets ready
+        part.build()
+        if part.images and part.starts != WITH_REAL_NODE:  # those are loaded before the node's kubelet starts
+            from dev.builds import images
+
+            for image in part.images:
+                self.real_node().load_image(images.BUILDERS[image]())
+        part.configure(self)
+        part.start(self)
+        part.ready(self, part.timeout if timeout is None else timeout)
 
     def _node_ready(self, name: str) -> bool:
         try:
@@ -321,19 +275,6 @@ class LocalCluster(ClusterApi):
             return False
         return any(c["type"] == "Ready" and c["status"] == "True" for c in got["status"].get("conditions") or [])
 
-    def real_node(self, name: str | None = None) -> RealNode:
-        """The real node (by name when there could be several)."""
-        for node in self.real_nodes:
-            if name is None or node.name == name:
-                return node
-        raise ClusterError(f"no real node {name or ''} in this cluster")
-
-    def _component(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
-        component = Component(name, argv, self.dir / f"{name}.log")
-        component.start(env)
-        self.components.append(component)
-        return component
-
     def _exe(self, name: str) -> str:
         assert self.bin is not None
         return str(self.bin / name)
@@ -341,7 +282,7 @@ class LocalCluster(ClusterApi):
     def _start_etcd(self) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        self._component(
+        self.start_component(
             "etcd",
             [
                 self._exe("etcd"),
@@ -369,7 +310,7 @@ class LocalCluster(ClusterApi):
 
     def _start_apiserver(self) -> None:
         p = self.pki
-        self._component(
+        self.start_component(
             "kube-apiserver",
             [
                 self._exe("kube-apiserver"),
@@ -436,7 +377,7 @@ class LocalCluster(ClusterApi):
 
     def _start_controllers(self) -> None:
         kc = str(self._kubeconfig_for_components())
-        self._component(
+        self.start_component(
             "kube-controller-manager",
             [
                 self._exe("kube-controller-manager"),
@@ -462,7 +403,7 @@ class LocalCluster(ClusterApi):
                 "1",
             ],
         )
-        self._component(
+        self.start_component(
             "kube-scheduler",
             [
                 self._exe("kube-scheduler"),
@@ -471,7 +412,7 @@ class LocalCluster(ClusterApi):
                 "1",
             ],
         )
-        self._component(
+        self.start_component(
             "kwok",
             [
                 self._exe("kwok"),
@@ -490,73 +431,6 @@ class LocalCluster(ClusterApi):
                 f"127.0.0.1:{free_port()}",
             ],
         )
-
-    def start_lws(self, timeout: float = 60) -> None:
-        """Run the LeaderWorkerSet controller (dev/parts/lws.py), with its CRDs and webhooks; once: a
-        cluster started without it may start it later (a test that needs it, on a shared cluster)."""
-        from dev.parts import lws
-
-        if any(c.name == LWS_COMPONENT for c in self.components):
-            return
-        webhook, health = free_port(), free_port()
-        argv = lws.prepare(self, self.pki, self.dir / "lws", webhook_port=webhook, health_port=health)
-        self._component(LWS_COMPONENT, argv, env={**os.environ, "KUBECONFIG": str(self.kubeconfig_path)})
-        lws.register_webhooks(self, self.pki, webhook_port=webhook, health_port=health, timeout=timeout)
-
-    def start_keda(self, timeout: float = 120) -> None:
-        """Run KEDA's operator, metrics server and admission webhooks (dev/parts/keda.py), with its CRDs, the
-        gRPC link between the first two, the external metrics APIService and the ValidatingWebhookConfiguration;
-        once, like :meth:`start_lws`. With a real node they run in its network namespace
-        (:func:`components_network`): their Prometheus triggers then reach what listens there, a
-        Prometheus scraping the pods."""
-        from dev.parts import keda
-
-        if any(c.name == KEDA_OPERATOR for c in self.components):
-            return
-        binaries = keda.binaries()
-        certs = keda.prepare(self, self.pki, self.dir / "keda")
-        ports = keda.Ports(
-            grpc=free_port(),
-            health=free_port(),
-            api=free_port(),
-            metrics=free_port(),
-            webhooks=free_port(),
-            webhooks_health=free_port(),
-        )
-        env = {**os.environ, **keda.environment(self.kubeconfig_path)}
-        enter = components_network(self.real_nodes)
-        argv = keda.processes(binaries, certs, self.kubeconfig_path, ports, enter)
-        self._component(KEDA_OPERATOR, argv.operator, env=env)
-        keda.wait_operator_ready(self, ports.health, timeout, enter)
-        self._component(KEDA_METRICS_SERVER, argv.metrics_server, env=env)
-        keda.register(self, self.pki, ports.api, timeout)
-        self._component(KEDA_WEBHOOKS, argv.webhooks, env=env)
-        keda.register_webhooks(self, self.pki, ports.webhooks, ports.webhooks_health, timeout, enter)
-
-    def start_gateway(self, timeout: float = 120) -> str:
-        """Run Traefik as the cluster's Gateway API gateway (dev/parts/gateway.py): its GatewayClass and Gateway,
-        and Traefik as a Deployment on the real node behind its Service; once (again: nothing changes).
-        Returns the Gateway's address (``http://<Service ClusterIP>:<port>``), which answers where pods do."""
-        from dev.builds.images import build_traefik
-        from dev.parts import gateway
-
-        node = self.real_node()
-        node.load_image(build_traefik())
-        gateway.install_crds(self)
-        for obj in gateway.objects():
-            self.apply(obj)
-        ip = self.request("GET", f"/api/v1/namespaces/{gateway.NAMESPACE}/services/{gateway.GATEWAY}")["spec"][
-            "clusterIP"
-        ]
-        self.apply(gateway.deployment(ip, {REAL_NODE_LABEL: "true"}))
-        path = f"/apis/apps/v1/namespaces/{gateway.NAMESPACE}/deployments/{gateway.NAME}"
-        deadline = time.monotonic() + timeout
-        while not (self.request("GET", path).get("status") or {}).get("availableReplicas"):
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise ClusterError(f"Traefik's pod was not Ready after {timeout:.0f} s")
-            time.sleep(0.5)
-        return f"http://{ip}:{gateway.PORT}"
 
     def write_kubeconfig(self, path: Path, token: str, *, user: str, namespace: str | None = None) -> Path:
         path.write_text(

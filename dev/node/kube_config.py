@@ -13,7 +13,7 @@ from typing import Any
 
 # The API server's --service-cluster-ip-range (dev/cluster/local.py).
 SERVICE_CIDR = "10.96.0.0/16"
-# The cluster's DNS (dev/parts/cluster_dns.py): the `kube-dns` Service's ClusterIP, in SERVICE_CIDR.
+# The cluster's DNS (dev/parts/coredns.py): the `kube-dns` Service's ClusterIP, in SERVICE_CIDR.
 CLUSTER_DNS_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 REAL_NODE_LABEL = "epd.dev/real-node"

@@ -76,7 +76,7 @@ RUNTIME_BINARIES = (
     "unshare",
     "ip",
     "iptables",
-    "ipset",  # the NetworkPolicy engine's sets (dev/parts/network_policy_engine.py)
+    "ipset",  # the NetworkPolicy engine's sets (dev/parts/kube_router.py)
 )
 APT_PACKAGES = "runc containerd containernetworking-plugins ipset"
 # The node's directory for local volumes (examples/epd-local-cpu.yaml's hostPath volumes): `models`

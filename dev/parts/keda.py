@@ -12,12 +12,13 @@ into ``~/.cache/epd-operator/keda/<version>/``; run the build at ``nice -n 10`` 
 compiles client-go, controller-runtime and every scaler's SDK (about 9 minutes on 2 idle cores; the
 webhooks share most of the operator's packages).
 
-On the local control plane (``LocalCluster.start_keda``, ``python -m dev.cluster.cli up --keda``) both run
-as processes, as KEDA's own manifests run them in a cluster (``config/manager``, ``config/metrics-server``),
-with what a pod would have given them passed explicitly. They listen on 127.0.0.1 where the cluster's
-components are reached (:func:`processes`' `enter`): the host's, or with a real node the node's network
-namespace, where the API server dials aggregated APIs through the node bridge and where pod and Service
-IPs (and a Prometheus scraping them) answer. They get:
+On the local control plane it is the part ``keda`` (``make cluster PARTS="lws keda"``,
+``LocalCluster(parts=("keda",))`` or ``cluster.start_part("keda")`` in tests): its three processes run as
+KEDA's own manifests run them in a cluster (``config/manager``, ``config/metrics-server``), with what a pod
+would have given them passed explicitly. They listen on 127.0.0.1 where the cluster's components are reached
+(:func:`processes`' `enter`): the host's, or with a real node the node's network namespace, where the API server
+dials aggregated APIs through the node bridge and where pod and Service IPs (and a Prometheus scraping them)
+answer. It is configured with:
 
 - its CRDs, the module's own (``config/crd/bases``), and its namespace (``keda``: where KEDA looks for the
   Secrets of cluster-wide trigger authentications);
@@ -37,8 +38,12 @@ IPs (and a Prometheus scraping them) answer. They get:
   server has no front-proxy certificates and calls aggregated APIs anonymously, so the anonymous user may
   read ``external.metrics.k8s.io`` while KEDA runs.
 
+It is started (the operator, once it is ready the metrics server, then the webhooks) and ready once the API
+server serves the external metrics group through the metrics server and a ScaledObject dry run is judged by
+the webhooks.
+
     python -m dev.parts.keda             # print where the module's source lies
-    python -m dev.parts.keda build       # build (or find) the operator, metrics server and webhooks; print their paths
+    python -m dev.parts build keda       # build (or find) the operator, metrics server and webhooks
 """
 
 from __future__ import annotations
@@ -46,22 +51,22 @@ from __future__ import annotations
 import base64
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import yaml
 
 from dev.builds import go_module
+from dev.cluster.api import ClusterApi
+from dev.cluster.components import ClusterComponents
 from dev.cluster.pki import sign_serving_cert
+from dev.parts.part import GoPart
+from dev.ports import free_port
 from epd_operator.api.kube_schemas import KEDA_VERSION
 from epd_operator.kube import ApiError
-
-if TYPE_CHECKING:
-    from dev.cluster.api import ClusterApi
 
 MODULE = "github.com/kedacore/keda/v2"
 VERSION = KEDA_VERSION  # the release the operator renders ScaledObjects for
@@ -70,14 +75,16 @@ VALIDATING_WEBHOOKS = "config/webhooks/validation_webhooks.yaml"
 # KEDA's operator, metrics server and admission webhooks, named as KEDA's Makefile names them, with its
 # version stamped in
 _FLAGS = ("-trimpath", f"-ldflags=-s -w -X={MODULE}/version.Version={VERSION}")
-BINARIES = {
-    name: go_module.GoBinary("keda", MODULE, VERSION, package, name, flags=_FLAGS)
+BINARIES = tuple(
+    go_module.GoBinary("keda", MODULE, VERSION, package, name, flags=_FLAGS)
     for name, package in (
         ("keda", "./cmd/operator"),
         ("keda-adapter", "./cmd/adapter"),
         ("keda-admission-webhooks", "./cmd/webhooks"),
     )
-}
+)
+# Their processes on the local cluster, named as KEDA's manifests name its Deployments.
+OPERATOR, METRICS_SERVER, WEBHOOKS = "keda-operator", "keda-metrics-apiserver", "keda-admission-webhooks"
 
 
 def cached_source() -> Path | None:
@@ -104,16 +111,6 @@ def source() -> Path:
 def crd(path: str = SCALED_OBJECTS_CRD) -> dict[str, Any]:
     """One of KEDA's CRDs (by its path in the module), as the release ships it."""
     return dict(yaml.safe_load((source() / path).read_text(encoding="utf-8")))
-
-
-def binaries() -> dict[str, Path]:
-    """KEDA's operator, metrics server and admission webhooks, each built when absent."""
-    return {name: go_module.ensure(binary) for name, binary in BINARIES.items()}
-
-
-def built() -> bool:
-    """Whether all three are in the cache (nothing is built)."""
-    return all(binary.built() for binary in BINARIES.values())
 
 
 # ---------------------------------------------------------------- KEDA on the local control plane
@@ -226,7 +223,7 @@ class Processes(NamedTuple):
 def processes(
     binaries: dict[str, Path], certs: Path, kubeconfig: Path, ports: Ports, enter: Sequence[str] = ()
 ) -> Processes:
-    """The command lines behind `enter`, the prefix that puts a process where the cluster's components
+    """The command lines (`binaries` by their names) behind `enter`, the prefix that puts a process where the cluster's components
     listen (empty: the host; a real node's ``netns_argv()``: its network namespace). All go to the same
     place: the metrics server reaches the operator on 127.0.0.1, and the API server reaches the metrics
     server and the webhooks on 127.0.0.1 of its egress."""
@@ -374,9 +371,44 @@ def register(cluster: ClusterApi, pki: Path, api_port: int, timeout: float) -> N
         time.sleep(0.5)
 
 
+class Keda(GoPart):
+    name = "keda"
+    summary = "KEDA's operator, metrics server and admission webhooks, with its CRDs and the external metrics API"
+    BINARIES = BINARIES
+    timeout = 120.0
+
+    def configure(self, cluster: ClusterComponents) -> None:
+        """Its CRDs, namespace and certificates, and free ports where it runs (:func:`processes`)."""
+        self.certs = prepare(cluster, cluster.pki, cluster.dir / "keda")
+        self.ports = Ports(
+            grpc=free_port(),
+            health=free_port(),
+            api=free_port(),
+            metrics=free_port(),
+            webhooks=free_port(),
+            webhooks_health=free_port(),
+        )
+        self.enter = cluster.components_network()
+
+    def start(self, cluster: ClusterComponents) -> None:
+        """The operator, then (once it is ready: the metrics server dials it) the metrics server, and the webhooks."""
+        binaries = {binary.binary: go_module.ensure(binary) for binary in self.BINARIES}
+        argv = processes(binaries, self.certs, cluster.kubeconfig_path, self.ports, self.enter)
+        env = {**os.environ, **environment(cluster.kubeconfig_path)}
+        self.start_component(cluster, OPERATOR, argv.operator, env=env)
+        wait_operator_ready(cluster, self.ports.health, self.timeout, self.enter)
+        self.start_component(cluster, METRICS_SERVER, argv.metrics_server, env=env)
+        self.start_component(cluster, WEBHOOKS, argv.webhooks, env=env)
+
+    def ready(self, cluster: ClusterComponents, timeout: float) -> None:
+        """The external metrics API registered and served, the webhooks registered and judging."""
+        register(cluster, cluster.pki, self.ports.api, timeout)
+        register_webhooks(cluster, cluster.pki, self.ports.webhooks, self.ports.webhooks_health, timeout, self.enter)
+
+    def running(self, cluster: ClusterComponents) -> str:
+        where = "the real node's network namespace" if cluster.real_nodes else "the host"
+        return f"KEDA serves {EXTERNAL_METRICS} (its operator, metrics server and webhooks in {where})"
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["build"]:
-        for path in binaries().values():
-            print(path)
-    else:
-        print(source())
+    print(source())

@@ -10,49 +10,65 @@ the cluster's CA signs, and the module's own webhook configurations (``config/we
 kustomize patches: pods only when they belong to a LeaderWorkerSet) point at that address instead
 of a Service. The CRDs are the module's own (``config/crd/bases``).
 
-    python -m dev.parts.lws      # build (or find) the manager and print its path
+On the local cluster it is the part ``lws`` (``make cluster`` runs it; ``LocalCluster(parts=("lws",))`` or
+``cluster.start_part("lws")`` in tests): configured (CRDs, the webhook's certificate and the manager's
+configuration), started (the manager, from the host, with the cluster's admin kubeconfig), ready once a
+LeaderWorkerSet dry run is defaulted by its webhook.
+
+    python -m dev.parts build lws      # build (or find) the manager
 """
 
 from __future__ import annotations
 
 import base64
-import json
-import subprocess
-import tempfile
+import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from dev.builds import go_module
+from dev.cluster.api import ClusterApi
+from dev.cluster.components import ClusterComponents
 from dev.cluster.pki import sign_serving_cert
+from dev.parts.part import GoPart
+from dev.ports import free_port
 
-if TYPE_CHECKING:
-    from dev.cluster.api import ClusterApi
-
+# The manager, built once when absent (12 minutes on 2 busy cores).
 MANAGER = go_module.GoBinary("lws", "sigs.k8s.io/lws", "v0.9.0", "./cmd", "manager")
+COMPONENT = "lws-controller-manager"
 # The webhook paths of the pods the LWS webhooks must see only when they belong to a LeaderWorkerSet.
 _CONFIG_KINDS = {"MutatingWebhookConfiguration": "mutating", "ValidatingWebhookConfiguration": "validating"}
 
 
-def ensure() -> Path:
-    """The manager binary, built once when absent (12 minutes on 2 busy cores)."""
-    return go_module.ensure(MANAGER)
+class LeaderWorkerSet(GoPart):
+    name = "lws"
+    summary = "the LeaderWorkerSet controller with its CRDs and webhooks (multi-node tiers)"
+    BINARIES = (MANAGER,)
+
+    def configure(self, cluster: ClusterComponents) -> None:
+        """Its CRDs, the webhook's certificate and the manager's configuration (free ports on 127.0.0.1)."""
+        self.webhook_port, self.health_port = free_port(), free_port()
+        self.argv = prepare(
+            cluster, cluster.pki, cluster.dir / "lws", webhook_port=self.webhook_port, health_port=self.health_port
+        )
+
+    def start(self, cluster: ClusterComponents) -> None:
+        """The manager, from the host, with the cluster's admin kubeconfig."""
+        self.start_component(
+            cluster, COMPONENT, self.argv, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
+        )
+
+    def ready(self, cluster: ClusterComponents, timeout: float) -> None:
+        register_webhooks(
+            cluster, cluster.pki, webhook_port=self.webhook_port, health_port=self.health_port, timeout=timeout
+        )
 
 
 def source() -> Path:
-    """The module's source at VERSION (the Go module cache; downloaded when absent)."""
-    go = go_module.require_go(f"{MANAGER.name} {MANAGER.version}")
-    out = subprocess.run(
-        [go, "mod", "download", "-json", f"{MANAGER.module}@{MANAGER.version}"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tempfile.gettempdir(),
-        timeout=300,
-    )
-    return Path(json.loads(out.stdout)["Dir"])
+    """The module's source at its version (the Go module cache; downloaded when absent)."""
+    return go_module.module_source(f"{MANAGER.module}@{MANAGER.version}", "the LeaderWorkerSet CRDs", timeout=300)
 
 
 def crds() -> list[dict[str, Any]]:
@@ -109,7 +125,11 @@ def prepare(cluster: ClusterApi, pki: Path, folder: Path, *, webhook_port: int, 
     cluster.wait_established(installed, 60)
     folder.mkdir(parents=True, exist_ok=True)
     sign_serving_cert(pki, folder / "tls", "lws-webhook")
-    return [str(ensure()), "--config", str(manager_config(folder, webhook_port=webhook_port, health_port=health_port))]
+    return [
+        str(go_module.ensure(MANAGER)),
+        "--config",
+        str(manager_config(folder, webhook_port=webhook_port, health_port=health_port)),
+    ]
 
 
 def register_webhooks(cluster: ClusterApi, pki: Path, *, webhook_port: int, health_port: int, timeout: float) -> None:
@@ -144,7 +164,3 @@ def register_webhooks(cluster: ClusterApi, pki: Path, *, webhook_port: int, heal
         if time.monotonic() > deadline:
             raise TimeoutError(f"the LWS webhooks did not answer after {timeout:.0f} s: {last}")
         time.sleep(0.5)
-
-
-if __name__ == "__main__":
-    print(ensure())

@@ -80,7 +80,7 @@ def missing_late_binaries() -> list[str]:
         missing.append(f"prometheus-adapter {prometheus_adapter.ADAPTER.version}")
     if not lws.MANAGER.built():
         missing.append(f"the LeaderWorkerSet controller {lws.MANAGER.version}")
-    if not keda.built():
+    if not keda.Keda().built():
         missing.append(f"KEDA {keda.VERSION}")
     return missing
 

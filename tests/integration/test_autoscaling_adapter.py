@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dev.builds import go_module
 from dev.parts import prometheus_adapter
 from dev.ports import free_port
 from epd_operator.api.spec import GROUP as EPD_GROUP
@@ -72,7 +73,7 @@ async def test_the_hpa_reads_the_encoder_load_through_prometheus_and_the_charts_
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         pytest.skip("Prometheus is not installed (Debian/Ubuntu: apt-get install prometheus; `make test-tools`)")
-    adapter = prometheus_adapter.ensure()
+    adapter = go_module.ensure(prometheus_adapter.ADAPTER)
 
     doc = epd_doc()
     doc["spec"]["encoder"]["autoscaling"] = {"minReplicas": 2, "maxReplicas": 6}  # the default: load, 4 per pod

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dev.cluster.local import KEDA_METRICS_SERVER, KEDA_OPERATOR, LocalCluster
+from dev.cluster.local import LocalCluster
 from dev.parts import keda
 from dev.ports import free_port
 from epd_operator.controller.apply import REFUSED_WHEN_WRITTEN
@@ -75,13 +75,13 @@ class RouterExposition:
 
 @pytest.fixture(scope="module")
 def k8s_keda(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if not keda.built():
+    if not keda.Keda().built():
         pytest.skip(
-            f"KEDA {keda.VERSION} is not built: `make k8s` (or `python -m dev.parts.keda build`, about 9 minutes on 2 idle cores)"
+            f"KEDA {keda.VERSION} is not built: `make k8s` (or `python -m dev.parts build keda`, about 9 minutes on 2 idle cores)"
         )
     if shutil.which("prometheus") is None:
         pytest.skip("Prometheus is not installed (Debian/Ubuntu: apt-get install prometheus; `make test-tools`)")
-    with LocalCluster(tmp_path_factory.mktemp("k8s-keda"), keda=True) as cluster:
+    with LocalCluster(tmp_path_factory.mktemp("k8s-keda"), parts=("keda",)) as cluster:
         install_crd(cluster, epd_crd())
         yield cluster
 
@@ -132,7 +132,7 @@ def prometheus(kube: KubeView, router_port: int, tmp: Path) -> Iterator[int]:
 
 async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_zero(ns, tmp_path):
     cluster = ns.cluster
-    logs = {name: cluster.dir / f"{name}.log" for name in (KEDA_OPERATOR, KEDA_METRICS_SERVER)}
+    logs = {name: cluster.dir / f"{name}.log" for name in (keda.OPERATOR, keda.METRICS_SERVER)}
 
     def keda_logs() -> str:
         return "\n".join(f"{name}:\n{log_tail(path)}" for name, path in logs.items())

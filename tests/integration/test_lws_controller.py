@@ -28,7 +28,7 @@ WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
 
 @pytest.fixture(scope="module")
 def k8s_lws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("k8s-lws"), lws=True) as cluster:
+    with LocalCluster(tmp_path_factory.mktemp("k8s-lws"), parts=("lws",)) as cluster:
         install_crd(cluster, epd_crd())
         yield cluster
 

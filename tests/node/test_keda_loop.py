@@ -3,7 +3,7 @@
 examples/epd-local-cpu.yaml with `encoder.autoscaling: {engine: KEDA, minReplicas: 0, maxReplicas: 2,
 load: {targetPerPod: 4}}` (KEDA polling every 5 s, 30 s cooldown before zero, activation threshold 1,
 a 30 s scale-down window for its HPA) runs on the real node. KEDA's operator and metrics server run in
-the node's network namespace (`LocalCluster.start_keda`), where its Prometheus trigger reads the loop's
+the node's network namespace (`cluster.start_part("keda")`), where its Prometheus trigger reads the loop's
 Prometheus, which scrapes the router and vLLM pods (tests/support/autoscale_loop.py). Chat clients with
 images never sent before call the router Service's ClusterIP:
 

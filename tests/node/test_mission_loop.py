@@ -44,7 +44,7 @@ import yaml
 
 from dev.builds.images import VLLM_CPU_IMAGE, operator_image
 from dev.local.client import chat_body, image_part, text_part
-from dev.parts import gateway, kube_router, network_policy_engine
+from dev.parts import gateway, kube_router
 from epd_operator.render.router_args import ROUTER_METRICS_PORT, ROUTER_PORT
 from tests.support import scraper
 from tests.support.cluster import EPD_API, KubeView, wait_for
@@ -402,7 +402,7 @@ def test_the_e_p_d_variant_moves_the_kv_cache_between_pods_over_nixl(
 
 
 # The rendered NetworkPolicies on the E/P/D variant (on by default), enforced by the node's engine
-# (kube-router's firewall, dev/parts/network_policy_engine.py), seen from a pod of another namespace.
+# (kube-router's firewall, dev/parts/kube_router.py), seen from a pod of another namespace.
 
 # Run in the client pod: one TCP connection or HTTP request, its outcome as JSON on stdout.
 _PROBE = """
@@ -496,7 +496,7 @@ def _client_pod() -> dict[str, Any]:
 
 needs_engine = pytest.mark.skipif(
     not kube_router.KUBE_ROUTER.built(),
-    reason="kube-router is not built: make k8s-node (or python -m dev.parts.kube_router)",
+    reason="kube-router is not built: make k8s-node (or python -m dev.parts build kube-router)",
 )
 
 
@@ -520,7 +520,7 @@ def policed(example: Example) -> Policed:
 
     wait_for(as_shipped, 60, lambda: f"policies: {deployed.policies()}", interval=1)
     wait_for(lambda: is_ready(client.get("v1", "Pod", CLIENT)), 120, "the client pod did not start", interval=1)
-    wait_for(lambda: network_policy_engine.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
+    wait_for(lambda: kube_router.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
     return deployed
 
 
@@ -616,7 +616,7 @@ def test_narrowed_egress_resolves_names_reaches_the_api_server_and_refuses_the_u
             return bool(listed) and all("Egress" in p["spec"]["policyTypes"] for p in listed)
 
         wait_for(narrowed, 60, lambda: f"policies: {policed.policies()}", interval=1)
-        wait_for(lambda: network_policy_engine.synced(node), 60, "the engine did not sync", interval=1)
+        wait_for(lambda: kube_router.synced(node), 60, "the engine did not sync", interval=1)
         wait_for(
             lambda: not policed.probe("http", unlisted, source=policed.router()).reached,
             60,
@@ -639,7 +639,8 @@ def through_gateway(policed: Policed) -> tuple[Policed, str]:
     """Traefik running as the cluster's gateway, the E/P/D variant's HTTPRoute attached to its Gateway
     and accepted by it; the Gateway's address."""
     m = policed.m
-    address = m.cluster.start_gateway()
+    m.cluster.start_part("gateway")
+    address = gateway.address(m.cluster)
     policed.patch({"router": {"gateway": {"parentRefs": [gateway.parent_ref()]}}})
     wanted = {"Accepted": "True", "ResolvedRefs": "True"}
     wait_for(lambda: wanted.items() <= _route_conditions(m).items(), 120, lambda: str(_route(m)))
@@ -755,7 +756,7 @@ def test_with_router_from_naming_the_gateways_pods_only_the_gateway_reaches_the_
     policed.patch({"networkPolicy": {"routerFrom": [only_gateway]}})
     try:
         wait_for(lambda: _router_policy_admits_only_named_peers(m), 60, lambda: f"policies: {policed.policies()}")
-        wait_for(lambda: network_policy_engine.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
+        wait_for(lambda: kube_router.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
         wait_for(
             lambda: not policed.probe("http", router_url, source=source).reached,
             60,
@@ -802,7 +803,7 @@ def test_a_prometheus_pod_admitted_by_the_scraper_rule_scrapes_the_router_and_vl
         wait_for(lambda: _scraped(m, ip) == every, 60, lambda: f"up by role: {_scraped(m, ip)}", interval=1)
         policed.patch({"networkPolicy": {"scrapers": []}})
         wait_for(lambda: len(_backend_ingress(m)) == 1, 60, lambda: f"policies: {policed.policies()}", interval=1)
-        wait_for(lambda: network_policy_engine.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
+        wait_for(lambda: kube_router.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
         none = dict.fromkeys(targets, 0.0)
         wait_for(lambda: _scraped(m, ip) == none, 60, lambda: f"up by role: {_scraped(m, ip)}", interval=1)
     finally:

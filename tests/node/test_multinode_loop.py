@@ -57,7 +57,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def mission(shared_mission: Mission) -> Iterator[Mission]:
     m = dataclasses.replace(shared_mission, name=NAME)
-    m.cluster.start_lws()
+    m.cluster.start_part("lws")
     # The operator watches the optional kinds whose CRDs exist when it starts; it would restart itself within
     # its poll interval to watch LWS (controller/served_kinds.py): a rollout restart does it at once.
     [operator] = m.system.list("apps/v1", "Deployment", labels={"app.kubernetes.io/name": "epd-operator"})

@@ -278,7 +278,7 @@ def test_pods_resolve_services_by_name_through_the_cluster_dns(
         forms rendered objects and users' clients use), through the `kube-dns` Service the kubelet
         writes into pods' resolv.conf; a name that does not exist fails as such (NXDOMAIN, not a lost query that
     times out); each lookup's time is printed."""
-    from dev.parts.cluster_dns import NAMESPACE, SERVICE
+    from dev.parts.coredns import NAMESPACE, SERVICE
 
     dns_service = node_ns.get("v1", "Service", SERVICE, namespace=NAMESPACE)
     assert dns_service is not None and dns_service["spec"]["clusterIP"] == "10.96.0.10"

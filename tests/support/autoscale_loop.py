@@ -18,7 +18,7 @@ kube-controller-manager's HPA, real vLLM encoder pods coming and going.
   on a fresh EPDDeployment.
 - The same loop with the KEDA engine (`LoopConfig(engine="KEDA")`, :data:`KEDA_LOOP`): the encoder tier
   from 0 to 2 and back to 0. KEDA's operator and metrics server run in the node's network namespace too
-  (`LocalCluster.start_keda`), where its Prometheus trigger reaches the loop's Prometheus; light load at
+  (`cluster.start_part("keda")`), where its Prometheus trigger reaches the loop's Prometheus; light load at
   zero is served raw by the consumer, the step wakes the tier, and after the step the tier goes back to
   zero while light load keeps coming.
 
@@ -44,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from dev.builds import go_module
 from dev.parts import prometheus_adapter
 from epd_operator.router.contract import ENCODER_DEMAND_METRIC
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
@@ -344,7 +345,7 @@ def metrics_pipeline(m: Mission, tmp: Path, *, adapter: bool = True) -> Iterator
 def _adapter(m: Mission, tmp: Path, log: Path) -> Iterator[None]:
     """prometheus-adapter in the node's network namespace with the chart's rules, registered as the
     custom.metrics.k8s.io APIService."""
-    adapter = prometheus_adapter.ensure()
+    adapter = go_module.ensure(prometheus_adapter.ADAPTER)
     node = m.cluster.real_node()
     rules = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
     adapter_config = tmp / "adapter.yaml"
@@ -632,11 +633,11 @@ KEDA_LOOP = LoopConfig(
 
 def start_keda(m: Mission) -> None:
     """KEDA's operator and metrics server on the mission's cluster (in the node's network namespace,
-    `LocalCluster.start_keda`), then the operator restarted and back. The operator's watches are fixed
+    `cluster.start_part("keda")`), then the operator restarted and back. The operator's watches are fixed
     when it starts (kopf's resource scanning is off): one started before KEDA's CRDs were installed, as
     the mission cluster's was, would restart itself to watch ScaledObjects within its poll interval
     (controller/served_kinds.py); a rollout restart does it at once."""
-    m.cluster.start_keda()
+    m.cluster.start_part("keda")
     ns = m.system.ns
 
     def restarted() -> bool:

@@ -133,7 +133,7 @@ def port_forward(m: Mission, target: str | None = None) -> Iterator[int]:
 def mission_cluster(tmp: Path, name: str = "tiny-vl") -> Iterator[Mission]:
     """A cluster with a real node, vLLM for CPU loaded into it (built first when its archive is
     missing), the Gateway API CRDs (so the operator watches HTTPRoutes from its start; the gateway itself,
-    `cluster.start_gateway()`, only for the tests that use it) and the operator chart installed and
+    `cluster.start_part("gateway")`, only for the tests that use it) and the operator chart installed and
     running (tests/support/real_node.py); stopped on exit."""
     from dev.builds import tiny_model
     from dev.parts import gateway

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dev.cluster.api import readyz_argv
-from dev.cluster.local import components_network
+from dev.cluster.components import components_network
 from dev.cluster.pki import cert_extensions
 from dev.parts import keda
 

@@ -50,9 +50,9 @@ def test_the_late_binaries_are_looked_for_in_the_cache(tmp_path: Path, monkeypat
     ]
 
     apiserver = tmp_path / "k8s" / OLDEST / "kube-apiserver"
-    keda_binaries = [b.path for b in keda.BINARIES.values()]
+    keda_binaries = [b.path for b in keda.BINARIES]
     assert len(keda_binaries) == 3  # its operator, metrics server and webhooks: any missing keeps its test out
-    assert all(b.path.is_relative_to(tmp_path) for b in (adapter, manager, *keda.BINARIES.values()))
+    assert all(b.path.is_relative_to(tmp_path) for b in (adapter, manager, *keda.BINARIES))
     for binary in (apiserver, adapter.path, manager.path, keda_binaries[0]):
         binary.parent.mkdir(parents=True, exist_ok=True)
         binary.write_text("")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dev.node import real_node
-from dev.parts import network_policy_engine
+from dev.parts import kube_router
 
 
 def _flags(argv: list[str]) -> dict[str, str]:
@@ -13,7 +13,7 @@ def _flags(argv: list[str]) -> dict[str, str]:
 
 
 def test_only_the_firewall_runs():
-    argv = network_policy_engine.argv(
+    argv = kube_router.argv(
         Path("/cache/kube-router"),
         kubeconfig=Path("/node/kubeconfig"),
         node_name="cpu-node-1",
@@ -48,8 +48,8 @@ def test_readiness_is_read_inside_the_node(monkeypatch):
         calls.append(argv)
         return Done()
 
-    monkeypatch.setattr(network_policy_engine.subprocess, "run", run)
-    assert network_policy_engine.synced(Node())  # type: ignore[arg-type]
+    monkeypatch.setattr(kube_router.subprocess, "run", run)
+    assert kube_router.synced(Node())  # type: ignore[arg-type]
     assert calls == [
         ["nsenter", "--net=/proc/1/ns/net", "--mount=/proc/1/ns/mnt", "--", "iptables", "-S", "KUBE-ROUTER-FORWARD"]
     ]
