@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -16,6 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from dev.lifetimes import stop_groups
 from dev.ports import free_port
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -108,14 +108,7 @@ class Proc:
         if not self.alive():
             return
         # Each process leads its own session, so this reaches its workers too.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(5)
+        stop_groups([self.popen], 5)
 
 
 def start(

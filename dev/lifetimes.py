@@ -11,7 +11,8 @@ Three ways, by what has to die:
   whose stdin is a pipe only the owner holds (the owner's later children do not inherit it: a pipe's ends
   are close-on-exec). The owner tells it each group it starts (``+PGID``) and each it has stopped itself
   (``-PGID``). When the pipe closes, because the owner closed it or died (the kernel closes a dead
-  process's descriptors, also after SIGKILL), the watcher SIGKILLs every group still on its list;
+  process's descriptors, also after SIGKILL), the watcher SIGKILLs every group still on its list. An owner
+  stops its groups itself with :func:`stop_groups` (SIGTERM, a grace period, SIGKILL);
 - **a real node** (``dev/node/real_node.py``): containerd's shims and the containers leave every process tree,
   so the node's watcher (``node``), started the same way, kills what is left in the node's cgroup, removes
   the node's cgroups in every hierarchy (``dev/node/cgroups.py``), then the node's folder and its egress socket.
@@ -34,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,6 +63,24 @@ def die_with_parent() -> None:
 def watcher_argv(*args: str) -> list[str]:
     """The command line of a watcher (run from the repository, like every ``python -m dev...``)."""
     return [sys.executable, "-m", "dev.lifetimes", *args]
+
+
+def stop_groups(leaders: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
+    """Stop the process groups these processes lead (each started with ``start_new_session=True``): SIGTERM to
+    every group, up to `grace` seconds in all for the leaders to exit, then SIGKILL to every group, also when its
+    leader is gone (what it forked, vLLM's engine core, may outlive it), and the leaders reaped. A
+    :class:`GroupReaper` watching them is told with :meth:`GroupReaper.forget` afterwards."""
+    for leader in leaders:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for leader in leaders:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            leader.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for leader in leaders:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
 
 
 class GroupReaper:

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from dev.builds import tiny_model, venv
-from dev.lifetimes import GroupReaper
+from dev.lifetimes import GroupReaper, stop_groups
 from dev.local.plan import ROUTER, LocalPlan, LocalProcess, plan
 
 # A cold start of three vLLM instances on 2 idle cores takes ~40 s; the bound leaves room for a loaded
@@ -148,20 +148,11 @@ class LocalEPD:
         self._wait_healthy([process], time.monotonic() + timeout_s)
 
     def stop(self) -> None:
-        """Stop everything started: SIGTERM to each process group, SIGKILL after a grace period."""
-        procs = list(self._procs.items())
-        for _, proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for _, proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for _, proc in procs:
-            # Also when the leader is gone: vLLM's engine core may outlive its API server.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        """Stop everything started: SIGTERM to each process group, SIGKILL after a grace period (also when
+        the leader is gone: vLLM's engine core may outlive its API server)."""
+        procs = list(self._procs.values())
+        stop_groups(procs, STOP_GRACE_S)
+        for proc in procs:
             self._reaper.forget(proc.pid)
         self._procs.clear()
         self._reaper.close()

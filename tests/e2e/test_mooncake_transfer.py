@@ -17,11 +17,9 @@ Needs `libibverbs1` (Debian; the transfer engine links it even for TCP) and PyPI
 
 from __future__ import annotations
 
-import contextlib
 import ctypes.util
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -32,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from dev.builds import tiny_model, venv
-from dev.lifetimes import GroupReaper
+from dev.lifetimes import GroupReaper, stop_groups
 from dev.local.client import image_part, post
 from dev.local.plan import CPU_ENV
 from dev.ports import free_port
@@ -151,14 +149,7 @@ def test_the_encoders_transfer_engine_writes_the_embedding_into_the_consumer_ove
         # 64 image tokens of the tiny model's hidden size 128: the encoder's output, written over TCP.
         assert status["result"]["shape"] == [64, 128] and status["result"]["nbytes"] == 64 * 128 * 2
     finally:
+        stop_groups([proc for proc, _ in procs.values()], 20)
         for proc, _ in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc, _ in procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
             reaper.forget(proc.pid)
         reaper.close()
