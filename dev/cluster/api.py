@@ -61,17 +61,10 @@ class ClusterApi:
             self._api = BlockingKube(Credentials.from_token(self.server, self.admin_token, ca_path=str(self.ca_path)))
         return self._api
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        content_type: str = "application/json",
-        token: str | None = None,
-    ) -> Any:
-        """The decoded answer to one request on a raw API path, or ApiError (status, decoded body)."""
-        return self._client().request(method, path, body, content_type=content_type, token=token)
+    def request(self, method: str, path: str, body: Any = None, **options: Any) -> Any:
+        """:meth:`BlockingKube.request` as this cluster's admin (``content_type``, ``token``, ``timeout``: its
+        options): the decoded answer to one request on a raw API path, or ApiError (status, decoded body)."""
+        return self._client().request(method, path, body, **options)
 
     # -------------------------------------------------------------- readiness
 
