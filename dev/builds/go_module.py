@@ -1,5 +1,6 @@
 """Go programs built from one pinned release of a Go module, fetched from the Go module proxy, into the cache:
-one home for how a Go component of the local cluster is built (CoreDNS, prometheus-adapter, etcd, kwok...).
+the one home for how a Go program of the local cluster is built (the Kubernetes components, etcd, kwok, every
+part's binaries under ``dev/parts/``, the images' small programs).
 
 A component is a :class:`GoBinary` (module, version, package, where the binary lives) and :func:`ensure`
 builds it once, returning the cached binary on every later call::
@@ -22,13 +23,18 @@ Two ways to build, by what the module's go.mod allows:
 The build runs at nice 10 (the machine's other work comes first), into a temporary file next to the binary,
 moved onto the binary's path: atomic, and a lock file serialises concurrent builds of one binary, so a second
 caller waits and finds it built. :func:`build_local` builds this repository's own small Go programs the same
-way (the images' ``dev/builds/pause`` and ``dev/builds/echo``). The Kubernetes components themselves come from
-``dev/builds/k8s-binaries.sh``: ``k8s.io/kubernetes`` is consumable as a module only through a wrapper that re-pins
-its staging modules, and all of them come from one ``go build`` so that their shared packages compile once.
+way (the images' ``dev/builds/pause`` and ``dev/builds/echo``).
+
+Every build goes through :func:`go_build` (static, the flags and environment above, a line every minute while
+a long build is silent) under :func:`build_lock`. The Kubernetes components use those two directly
+(``dev/builds/k8s_binaries.py``): ``k8s.io/kubernetes`` is consumable as a module only through a wrapper that
+re-pins its staging modules, and all of them come from one ``go build`` so that their shared packages compile
+once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -38,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from dev import paths
@@ -86,19 +92,27 @@ def require_go(what: str) -> str:
     return go
 
 
+@contextlib.contextmanager
+def build_lock(path: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold the build lock file `path` (created with its folder): one build at a time; a second caller says
+    that it waits, then finds what the first one built."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("waiting for another build of it to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure(component: GoBinary) -> Path:
     """The component's binary, built once when absent (see the module's doc)."""
     if component.built():
         return component.path
     go = require_go(f"{component.name} {component.version}")
     binary = component.path
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    with (binary.parent / f".{binary.name}.build.lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _log(component, "waiting for another build of it to finish")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with build_lock(binary.parent / f".{binary.name}.build.lock", lambda msg: _log(component, msg)):
         if not component.built():
             _build(go, component)
     return binary
@@ -135,7 +149,7 @@ def _build(go: str, c: GoBinary) -> None:
             tidy_env = {**env, "GOFLAGS": f"{env.get('GOFLAGS', '')} -mod=mod".strip()}
             subprocess.run(["nice", "-n", "10", go, "mod", "tidy"], cwd=tree, check=True, env=tidy_env)
         partial = Path(work) / c.path.name
-        _go_build(go, tree, c.package, partial, c.flags, env)
+        go_build(go, tree, [c.package], partial, c.flags, env, say=lambda msg: _log(c, msg))
         partial.replace(c.path)
     _log(c, f"built in {time.monotonic() - started:.0f} s: {c.path}")
 
@@ -160,7 +174,7 @@ def build_local(source: Path, binary: Path) -> None:
     built into ``binary`` the way every component is: static, at nice 10. Caching is the caller's (the images
     key their archives by the source and :func:`go_version`)."""
     go = require_go(f"{source.name} (Go source in {source})")
-    _go_build(go, source, ".", binary, DEFAULT_FLAGS, {**os.environ, **DEFAULT_ENV})
+    go_build(go, source, ["."], binary, DEFAULT_FLAGS, {**os.environ, **DEFAULT_ENV})
 
 
 def go_version() -> str:
@@ -171,8 +185,34 @@ def go_version() -> str:
     return subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def _go_build(go: str, tree: Path, package: str, out: Path, flags: Sequence[str], env: Mapping[str, str]) -> None:
-    subprocess.run(["nice", "-n", "10", go, "build", *flags, "-o", str(out), package], cwd=tree, check=True, env=env)
+def go_build(
+    go: str,
+    tree: Path,
+    packages: Sequence[str],
+    out: Path,
+    flags: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    nice: int = 10,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """``go build`` of `packages` in `tree` into `out` (a file; with several packages, a folder that ends with a
+    separator: one binary each), at `nice`; `say` hears, every minute, that a build is still going."""
+    argv = [go, "build", *flags, "-o", str(out) + (os.sep if len(packages) > 1 else ""), *packages]
+    started = time.monotonic()
+    with subprocess.Popen(["nice", "-n", str(nice), *argv] if nice else argv, cwd=tree, env=env) as build:
+        while True:
+            try:
+                status = build.wait(60)
+                break
+            except subprocess.TimeoutExpired:
+                if say is not None:  # a cold build is many minutes of silence
+                    say(f"  still building ({time.monotonic() - started:.0f} s)")
+            except BaseException:
+                build.kill()
+                raise
+    if status != 0:
+        raise subprocess.CalledProcessError(status, argv)
 
 
 def _log(c: GoBinary, msg: str) -> None:

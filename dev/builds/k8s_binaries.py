@@ -3,22 +3,29 @@ tests/unit/dev/test_versions.py holds every other mention to these), built once 
 ``~/.cache/epd-operator/k8s/<version>/``, or taken from ``KUBEBUILDER_ASSETS`` (the envtest convention)
 for what that folder holds.
 
-The Kubernetes components come from ``dev/builds/k8s-binaries.sh`` (one ``go build`` of ``k8s.io/kubernetes``
-through a wrapper module that re-pins its staging modules); etcd and kwok are components of
-``dev/builds/go_module.py``, like every other Go program of the local cluster."""
+The Kubernetes components (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl; for a real node also
+the kubelet and kube-proxy) come from one ``go build`` of ``k8s.io/kubernetes`` (:func:`build_kubernetes`), so that
+the packages they share compile once and their links run in parallel. ``k8s.io/kubernetes`` is not consumable as a
+module (its go.mod points the staging modules at ./staging with replace lines a dependent ignores), so a wrapper
+module re-pins each staging module to its published ``v0.<minor>.<patch>`` tag (kubernetes issue 79384):
+:func:`wrapper_go_mod`. etcd and kwok are :class:`~dev.builds.go_module.GoBinary` components. Every build goes
+through ``dev/builds/go_module.py``, the one Go build path."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from dev import paths
 from dev.builds import go_module
-from dev.paths import REPO
 
-BUILD_SCRIPT = REPO / "dev" / "builds" / "k8s-binaries.sh"
 # The newest minor is what the tests run on; the oldest minor the CRD claims is checked by installing
 # the CRD into its apiserver (tests/integration/test_crd_install.py).
 NEWEST = "v1.37.2"
@@ -48,6 +55,86 @@ def folder(version: str) -> Path:
 def built(version: str, names: tuple[str, ...]) -> bool:
     """Whether the cache holds these binaries of this version."""
     return all(os.access(folder(version) / b, os.X_OK) for b in names)
+
+
+# The wrapper module's one package: it names every component, so `go mod tidy` resolves them all.
+_TOOLS_GO = """//go:build tools
+
+package tools
+
+import (
+\t_ "k8s.io/kubernetes/cmd/kube-apiserver"
+\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+\t_ "k8s.io/kubernetes/cmd/kube-scheduler"
+\t_ "k8s.io/kubernetes/cmd/kubelet"
+\t_ "k8s.io/kubernetes/cmd/kube-proxy"
+\t_ "k8s.io/kubectl/pkg/cmd"
+)
+"""
+_STAGING = re.compile(r"^\s*(k8s\.io/[a-z0-9-]+) => \./staging/src/", re.M)
+
+
+def wrapper_go_mod(version: str, kubernetes_go_mod: str) -> str:
+    """The wrapper module's go.mod: ``k8s.io/kubernetes@version`` required, and each staging module its go.mod
+    points at ./staging re-pinned to the published tag of the same minor and patch (``v1.37.2`` -> ``v0.37.2``)."""
+    staging = "v0." + version.removeprefix("v1.")
+    replaces = [f"replace {module} => {module} {staging}\n" for module in _STAGING.findall(kubernetes_go_mod)]
+    return f"module epd.local/k8s-wrapper\n\ngo 1.24\n\nrequire k8s.io/kubernetes {version}\n\n" + "".join(replaces)
+
+
+def build_kubernetes(version: str, components: Sequence[str]) -> None:
+    """Those of `components` (names of ``k8s.io/kubernetes/cmd/...``) missing from :func:`folder`, built by one
+    ``go build`` in the wrapper module (kept in ``k8s/build/<version>``, so a later build resolves nothing anew),
+    one build per cache at a time. Cold: tens of minutes on 2 cores."""
+    out, work = folder(version), paths.CACHE / "k8s" / "build" / version
+
+    def say(msg: str) -> None:
+        print(f"[k8s {version}] {msg}", file=sys.stderr, flush=True)
+
+    go = go_module.require_go(f"the Kubernetes {version} control plane")
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": os.environ.get("GOFLAGS") or "-buildvcs=false"}
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    with go_module.build_lock(paths.CACHE / "k8s" / ".build.lock", say):
+        missing = [c for c in components if not os.access(out / c, os.X_OK)]
+        if not missing:
+            return
+        say(f"building {' '.join(missing)} from k8s.io/kubernetes@{version} (cold: tens of minutes on 2 cores)")
+        download = subprocess.run(
+            [go, "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        go_mod = Path(json.loads(download.stdout)["GoMod"]).read_text()
+        (work / "go.mod").write_text(wrapper_go_mod(version, go_mod))
+        (work / "tools.go").write_text(_TOOLS_GO)
+        say("resolving modules")
+        tidy = subprocess.run(
+            [go, "mod", "tidy", "-e"],
+            cwd=work,
+            env={**env, "GOFLAGS": f"{env['GOFLAGS']} -mod=mod"},
+            capture_output=True,
+            text=True,
+        )
+        (work / "tidy.log").write_text(tidy.stderr)
+        if tidy.returncode != 0:
+            print(tidy.stderr, file=sys.stderr)
+            raise subprocess.CalledProcessError(tidy.returncode, tidy.args, tidy.stdout, tidy.stderr)
+        partial = out / ".building"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        stamp = f"-s -w -X k8s.io/component-base/version.gitVersion={version} -X k8s.io/client-go/pkg/version.gitVersion={version}"
+        say(f"go build {' '.join(missing)}")
+        started = time.monotonic()
+        packages = [f"k8s.io/kubernetes/cmd/{c}" for c in missing]
+        go_module.go_build(go, work, packages, partial, ("-trimpath", f"-ldflags={stamp}"), env, nice=0, say=say)
+        for c in missing:
+            (partial / c).replace(out / c)
+        partial.rmdir()
+        say(f"{' '.join(missing)} built in {time.monotonic() - started:.0f} s")
 
 
 _ETCD_MAIN = """package main
@@ -100,10 +187,8 @@ def binaries(version: str = NEWEST, *, apiserver_only: bool = False, node: bool 
     if not built(version, tuple(b for b in needed if b not in from_assets)):
         kube = [b for b in needed if b not in ("etcd", "kwok")]
         if not built(version, tuple(kube)):
-            what = "apiserver-only" if apiserver_only else "node" if node else "all"
             log(f"building the Kubernetes {version} control plane from the official Go modules (once; cached in {out})")
-            go_module.require_go(f"the Kubernetes {version} control plane")
-            subprocess.run(["bash", str(BUILD_SCRIPT), version, what], check=True, stdout=subprocess.DEVNULL)
+            build_kubernetes(version, kube)
         for component in (etcd(), kwok()):
             if component.name in needed:
                 _link(out / component.name, go_module.ensure(component))
