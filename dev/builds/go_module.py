@@ -132,14 +132,7 @@ def _build(go: str, c: GoBinary) -> None:
             )
             subprocess.run([go, "get", f"{c.module}@{c.version}"], cwd=tree, check=True, env=env, capture_output=True)
         else:
-            download = subprocess.run(
-                [go, "mod", "download", "-json", f"{c.module}@{c.version}"],
-                capture_output=True,
-                text=True,
-                check=True,
-                env=env,
-            )
-            shutil.copytree(Path(json.loads(download.stdout)["Dir"]), tree)
+            shutil.copytree(Path(download(go, f"{c.module}@{c.version}", env)["Dir"]), tree)
             for path in tree.rglob("*"):
                 path.chmod(path.stat().st_mode | 0o200)
         for name, content in c.files.items():
@@ -154,19 +147,28 @@ def _build(go: str, c: GoBinary) -> None:
     _log(c, f"built in {time.monotonic() - started:.0f} s: {c.path}")
 
 
-def module_source(module_at_version: str, what: str, timeout: float = 600) -> Path:
-    """A module release's source in Go's module cache (`go mod download`, once), e.g. to read its CRDs."""
-    go = require_go(what)
+def download(
+    go: str, module_at_version: str, env: Mapping[str, str], cwd: Path | None = None, timeout: float | None = None
+) -> dict[str, str]:
+    """``go mod download -json`` of one module release into Go's module cache (once): what it says of it, among
+    which ``Dir`` (its source, read-only) and ``GoMod`` (its go.mod)."""
     out = subprocess.run(
         [go, "mod", "download", "-json", module_at_version],
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "GOFLAGS": "-mod=mod"},
-        cwd=tempfile.gettempdir(),  # outside any Go module of ours
+        env=env,
+        cwd=cwd,
         timeout=timeout,
     )
-    return Path(json.loads(out.stdout)["Dir"])
+    return dict(json.loads(out.stdout))
+
+
+def module_source(module_at_version: str, what: str, timeout: float = 600) -> Path:
+    """A module release's source in Go's module cache (`go mod download`, once), e.g. to read its CRDs."""
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    # Outside any Go module of ours.
+    return Path(download(require_go(what), module_at_version, env, Path(tempfile.gettempdir()), timeout)["Dir"])
 
 
 def build_local(source: Path, binary: Path) -> None:

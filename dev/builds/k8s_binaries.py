@@ -13,7 +13,6 @@ through ``dev/builds/go_module.py``, the one Go build path."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -100,15 +99,7 @@ def build_kubernetes(version: str, components: Sequence[str]) -> None:
         if not missing:
             return
         say(f"building {' '.join(missing)} from k8s.io/kubernetes@{version} (cold: tens of minutes on 2 cores)")
-        download = subprocess.run(
-            [go, "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        go_mod = Path(json.loads(download.stdout)["GoMod"]).read_text()
+        go_mod = Path(go_module.download(go, f"k8s.io/kubernetes@{version}", env, work)["GoMod"]).read_text()
         (work / "go.mod").write_text(wrapper_go_mod(version, go_mod))
         (work / "tools.go").write_text(_TOOLS_GO)
         say("resolving modules")
