@@ -143,3 +143,10 @@ def test_the_policy_engine_unbuilt_is_skipped_with_what_to_do(tmp_path: Path, mo
     monkeypatch.setattr(paths, "CACHE", tmp_path)  # nothing built there
     why = kube_router.KubeRouter().unavailable(None)  # type: ignore[arg-type]
     assert why is not None and "not enforced" in why and "python -m dev.parts build kube-router" in why
+
+
+def test_the_development_page_says_where_every_part_lives():
+    page = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
+    for kind in registry.PARTS.values():
+        module = kind.__module__.replace(".", "/") + ".py"
+        assert f"(`{kind.name}`) | `{module}` |" in page, kind.name
