@@ -37,7 +37,7 @@ RESULTS = Path(__file__).with_name("results")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "epd-local-cpu.yaml"
 NAME, SERVED = "tiny-vl", "tiny-vl"
 BLOCKS = 5  # interleaved blocks per path
-PER_BLOCK = {"models": 200, "image chat": 8}
+PER_BLOCK = {"models": 200, "image chat": 24}
 
 
 def _request(conn: http.client.HTTPConnection, kind: str, seed: int) -> float:
@@ -121,7 +121,8 @@ def report(raw: dict[str, Any]) -> str:
         "sequential requests over one keep-alive connection per path, in interleaved blocks "
         f"({BLOCKS} per path): `GET /v1/models` (the router asks decode's vLLM) and a chat with a never-seen "
         "image (4 tokens). CPU: user+system time of the gateway's and the router's processes over each "
-        "path's blocks, per request (10 ms clock ticks).",
+        "path's blocks, per request (10 ms clock ticks). Traefik's pod requests 100m CPU, as the example's "
+        "router does: on 2 shared cores the vLLM pods' work contends with both.",
         "",
         "## Figures",
         "",

@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -193,10 +194,11 @@ PROMETHEUS_BINARY = Path("/usr/bin/prometheus")  # Debian's package (`make test-
 
 
 def prometheus_image() -> str:
-    """The scraper pod's image name, tagged with the host's Prometheus version."""
+    """The scraper pod's image name, tagged with the host's Prometheus version (Debian's ``2.42.0+ds`` as
+    ``2.42.0-ds``: a tag has only letters, digits, ``_``, ``.`` and ``-``, else the kubelet refuses the name)."""
     out = subprocess.run([str(PROMETHEUS_BINARY), "--version"], capture_output=True, text=True, check=True)
     version = out.stdout.split()[2] if out.stdout.startswith("prometheus, version") else "dev"
-    return f"localhost/epd-prometheus:{version}"
+    return f"localhost/epd-prometheus:{re.sub(r'[^A-Za-z0-9_.-]', '-', version)}"
 
 
 def build_prometheus() -> Path:

@@ -797,7 +797,11 @@ def test_a_prometheus_pod_admitted_by_the_scraper_rule_scrapes_the_router_and_vl
     for obj in scraper.objects(prometheus_image(), targets):
         m.cluster.apply(obj)
     try:
-        wait_for(lambda: is_ready(view.get("v1", "Pod", scraper.NAME)), 120, "the Prometheus pod was not Ready")
+        wait_for(
+            lambda: is_ready(view.get("v1", "Pod", scraper.NAME)),
+            120,
+            lambda: f"the Prometheus pod was not Ready: {(view.get('v1', 'Pod', scraper.NAME) or {}).get('status')}",
+        )
         ip = str((view.get("v1", "Pod", scraper.NAME) or {})["status"]["podIP"])
         every = dict.fromkeys(targets, 1.0)
         wait_for(lambda: _scraped(m, ip) == every, 60, lambda: f"up by role: {_scraped(m, ip)}", interval=1)
