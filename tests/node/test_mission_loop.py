@@ -645,9 +645,17 @@ def through_gateway(policed: Policed) -> tuple[Policed, str]:
     wanted = {"Accepted": "True", "ResolvedRefs": "True"}
     wait_for(lambda: wanted.items() <= _route_conditions(m).items(), 120, lambda: str(_route(m)))
     # Traefik reports the route before its router takes it (its configuration is applied after a
-    # throttle): until then the Gateway answers its own 404. The router answers /v1/models.
-    wait_for(lambda: m.in_node(f"{address}/v1/models")[0] == 200, 60, lambda: str(m.in_node(f"{address}/v1/models")))
+    # throttle): until then the Gateway answers its own 404. Until kube-proxy has the Service's new
+    # endpoint, its address refuses connections. The router answers /v1/models.
+    wait_for(lambda: _answers(m, f"{address}/v1/models"), 60, lambda: f"the Gateway at {address} did not answer")
     return policed, address
+
+
+def _answers(m: Mission, url: str) -> bool:
+    try:
+        return m.in_node(url, timeout=10)[0] == 200
+    except AssertionError:  # refused or timed out
+        return False
 
 
 def _route(m: Mission) -> dict[str, Any] | None:
@@ -784,7 +792,8 @@ def test_a_prometheus_pod_admitted_by_the_scraper_rule_scrapes_the_router_and_vl
 ):
     """A Prometheus running as a pod in a namespace of its own, labelled as the Prometheus Operator labels
     its pods (what the default `spec.networkPolicy.scrapers` admits), scrapes the router's metrics port
-    and each vLLM pod's API port (vLLM's `/metrics`); with `scrapers: []` every scrape fails."""
+    and each vLLM pod's API port (vLLM's `/metrics`); with `scrapers: []` a new Prometheus pod's every
+    scrape fails."""
     from dev.builds.images import build_prometheus, prometheus_image
 
     m = policed.m
@@ -808,6 +817,12 @@ def test_a_prometheus_pod_admitted_by_the_scraper_rule_scrapes_the_router_and_vl
         policed.patch({"networkPolicy": {"scrapers": []}})
         wait_for(lambda: len(_backend_ingress(m)) == 1, 60, lambda: f"policies: {policed.policies()}", interval=1)
         wait_for(lambda: kube_router.synced(m.cluster.real_node()), 60, "the engine did not sync", interval=1)
+        # A policy judges new connections: the engine lets established ones go on (conntrack), and
+        # Prometheus keeps its scrapes' connections alive. A new Prometheus pod opens new ones.
+        view.kubectl("-n", scraper.NAMESPACE, "delete", "pod", scraper.NAME, "--wait=true")
+        m.cluster.apply(scraper.objects(prometheus_image(), targets)[-1])
+        wait_for(lambda: is_ready(view.get("v1", "Pod", scraper.NAME)), 120, "the new Prometheus pod was not Ready")
+        ip = str((view.get("v1", "Pod", scraper.NAME) or {})["status"]["podIP"])
         none = dict.fromkeys(targets, 0.0)
         wait_for(lambda: _scraped(m, ip) == none, 60, lambda: f"up by role: {_scraped(m, ip)}", interval=1)
     finally:
