@@ -78,8 +78,9 @@ async def test_an_hpa_whose_metric_is_not_served_shows_in_status_events_and_desc
     active = condition(epd(ns), "AutoscalingActive")
     assert (active["status"], active["reason"]) == ("False", "FailedGetObjectMetric")
     said = (
-        f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API; "
-        f"FailedGetObjectMetric: {verdict['message']}"
+        f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API: no APIService serves "
+        f"it; the HPA holds the tier at 2 replicas until it reads its metrics again; FailedGetObjectMetric: "
+        f"{verdict['message']}"
     )
     assert active["message"] == said
     degraded = condition(epd(ns), "Degraded")

@@ -2,8 +2,9 @@
 
 The status shows the HPA's bounds, its replica counts and its own conditions. An HPA that cannot act
 (ScalingActive or AbleToScale False, e.g. its metric is not served) is *inactive*, in words that name
-the metric it cannot read and the metrics API that should serve it; one with no ScalingActive verdict
-yet is *waiting*.
+the metric it cannot read, the metrics API that should serve it, what of the metric's path the API's
+answer says is missing (:func:`missing`) and that the HPA keeps the tier's replicas meanwhile; one with
+no ScalingActive verdict yet is *waiting*.
 """
 
 from __future__ import annotations
@@ -21,6 +22,31 @@ _METRIC_FAILURES = {
     "FailedGetResourceMetric": ("resource", "resource (metrics-server)"),
     "FailedGetContainerResourceMetric": ("containerResource", "resource (metrics-server)"),
 }
+
+
+# What is missing on a metric's way to the HPA, read from the metrics API's answer as the HPA quotes it
+# (first match wins): the API not registered (client-go's discovery), registered but its server not
+# answering (kube-aggregator's 503 for an APIService whose server is down), its server answering without
+# its source (prometheus-adapter's words when its query to Prometheus fails:
+# pkg/custom-provider/provider.go), or the source without the metric (custom-metrics-apiserver's not-found).
+_MISSING = (
+    (") registered", "no APIService serves it"),
+    ("the server is currently unable to handle the request", "its APIService's server, the adapter, does not answer"),
+    (
+        "Internal error occurred: unable to fetch metrics",
+        "the adapter answers but cannot query its source (Prometheus, for prometheus-adapter)",
+    ),
+    (
+        "could not find the metric",
+        "the adapter finds no series of it (not scraped, or not with the labels the adapter's rules expect)",
+    ),
+)
+
+
+def missing(message: str) -> str | None:
+    """What the HPA's message about a metric it cannot read says is missing, in words; None when it
+    does not say."""
+    return next((words for found, words in _MISSING if found in message), None)
 
 
 def autoscaler_conditions(obj: dict[str, Any]) -> list[HPACondition]:
@@ -58,7 +84,8 @@ def _metric_names(hpa: dict[str, Any], source: str) -> list[str]:
 
 
 def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
-    """`<tier> autoscaling inactive: <what it cannot read>; <the HPA's reason>: <its message>`."""
+    """`<tier> autoscaling inactive: <what it cannot read>: <what is missing>; <what the HPA does
+    meanwhile>; <the HPA's reason>: <its message>`."""
     reason, message = str(failed.get("reason") or ""), str(failed.get("message") or "")
     words = f"{tier} autoscaling inactive"
     if reason in _METRIC_FAILURES:
@@ -67,6 +94,13 @@ def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
         named = [n for n in names if n in message] or names
         if named:
             words += f": the HPA cannot read {', '.join(named)} from the {api} metrics API"
+            if (gone := missing(message)) is not None:
+                words += f": {gone}"
+        # An HPA that cannot compute a replica count leaves the target's replicas as they are
+        # (kube-controller-manager: horizontal.go, computeReplicasForMetrics returns -1).
+        current = (hpa.get("status") or {}).get("currentReplicas")
+        if current is not None:
+            words += f"; the HPA holds the tier at {current} replica{'' if current == 1 else 's'} until it reads its metrics again"
     return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
 
 

@@ -4,6 +4,8 @@ message wording). An HPA that cannot act must never hide behind a Ready deployme
 
 from __future__ import annotations
 
+import pytest
+
 from epd_operator.api.status import TierAutoscaling
 from epd_operator.controller.status import (
     AutoscalingVerdict,
@@ -13,6 +15,7 @@ from epd_operator.controller.status import (
     tier_state,
     transitions,
 )
+from epd_operator.controller.status_hpa import missing
 from tests.support.workloads import settled_deployment
 
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
@@ -112,8 +115,8 @@ def test_an_hpa_whose_metric_is_not_served_degrades_a_ready_deployment_and_says_
     status = derive(hpa(ABLE, NOT_ZERO, INACTIVE))
     assert status.phase == "Degraded"
     expected = (
-        f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API; "
-        f"FailedGetPodsMetric: {NOT_SERVED}"
+        f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API: no APIService serves "
+        f"it; the HPA holds the tier at 1 replica until it reads its metrics again; FailedGetPodsMetric: {NOT_SERVED}"
     )
     scaling = cond(status, "AutoscalingActive")
     assert (scaling.status, scaling.reason, scaling.message) == ("False", "FailedGetPodsMetric", expected)
@@ -178,6 +181,7 @@ def test_every_failing_hpa_is_named_and_the_first_gives_the_reason():
         "encoder autoscaling inactive",
         f"FailedGetScale: {cannot_scale[3]}",
         "decode autoscaling inactive: the HPA cannot read cpu from the resource (metrics-server) metrics API",
+        "the HPA holds the tier at 1 replica until it reads its metrics again",
         f"FailedGetResourceMetric: {no_cpu[3]}",
         "router autoscaling inactive: no reason given",
     ]
@@ -271,7 +275,7 @@ def test_every_metric_an_hpa_cannot_read_is_named_when_its_message_names_none():
     verdict = verdict_of({"encoder": TierInput(settled_deployment(1), hpa(vague, metrics=both))})
     assert verdict.message == (
         "encoder autoscaling inactive: the HPA cannot read cpu, memory from the resource (metrics-server) metrics "
-        f"API; FailedGetResourceMetric: {vague[3]}"
+        f"API; the HPA holds the tier at 1 replica until it reads its metrics again; FailedGetResourceMetric: {vague[3]}"
     )
 
 
@@ -282,3 +286,74 @@ def test_every_hpa_not_reported_yet_is_named():
         "Unknown",
         "waiting for the first replica count of the HPA of encoder, decode",
     )
+
+
+# The HPA's words when the encoder demand's way is cut at each point, as kube-controller-manager quotes the
+# custom metrics API's answer (replica_calculator.go, metrics/client.go) and the answer's own words: client-go's
+# for a 503 of kube-aggregator (the APIService's server down), prometheus-adapter's when its query to Prometheus
+# fails, custom-metrics-apiserver's when Prometheus has no series of it.
+DEMAND = "epd_router_encoder_demand"
+OBJECT_FAILED = (
+    f"the HPA was unable to compute the replica count: unable to get metric {DEMAND} on EPDDeployment "
+    "epd-local/tiny-vl: unable to fetch metrics from custom metrics API: "
+)
+CUT = {
+    "the server is currently unable to handle the request (get epddeployments.serving.epd.dev tiny-vl)": (
+        "its APIService's server, the adapter, does not answer"
+    ),
+    "Internal error occurred: unable to fetch metrics": (
+        "the adapter answers but cannot query its source (Prometheus, for prometheus-adapter)"
+    ),
+    f"the server could not find the metric {DEMAND} for epddeployments.serving.epd.dev tiny-vl": (
+        "the adapter finds no series of it (not scraped, or not with the labels the adapter's rules expect)"
+    ),
+}
+DEMAND_METRIC = [
+    {
+        "type": "Object",
+        "object": {
+            "describedObject": {"apiVersion": "serving.epd.dev/v1alpha1", "kind": "EPDDeployment", "name": "tiny-vl"},
+            "metric": {"name": DEMAND},
+            "target": {"type": "AverageValue", "averageValue": "4"},
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("answer", CUT)
+def test_a_lost_metric_source_is_named_and_the_tier_held_at_its_replicas(answer: str):
+    lost = ("ScalingActive", "False", "FailedGetObjectMetric", OBJECT_FAILED + answer)
+    status = derive(hpa(ABLE, lost, metrics=DEMAND_METRIC, current=2, desired=2))
+    scaling = cond(status, "AutoscalingActive")
+    assert (scaling.status, scaling.reason) == ("False", "FailedGetObjectMetric")
+    assert scaling.message == (
+        f"encoder autoscaling inactive: the HPA cannot read {DEMAND} from the custom metrics API: {CUT[answer]}; "
+        f"the HPA holds the tier at 2 replicas until it reads its metrics again; FailedGetObjectMetric: {lost[3]}"
+    )
+    assert cond(status, "Degraded").reason == "AutoscalingInactive"
+
+
+def test_a_metric_source_lost_then_back_posts_one_warning_and_one_normal_event():
+    active = derive(hpa(ABLE, ACTIVE, metrics=DEMAND_METRIC, current=2, desired=2))
+    lost = (
+        "ScalingActive",
+        "False",
+        "FailedGetObjectMetric",
+        OBJECT_FAILED + "Internal error occurred: unable to fetch metrics",
+    )
+    down = derive(hpa(ABLE, lost, metrics=DEMAND_METRIC, current=2), previous=active, now=T1)
+    (warning,) = transitions(active, down)
+    assert (warning.type, warning.reason) == ("Warning", "AutoscalingInactive")
+    assert "cannot query its source (Prometheus" in warning.message
+    # the same words on every HPA sync while it lasts: no second Event
+    assert transitions(down, derive(hpa(ABLE, lost, metrics=DEMAND_METRIC, current=2), previous=down, now=T2)) == []
+    back = derive(hpa(ABLE, ACTIVE, metrics=DEMAND_METRIC, current=2, desired=2), previous=down, now=T2)
+    assert [(e.type, e.reason) for e in transitions(down, back)] == [
+        ("Normal", "AutoscalingActive"),
+        ("Normal", "Ready"),
+    ]
+
+
+def test_words_it_does_not_know_name_nothing_missing():
+    assert missing("unable to fetch metrics from custom metrics API: an answer never seen") is None
+    assert missing("no custom metrics API (custom.metrics.k8s.io) registered") == "no APIService serves it"
