@@ -33,10 +33,12 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.support.autoscale_loop import (
+    BIG_STEP,
     KEDA_LOOP,
     KEDA_TIMELINE,
     TIMELINE,
@@ -67,8 +69,14 @@ def _rel(record: LoopRecord, mark: str) -> str:
     return f"{t - record.marks['step_start']:.0f} s" if t is not None else "n/a"
 
 
-# The two runs `make bench-autoscale` makes: the router's spill-over off, then on.
-CONFIGS = (LoopConfig(spill_over=False), LoopConfig(spill_over=True))
+# The runs of each profile, the router's spill-over off, then on: `big` (`make bench-autoscale`), 1 to 4
+# encoders on a step that needs all 4, and `small`, the node test's loop, 1 to 2 (its new encoder's share and
+# timeline), each with the report it writes. `make bench-autoscale` runs `big` only, to stay within its time.
+PROFILES = {
+    "big": ((replace(BIG_STEP, spill_over=False), replace(BIG_STEP, spill_over=True)), "autoscale"),
+    "small": ((LoopConfig(spill_over=False), LoopConfig(spill_over=True)), "autoscale-small"),
+}
+CONFIGS = PROFILES["small"][0]
 
 
 def _spill(record: LoopRecord) -> str:
@@ -82,9 +90,92 @@ def _window(record: LoopRecord, start: str, end: str) -> str:
     return f"{_pct(lat, 0.5):.2f} / {_pct(lat, 0.9):.2f} / {_pct(lat, 0.99):.2f} s ({len(lat)})"
 
 
+def _first_decision(record: LoopRecord) -> str:
+    """The HPA's first rescale after the step: the replicas it asked for, of those the load needs, and when."""
+    if not record.decisions:
+        return "n/a"
+    first = record.decisions[0]
+    return f"{first['size']} (the load needs {record.config.needed}), {_since_step(record, first['t'])}"
+
+
+def _decisions(record: LoopRecord) -> str:
+    return ", ".join(f"{d['size']} at {_since_step(record, d['t'])}" for d in record.decisions) or "n/a"
+
+
+def first_spill(record: LoopRecord) -> float | None:
+    """Unix time of the first media item spilled after the step (the routers' counter, as Prometheus scraped
+    it every second), None when none was."""
+    points = record.series.get("spilled:total") or []
+    t0 = record.marks["step_start"]
+    before = max((v for t, v in points if t < t0), default=0.0)
+    return next((t for t, v in points if t >= t0 and v > before), None)
+
+
+def _first_spill(record: LoopRecord) -> str:
+    t = first_spill(record)
+    if t is not None:
+        return _since_step(record, t)
+    return "none (spill-over off)" if not record.config.spill_over else "none"
+
+
+def _new_encoders(record: LoopRecord) -> str:
+    return ", ".join(_since_step(record, t) for t in sorted(record.serving.values())) or "n/a"
+
+
+def _step_loads(record: LoopRecord) -> str:
+    loads = [s.load for s in record.samples if s.phase == "step" and s.load is not None]
+    if not loads:
+        return "n/a"
+    return f"{max(loads):.2f} / {statistics.median(loads):.2f} (target {record.config.target_per_pod})"
+
+
+def big_rows(records: list[LoopRecord]) -> list[tuple[str, list[str]]]:
+    """The rows of a step that needs several new encoders: the first decision, the first spill, every needed
+    encoder serving."""
+    needed = records[0].config.needed
+    return [
+        ("first scale-up decision: replicas asked for, seconds since the step", [_first_decision(r) for r in records]),
+        ("first spilled request, seconds since the step", [_first_spill(r) for r in records]),
+        (
+            f"every needed encoder serving ({needed}: the first and {needed - 1} new), seconds since the step",
+            [_rel(r, "all_serving") for r in records],
+        ),
+        ("the HPA's rescales during the step (replicas at seconds since the step)", [_decisions(r) for r in records]),
+        (
+            "each new encoder's first request from the router, seconds since the step",
+            [_new_encoders(r) for r in records],
+        ),
+        *(
+            (f"timeline of the first new encoder: {label}", [_since_step(r, r.timeline.get(name)) for r in records])
+            for name, label in TIMELINE
+        ),
+        ("the HPA's reading per encoder during the step: max / median", [_step_loads(r) for r in records]),
+        (
+            "client p50 / p90 / p99 from the step until every needed encoder serves (requests)",
+            [_window(r, "step_start", "all_serving") for r in records],
+        ),
+        (
+            "client p50 / p90 / p99 after it, to the step's end (requests)",
+            [_window(r, "all_serving", "light_after_start") for r in records],
+        ),
+        (
+            "spilled items / requests (in the step; in the whole run)",
+            [
+                f"{r.spilled.get('step_items', 0):.0f} / {r.spilled.get('step_requests', 0):.0f}; "
+                f"{r.spilled.get('items', 0):.0f} / {r.spilled.get('requests', 0):.0f}"
+                for r in records
+            ],
+        ),
+        ("failed client requests (target 0), of all", [f"{len(r.failures())} of {len(r.requests)}" for r in records]),
+    ]
+
+
 def comparison(records: list[LoopRecord]) -> list[str]:
     """One table, a column per run: what the issue's targets are measured on."""
     head = "| | " + " | ".join(f"spill-over {_spill(r)}" for r in records) + " |"
+    if records[0].config.needed > 2:
+        rows = big_rows(records)
+        return [head, "|---" * (len(records) + 1) + "|", *(f"| {name} | " + " | ".join(v) + " |" for name, v in rows)]
     rows = [
         ("seconds from the load step to the new encoder serving", [_rel(r, "second_serving") for r in records]),
         *((f"timeline: {label}", [_since_step(r, r.timeline.get(name)) for r in records]) for name, label in TIMELINE),
@@ -125,8 +216,10 @@ def report(
     ran_at: str,
 ) -> str:
     c = records[0].config
+    big = c.needed > 2
+    title = "`make bench-autoscale`" if big else "`python -m bench.autoscale --profile small`"
     lines = [
-        "# Encoder autoscaling loop on real pods (`make bench-autoscale`)",
+        f"# Encoder autoscaling loop on real pods ({title})",
         "",
         f"Run {started:%Y-%m-%d %H:%M} UTC, commit `{ran_at}`, {cpu_model()} ({platform.machine()}), "
         f"load average {load_average[0]:.1f} / {load_average[1]:.1f} / {load_average[2]:.1f} (1/5/15 min) at the end; "
@@ -134,25 +227,34 @@ def report(
         "upper bounds.",
         "",
         "Setup: the local cluster's real node; `examples/epd-local-cpu.yaml` (E+PD, vLLM 0.32 for CPU, tiny "
-        "Qwen2-VL, SharedStorage EC) with `encoder.autoscaling: {minReplicas: 1, maxReplicas: 2, load: "
-        f"{{targetPerPod: {c.target_per_pod}}}, behavior: {{scaleDown: {{stabilizationWindowSeconds: "
+        f"Qwen2-VL, SharedStorage EC) with `encoder.autoscaling: {{minReplicas: 1, maxReplicas: {c.max_replicas}, "
+        f"load: {{targetPerPod: {c.target_per_pod}}}, behavior: {{scaleDown: {{stabilizationWindowSeconds: "
         f"{c.scale_down_window}}}}}}}`; kube-controller-manager's HPA (1 s sync) reads `epd_router_encoder_demand` "
         "from prometheus-adapter v0.12.0 (the operator chart's rules, unchanged), which reads Prometheus scraping the "
         "router and vLLM pods every second. Clients: chat requests (4 tokens out) with 224×224 PNGs never sent "
         "before, to the router Service's ClusterIP from the node's network namespace; "
         f"light = {c.light.clients} client × {c.light.images} image, {c.light.pause:g} s between requests; "
-        f"step = {c.step.clients} closed-loop clients × {c.step.images} images per request. The loop runs "
-        "once per row of the table below, each on a fresh EPDDeployment: `spec.router.spillOver.enabled` false, "
-        "then true (its default bound: 2 × the target, 8 items in flight per encoder).",
+        f"step = {c.step.clients} closed-loop clients × {c.step.images} images per request "
+        f"({c.step.clients * c.step.images} items wanted at once: {c.needed} encoders needed at the target, within "
+        f"maxReplicas). The loop runs once per column of the table below, each on a fresh EPDDeployment: "
+        "`spec.router.spillOver.enabled` false, then true (its default bound: 2 × the target, "
+        f"{2 * c.target_per_pod} items in flight per encoder).",
         "",
         "## Both runs",
         "",
         *comparison(records),
         "",
-        "Times are seconds since the load step. The scale-out window runs from the load step to the new "
-        "encoder's first request from the router; p99 over fewer than 100 requests is the slowest one.",
+        (
+            "Times are seconds since the load step. The first scale-up decision is the HPA's first SuccessfulRescale "
+            "Event after the step (its time has 1 s resolution); the first spilled request, the first rise of the "
+            "routers' `epd_router_spilled_items_total` (Prometheus, every second); an encoder serves when its own "
+            "vLLM counter first moves (the loop's 1 s poll). p99 over fewer than 100 requests is the slowest one."
+            if big
+            else "Times are seconds since the load step. The scale-out window runs from the load step to the new "
+            "encoder's first request from the router; p99 over fewer than 100 requests is the slowest one."
+        ),
         "",
-        "![both runs: encoder replicas, ready encoders and load over time](autoscale.png)",
+        f"![both runs: encoder replicas, ready encoders and load over time]({'autoscale' if big else 'autoscale-small'}.png)",
         "",
     ]
     for record in records:
@@ -160,21 +262,37 @@ def report(
     lines += [
         "## What this shows, and what it does not",
         "",
-        "- The loop closes on real pods: load through the router Service raises the routers' per-encoder items in "
-        "flight, Prometheus and prometheus-adapter serve them with the chart's rules, the HPA scales the encoder "
-        "Deployment, the router discovers the new encoder when it is Ready and sends it images, and the scale-down "
-        "drains an encoder while requests keep coming.",
-        "- The time to a serving second encoder is dominated by vLLM's start on a shared CPU (model load, profiling "
-        "each allowed image), between the container's start and vLLM listening; the steps the operator and chart "
-        "control (probes every 2 s, the router's EndpointSlice watch) add seconds. On GPUs with a real model, "
-        "vLLM's start (weights, CUDA graphs) sets it too (docs/autoscaling.md says what cuts it there).",
-        "- Spill-over moves the scale-out window's images to the consumer while the encoder is past 8 items in "
-        "flight: the client latency of that window is the comparison. Here the consumer is a CPU vLLM sharing "
-        "the same two cores, so encoding on it costs what encoding on the encoder costs; on GPUs it costs the "
-        "consumer's decodes (docs/router.md#spill-over).",
-        "- The share after the scale-up is the cache-aware picker's doing: a newcomer with nothing in flight takes "
-        "new images while the old encoder is past the in-flight bound, then the hash ring shares them by recent "
-        "work (router/pickers.py). Images already encoded go back to the encoder that has them.",
+        "- The loop closes on real pods: load through the router Service raises the routers' encoder demand, "
+        "Prometheus and prometheus-adapter serve it with the chart's rules, the HPA scales the encoder "
+        "Deployment, the router discovers each new encoder when it is Ready and sends it images, and the scale-down "
+        "drains encoders while requests keep coming.",
+        *(
+            [
+                "- The demand counts spilled items until the consumer answers: with spill-over on, the HPA reads the "
+                "whole step while one encoder holds only its bound, so one decision can ask for every encoder the "
+                "step needs (docs/autoscaling.md).",
+                "- The new encoders start side by side on the same two cores as the load, the encoder and the "
+                "consumer: the time until every needed encoder serves is vLLM's start under that contention "
+                "(model load, profiling each allowed image), far longer than on GPUs with pre-pulled images; the "
+                "steps the operator and chart control (probes every 2 s, the router's EndpointSlice watch) add "
+                "seconds.",
+            ]
+            if big
+            else [
+                "- The time to a serving second encoder is dominated by vLLM's start on a shared CPU (model load, "
+                "profiling each allowed image), between the container's start and vLLM listening; the steps the "
+                "operator and chart control (probes every 2 s, the router's EndpointSlice watch) add seconds. On "
+                "GPUs with a real model, vLLM's start (weights, CUDA graphs) sets it too (docs/autoscaling.md says "
+                "what cuts it there).",
+                "- The share after the scale-up is the cache-aware picker's doing: a newcomer with nothing in flight "
+                "takes new images while the old encoder is past the in-flight bound, then the hash ring shares them "
+                "by recent work (router/pickers.py). Images already encoded go back to the encoder that has them.",
+            ]
+        ),
+        f"- Spill-over moves images to the consumer while every encoder is past {2 * c.target_per_pod} items in "
+        "flight: the client latency until the new encoders serve is the comparison. Here the consumer is a CPU "
+        "vLLM sharing the same two cores, so encoding on it costs what encoding on the encoder costs; on GPUs it "
+        "costs the consumer's decodes (docs/router.md#spill-over).",
         "- One router, one decode pod, a tiny random-weight model on CPU: the items-in-flight numbers are this "
         "machine's, not a GPU encoder's. See docs/autoscaling.md for what the default target rests on.",
     ]
@@ -199,20 +317,25 @@ def run_report(record: LoopRecord) -> list[str]:
         "",
         "| event | since the load step |",
         "|---|---|",
-        f"| HPA sets the encoder Deployment to 2 (seen by the loop) | {_rel(record, 'scaled_up')} |",
+        f"| HPA scales the encoder Deployment up (seen by the loop) | {_rel(record, 'scaled_up')} |",
         *(f"| {label} | {_since_step(record, record.timeline.get(name))} |" for name, label in TIMELINE),
         f"| **second encoder answers its first request from the router** | **{_rel(record, 'second_serving')}** |",
+        *(
+            [f"| **every needed encoder ({c.needed}) serving** | **{_rel(record, 'all_serving')}** |"]
+            if "all_serving" in m
+            else []
+        ),
         "",
         f"The HPA's own reading of the load (average items in flight per encoder) during the step: max "
         f"{max(step_loads, default=float('nan')):.2f}, median {statistics.median(step_loads) if step_loads else float('nan'):.2f} "
-        f"(target {c.target_per_pod}). Its conditions when it asked for 2: "
+        f"(target {c.target_per_pod}). Its conditions when the loop saw it scale up: "
         + "; ".join(
             f"{x['type']}={x['status']} ({x.get('reason')})" for x in record.scaled_up_hpa.get("conditions") or []
         )
         + f". The EPDDeployment's `AutoscalingActive`: {record.autoscaling_active.get('status')} "
         f"({record.autoscaling_active.get('reason')}).",
         "",
-        f"### Share of encoder requests in the {c.share_seconds:.0f} s after the second encoder first served",
+        "### Share of encoder requests from the second encoder's first request to the step's end",
         "",
         "vLLM's own `vllm:request_success_total` on each encoder pod (one encoder request carries the images of one "
         "client request bound for that encoder):",
@@ -228,7 +351,7 @@ def run_report(record: LoopRecord) -> list[str]:
         "",
         f"The step ends {_rel(record, 'light_after_start')} after it started; the HPA sets 1 encoder "
         f"{m['scaled_down'] - m['light_after_start']:.0f} s later (window {c.scale_down_window} s), and the leaving "
-        f"encoder (`{record.leaving_encoder or 'n/a'}`) is gone {m['left_gone'] - m['scaled_down']:.0f} s after that "
+        f"encoders (`{record.leaving_encoder or 'n/a'}`) are gone {m['left_gone'] - m['scaled_down']:.0f} s after that "
         f"(preStop, then vLLM's shutdown). **Failed client requests during the scale-down: "
         f"{sum(1 for r in draining if r['status'] != 200)} of {len(draining)}** (requests in flight between the HPA's 1 "
         f"and the leaving pod's end); in the whole light-after phase {sum(1 for r in down if r['status'] != 200)} of "
@@ -273,8 +396,7 @@ def plot(records: list[LoopRecord], path: Path) -> None:
         axes[0].step(ts, [x.replicas for x in s], where="post", label="encoder replicas (HPA)")
         axes[0].step(ts, [x.ready for x in s], where="post", label="ready encoders", linestyle="--")
         axes[0].set_ylabel("encoders")
-        axes[0].set_ylim(0, 2.6)
-        axes[0].legend(loc="upper right", fontsize=7)
+        axes[0].set_ylim(0, record.config.max_replicas + 0.6)
         for key, points in sorted(record.series.items()):
             kind, _, pod = key.partition(":")
             if kind == "inflight":
@@ -285,17 +407,21 @@ def plot(records: list[LoopRecord], path: Path) -> None:
         axes[1].plot([t for t, _ in loads], [v for _, v in loads], "k.", markersize=3, label="HPA's load (avg per pod)")
         axes[1].axhline(record.config.target_per_pod, color="grey", linestyle=":", label="target per pod")
         axes[1].set_ylabel("encoder items in flight")
-        axes[1].legend(loc="upper right", fontsize=7)
         axes[2].set_ylabel("vLLM requests waiting")
-        axes[2].legend(loc="upper right", fontsize=7)
         axes[2].set_xlabel("seconds since the load step")
-        for name, color in (("step_start", "red"), ("second_serving", "green"), ("light_after_start", "red")):
+        lines = (("step_start", "red"), ("second_serving", "green"), ("all_serving", "darkgreen"))
+        for name, color in (*lines, ("light_after_start", "red")):
             if name in record.marks:
                 for ax in axes:
                     ax.axvline(record.marks[name] - t0, color=color, alpha=0.4)
-        axes[0].set_title(
-            f"spill-over {_spill(record)} (red: load step on/off, green: second encoder serving)", fontsize=9
-        )
+        if record.decisions:
+            axes[0].plot([record.decisions[0]["t"] - t0], [record.decisions[0]["size"]], "kx", label="first decision")
+        if (spilled := first_spill(record)) is not None:
+            axes[1].axvline(spilled - t0, color="orange", alpha=0.6, linestyle="--", label="first spilled request")
+        for ax in axes:
+            ax.legend(loc="upper right", fontsize=7)
+        served = "every needed encoder serving" if "all_serving" in record.marks else "second encoder serving"
+        axes[0].set_title(f"spill-over {_spill(record)} (red: load step on/off, green: {served})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -499,8 +625,16 @@ def main(argv: list[str] | None = None) -> int:
         "--from-record", type=Path, help="write the report and plot from a run's autoscale.json instead of running"
     )
     parser.add_argument("--keda", action="store_true", help="the KEDA engine's loop: encoders from zero and back")
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="big",
+        help="big (`make bench-autoscale`): 1 to 4 encoders on a step that needs 4, writes autoscale.md; small: the "
+        "node test's 1 to 2 loop, writes autoscale-small.md",
+    )
     args = parser.parse_args(argv)
-    out: Path = args.out or RESULTS / ("autoscale-keda.md" if args.keda else "autoscale.md")
+    configs, stem = PROFILES[args.profile]
+    out: Path = args.out or RESULTS / ("autoscale-keda.md" if args.keda else f"{stem}.md")
     if args.from_record:
         data = json.loads(args.from_record.read_text())
         records = records_from_json(data)
@@ -538,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="epd-bench-autoscale-") as tmp:
         work = Path(tmp)
         with mission_cluster(work) as m, metrics_pipeline(m, work) as pipeline:
-            records = run_loops(m, pipeline, list(CONFIGS), work, say=lambda line: print(line, file=sys.stderr))
+            records = run_loops(m, pipeline, list(configs), work, say=lambda line: print(line, file=sys.stderr))
     out.parent.mkdir(parents=True, exist_ok=True)
     write_records(out.with_suffix(".json"), records, started, time.monotonic() - t, ran_at)
     return main(["--from-record", str(out.with_suffix(".json")), "--out", str(out)])

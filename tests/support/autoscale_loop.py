@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -45,10 +46,11 @@ from typing import Any
 import yaml
 
 from dev.builds import go_module
+from dev.lifetimes import kill_with_parent
 from dev.parts import prometheus_adapter
 from epd_operator.router.contract import ENCODER_DEMAND_METRIC
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
-from tests.support.cluster import EPD_API, cluster_objects, custom_metrics_api, logged_process, wait_for
+from tests.support.cluster import EPD_API, cluster_objects, custom_metrics_api, wait_for
 from tests.support.mission import REPO, Mission, all_ready, describe, load_clients, remove
 from tests.support.real_node import is_ready
 
@@ -90,6 +92,13 @@ class LoopConfig:
     keda_cooldown: int = 30
     keda_activation: float = 1.0
     second_timeout: float = 180  # KEDA: from the first encoder serving to its HPA's 2, if the load asks for it
+    max_replicas: int = 2  # the HPA's maxReplicas (KEDA's maxReplicaCount)
+    all_serving_timeout: float = 900  # from the second encoder serving to every needed one serving
+
+    @property
+    def needed(self) -> int:
+        """Encoders the step's load needs: its items in flight at the target per pod, within maxReplicas."""
+        return min(self.max_replicas, -(-self.step.clients * self.step.images // self.target_per_pod))
 
 
 @dataclass
@@ -125,6 +134,11 @@ class LoopRecord:
     # KEDA: the EPDDeployment and the ScaledObject as the loop found them at its stages (idle at zero,
     # activated, back at zero), and the media items the routers sent raw at the light phase's end.
     statuses: dict[str, Any] = field(default_factory=dict)
+    # The HPA's rescale Events after the step, in the order it made them: {"t": Unix time (the Event's, 1 s
+    # resolution), "size": the replicas it set, "reason": its words}; the first is the first scale-up decision.
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    # Each new encoder's first answer to the router (its vLLM counter moved from 0, as the loop's 1 s poll saw it).
+    serving: dict[str, float] = field(default_factory=dict)
 
     def failures(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if r["status"] != 200]
@@ -203,14 +217,14 @@ def rfc3339(value: str | None) -> float | None:
 
 
 def autoscaled_example(config: LoopConfig) -> list[dict[str, Any]]:
-    """examples/epd-local-cpu.yaml with `spec.encoder.autoscaling` (1 to 2 encoders on their load; with
-    KEDA 0 to 2, reading the loop's Prometheus) and the router's spill-over on or off."""
+    """examples/epd-local-cpu.yaml with `spec.encoder.autoscaling` (1 to `max_replicas` encoders on their
+    load; with KEDA from 0, reading the loop's Prometheus) and the router's spill-over on or off."""
     docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
     epd = next(d for d in docs if d["kind"] == "EPDDeployment")
     epd["spec"].setdefault("router", {})["spillOver"] = {"enabled": config.spill_over}
     autoscaling: dict[str, Any] = {
         "minReplicas": 1,
-        "maxReplicas": 2,
+        "maxReplicas": config.max_replicas,
         "load": {"targetPerPod": config.target_per_pod},
         "behavior": {"scaleDown": {"stabilizationWindowSeconds": config.scale_down_window}},
     }
@@ -239,6 +253,44 @@ class Pipeline:
     logs: dict[str, Path]
     targets: Path
     written: str = ""
+    # Its processes by name ("prometheus", "adapter"): how each starts, and the one running now. The fault
+    # table (tests/support/fault_table.py) stops one and starts it again, as a metric source lost for a while.
+    argv: dict[str, list[str]] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str) -> None:
+        """Start one of its processes (again), appending to its log; it dies with this process."""
+        assert name not in self.procs, f"{name} is running"
+        with self.logs[name].open("ab") as out:  # the child keeps its own descriptor
+            self.procs[name] = subprocess.Popen(
+                self.argv[name], stdout=out, stderr=subprocess.STDOUT, preexec_fn=kill_with_parent
+            )
+
+    def stop(self, name: str) -> None:
+        """SIGTERM one of its processes, SIGKILL if it is still there 20 s later."""
+        proc = self.procs.pop(name)
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+    def prometheus_ready(self) -> bool:
+        try:
+            return self.m.in_node(f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready", timeout=5)[0] == 200
+        except AssertionError:  # not listening yet
+            return False
+
+    def adapter_available(self) -> bool:
+        """The custom metrics APIService is Available: the API server reaches the adapter."""
+        _, body = self.m.kube.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/v1beta2.{GROUP}")
+        conditions = (body.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
 
     def discover(self) -> None:
         """What the chart's PodMonitors scrape, as Prometheus' file discovery reads it: each router
@@ -306,45 +358,41 @@ def metrics_pipeline(m: Mission, tmp: Path, *, adapter: bool = True) -> Iterator
     logs = {"prometheus": tmp / "prometheus.log", "adapter": tmp / "adapter.log"}
     pipeline = Pipeline(m, logs, tmp / "targets.json")
     pipeline.discover()
+    pipeline.argv["prometheus"] = node.netns_argv(
+        prometheus,
+        f"--config.file={_prometheus_config(tmp, pipeline.targets)}",
+        f"--storage.tsdb.path={tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
+    )
     with contextlib.ExitStack() as stack:
-        stack.enter_context(
-            logged_process(
-                node.netns_argv(
-                    prometheus,
-                    f"--config.file={_prometheus_config(tmp, pipeline.targets)}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
-                ),
-                logs["prometheus"],
-                die_with_parent=True,
-            )
-        )
+        stack.callback(pipeline.stop_all)
+        pipeline.start("prometheus")
         if adapter:
-            stack.enter_context(_adapter(m, tmp, logs["adapter"]))
-
-            def available() -> bool:
-                _, body = m.kube.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/v1beta2.{GROUP}")
-                conditions = (body.get("status") or {}).get("conditions") or []
-                return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
-
-            wait_for(
-                available, 180, lambda: f"APIService not Available; adapter:\n{pipeline.tail('adapter')}", interval=1
+            pipeline.argv["adapter"] = _adapter_argv(m, tmp)
+            pipeline.start("adapter")
+            # The adapter listens on localhost of the node's network namespace, where the API server's egress dials.
+            stack.enter_context(
+                cluster_objects(
+                    m.kube,
+                    custom_metrics_api(
+                        "epd-custom-metrics-anonymous-reader", "default", "epd-custom-metrics", ADAPTER_PORT
+                    ),
+                )
             )
-
-        def prometheus_ready() -> bool:
-            try:
-                return m.in_node(f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready", timeout=5)[0] == 200
-            except AssertionError:  # not listening yet
-                return False
-
-        wait_for(prometheus_ready, 120, lambda: f"Prometheus not ready:\n{pipeline.tail('prometheus')}", interval=2)
+            wait_for(
+                pipeline.adapter_available,
+                180,
+                lambda: f"APIService not Available; adapter:\n{pipeline.tail('adapter')}",
+                interval=1,
+            )
+        wait_for(
+            pipeline.prometheus_ready, 120, lambda: f"Prometheus not ready:\n{pipeline.tail('prometheus')}", interval=2
+        )
         yield pipeline
 
 
-@contextlib.contextmanager
-def _adapter(m: Mission, tmp: Path, log: Path) -> Iterator[None]:
-    """prometheus-adapter in the node's network namespace with the chart's rules, registered as the
-    custom.metrics.k8s.io APIService."""
+def _adapter_argv(m: Mission, tmp: Path) -> list[str]:
+    """prometheus-adapter in the node's network namespace with the chart's rules (built when missing)."""
     adapter = go_module.ensure(prometheus_adapter.ADAPTER)
     node = m.cluster.real_node()
     rules = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
@@ -352,32 +400,20 @@ def _adapter(m: Mission, tmp: Path, log: Path) -> Iterator[None]:
     adapter_config.write_text(yaml.safe_dump({"rules": rules["custom"]}))  # what the adapter chart renders
     kubeconfig = str(m.cluster.kubeconfig_path)  # https://127.0.0.1:<port>: the node bridge, in the node
     discovery = [f"/apis/{GROUP}", f"/apis/{GROUP}/v1beta1", f"/apis/{GROUP}/v1beta2", "/openapi/v2", "/openapi/v3"]
-    with (
-        logged_process(
-            node.netns_argv(
-                str(adapter),
-                f"--secure-port={ADAPTER_PORT}",
-                "--bind-address=127.0.0.1",
-                f"--cert-dir={tmp / 'adapter-certs'}",
-                f"--lister-kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--authentication-tolerate-lookup-failure",
-                "--authorization-always-allow-paths=" + ",".join(["/healthz", "/readyz", "/livez", *discovery]),
-                f"--prometheus-url=http://127.0.0.1:{PROMETHEUS_PORT}",
-                f"--config={adapter_config}",
-                "--metrics-relist-interval=2s",
-            ),
-            log,
-            die_with_parent=True,
-        ),
-        # The adapter listens on localhost of the node's network namespace, where the API server's egress dials.
-        cluster_objects(
-            m.kube,
-            custom_metrics_api("epd-custom-metrics-anonymous-reader", "default", "epd-custom-metrics", ADAPTER_PORT),
-        ),
-    ):
-        yield
+    return node.netns_argv(
+        str(adapter),
+        f"--secure-port={ADAPTER_PORT}",
+        "--bind-address=127.0.0.1",
+        f"--cert-dir={tmp / 'adapter-certs'}",
+        f"--lister-kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--authentication-tolerate-lookup-failure",
+        "--authorization-always-allow-paths=" + ",".join(["/healthz", "/readyz", "/livez", *discovery]),
+        f"--prometheus-url=http://127.0.0.1:{PROMETHEUS_PORT}",
+        f"--config={adapter_config}",
+        "--metrics-relist-interval=2s",
+    )
 
 
 # ---------------------------------------------------------------- the loop
@@ -495,6 +531,34 @@ class _Loop:
             if cond["type"] == "Ready" and cond["status"] == "True":
                 timeline["ready"] = rfc3339(cond.get("lastTransitionTime")) or self.record.marks[self.ready_mark]
 
+    def rescales(self) -> list[dict[str, Any]]:
+        """The HPA's rescale Events (`New size: N; reason: ...`) in the order it posted them: an Event's
+        name ends in the hexadecimal UnixNano of its creation (client-go's recorder)."""
+        out = []
+        uid = self.hpa().get("metadata", {}).get("uid")  # not an HPA of the same name from an earlier run
+        for event in self.m.kube.events(kind="HorizontalPodAutoscaler", name=self.hpa_name):
+            said = re.match(r"New size: (\d+); reason: (.*)", event.get("message") or "")
+            if event.get("reason") != "SuccessfulRescale" or said is None or event["involvedObject"].get("uid") != uid:
+                continue
+            meta = event["metadata"]
+            when = rfc3339(event.get("eventTime") or event.get("firstTimestamp") or meta.get("creationTimestamp"))
+            suffix = meta["name"].rpartition(".")[2]
+            order = int(suffix, 16) if re.fullmatch(r"[0-9a-f]+", suffix) else int((when or 0) * 1e9)
+            out.append({"t": when, "order": order, "size": int(said[1]), "reason": said[2]})
+        return sorted(out, key=lambda d: d["order"])
+
+    def watch_serving(self) -> None:
+        """Each new encoder's first answer to the router: its vLLM counter moving from 0 (new pods only)."""
+        for pod in self.encoders():
+            name = pod["metadata"]["name"]
+            new = name != self.record.first_encoder and name not in self.record.serving
+            if new and is_ready(pod) and self.count(pod) > 0:
+                self.record.serving[name] = time.time()
+
+    def every_needed_serving(self) -> bool:
+        """The first encoder and enough new ones have answered the router (wait() watches them each tick)."""
+        return 1 + len(self.record.serving) >= self.config.needed
+
     def spill_counters(self) -> dict[str, float]:
         return {
             name: self.m.metric("router", f"epd_router_spilled_{name}_total", port=9090)
@@ -507,6 +571,8 @@ class _Loop:
             self.sample()
             if self.phase == "step":
                 self.observe()
+                if self.config.needed > 2 and "scaled_up" in self.record.marks:
+                    self.watch_serving()
             return condition()
 
         return wait_for(tick, timeout, lambda: f"{what} within {timeout:.0f} s\n{describe(self.m)}", interval=1)
@@ -557,7 +623,7 @@ class _Loop:
         assert self.deployment()["spec"]["replicas"] == 1, "light load alone scaled the encoders"
 
         phase("step", c.step)
-        self.wait(lambda: self.deployment()["spec"]["replicas"] == 2, c.scale_up_timeout, "the HPA scaled to 2")
+        self.wait(lambda: self.deployment()["spec"]["replicas"] >= 2, c.scale_up_timeout, "the HPA scaling up")
         self.mark("scaled_up")
         self.record.scaled_up_hpa = self.hpa().get("status") or {}
         self.record.autoscaling_active = self.epd_condition("AutoscalingActive")
@@ -586,9 +652,15 @@ class _Loop:
         self.record.counts_at_second_serving = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
         self.wait(lambda: "endpointslice_ready" in self.record.timeline, 30, "the EndpointSlice listing it")
         self.settle_timeline()
+        if c.needed > 2:  # a step that needs more than one new encoder: until every one serves
+            self.wait(self.every_needed_serving, c.all_serving_timeout, f"{c.needed} encoders serving")
+            self.mark("all_serving")
         self.hold(c.share_seconds)
         self.record.counts_at_step_end = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
         self.record.spilled = {f"step_{k}": v for k, v in self.spill_counters().items()}
+        self.record.decisions = [
+            d for d in self.rescales() if d["t"] is not None and d["t"] >= int(self.record.marks["step_start"])
+        ]
 
         phase("light_after", c.light)
         self.wait(lambda: self.deployment()["spec"]["replicas"] == 1, c.scale_down_timeout, "the HPA scaled to 1")
@@ -602,12 +674,29 @@ class _Loop:
             "the leaving encoder",
         )
         if isinstance(leaving, dict):
-            self.record.leaving_encoder = leaving["metadata"]["name"]
-        self.wait(lambda: len(self.encoders(leaving=True)) == 1, c.scale_down_timeout, "the leaving encoder gone")
+            self.record.leaving_encoder = ",".join(
+                p["metadata"]["name"] for p in self.encoders(leaving=True) if p["metadata"].get("deletionTimestamp")
+            )
+        self.wait(lambda: len(self.encoders(leaving=True)) == 1, c.scale_down_timeout, "the leaving encoders gone")
         self.mark("left_gone")
         self.hold(c.tail_seconds)
         self.record.spilled.update(self.spill_counters())
         self.phase = "end"
+
+
+# `make bench-autoscale`'s step (bench/autoscale.py): 1 to 4 encoders at a target of 1 item per encoder, and a
+# step of 4 clients with 2 never-seen images each (8 items wanted at once: eight encoders' worth, the 4 of
+# maxReplicas needed), so that the first decision can ask for every encoder the load needs. The small target
+# keeps that load cheap on a shared CPU: 4 CPU encoders and the consumer must start and serve beside it.
+BIG_STEP = LoopConfig(
+    target_per_pod=1,
+    max_replicas=4,
+    step=Phase(clients=4, images=2, pause=0.0),
+    light_seconds=20,
+    share_seconds=20,
+    second_ready_timeout=900,
+    all_serving_timeout=900,
+)
 
 
 KEDA_API = "keda.sh/v1alpha1"
@@ -857,6 +946,12 @@ def run_loop(
                     f"waiting:{k}": v
                     for k, v in pipeline.range(
                         f'sum(vllm:num_requests_waiting{{namespace="{ns}"}}) by (pod)', start, end
+                    ).items()
+                },
+                **{
+                    f"spilled:{k}": v
+                    for k, v in pipeline.range(
+                        f'sum(epd_router_spilled_items_total{{namespace="{ns}"}})', start, end
                     ).items()
                 },
                 **{

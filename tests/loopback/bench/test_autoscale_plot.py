@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from bench import autoscale
-from tests.unit.bench.test_autoscale import keda_record, record
+from tests.unit.bench.test_autoscale import big_record, keda_record, record
 
 
 def test_the_plot_draws_a_column_per_run(tmp_path: Path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "autoscale.png"
     autoscale.plot([record(False), record(True)], path)
+    autoscale.plot([big_record(False), big_record(True)], tmp_path / "big.png")  # marks the decision and the spill
     from matplotlib import image
 
     height, width = image.imread(path).shape[:2]

@@ -4,6 +4,7 @@ record as the loop wrote it, for both runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from bench import autoscale
 from epd_operator.api.validation import parse_epd
 from tests.support.autoscale_loop import (
+    BIG_STEP,
     KEDA_LOOP,
     KEDA_TIMELINE,
     PROMETHEUS_PORT,
@@ -186,3 +188,72 @@ def test_the_keda_report_reads_the_issues_figures_from_the_record(monkeypatch: p
     assert rows["failed client requests while the last encoders drained (target 0)"] == "0 of 1"
     assert rows["light load, tier at zero (served raw by the consumer)"] == "20"
     assert rows["encoder requests each encoder answered by the step's end"] == "`vl-encoder-a` 70, `vl-encoder-b` 30"
+
+
+def big_record(spill_over: bool) -> LoopRecord:
+    """A run of `make bench-autoscale`'s step: the HPA asks for 4 two seconds in, an item spills at once (spill-over
+    on), the new encoders answer their first request at 300, 320 and 350 s."""
+    r = record(spill_over)
+    r.config = dataclasses.replace(BIG_STEP, spill_over=spill_over)
+    r.marks |= {"second_serving": T0 + 300, "all_serving": T0 + 350, "light_after_start": T0 + 370}
+    r.decisions = [
+        {"t": T0 + 2, "order": 2, "size": 4, "reason": "EPDDeployment metric epd_router_encoder_demand above target"}
+    ]
+    r.serving = {"vl-encoder-c": T0 + 320, "vl-encoder-b": T0 + 300, "vl-encoder-d": T0 + 350}
+    # the routers' spilled items as Prometheus scraped them: none before the step, the first one a second in
+    r.series["spilled:total"] = [(T0 + 1, 2.0), (T0 + 2, 8.0)] if spill_over else []
+    return r
+
+
+def test_the_big_step_needs_every_encoder_maxreplicas_allows_and_the_example_asks_for_them():
+    assert BIG_STEP.step.clients * BIG_STEP.step.images >= 3 * BIG_STEP.target_per_pod  # three encoders' worth or more
+    assert BIG_STEP.needed == BIG_STEP.max_replicas == 4
+    assert LoopConfig().needed == 2 and KEDA_LOOP.needed == 2  # the node tests' loops: one new encoder
+    [epd] = [d for d in autoscaled_example(BIG_STEP) if d["kind"] == "EPDDeployment"]
+    scaling = epd["spec"]["encoder"]["autoscaling"]
+    assert (scaling["minReplicas"], scaling["maxReplicas"], scaling["load"]) == (1, 4, {"targetPerPod": 1})
+    parse_epd(epd)
+    # light load never asks for a second encoder: its demand is at most the target
+    assert BIG_STEP.light.clients * BIG_STEP.light.images <= BIG_STEP.target_per_pod
+
+
+def test_the_big_step_report_has_the_first_decision_the_first_spill_and_every_encoder_serving(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setattr(autoscale, "cpu_model", lambda: "a CPU")
+    runs = [big_record(False), big_record(True)]
+    text = autoscale.report(runs, datetime(2026, 12, 5, tzinfo=UTC), 1800.0, (1.0, 2.0, 3.0), "abc1234")
+    assert text.startswith("# Encoder autoscaling loop on real pods (`make bench-autoscale`)")
+    table = text.split("## Both runs")[1].split("\n\n")[1].splitlines()
+    rows = {line.split(" | ")[0].lstrip("| "): [v.rstrip(" |") for v in line.split(" | ")[1:]] for line in table[2:]}
+    names = list(rows)
+    assert names[0].startswith("first scale-up decision") and names[1].startswith("first spilled request")
+    assert rows[names[0]] == ["4 (the load needs 4), 2 s", "4 (the load needs 4), 2 s"]
+    assert rows[names[1]] == ["none (spill-over off)", "1 s"]
+    assert rows["every needed encoder serving (4: the first and 3 new), seconds since the step"] == ["350 s", "350 s"]
+    assert rows["each new encoder's first request from the router, seconds since the step"][0] == "300 s, 320 s, 350 s"
+    # the 20 requests of the step, all started before every encoder served
+    assert rows["client p50 / p90 / p99 from the step until every needed encoder serves (requests)"][0] == (
+        "1.00 / 9.00 / 10.00 s (20)"
+    )
+    assert "maxReplicas: 4" in text and "step = 4 closed-loop clients × 2 images per request" in text
+    assert "**every needed encoder (4) serving** | **350 s**" in text
+
+
+def test_a_record_without_the_big_steps_fields_reads_back(tmp_path: Path):
+    runs = [big_record(False), big_record(True)]
+    path = tmp_path / "autoscale.json"
+    autoscale.write_records(path, runs, datetime(2026, 12, 5, tzinfo=UTC), 1800.0, "abc1234")
+    back = autoscale.records_from_json(json.loads(path.read_text()))
+    assert back[1].decisions == runs[1].decisions and back[1].serving == runs[1].serving
+    assert back[1].config == runs[1].config
+    assert autoscale.first_spill(back[1]) == T0 + 1
+    old = runs[0].to_json()  # a record from before maxReplicas, the decisions and the serving times were kept
+    del old["decisions"], old["serving"], old["config"]["max_replicas"], old["config"]["all_serving_timeout"]
+    assert record_from_json(old).config.max_replicas == 2 and record_from_json(old).decisions == []
+
+
+def test_the_profiles_run_spill_over_off_then_on():
+    for configs, _ in autoscale.PROFILES.values():
+        assert [c.spill_over for c in configs] == [False, True]
+    assert autoscale.PROFILES["big"][1] == "autoscale" and autoscale.PROFILES["big"][0][0].max_replicas == 4
