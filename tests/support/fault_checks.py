@@ -1,6 +1,6 @@
 """What each fault row of the table (tests/support/fault_table.py) must show, in its figures and facts:
 the expectation a row states in words, as assertions. Used by tests/node/test_faults.py (the whole
-table) and tests/node/test_mission_loop.py (the rows that restart no vLLM pod)."""
+table and the metric-source rows) and tests/node/test_mission_loop.py (the rows that restart no vLLM pod)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,32 @@ def _kubelet_restarted(record: FaultRecord, row: Row) -> None:
     assert row.facts["pods_replaced"] == [] and row.facts["container_restarts"] == 0, _show(row)
 
 
+# What the EPDDeployment's status must name when each metric source is away (controller/status_hpa.py's words
+# for the answer the HPA quotes).
+MISSING_WORDS = {
+    "prometheus_lost": "the adapter answers but cannot query its source (Prometheus",
+    "adapter_lost": "its APIService's server, the adapter, does not answer",
+}
+
+
+def _metric_source_lost(record: FaultRecord, row: Row) -> None:
+    _no_failure(record, row)
+    # Named: the HPA's own reason, what is missing, that the tier is held; one Warning per distinct message.
+    assert row.facts["reason"] == "FailedGetObjectMetric", _show(row)
+    assert MISSING_WORDS[row.name] in row.facts["status"], _show(row)
+    assert "the HPA holds the tier at" in row.facts["status"], _show(row)
+    warnings = row.facts["warning_events"]
+    assert warnings and len(warnings) == len(set(warnings)), f"no Warning, or one repeated: {_show(row)}"
+    assert row.facts["status"] in warnings, _show(row)
+    # Neither flaps nor drops: the encoder tier keeps the replicas it had, every pod Ready, throughout.
+    assert row.facts["replicas_before"] >= 1, _show(row)
+    assert row.facts["replicas_seen"] == [row.facts["replicas_before"]], _show(row)
+    assert row.facts["ready_min"] == row.facts["replicas_before"], _show(row)
+    # Back on its own: active again (and said so) once the source serves again, the source away a minute.
+    assert row.facts["outage_s"] >= 55 and row.recovered is not None, _show(row)
+    assert row.facts["normal_events"] >= 1, _show(row)
+
+
 CHECKS: dict[str, Callable[[FaultRecord, Row], None]] = {
     "encoder_pod_deleted": _encoder_pod_deleted,
     "all_encoders_deleted": _all_encoders_deleted,
@@ -85,6 +111,8 @@ CHECKS: dict[str, Callable[[FaultRecord, Row], None]] = {
     "operator_killed_mid_apply": _operator_killed_mid_apply,
     "control_plane_restarted": _control_plane_restarted,
     "kubelet_restarted": _kubelet_restarted,
+    "prometheus_lost": _metric_source_lost,
+    "adapter_lost": _metric_source_lost,
 }
 
 

@@ -8,6 +8,12 @@ previous one has recovered; a request belongs to a fault's row when it overlaps 
 (from the fault until the cluster says it has recovered, plus a settle period). Per row: requests
 sent, failed (by status or error), p99 latency, seconds to recover, and what the row checks besides.
 
+The rows that take the encoder autoscaler's metric source away (:data:`METRIC_ROWS`: Prometheus, then
+prometheus-adapter, stopped for a minute under load) run on a deployment of their own: the encoder tier
+autoscaled on its demand by the HPA, read through Prometheus and prometheus-adapter as the autoscaling
+loop runs them (tests/support/autoscale_loop.py's metrics pipeline), the load keeping it above its
+minimum.
+
 Shared by tests/node/test_faults.py (the whole table; tests/support/fault_checks.py asserts each row's
 expectation), tests/node/test_mission_loop.py (the rows that restart no vLLM pod, on the mission's own
 deployment) and `make bench-faults` (bench/faults.py writes bench/results/faults.md and .json).
@@ -32,6 +38,7 @@ import yaml
 from dev.builds.images import VLLM_CPU_IMAGE, VLLM_STUB_IMAGE, build_vllm_stub, operator_image
 from dev.cluster.local import LocalCluster
 from epd_operator.api.labels import GENERATION_LABEL as GENERATION
+from tests.support.autoscale_loop import Pipeline, metrics_pipeline
 from tests.support.cluster import EPD_API, wait_for
 from tests.support.mission import Mission, all_ready, describe, load_clients
 from tests.support.real_node import is_ready
@@ -109,13 +116,18 @@ def figures(row: Row, requests: list[dict[str, Any]]) -> None:
     row.recover_s = round(row.recovered - row.start, 1) if row.recovered is not None else None
 
 
-def fault_example(name: str, replicas: dict[str, int]) -> list[dict[str, Any]]:
-    """examples/epd-local-cpu.yaml under another name, with these pods per tier."""
+def fault_example(
+    name: str, replicas: dict[str, int], encoder_autoscaling: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """examples/epd-local-cpu.yaml under another name, with these pods per tier (and an autoscaled
+    encoder tier, when given)."""
     docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
     epd = next(d for d in docs if d["kind"] == "EPDDeployment")
     epd["metadata"]["name"] = name
     for role, n in replicas.items():
         epd["spec"][role]["replicas"] = n
+    if encoder_autoscaling is not None:
+        epd["spec"]["encoder"]["autoscaling"] = encoder_autoscaling
     return docs
 
 
@@ -142,11 +154,19 @@ def _quiet(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 class FaultTable:
     def __init__(
-        self, m: Mission, tmp: Path, say: Callable[[str], None], replicas: dict[str, int], settle: float = 10.0
+        self,
+        m: Mission,
+        tmp: Path,
+        say: Callable[[str], None],
+        replicas: dict[str, int],
+        settle: float = 10.0,
+        encoder_autoscaling: dict[str, Any] | None = None,
     ) -> None:
         self.m, self.tmp, self.say, self.replicas, self.settle = m, tmp, say, replicas, settle
+        self.encoder_autoscaling = encoder_autoscaling
         self.record = FaultRecord()
         self.cluster: LocalCluster = m.cluster
+        self.pipeline: Pipeline | None = None  # Prometheus and prometheus-adapter, for an autoscaled encoder tier
 
     # -- what the cluster says
 
@@ -240,13 +260,18 @@ class FaultTable:
         return dict(writes)
 
     def wait(self, condition: Callable[[], Any], timeout: float, what: str) -> Any:
-        return wait_for(_quiet(condition), timeout, lambda: f"{what} within {timeout:.0f} s\n{describe(self.m)}", 1)
+        def tick() -> Any:
+            if self.pipeline is not None:
+                self.pipeline.discover()  # Prometheus scrapes the pods there are now
+            return condition()
+
+        return wait_for(_quiet(tick), timeout, lambda: f"{what} within {timeout:.0f} s\n{describe(self.m)}", 1)
 
     # -- the run
 
     def deploy(self) -> None:
         manifest = self.tmp / "epd-local-cpu-faults.yaml"
-        manifest.write_text(yaml.safe_dump_all(fault_example(self.m.name, self.replicas)))
+        manifest.write_text(yaml.safe_dump_all(fault_example(self.m.name, self.replicas, self.encoder_autoscaling)))
         self.m.kube.kubectl("apply", "-f", str(manifest))
         started = time.monotonic()
         self.wait(self.all_settled, 1200, f"the EPDDeployment with {self.replicas} pods Ready")
@@ -619,6 +644,116 @@ class FaultTable:
             row.facts["pods_replaced"] = sorted(n for n, u in uids.items() if self.uids().get(n) != u)
             row.facts["container_restarts"] = sum(self.restarts().values()) - sum(restarts.values())
 
+    # -- the encoder autoscaler's metric source lost (METRIC_ROWS)
+
+    def epd_condition(self, kind: str) -> dict[str, Any]:
+        epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
+        return next((c for c in (epd.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
+
+    def autoscaling_events(self) -> dict[tuple[str, str, str], int]:
+        """The EPDDeployment's autoscaling Events so far: (type, reason, message) -> how often."""
+        return {
+            (e.get("type", ""), e.get("reason", ""), e.get("message", "")): event_count(e)
+            for e in self.m.kube.events(kind="EPDDeployment", name=self.m.name)
+            if e.get("reason") in ("AutoscalingInactive", "AutoscalingActive")
+        }
+
+    def hpa_scaling_active(self) -> dict[str, Any]:
+        hpa = self.m.kube.get("autoscaling/v2", "HorizontalPodAutoscaler", f"{self.m.name}-encoder") or {}
+        conditions = (hpa.get("status") or {}).get("conditions") or []
+        return next(
+            (
+                {k: c.get(k) for k in ("status", "reason", "message")}
+                for c in conditions
+                if c["type"] == "ScalingActive"
+            ),
+            {},
+        )
+
+    def autoscaled_steady(self) -> bool:
+        """The encoder HPA reads its metric and has scaled the tier to its maximum under the load, every pod
+        Ready: the state the metric rows start from (and must keep)."""
+        assert self.encoder_autoscaling is not None
+        dep = self.deployment("encoder")
+        return (
+            int(dep.get("spec", {}).get("replicas") or 0) == self.encoder_autoscaling["maxReplicas"]
+            and self.all_settled()
+            and self.epd_condition("AutoscalingActive").get("status") == "True"
+        )
+
+    def prometheus_lost(self) -> None:
+        self.metric_source_lost(
+            "prometheus_lost",
+            "prometheus",
+            "Prometheus stopped for a minute under load (the encoder HPA's demand comes from it through "
+            "prometheus-adapter)",
+            "0 failed; the status and a Warning Event name what is missing; the encoder tier keeps its replicas; "
+            "autoscaling active again on its own once Prometheus is back",
+        )
+
+    def adapter_lost(self) -> None:
+        self.metric_source_lost(
+            "adapter_lost",
+            "adapter",
+            "prometheus-adapter (the custom metrics API's server) stopped for a minute under load",
+            "0 failed; the status and a Warning Event name what is missing; the encoder tier keeps its replicas; "
+            "autoscaling active again on its own once the adapter is back",
+        )
+
+    def metric_source_lost(self, name: str, process: str, fault: str, expectation: str) -> None:
+        """Stop one process of the metrics pipeline for METRIC_OUTAGE seconds under load, start it again,
+        and record what the EPDDeployment said meanwhile and what the encoder tier did (a 1 s poll)."""
+        pipeline = self.pipeline
+        assert pipeline is not None, f"{name} needs the metrics pipeline: run_table with an autoscaled encoder tier"
+        events = self.autoscaling_events()
+        spilled = self.router_metric("epd_router_spilled_items_total")
+        raw = self.router_metric("epd_router_encoder_fallback_requests_total")
+        before = int(self.deployment("encoder")["spec"]["replicas"])
+        seen: list[tuple[float, int, int]] = []  # (Unix time, the encoder Deployment's replicas, its ready pods)
+
+        def sample() -> bool:
+            """Record the encoder tier now; False, so that `sample() or condition` reads the condition."""
+            dep = self.deployment("encoder")
+            seen.append(
+                (time.time(), int(dep["spec"].get("replicas") or 0), int(dep["status"].get("readyReplicas") or 0))
+            )
+            return False
+
+        def inactive() -> dict[str, Any] | None:
+            sample()
+            said = self.epd_condition("AutoscalingActive")
+            return said if said.get("status") == "False" else None
+
+        back = pipeline.prometheus_ready if process == "prometheus" else pipeline.adapter_available
+        with self.row(name, fault, expectation) as row:
+            pipeline.stop(process)
+            said = self.wait(inactive, 120, "the EPDDeployment saying its autoscaling is inactive")
+            row.facts["inactive_after_s"] = round(time.time() - row.start, 1)
+            row.facts["reason"], row.facts["status"] = said.get("reason"), said.get("message", "")
+            row.facts["hpa_while_lost"] = self.hpa_scaling_active()
+            self.wait(lambda: sample() or time.time() >= row.start + METRIC_OUTAGE, METRIC_OUTAGE + 60, "the outage")
+            pipeline.start(process)
+            restarted = time.time()
+            self.wait(lambda: sample() or back(), 300, f"{process} serving again")
+            row.facts["serving_again_after_s"] = round(time.time() - restarted, 1)
+            self.wait(
+                lambda: sample() or self.epd_condition("AutoscalingActive").get("status") == "True",
+                300,
+                "the EPDDeployment saying its autoscaling is active again",
+            )
+            row.recovered = time.time()
+            row.facts["active_again_after_s"] = round(row.recovered - restarted, 1)
+            row.facts["outage_s"] = round(restarted - row.start, 1)
+        after = self.autoscaling_events()
+        posted = {key: n - events.get(key, 0) for key, n in after.items() if n > events.get(key, 0)}
+        row.facts["warning_events"] = sorted(m for (t, _, m), n in posted.items() for _ in range(n) if t == "Warning")
+        row.facts["normal_events"] = sum(n for (t, _, _), n in posted.items() if t == "Normal")
+        row.facts["replicas_before"] = before
+        row.facts["replicas_seen"] = sorted({r for t, r, _ in seen if t <= row.recovered})
+        row.facts["ready_min"] = min((ready for t, _, ready in seen if t <= row.recovered), default=0)
+        row.facts["spilled_items"] = self.router_metric("epd_router_spilled_items_total") - spilled
+        row.facts["raw_requests"] = self.router_metric("epd_router_encoder_fallback_requests_total") - raw
+
     def patch(self, body: dict[str, Any]) -> None:
         self.m.kube.ok("PATCH", f"/apis/{EPD_API}/namespaces/{self.m.kube.ns}/epddeployments/{self.m.name}", body)
 
@@ -641,6 +776,16 @@ EVERY_TIER_TWICE = {"encoder": 2, "decode": 2, "router": 2}
 # (applied again with two routers, only the router tier changes); the whole table is `-m long`.
 QUICK_ROWS = ("router_pod_deleted", "operator_killed_mid_apply", "control_plane_restarted", "kubelet_restarted")
 QUICK_REPLICAS = {"encoder": 1, "decode": 1, "router": 2}
+# The rows that take the encoder autoscaler's metric source away, on a deployment of their own: one
+# prefill+decode pod and one router, the encoder tier autoscaled by its HPA on its demand (1 to 2 encoders
+# at a target of 1 item each; steady load of METRIC_CLIENTS clients keeps it at 2, the default 5 min
+# scale-down window keeps it from flapping), each source away for METRIC_OUTAGE seconds.
+METRIC_ROWS = ("prometheus_lost", "adapter_lost")
+METRIC_REPLICAS = {"decode": 1, "router": 1}
+METRIC_AUTOSCALING: dict[str, Any] = {"minReplicas": 1, "maxReplicas": 2, "load": {"targetPerPod": 1}}
+METRIC_CLIENTS = 3
+METRIC_OUTAGE = 60.0
+ALL_ROWS = (*ROWS, *METRIC_ROWS)
 
 
 def record_document(record: FaultRecord, started: datetime, since: float, **more: Any) -> dict[str, Any]:
@@ -656,12 +801,17 @@ def record_document(record: FaultRecord, started: datetime, since: float, **more
 
 
 def run_recorded(
-    m: Mission, tmp: Path, say: Callable[[str], None], rows: tuple[str, ...], replicas: dict[str, int]
+    m: Mission,
+    tmp: Path,
+    say: Callable[[str], None],
+    rows: tuple[str, ...],
+    replicas: dict[str, int],
+    **table: Any,
 ) -> FaultRecord:
     """:func:`run_table`, its record also written to ``tmp/faults.json`` (``python -m bench.faults
     --from-record`` turns it into the results table)."""
     started, t = datetime.now(UTC), time.monotonic()
-    record = run_table(m, tmp, say=say, rows=rows, replicas=replicas)
+    record = run_table(m, tmp, say=say, rows=rows, replicas=replicas, **table)
     (tmp / "faults.json").write_text(json.dumps(record_document(record, started, t), indent=1))
     say(f"fault record (python -m bench.faults --from-record): {tmp / 'faults.json'}")
     return record
@@ -675,26 +825,43 @@ def run_table(
     replicas: dict[str, int] = EVERY_TIER_TWICE,
     clients: int = 2,
     pause: float = 0.2,
+    encoder_autoscaling: dict[str, Any] | None = None,
 ) -> FaultRecord:
-    """Deploy the example with these pods per tier, run these faults one after another under steady
-    load, and return the figures."""
-    table = FaultTable(m, tmp, say, replicas)
-    table.deploy()
-    table.record.load = {"clients": clients, "images_per_request": 1, "pause_s": pause, "replicas": replicas}
-    records = tmp / "fault-requests.jsonl"
-    with load_clients(m, records, tmp / "fault-load-client.log", SERVED) as client:
-        assert client.stdin is not None
-        routers = table.router_requests()
-        client.stdin.write(f"steady {clients} 1 {pause}\n")
-        client.stdin.flush()
-        table.wait(
-            lambda: table.every_router_serving(routers), 300, "the router Service sending requests to every router"
-        )
-        time.sleep(table.settle)
-        for name in rows:
-            with contextlib.suppress(RowFailed):  # the row says why; the next one runs
-                getattr(table, name)()
+    """Deploy the example with these pods per tier (and an autoscaled encoder tier with Prometheus and
+    prometheus-adapter beside it, when given), run these faults one after another under steady load, and
+    return the figures."""
+    table = FaultTable(m, tmp, say, replicas, encoder_autoscaling=encoder_autoscaling)
+    with contextlib.ExitStack() as stack:
+        if encoder_autoscaling is not None:
+            table.pipeline = stack.enter_context(metrics_pipeline(m, tmp))
+        table.deploy()
+        table.record.load = {"clients": clients, "images_per_request": 1, "pause_s": pause, "replicas": replicas}
+        if encoder_autoscaling is not None:
+            table.record.load["encoder_autoscaling"] = encoder_autoscaling
+        records = tmp / "fault-requests.jsonl"
+        with load_clients(m, records, tmp / "fault-load-client.log", SERVED) as client:
+            assert client.stdin is not None
+            routers = table.router_requests()
+            client.stdin.write(f"steady {clients} 1 {pause}\n")
+            client.stdin.flush()
+            table.wait(
+                lambda: table.every_router_serving(routers), 300, "the router Service sending requests to every router"
+            )
+            if encoder_autoscaling is not None:
+                table.wait(table.autoscaled_steady, 900, "the encoder HPA scaling the tier to its maximum on the load")
+                table.say(f"encoder tier autoscaled to {encoder_autoscaling['maxReplicas']}, every pod Ready")
+            time.sleep(table.settle)
+            for name in rows:
+                with contextlib.suppress(RowFailed):  # the row says why; the next one runs
+                    getattr(table, name)()
     table.record.requests = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
     for row in table.record.rows:
         figures(row, table.record.requests)
     return table.record
+
+
+def run_metric_rows(
+    m: Mission, tmp: Path, say: Callable[[str], None], rows: tuple[str, ...] = METRIC_ROWS
+) -> FaultRecord:
+    """The metric-source rows on their own deployment (:data:`METRIC_ROWS`)."""
+    return run_table(m, tmp, say, rows, METRIC_REPLICAS, clients=METRIC_CLIENTS, encoder_autoscaling=METRIC_AUTOSCALING)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.faults import FACTS
-from tests.support.fault_checks import check
+from tests.support.fault_checks import MISSING_WORDS, check
 from tests.support.fault_table import FaultRecord, Row, record_document
 
 APPLIED = ["ConfigMap/tiny-vl-second-transfer", "Service/tiny-vl-second"]
@@ -77,3 +77,54 @@ def test_faults_json_is_one_document_for_the_tests_and_the_benchmark():
     assert raw["started"] == "2026-01-01T00:00:00+00:00" and raw["commit"] == "abc123" and raw["wall"] >= 0
     [row] = raw["record"]["rows"]
     assert FACTS[row["name"]](row["facts"]).startswith("killed with 2 objects applied and 3 not; missing none")
+
+
+def lost(name: str, **changes: Any) -> FaultRecord:
+    """A metric-source row as the table records it: the HPA's reason, the status naming what is missing,
+    one Warning and one Normal Event, the encoder tier at 2 throughout."""
+    status = (
+        "encoder autoscaling inactive: the HPA cannot read epd_router_encoder_demand from the custom metrics API: "
+        f"{MISSING_WORDS[name]}; the HPA holds the tier at 2 replicas until it reads its metrics again; "
+        "FailedGetObjectMetric: the HPA was unable to compute the replica count: ..."
+    )
+    facts = {
+        "reason": "FailedGetObjectMetric",
+        "status": status,
+        "warning_events": [status],
+        "normal_events": 1,
+        "replicas_before": 2,
+        "replicas_seen": [2],
+        "ready_min": 2,
+        "outage_s": 60.2,
+        "inactive_after_s": 2.1,
+        "active_again_after_s": 3.0,
+        "serving_again_after_s": 1.0,
+        "spilled_items": 0.0,
+        "raw_requests": 0.0,
+    }
+    return record(name, **{**facts, **changes})
+
+
+@pytest.mark.parametrize("name", ["prometheus_lost", "adapter_lost"])
+def test_a_metric_source_row_needs_the_cause_named_the_tier_held_and_autoscaling_back(name: str):
+    check(lost(name), name)
+    other = next(n for n in MISSING_WORDS if n != name)
+    weak: dict[str, Any]
+    for weak in (
+        {"replicas_seen": [1, 2]},  # the tier dropped meanwhile
+        {"replicas_seen": [2, 3]},  # ... or flapped up
+        {"ready_min": 1},  # a pod stopped serving
+        {"status": lost(other).rows[0].facts["status"], "warning_events": [lost(other).rows[0].facts["status"]]},
+        {"warning_events": []},  # no Event
+        {"warning_events": [lost(name).rows[0].facts["status"]] * 2},  # the same words twice
+        {"normal_events": 0},  # never said it was back
+        {"outage_s": 20.0},  # not a minute away
+    ):
+        with pytest.raises(AssertionError):
+            check(lost(name, **weak), name)
+    failed = lost(name)
+    failed.rows[0].failed = {"HTTP 503": 1}
+    with pytest.raises(AssertionError):
+        check(failed, name)
+    words = FACTS[name](lost(name).rows[0].facts)
+    assert words.startswith("status: `encoder autoscaling inactive") and "1 Warning Event" in words
