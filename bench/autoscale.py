@@ -669,12 +669,16 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_record(record_path, record, started, time.monotonic() - t, ran_at)
         return main(["--keda", "--from-record", str(record_path), "--out", str(out)])
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def done(records: list[LoopRecord]) -> None:  # after each run: a run cut short keeps the earlier ones
+        write_records(out.with_suffix(".json"), records, started, time.monotonic() - t, ran_at)
+        print(f"wrote {out.with_suffix('.json')} ({len(records)} of {len(configs)} runs)", file=sys.stderr)
+
     with tempfile.TemporaryDirectory(prefix="epd-bench-autoscale-") as tmp:
         work = Path(tmp)
         with mission_cluster(work) as m, metrics_pipeline(m, work) as pipeline:
-            records = run_loops(m, pipeline, list(configs), work, say=lambda line: print(line, file=sys.stderr))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_records(out.with_suffix(".json"), records, started, time.monotonic() - t, ran_at)
+            run_loops(m, pipeline, list(configs), work, say=lambda line: print(line, file=sys.stderr), done=done)
     return main(["--from-record", str(out.with_suffix(".json")), "--out", str(out)])
 
 

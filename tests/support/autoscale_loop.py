@@ -898,10 +898,16 @@ def _quantity(value: str) -> float:
 
 
 def run_loops(
-    m: Mission, pipeline: Pipeline, configs: list[LoopConfig], tmp: Path, say: Callable[[str], None] = print
+    m: Mission,
+    pipeline: Pipeline,
+    configs: list[LoopConfig],
+    tmp: Path,
+    say: Callable[[str], None] = print,
+    done: Callable[[list[LoopRecord]], None] = lambda records: None,
 ) -> list[LoopRecord]:
-    """`run_loop` once per config, each on a fresh EPDDeployment (removed after its run)."""
-    records = []
+    """`run_loop` once per config, each on a fresh EPDDeployment (removed after its run); `done` gets the
+    records so far after each run (the benchmark writes them, so that a run cut short keeps the earlier ones)."""
+    records: list[LoopRecord] = []
     for i, config in enumerate(configs):
         run = tmp / f"run-{i}"
         run.mkdir(exist_ok=True)
@@ -910,6 +916,7 @@ def run_loops(
             records.append(run_loop(m, pipeline, config, run, say))
         finally:
             remove(m, m.name)
+        done(records)
     return records
 
 

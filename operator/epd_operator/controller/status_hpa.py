@@ -26,12 +26,15 @@ _METRIC_FAILURES = {
 
 # What is missing on a metric's way to the HPA, read from the metrics API's answer as the HPA quotes it
 # (first match wins): the API not registered (client-go's discovery), registered but its server not
-# answering (kube-aggregator's 503 for an APIService whose server is down), its server answering without
+# answering (kube-aggregator's 503 for an APIService whose server is down, then discovery marking its
+# version stale: k8s.io/metrics' "no known available metric versions"), its server answering without
 # its source (prometheus-adapter's words when its query to Prometheus fails:
 # pkg/custom-provider/provider.go), or the source without the metric (custom-metrics-apiserver's not-found).
+_DOWN = "its APIService's server, the adapter, does not answer"
 _MISSING = (
     (") registered", "no APIService serves it"),
-    ("the server is currently unable to handle the request", "its APIService's server, the adapter, does not answer"),
+    ("the server is currently unable to handle the request", _DOWN),
+    ("no known available metric versions found", _DOWN),
     (
         "Internal error occurred: unable to fetch metrics",
         "the adapter answers but cannot query its source (Prometheus, for prometheus-adapter)",

@@ -290,8 +290,9 @@ def test_every_hpa_not_reported_yet_is_named():
 
 # The HPA's words when the encoder demand's way is cut at each point, as kube-controller-manager quotes the
 # custom metrics API's answer (replica_calculator.go, metrics/client.go) and the answer's own words: client-go's
-# for a 503 of kube-aggregator (the APIService's server down), prometheus-adapter's when its query to Prometheus
-# fails, custom-metrics-apiserver's when Prometheus has no series of it.
+# for a 503 of kube-aggregator (the APIService's server down) and k8s.io/metrics' once discovery marks its version
+# stale, prometheus-adapter's when its query to Prometheus fails, custom-metrics-apiserver's when Prometheus has
+# no series of it.
 DEMAND = "epd_router_encoder_demand"
 OBJECT_FAILED = (
     f"the HPA was unable to compute the replica count: unable to get metric {DEMAND} on EPDDeployment "
@@ -301,6 +302,7 @@ CUT = {
     "the server is currently unable to handle the request (get epddeployments.serving.epd.dev tiny-vl)": (
         "its APIService's server, the adapter, does not answer"
     ),
+    "no known available metric versions found": "its APIService's server, the adapter, does not answer",
     "Internal error occurred: unable to fetch metrics": (
         "the adapter answers but cannot query its source (Prometheus, for prometheus-adapter)"
     ),
