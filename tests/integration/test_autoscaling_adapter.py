@@ -186,11 +186,17 @@ async def served_and_scaled(kube: KubeView, pipeline: Pipeline) -> None:
     await wait_until(lambda: apiservice_available(kube), 120, lambda: f"APIService not Available;\n{pipeline.tails()}")
     path = f"/apis/{GROUP}/v1beta2/namespaces/{kube.ns}/{PLURAL}.{EPD_GROUP}/{DEPLOYMENT}/{LOAD}"
 
-    def served() -> str | None:
+    def answer() -> tuple[bool, str]:
         result = kube.kubectl("get", "--raw", path, check=False)
-        return yaml.safe_load(result.stdout).get("value") if result.returncode == 0 else None
+        return result.returncode == 0, result.stdout if result.returncode == 0 else result.stderr.strip()
 
-    await wait_until(lambda: served() == str(DEMAND), 120, lambda: f"served {served()};\n{pipeline.tails()}")
+    def served() -> str | None:
+        """The value the API serves: a MetricValueList of the one object, even asked for by name."""
+        ok, text = answer()
+        items = (yaml.safe_load(text) or {}).get("items") if ok else None
+        return items[0].get("value") if items else None
+
+    await wait_until(lambda: served() == str(DEMAND), 120, lambda: f"served {answer()};\n{pipeline.tails()}")
     await wait_until(lambda: deployment(kube, "vl-encoder")["spec"].get("replicas") == 5, 90, lambda: encoder_hpa(kube))
 
 
