@@ -650,13 +650,14 @@ class FaultTable:
         epd = self.m.kube.get(EPD_API, "EPDDeployment", self.m.name) or {}
         return next((c for c in (epd.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
 
-    def autoscaling_events(self) -> dict[tuple[str, str, str], int]:
-        """The EPDDeployment's autoscaling Events so far: (type, reason, message) -> how often."""
-        return {
-            (e.get("type", ""), e.get("reason", ""), e.get("message", "")): event_count(e)
-            for e in self.m.kube.events(kind="EPDDeployment", name=self.m.name)
-            if e.get("reason") in ("AutoscalingInactive", "AutoscalingActive")
-        }
+    def autoscaling_events(self) -> Counter[tuple[str, str, str]]:
+        """The EPDDeployment's autoscaling Events so far: (type, reason, message) -> how often (the operator
+        posts each as an Event of its own, so the same words may be several)."""
+        posted: Counter[tuple[str, str, str]] = Counter()
+        for e in self.m.kube.events(kind="EPDDeployment", name=self.m.name):
+            if e.get("reason") in ("AutoscalingInactive", "AutoscalingActive"):
+                posted[(e.get("type", ""), e.get("reason", ""), e.get("message", ""))] += event_count(e)
+        return posted
 
     def hpa_scaling_active(self) -> dict[str, Any]:
         hpa = self.m.kube.get("autoscaling/v2", "HorizontalPodAutoscaler", f"{self.m.name}-encoder") or {}

@@ -128,3 +128,24 @@ def test_a_metric_source_row_needs_the_cause_named_the_tier_held_and_autoscaling
         check(failed, name)
     words = FACTS[name](lost(name).rows[0].facts)
     assert words.startswith("status: `encoder autoscaling inactive") and "1 Warning Event" in words
+
+
+def test_autoscaling_events_count_every_event_of_the_same_words():
+    """The operator posts each Event as an object of its own: two with the same words are two posts."""
+    from types import SimpleNamespace
+
+    from tests.support.fault_table import FaultTable
+
+    said = "every autoscaler computes its replica count from its metrics"
+    events = [
+        {"type": "Normal", "reason": "AutoscalingActive", "message": said, "count": 1},
+        {"type": "Normal", "reason": "AutoscalingActive", "message": said, "count": 1},
+        {"type": "Warning", "reason": "AutoscalingInactive", "message": "lost", "series": {"count": 3}},
+        {"type": "Normal", "reason": "Ready", "message": "ready", "count": 1},
+    ]
+    kube = SimpleNamespace(events=lambda kind, name: events)
+    table = FaultTable(SimpleNamespace(kube=kube, cluster=None, name="vl"), None, print, {})  # type: ignore[arg-type]
+    assert table.autoscaling_events() == {
+        ("Normal", "AutoscalingActive", said): 2,
+        ("Warning", "AutoscalingInactive", "lost"): 3,
+    }
