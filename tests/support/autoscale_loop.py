@@ -448,6 +448,11 @@ class _Loop:
     def count(self, pod: dict[str, Any]) -> float:
         return self.m.pod_metric(pod, "vllm:request_success_total")
 
+    def counts(self) -> dict[str, float]:
+        """Each encoder's requests answered so far: 0 for one not Ready yet (a new pod, still starting, whose
+        /metrics may not answer; it has answered nothing)."""
+        return {p["metadata"]["name"]: self.count(p) if is_ready(p) else 0.0 for p in self.encoders()}
+
     def sample(self, force: bool = False) -> None:
         now = time.time()
         if not force and now - self.last_sample < 2:
@@ -640,7 +645,7 @@ class _Loop:
 
         self.wait(second_ready, c.second_ready_timeout, "the second encoder Ready")
         self.mark("second_ready")
-        self.record.counts_at_second_ready = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
+        self.record.counts_at_second_ready = self.counts()
 
         def second_serving() -> bool:
             pod = second_ready()
@@ -649,14 +654,14 @@ class _Loop:
         self.wait(second_serving, 180, "the second encoder answering the router")
         self.mark("second_serving")
         self.record.timeline["router_first_request"] = self.record.marks["second_serving"]
-        self.record.counts_at_second_serving = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
+        self.record.counts_at_second_serving = self.counts()
         self.wait(lambda: "endpointslice_ready" in self.record.timeline, 30, "the EndpointSlice listing it")
         self.settle_timeline()
         if c.needed > 2:  # a step that needs more than one new encoder: until every one serves
             self.wait(self.every_needed_serving, c.all_serving_timeout, f"{c.needed} encoders serving")
             self.mark("all_serving")
         self.hold(c.share_seconds)
-        self.record.counts_at_step_end = {p["metadata"]["name"]: self.count(p) for p in self.encoders()}
+        self.record.counts_at_step_end = self.counts()
         self.record.spilled = {f"step_{k}": v for k, v in self.spill_counters().items()}
         self.record.decisions = [
             d for d in self.rescales() if d["t"] is not None and d["t"] >= int(self.record.marks["step_start"])
