@@ -79,8 +79,8 @@ async def test_an_hpa_whose_metric_is_not_served_shows_in_status_events_and_desc
     assert (active["status"], active["reason"]) == ("False", "FailedGetObjectMetric")
     said = (
         f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API: no APIService serves "
-        f"it; the HPA holds the tier at 2 replicas until it reads its metrics again; FailedGetObjectMetric: "
-        f"{verdict['message']}"
+        "it; the HPA holds the tier at 2 replicas until it reads its metrics again; FailedGetObjectMetric, in the "
+        "HPA's words in status.tiers.encoder.autoscaling.conditions"
     )
     assert active["message"] == said
     degraded = condition(epd(ns), "Degraded")

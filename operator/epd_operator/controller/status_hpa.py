@@ -88,9 +88,12 @@ def _metric_names(hpa: dict[str, Any], source: str) -> list[str]:
 
 def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
     """`<tier> autoscaling inactive: <what it cannot read>: <what is missing>; <what the HPA does
-    meanwhile>; <the HPA's reason>: <its message>`."""
+    meanwhile>; <the HPA's reason>: <its message>`. Once the words name what is missing, the HPA's own
+    message is left to the tier's autoscaling conditions: it changes while the cause does not (a down
+    adapter's 503, then its stale discovery, and back), and each change would be a new message and Event."""
     reason, message = str(failed.get("reason") or ""), str(failed.get("message") or "")
     words = f"{tier} autoscaling inactive"
+    gone = None
     if reason in _METRIC_FAILURES:
         source, api = _METRIC_FAILURES[reason]
         names = _metric_names(hpa, source)
@@ -103,7 +106,10 @@ def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
         # (kube-controller-manager: horizontal.go, computeReplicasForMetrics returns -1).
         current = (hpa.get("status") or {}).get("currentReplicas")
         if current is not None:
-            words += f"; the HPA holds the tier at {current} replica{'' if current == 1 else 's'} until it reads its metrics again"
+            replicas = f"{current} replica{'' if current == 1 else 's'}"
+            words += f"; the HPA holds the tier at {replicas} until it reads its metrics again"
+    if gone is not None:
+        return f"{words}; {reason}, in the HPA's words in status.tiers.{tier}.autoscaling.conditions"
     return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
 
 

@@ -116,7 +116,8 @@ def test_an_hpa_whose_metric_is_not_served_degrades_a_ready_deployment_and_says_
     assert status.phase == "Degraded"
     expected = (
         f"encoder autoscaling inactive: the HPA cannot read {LOAD} from the custom metrics API: no APIService serves "
-        f"it; the HPA holds the tier at 1 replica until it reads its metrics again; FailedGetPodsMetric: {NOT_SERVED}"
+        "it; the HPA holds the tier at 1 replica until it reads its metrics again; FailedGetPodsMetric, in the HPA's "
+        "words in status.tiers.encoder.autoscaling.conditions"
     )
     scaling = cond(status, "AutoscalingActive")
     assert (scaling.status, scaling.reason, scaling.message) == ("False", "FailedGetPodsMetric", expected)
@@ -330,9 +331,36 @@ def test_a_lost_metric_source_is_named_and_the_tier_held_at_its_replicas(answer:
     assert (scaling.status, scaling.reason) == ("False", "FailedGetObjectMetric")
     assert scaling.message == (
         f"encoder autoscaling inactive: the HPA cannot read {DEMAND} from the custom metrics API: {CUT[answer]}; "
-        f"the HPA holds the tier at 2 replicas until it reads its metrics again; FailedGetObjectMetric: {lost[3]}"
+        "the HPA holds the tier at 2 replicas until it reads its metrics again; FailedGetObjectMetric, in the HPA's "
+        "words in status.tiers.encoder.autoscaling.conditions"
     )
     assert cond(status, "Degraded").reason == "AutoscalingInactive"
+    # the HPA's own words are in the tier's conditions
+    assert status.tiers.encoder.autoscaling.conditions[1].message == lost[3]
+
+
+def test_the_same_cause_in_other_words_of_the_hpa_is_the_same_message_and_no_new_event():
+    """A down adapter: the aggregator's 503, then the HPA's client finding its version stale, then the 503
+    again (seen on the real node): one message, one Warning, while the HPA's words move."""
+    said = [
+        OBJECT_FAILED + "the server is currently unable to handle the request (get epddeployments.serving.epd.dev vl)",
+        OBJECT_FAILED + "no known available metric versions found",
+        OBJECT_FAILED + "the server is currently unable to handle the request (get epddeployments.serving.epd.dev vl)",
+    ]
+    active = derive(hpa(ABLE, ACTIVE, metrics=DEMAND_METRIC, current=2, desired=2))
+    before, events = active, []
+    for i, words in enumerate(said):
+        now = derive(
+            hpa(ABLE, ("ScalingActive", "False", "FailedGetObjectMetric", words), metrics=DEMAND_METRIC, current=2),
+            previous=before,
+            now=[T1, T2, T2][i],
+        )
+        events += transitions(before, now)
+        before = now
+    assert [(e.type, e.reason) for e in events] == [("Warning", "AutoscalingInactive")]
+    # words it does not know stay in the message: they may be all a person has
+    unknown = ("ScalingActive", "False", "FailedGetObjectMetric", OBJECT_FAILED + "an answer never seen")
+    assert cond(derive(hpa(ABLE, unknown, metrics=DEMAND_METRIC)), "AutoscalingActive").message.endswith(unknown[3])
 
 
 def test_a_metric_source_lost_then_back_posts_one_warning_and_one_normal_event():

@@ -85,7 +85,7 @@ def lost(name: str, **changes: Any) -> FaultRecord:
     status = (
         "encoder autoscaling inactive: the HPA cannot read epd_router_encoder_demand from the custom metrics API: "
         f"{MISSING_WORDS[name]}; the HPA holds the tier at 2 replicas until it reads its metrics again; "
-        "FailedGetObjectMetric: the HPA was unable to compute the replica count: ..."
+        "FailedGetObjectMetric, in the HPA's words in status.tiers.encoder.autoscaling.conditions"
     )
     facts = {
         "reason": "FailedGetObjectMetric",
