@@ -151,7 +151,7 @@ bench-e2e: vllm-env ## real vLLM tiers behind each router on an image workload (
 # The encoder autoscaling loop on the local cluster's real node (root, like test-node): light load, a step that
 # needs 4 encoders, light load again through the router Service, spill-over off then on; the HPA scales the encoders
 # 1 -> 4 -> 1 on the routers' demand read through Prometheus and prometheus-adapter. bench/results/autoscale.md,
-# .png, .json (about 35 minutes with the vLLM image in the node store). The node test's 1 -> 2 loop, which this
+# .png, .json (about 16 minutes with the vLLM image in the node store). The node test's 1 -> 2 loop, which this
 # replaced here to stay within that time: python -m bench.autoscale --profile small (autoscale-small.md).
 bench-autoscale: k8s-node test-tools ## the encoder autoscaling loop on real pods: first decision, first spill, every needed encoder serving, drain
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install -q -e '.[test,bench]'
@@ -174,7 +174,7 @@ bench-gateway: k8s-node ## the gateway's added latency and CPU per request, on r
 # The fault table on the local cluster's real node (root, like test-node): two pods per tier under steady load
 # through the router Service; pods, a router, the operator, the API server and etcd, the kubelet fail one after
 # another; then Prometheus and prometheus-adapter stop for a minute each under an autoscaled encoder tier.
-# bench/results/faults.md and .json (about 60 minutes on 2 cores with the vLLM image in the node store; rows
+# bench/results/faults.md and .json (about 50 minutes on 2 cores with the vLLM image in the node store; rows
 # alone: python -m bench.faults --only prometheus_lost,adapter_lost).
 bench-faults: k8s-node test-tools ## the fault table on real pods: what each fault costs a client, in figures
 	$(BIN)/python -m bench.faults

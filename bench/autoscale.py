@@ -1,19 +1,22 @@
 """`make bench-autoscale`: the encoder autoscaling loop on the local cluster's real node, measured.
 
-The same loop as tests/node/test_autoscaling_loop.py (tests/support/autoscale_loop.py): a cluster
-with a real node, the operator chart, examples/epd-local-cpu.yaml with an autoscaled encoder tier
-(1 to 2 pods, `load: {targetPerPod: 4}`, 30 s scale-down window), Prometheus and prometheus-adapter
-(the chart's rules) in the node's network namespace, and chat clients with never-seen images through
-the router Service: light load, a step, light load again. It runs the loop twice, the router's
-spill-over off and then on, each on a fresh EPDDeployment, and writes bench/results/autoscale.md (per
-run: the new encoder's timeline from the HPA's decision to the router's first request; client
-p50/p90/p99 during the scale-out window, from the step to that first request, and after it; each
-encoder's share of the encoder requests in the minute after the new one first served; spilled items;
-every client request's outcome, failures during the scale-down first), autoscale.png (both runs:
-encoder replicas, ready encoders, the HPA's load and the routers' items in flight over time, vLLM's
-queue) and autoscale.json (the raw records). Needs root and the real node's packages, like `make
-test-node`; about 30 minutes on 2 shared cores when the node's image store holds the vLLM image, most
-of it vLLM starting.
+The loop of tests/node/test_autoscaling_loop.py (tests/support/autoscale_loop.py): a cluster with a real
+node, the operator chart, examples/epd-local-cpu.yaml with an autoscaled encoder tier, Prometheus and
+prometheus-adapter (the chart's rules) in the node's network namespace, and chat clients with never-seen
+images through the router Service: light load, a step, light load again. Each profile runs it twice, the
+router's spill-over off and then on, each on a fresh EPDDeployment:
+
+- `big` (the default, `make bench-autoscale`): 1 to 4 encoders at a target of 1 item per encoder and a
+  step of 8 items wanted at once (tests/support/autoscale_loop.py's BIG_STEP), so that the first decision
+  can ask for all 4. bench/results/autoscale.md: per run, the first scale-up decision (the replicas the
+  HPA asked for and when, from its Event), the first spilled request, every needed encoder serving, the
+  first new encoder's timeline, client p50/p90/p99, spilled items, failures; autoscale.png and .json.
+  About 16 minutes on 2 shared cores when the node's image store holds the vLLM image, most of it vLLM
+  starting.
+- `small` (`--profile small`): the node test's 1 to 2 loop (`load: {targetPerPod: 4}`, 30 s scale-down
+  window), the new encoder's timeline and its share of the encoder requests; autoscale-small.md.
+
+Needs root and the real node's packages, like `make test-node`.
 
 `--keda` runs the same loop with the KEDA engine instead (tests/node/test_keda_loop.py's loop): the
 encoder tier from zero, KEDA's operator and metrics server in the node's network namespace reading the

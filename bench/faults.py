@@ -8,7 +8,7 @@ a minute each). Writes bench/results/faults.md (one row per fault: requests sent
 error, p99 latency, seconds to recover, and what the row checks besides) and faults.json (every run's
 record, with every request). Needs root and the real node's packages, like `make test-node`.
 
-    python -m bench.faults                      # run every row (about 45 minutes on 2 shared cores)
+    python -m bench.faults                      # run every row (about 50 minutes on 2 shared cores)
     python -m bench.faults --only prometheus_lost,adapter_lost
                                                 # run these rows alone; faults.json keeps the other rows'
                                                 # runs, and the report shows every row with its run
