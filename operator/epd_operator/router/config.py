@@ -42,6 +42,8 @@ class RouterConfig:
     # Spill-over (encoding.py): 0 turns it off; consumer bound 0: any consumer has headroom.
     spill_encoder_inflight: int = 0
     spill_consumer_inflight: int = 0
+    # Seconds over which the encoder demand gauge shows its peak (demand.py); 0: the count at the scrape.
+    demand_window: int = 15
     # Timeouts in seconds.
     connect_timeout: float = 5.0
     encode_timeout: float = 60.0
@@ -164,6 +166,8 @@ class RouterConfig:
         for name in ("spill_encoder_inflight", "spill_consumer_inflight"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name.replace('_', '-')} must be >= 0 (0: off)")
+        if self.demand_window < 0:
+            problems.append("--demand-window must be >= 0 (0: the count at the scrape)")
         if self.load_factor < 1:
             problems.append("--load-factor must be >= 1")
         if self.otlp_traces_endpoint is not None:

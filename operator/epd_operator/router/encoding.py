@@ -21,7 +21,8 @@ generation (at zero, say) counts until the consumer answers (`RequestContext.rel
 either way it is encoder work that the tier did not absorb, and an autoscaler that stopped seeing it
 once it spilled would ask for at most the spill bound's worth of encoders. Not counted: reused items,
 the video of a request whose audio rides in it (its consumer must encode it anyway), and items whose
-encoder failed (a failure is not load; it shows in the failure counters).
+encoder failed (a failure is not load; it shows in the failure counters). The gauge shows the most
+of them at once over the last `--demand-window` seconds (demand.py says why).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .calls import BackendCalls
 from .config import RouterConfig
 from .context import RequestContext
 from .contract import SPILL_REASON_ENCODERS_BUSY
+from .demand import EncoderDemand
 from .failures import BackendRejection, RetryableFailure
 from .metrics import RouterMetrics
 from .pickers import Picker
@@ -73,7 +75,7 @@ class EncoderStage:
         self.calls = calls
         self.reuse = reuse
         self.reuse_metadata = config.reuse_mode == "metadata"
-        self.demand = metrics.encoder_demand.labels(config.deployment)
+        self.demand = EncoderDemand(metrics.encoder_demand.labels(config.deployment), config.demand_window)
 
     async def encode(self, ctx: RequestContext) -> dict[int, EncodedItem]:
         """Transfer handles by item index; items missing from the result go raw."""

@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=D.spill_consumer_inflight,
         help="spill-over: only to a consumer with fewer requests in flight than this; 0 = any consumer",
     )
+    r.add_argument(
+        "--demand-window",
+        type=int,
+        default=D.demand_window,
+        help="seconds over which epd_router_encoder_demand shows the most items wanted at once (at least the "
+        "Prometheus scrape interval); 0 = the count at the scrape",
+    )
     t = p.add_argument_group("timeouts (seconds)")
     t.add_argument("--connect-timeout", type=float, default=D.connect_timeout)
     t.add_argument("--encode-timeout", type=float, default=D.encode_timeout)
@@ -255,6 +262,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         encoder_max_batch=args.encoder_max_batch,
         spill_encoder_inflight=args.spill_encoder_inflight,
         spill_consumer_inflight=args.spill_consumer_inflight,
+        demand_window=args.demand_window,
         connect_timeout=args.connect_timeout,
         encode_timeout=args.encode_timeout,
         prefill_timeout=args.prefill_timeout,

@@ -218,9 +218,10 @@ class RouterMetrics:
         )
         self.encoder_demand = Gauge(
             contract.ENCODER_DEMAND_METRIC,
-            "Media items this router wants encoded and has not finished: on an encoder, or sent raw to the "
-            "consumer (spilled, or no encoder of the request's generation) until the consumer answers; "
-            "items that are not encoder work (audio carried in a video) or whose encoder failed are left out",
+            "The most media items this router wanted encoded and had not finished at once over the last "
+            "--demand-window seconds: on an encoder, or sent raw to the consumer (spilled, or no encoder of the "
+            "request's generation) until the consumer answers; items that are not encoder work (audio carried "
+            "in a video) or whose encoder failed are left out",
             [contract.DEMAND_DEPLOYMENT_LABEL],
             registry=reg,
             multiprocess_mode="livesum",  # the router's demand: every worker's, summed

@@ -151,6 +151,8 @@ class Router:
         self.health = HealthChecker(self.pools, self.session, self.cfg.health_interval, self.cfg.health_timeout)
         if self.cfg.health_interval > 0:
             self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+        if self.cfg.demand_window > 0:
+            self._tasks.append(asyncio.create_task(self.pipeline.encoding.demand.run(), name="demand"))
 
     async def stop(self) -> None:
         for task in self._tasks:

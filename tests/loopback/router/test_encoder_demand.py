@@ -38,7 +38,7 @@ async def test_spilled_items_count_beside_the_items_on_encoders():
     """The encoders read the spill bound each, as the per-encoder in-flight metric says; the demand also
     counts what spilled, so an autoscaler sees the whole step."""
     async with router_stack(
-        encoders=2, encoder_policy="least-loaded", spill_encoder_inflight=1, deployment=DEPLOYMENT
+        encoders=2, encoder_policy="least-loaded", spill_encoder_inflight=1, deployment=DEPLOYMENT, demand_window=0
     ) as s:
         gate = asyncio.Event()
         s.decodes[0].knobs.reply_gate = gate
@@ -56,7 +56,7 @@ async def test_spilled_items_count_beside_the_items_on_encoders():
 
 
 async def test_raw_items_at_zero_count_until_the_consumers_first_byte_and_audio_in_video_does_not():
-    async with router_stack(encoders=0, deployment=DEPLOYMENT) as s:
+    async with router_stack(encoders=0, deployment=DEPLOYMENT, demand_window=0) as s:
         pd = s.decodes[0].knobs
         pd.delay = 1.0
         pd.stream_gate = asyncio.Event()
@@ -77,7 +77,7 @@ async def test_raw_items_at_zero_count_until_the_consumers_first_byte_and_audio_
 
 
 async def test_items_whose_encoder_failed_are_not_demand():
-    async with router_stack(encoders=1, deployment=DEPLOYMENT) as s:
+    async with router_stack(encoders=1, deployment=DEPLOYMENT, demand_window=0) as s:
         s.encoders[0].knobs.fail_always = True
         gate = asyncio.Event()
         s.decodes[0].knobs.reply_gate = gate
@@ -88,3 +88,16 @@ async def test_items_whose_encoder_failed_are_not_demand():
         assert (await request).status == 200
         fallback = sample_values((await s.get("/metrics")).body, "epd_router_items_total", outcome="fallback")
         assert fallback == [2]
+
+
+async def test_the_gauge_holds_a_bursts_peak_for_the_window_then_falls():
+    """The router's own refresh task ages the peak out (router/demand.py); the count went to 0 long before."""
+    async with router_stack(encoders=1, deployment=DEPLOYMENT, demand_window=1) as s:
+        assert (await s.post(CHAT, chat(image("a"), image("b"), image("c")))).status == 200
+        assert s.router.pipeline.encoding.demand.now == 0
+        assert await demand(s) == 3
+        for _ in range(200):
+            if await demand(s) == 0:
+                break
+            await asyncio.sleep(0.025)
+        assert await demand(s) == 0

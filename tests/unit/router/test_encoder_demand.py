@@ -48,6 +48,7 @@ def stage(encoders: int, loads: int = 0, **config) -> tuple[EncoderStage, HeldCa
     for ep in pool.endpoints.values():
         ep.inflight = loads
     calls = HeldCalls()
+    config.setdefault("demand_window", 0)  # the count itself; demand.py's peak: tests/unit/router/test_demand_peak.py
     cfg = RouterConfig(encode_urls=["x"], decode_urls=["y"], deployment=DEPLOYMENT, **config)
     return EncoderStage(cfg, metrics, pool, FirstReady(), calls, ReuseCache(60)), calls  # type: ignore[arg-type]
 
