@@ -9,6 +9,7 @@ no ScalingActive verdict yet is *waiting*.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..api.status import AUTOSCALING_INACTIVE, HPACondition, TierAutoscaling
@@ -24,32 +25,44 @@ _METRIC_FAILURES = {
 }
 
 
+@dataclass(frozen=True)
+class MetricsWay:
+    """Who reads a tier's metrics and through what, in the words the status uses: the HPA the operator
+    renders (prometheus-adapter serving the custom metrics API), or the HPA KEDA makes for a ScaledObject
+    (KEDA's metrics server serving the external metrics API)."""
+
+    hpa: str  # the HPA, in words
+    server: str  # the metrics API's server
+    source: str  # what that server queries
+
+
+ADAPTER = MetricsWay("the HPA", "the adapter", "Prometheus, for prometheus-adapter")
+KEDA_METRICS = MetricsWay("KEDA's HPA", "KEDA's metrics server", "its ScaledObject's triggers")
+
 # What is missing on a metric's way to the HPA, read from the metrics API's answer as the HPA quotes it
 # (first match wins): the API not registered (client-go's discovery), registered but its server not
 # answering (kube-aggregator's 503 for an APIService whose server is down, then discovery marking its
 # version stale: k8s.io/metrics' "no known available metric versions"), its server answering without
 # its source (prometheus-adapter's words when its query to Prometheus fails:
 # pkg/custom-provider/provider.go), or the source without the metric (custom-metrics-apiserver's not-found).
-_DOWN = "its APIService's server, the adapter, does not answer"
+_DOWN = "its APIService's server, {server}, does not answer"
 _MISSING = (
     (") registered", "no APIService serves it"),
     ("the server is currently unable to handle the request", _DOWN),
     ("no known available metric versions found", _DOWN),
-    (
-        "Internal error occurred: unable to fetch metrics",
-        "the adapter answers but cannot query its source (Prometheus, for prometheus-adapter)",
-    ),
+    ("Internal error occurred: unable to fetch metrics", "{server} answers but cannot query its source ({source})"),
     (
         "could not find the metric",
-        "the adapter finds no series of it (not scraped, or not with the labels the adapter's rules expect)",
+        "{server} finds no series of it (not scraped, or not with the labels the adapter's rules expect)",
     ),
 )
 
 
-def missing(message: str) -> str | None:
+def missing(message: str, way: MetricsWay = ADAPTER) -> str | None:
     """What the HPA's message about a metric it cannot read says is missing, in words; None when it
     does not say."""
-    return next((words for found, words in _MISSING if found in message), None)
+    words = next((words for found, words in _MISSING if found in message), None)
+    return None if words is None else words.format(server=way.server, source=way.source)
 
 
 def autoscaler_conditions(obj: dict[str, Any]) -> list[HPACondition]:
@@ -86,7 +99,7 @@ def _metric_names(hpa: dict[str, Any], source: str) -> list[str]:
     return names
 
 
-def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
+def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any], way: MetricsWay) -> str:
     """`<tier> autoscaling inactive: <what it cannot read>: <what is missing>; <what the HPA does
     meanwhile>; <the HPA's reason>: <its message>`. Once the words name what is missing, the HPA's own
     message is left to the tier's autoscaling conditions: it changes while the cause does not (a down
@@ -99,30 +112,48 @@ def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
         names = _metric_names(hpa, source)
         named = [n for n in names if n in message] or names
         if named:
-            words += f": the HPA cannot read {', '.join(named)} from the {api} metrics API"
-            if (gone := missing(message)) is not None:
+            words += f": {way.hpa} cannot read {', '.join(named)} from the {api} metrics API"
+            if (gone := missing(message, way)) is not None:
                 words += f": {gone}"
         # An HPA that cannot compute a replica count leaves the target's replicas as they are
         # (kube-controller-manager: horizontal.go, computeReplicasForMetrics returns -1).
         current = (hpa.get("status") or {}).get("currentReplicas")
         if current is not None:
             replicas = f"{current} replica{'' if current == 1 else 's'}"
-            words += f"; the HPA holds the tier at {replicas} until it reads its metrics again"
+            words += f"; {way.hpa} holds the tier at {replicas} until it reads its metrics again"
     if gone is not None:
-        return f"{words}; {reason}, in the HPA's words in status.tiers.{tier}.autoscaling.conditions"
+        return f"{words}; {reason}, in the HPA's words in {_where(tier, hpa, way)}"
     return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
 
 
-def hpa_inactive(tier: str, hpa: dict[str, Any]) -> tuple[str, str] | None:
+def _where(tier: str, hpa: dict[str, Any], way: MetricsWay) -> str:
+    """Where the HPA's own words are: the tier's autoscaling conditions are the HPA's; with KEDA they are the
+    ScaledObject's, and KEDA's HPA is read with kubectl."""
+    if way is ADAPTER:
+        return f"status.tiers.{tier}.autoscaling.conditions"
+    return f"`kubectl describe hpa {(hpa.get('metadata') or {}).get('name', '')}`"
+
+
+# The HPA's reason when its target has 0 replicas: it does not scale from zero. KEDA scales the tier from and
+# to zero itself, so for KEDA's HPA this is the normal state of a tier at zero, not a failure.
+SCALING_DISABLED = "ScalingDisabled"
+
+
+def hpa_inactive(tier: str, hpa: dict[str, Any], way: MetricsWay = ADAPTER) -> tuple[str, str] | None:
     """(reason, message) when the HPA says it cannot act, else None."""
     conditions = {c.get("type"): c for c in (hpa.get("status") or {}).get("conditions") or []}
     failed = next(
-        (conditions[t] for t in ("ScalingActive", "AbleToScale") if conditions.get(t, {}).get("status") == "False"),
+        (
+            conditions[t]
+            for t in ("ScalingActive", "AbleToScale")
+            if conditions.get(t, {}).get("status") == "False"
+            and not (way is KEDA_METRICS and conditions[t].get("reason") == SCALING_DISABLED)
+        ),
         None,
     )
     if failed is None:
         return None
-    return str(failed.get("reason") or AUTOSCALING_INACTIVE), _inactive(tier, hpa, failed)
+    return str(failed.get("reason") or AUTOSCALING_INACTIVE), _inactive(tier, hpa, failed, way)
 
 
 def hpa_waiting(hpa: dict[str, Any]) -> bool:

@@ -152,6 +152,10 @@ def test_a_keda_scaled_tier_reports_on_its_scaled_object_and_plans_one_pod_befor
     tiers = tier_inputs(objects, [so, keda_hpa])
     assert tiers["encoder"].scaled_object is so
     assert tiers["encoder"].hpa is None  # KEDA's own HPA is KEDA's: not reported as ours
+    assert tiers["encoder"].keda_hpa is keda_hpa  # but read for what it cannot read (KEDA's metrics server)
+    named = {**keda_hpa, "metadata": {**keda_hpa["metadata"], "name": "named-by-keda"}}
+    so_naming = {**so, "status": {**so["status"], "hpaName": "named-by-keda"}}
+    assert tier_inputs(objects, [so_naming, keda_hpa, named])["encoder"].keda_hpa is named  # its status's name first
     # the Deployment does not exist yet: it is created without replicas, so it starts with one pod
     assert tiers["encoder"].deployment is None and tiers["encoder"].planned_replicas == 1
 
@@ -215,3 +219,78 @@ def test_every_paused_and_every_pending_scaled_object_is_named():
     assert (
         cond(pending, "AutoscalingActive").message == "waiting for KEDA to take up the ScaledObject of encoder, prefill"
     )
+
+
+# KEDA's HPA (keda-hpa-<ScaledObject>) when KEDA's metrics server is away: kube-controller-manager's words for an
+# External metric (horizontal.go, replica_calculator.go) around kube-aggregator's 503 for the external metrics
+# APIService, as client-go quotes it. The ScaledObject stays Ready meanwhile: KEDA's operator still queries
+# Prometheus.
+KEDA_METRIC = [
+    {
+        "type": "External",
+        "external": {
+            "metric": {
+                "name": "s0-prometheus",
+                "selector": {"matchLabels": {"scaledobject.keda.sh/name": "tiny-vl-encoder"}},
+            },
+            "target": {"type": "AverageValue", "averageValue": "1"},
+        },
+    }
+]
+EXTERNAL_LOST = (
+    "ScalingActive",
+    "False",
+    "FailedGetExternalMetric",
+    "the HPA was unable to compute the replica count: unable to get external metric epd-local/s0-prometheus/"
+    "&LabelSelector{MatchLabels:map[string]string{scaledobject.keda.sh/name: tiny-vl-encoder,},MatchExpressions:"
+    "[]LabelSelectorRequirement{},}: unable to fetch metrics from external metrics API: the server is currently "
+    "unable to handle the request (get s0-prometheus.external.metrics.k8s.io)",
+)
+HPA_ABLE = ("AbleToScale", "True", "ReadyForNewScale", "recommended size matches current size")
+HPA_ACTIVE = ("ScalingActive", "True", "ValidMetricFound", "the HPA was able to compute the replica count")
+HPA_AT_ZERO = ("ScalingActive", "False", "ScalingDisabled", "scaling is disabled since the replica count is zero")
+
+
+def keda_hpa(*conditions: tuple[str, str, str, str], current: int = 2) -> dict:
+    return {
+        "metadata": {"name": "keda-hpa-tiny-vl-encoder"},
+        "spec": {"minReplicas": 1, "maxReplicas": 4, "metrics": KEDA_METRIC},
+        "status": {
+            "currentReplicas": current,
+            "conditions": [{"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions],
+        },
+    }
+
+
+def test_keda_metrics_server_away_is_named_while_the_scaled_object_stays_ready():
+    so = scaled_object(READY, ACTIVE, NO_FALLBACK, NOT_PAUSED, min_replicas=1)
+    tier = TierInput(settled_deployment(2), scaled_object=so, keda_hpa=keda_hpa(HPA_ABLE, EXTERNAL_LOST))
+    status = derive(tier)
+    scaling = cond(status, "AutoscalingActive")
+    assert (scaling.status, scaling.reason) == ("False", "FailedGetExternalMetric")
+    assert scaling.message == (
+        "encoder autoscaling inactive: KEDA's HPA cannot read s0-prometheus from the external metrics API: its "
+        "APIService's server, KEDA's metrics server, does not answer; KEDA's HPA holds the tier at 2 replicas until "
+        "it reads its metrics again; FailedGetExternalMetric, in the HPA's words in "
+        "`kubectl describe hpa keda-hpa-tiny-vl-encoder`"
+    )
+    assert cond(status, "Degraded").reason == "AutoscalingInactive"
+    # back: active again, one Normal Event
+    back = derive(
+        TierInput(settled_deployment(2), scaled_object=so, keda_hpa=keda_hpa(HPA_ABLE, HPA_ACTIVE)), previous=status
+    )
+    assert cond(back, "AutoscalingActive").status == "True"
+    assert ("Normal", "AutoscalingActive") in [(e.type, e.reason) for e in transitions(status, back)]
+
+
+def test_keda_hpa_disabled_at_zero_is_not_a_failure():
+    so = scaled_object(READY, IDLE, NO_FALLBACK, NOT_PAUSED)
+    status = derive(TierInput(settled_deployment(0), scaled_object=so, keda_hpa=keda_hpa(HPA_ABLE, HPA_AT_ZERO)))
+    assert cond(status, "AutoscalingActive").status == "True"
+    assert status.tiers.encoder is not None and status.tiers.encoder.reason == SCALED_TO_ZERO
+
+
+def test_a_failing_scaled_object_is_named_before_its_hpa():
+    so = scaled_object(TRIGGER_ERROR, NO_FALLBACK, NOT_PAUSED, min_replicas=1)
+    status = derive(TierInput(settled_deployment(2), scaled_object=so, keda_hpa=keda_hpa(HPA_ABLE, EXTERNAL_LOST)))
+    assert cond(status, "AutoscalingActive").reason == "TriggerError"
