@@ -66,7 +66,11 @@ def test_every_tier_may_use_keda_and_a_multi_node_tier_is_targeted_as_a_leader_w
     assert encoder["spec"]["triggers"][1]["type"] == "cron"
     assert encoder["spec"]["fallback"] == {"failureThreshold": 3, "replicas": 2}
     assert encoder["spec"]["pollingInterval"] == 15
-    assert 'role="prefill"' in prefill["spec"]["triggers"][0]["metadata"]["query"]
+    # a Deployment tier's pods: <deployment>-<ReplicaSet hash>-<pod suffix>
+    assert prefill["spec"]["triggers"][0]["metadata"]["query"] == (
+        'sum(epd_router_endpoint_inflight{namespace="inference",role="prefill",'
+        'backend_pod=~"qwen-vl-epd-prefill-[a-z0-9]+-[a-z0-9]+"}) or vector(0)'
+    )
     assert decode["spec"]["scaleTargetRef"] == {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
@@ -91,7 +95,10 @@ def test_the_prometheus_address_comes_from_the_spec_else_the_operator_else_the_s
         render(epd)
     (error,) = refused.value.errors
     assert error.path == "spec.encoder.autoscaling.keda.prometheusAddress"
-    assert "--keda-prometheus-address" in error.message
+    assert error.message == (
+        "KEDA reads this tier's load from Prometheus: name it here, or give the operator a default "
+        "(--keda-prometheus-address, the operator chart's keda.prometheusAddress)"
+    )
     so = find(render(epd, default_prometheus_address="http://prom:9090"), "ScaledObject", "qwen-vl-encoder")
     assert so["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://prom:9090"
     named = example(

@@ -634,12 +634,25 @@ def test_hpa_on_load_with_a_target_per_pod():
     (metric,) = hpa_metrics_of("encoder", {"maxReplicas": 4, "load": {"targetPerPod": 2}})
     assert metric == encoder_demand("qwen-vl", "2")
     (metric,) = hpa_metrics_of("decode", {"maxReplicas": 4, "load": {"targetPerPod": 64}})
-    assert metric["pods"]["metric"] == {"name": "epd_router_decode_inflight"}
+    assert metric == {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": "epd_router_decode_inflight"},
+            "target": {"type": "AverageValue", "averageValue": "64"},
+        },
+    }
     objects = render(
         example(NIXL_AUTOSCALED, **{"spec.prefill.autoscaling": {"maxReplicas": 3, "load": {"targetPerPod": 8}}})
     )
     (metric,) = find(objects, "HorizontalPodAutoscaler", "qwen-vl-epd-prefill")["spec"]["metrics"]
     assert metric["pods"]["metric"] == {"name": "epd_router_prefill_inflight"}
+
+
+def test_the_encoder_tier_has_no_per_pod_load_metric():
+    from epd_operator.render.autoscaling import load_metric_name
+
+    with pytest.raises(ValueError, match="^no per-pod load metric for the encoder tier$"):
+        load_metric_name("encoder")
 
 
 def test_raw_metrics_stay_as_written_and_follow_the_load():
