@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .procs import CLK_TCK, commit, cpu_model
+from .procs import commit, cpu_model, cpu_of
 
 RESULTS = Path(__file__).with_name("results")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "epd-local-cpu.yaml"
@@ -68,23 +68,12 @@ def client(urls: dict[str, str], pids: dict[str, list[int]]) -> dict[str, Any]:
             _request(conns[where], kind, seed := seed + 1)
         for _ in range(BLOCKS):
             for where in urls:
-                before = {name: _cpu(ps) for name, ps in pids.items()}
+                before = {name: cpu_of(ps) for name, ps in pids.items()}
                 for _ in range(count):
                     latencies[kind][where].append(_request(conns[where], kind, seed := seed + 1))
                 for name, ps in pids.items():
-                    cpu[kind][where][name] += _cpu(ps) - before[name]
+                    cpu[kind][where][name] += cpu_of(ps) - before[name]
     return {"latencies": latencies, "cpu_seconds": cpu}
-
-
-def _cpu(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / CLK_TCK
 
 
 def _pids(pattern: str) -> list[int]:

@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,14 +66,19 @@ def tree(pid: int) -> list[int]:
     return pids
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its live descendants."""
+def cpu_of(pids: Iterable[int]) -> float:
+    """User + system CPU seconds of these processes (those that are gone count nothing)."""
     total = 0
-    for p in tree(pid):
+    for p in pids:
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
     return total / CLK_TCK
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its live descendants."""
+    return cpu_of(tree(pid))
 
 
 def peak_rss_mib(pid: int) -> float:
