@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from dev.builds import go_module
-from dev.parts import prometheus_adapter
 from dev.ports import free_port
 from epd_operator.api.spec import GROUP as EPD_GROUP
 from epd_operator.api.spec import PLURAL
@@ -36,6 +32,7 @@ from epd_operator.router.contract import ENCODER_DEMAND_METRIC
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
 from tests.support.cluster import KubeView, cluster_objects, custom_metrics_api, volumes
+from tests.support.metric_processes import Processes, adapter_argv
 from tests.support.operator_run import (
     condition,
     create,
@@ -46,10 +43,8 @@ from tests.support.operator_run import (
     posted,
     wait_until,
 )
-from tests.support.prom import log_tail, serve_exposition
+from tests.support.prom import serve_exposition
 
-REPO = Path(__file__).resolve().parents[2]
-ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
 LOAD = ENCODER_DEMAND_METRIC
 DEPLOYMENT = "vl"  # epd_doc()'s EPDDeployment
 # The deployment's encoder demand, in items; with the default target (4 per pod) 2 encoders ask for ceil(20/4) = 5.
@@ -74,39 +69,12 @@ async def operator(kube: KubeView) -> AsyncIterator[Metrics]:
         yield m
 
 
-@dataclass
-class Pipeline:
-    """Prometheus scraping the router exposition and prometheus-adapter with the chart's rules, as processes
-    this test stops and starts again (their logs appended to)."""
-
-    argv: dict[str, list[str]]
-    logs: dict[str, Path]
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str) -> None:
-        with self.logs[name].open("ab") as out:
-            self.procs[name] = subprocess.Popen(self.argv[name], stdout=out, stderr=subprocess.STDOUT)
-
-    def stop(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def tails(self) -> str:
-        return f"prometheus:\n{log_tail(self.logs['prometheus'])}\nadapter:\n{log_tail(self.logs['adapter'])}"
-
-
 @contextlib.contextmanager
-def metrics_pipeline(kube: KubeView, tmp_path: Path, router_port: int) -> Iterator[Pipeline]:
+def metrics_pipeline(kube: KubeView, tmp_path: Path, router_port: int) -> Iterator[Processes]:
     """Prometheus and prometheus-adapter running, the adapter registered as custom.metrics.k8s.io."""
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         pytest.skip("Prometheus is not installed (Debian/Ubuntu: apt-get install prometheus; `make test-tools`)")
-    adapter = go_module.ensure(prometheus_adapter.ADAPTER)
     prom_port, adapter_port = free_port(), free_port()
     prom_config = tmp_path / "prometheus.yml"
     prom_config.write_text(
@@ -128,12 +96,7 @@ def metrics_pipeline(kube: KubeView, tmp_path: Path, router_port: int) -> Iterat
             }
         )
     )
-    rules = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
-    adapter_config = tmp_path / "adapter.yaml"
-    adapter_config.write_text(yaml.safe_dump({"rules": rules["custom"]}))  # what the adapter chart renders
-    discovery = [f"/apis/{GROUP}", f"/apis/{GROUP}/v1beta1", f"/apis/{GROUP}/v1beta2", "/openapi/v2", "/openapi/v3"]
-    kubeconfig = str(kube.cluster.kubeconfig_path)
-    pipeline = Pipeline(
+    pipeline = Processes(
         argv={
             "prometheus": [
                 prometheus,
@@ -141,20 +104,12 @@ def metrics_pipeline(kube: KubeView, tmp_path: Path, router_port: int) -> Iterat
                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
             ],
-            "adapter": [
-                str(adapter),
-                f"--secure-port={adapter_port}",
-                "--bind-address=127.0.0.1",
-                f"--cert-dir={tmp_path / 'adapter-certs'}",
-                f"--lister-kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--authentication-tolerate-lookup-failure",
-                "--authorization-always-allow-paths=" + ",".join(["/healthz", "/readyz", "/livez", *discovery]),
-                f"--prometheus-url=http://127.0.0.1:{prom_port}",
-                f"--config={adapter_config}",
-                "--metrics-relist-interval=2s",
-            ],
+            "adapter": adapter_argv(
+                tmp_path,
+                kubeconfig=kube.cluster.kubeconfig_path,
+                port=adapter_port,
+                prometheus_url=f"http://127.0.0.1:{prom_port}",
+            ),
         },
         logs={"prometheus": tmp_path / "prometheus.log", "adapter": tmp_path / "adapter.log"},
     )
@@ -166,8 +121,7 @@ def metrics_pipeline(kube: KubeView, tmp_path: Path, router_port: int) -> Iterat
         ):
             yield pipeline
     finally:
-        for name in list(pipeline.procs):
-            pipeline.stop(name)
+        pipeline.stop_all()
 
 
 def apiservice_available(kube: KubeView) -> bool:
@@ -180,7 +134,7 @@ def encoder_hpa(kube: KubeView) -> dict[str, Any]:
     return kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "vl-encoder") or {}
 
 
-async def served_and_scaled(kube: KubeView, pipeline: Pipeline) -> None:
+async def served_and_scaled(kube: KubeView, pipeline: Processes) -> None:
     """The custom metrics API serves the EPDDeployment's demand (as kubectl reads it) and the HPA has scaled
     the encoders on it: ceil(20 / 4) = 5."""
     await wait_until(lambda: apiservice_available(kube), 120, lambda: f"APIService not Available;\n{pipeline.tails()}")
@@ -254,7 +208,7 @@ def said_active(kube: KubeView) -> int:
     )
 
 
-async def lose(kube: KubeView, pipeline: Pipeline, name: str) -> None:
+async def lose(kube: KubeView, pipeline: Processes, name: str) -> None:
     """Stop one process of the pipeline until the EPDDeployment names what is missing, start it again until
     autoscaling is active again: the encoder tier at its 5 replicas throughout."""
     seen: set[int] = set()

@@ -45,17 +45,14 @@ from typing import Any
 
 import yaml
 
-from dev.builds import go_module
-from dev.lifetimes import kill_with_parent
-from dev.parts import prometheus_adapter
 from epd_operator.router.contract import ENCODER_DEMAND_METRIC
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
 from tests.support.cluster import EPD_API, cluster_objects, custom_metrics_api, wait_for
+from tests.support.metric_processes import Processes, adapter_argv
 from tests.support.mission import REPO, Mission, all_ready, describe, load_clients, remove
 from tests.support.real_node import is_ready
 
 EXAMPLE = REPO / "examples" / "epd-local-cpu.yaml"
-ADAPTER_RULES = REPO / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
 LOAD = ENCODER_DEMAND_METRIC
 SERVED = "tiny-vl"
 # Inside the node's network namespace nothing else listens on these.
@@ -247,38 +244,14 @@ def autoscaled_example(config: LoopConfig) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- the metrics pipeline
 
 
-@dataclass
-class Pipeline:
+@dataclass(kw_only=True)
+class Pipeline(Processes):
+    """Prometheus and prometheus-adapter (its processes, `Processes`) scraping the mission's pods. The fault
+    table (tests/support/fault_table.py) stops one and starts it again, as a metric source lost for a while."""
+
     m: Mission
-    logs: dict[str, Path]
     targets: Path
     written: str = ""
-    # Its processes by name ("prometheus", "adapter"): how each starts, and the one running now. The fault
-    # table (tests/support/fault_table.py) stops one and starts it again, as a metric source lost for a while.
-    argv: dict[str, list[str]] = field(default_factory=dict)
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str) -> None:
-        """Start one of its processes (again), appending to its log; it dies with this process."""
-        assert name not in self.procs, f"{name} is running"
-        with self.logs[name].open("ab") as out:  # the child keeps its own descriptor
-            self.procs[name] = subprocess.Popen(
-                self.argv[name], stdout=out, stderr=subprocess.STDOUT, preexec_fn=kill_with_parent
-            )
-
-    def stop(self, name: str) -> None:
-        """SIGTERM one of its processes, SIGKILL if it is still there 20 s later."""
-        proc = self.procs.pop(name)
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
 
     def prometheus_ready(self) -> bool:
         try:
@@ -327,10 +300,6 @@ class Pipeline:
             out[key] = [(float(t), float(v)) for t, v in series["values"]]
         return out
 
-    def tail(self, name: str) -> str:
-        path = self.logs[name]
-        return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
-
 
 def _prometheus_config(tmp: Path, targets: Path) -> Path:
     # Debian's Prometheus is built without Kubernetes service discovery: the targets come from a file
@@ -356,7 +325,7 @@ def metrics_pipeline(m: Mission, tmp: Path, *, adapter: bool = True) -> Iterator
     assert prometheus is not None, "Prometheus is not installed (apt-get install prometheus; `make test-tools`)"
     node = m.cluster.real_node()
     logs = {"prometheus": tmp / "prometheus.log", "adapter": tmp / "adapter.log"}
-    pipeline = Pipeline(m, logs, tmp / "targets.json")
+    pipeline = Pipeline(m=m, logs=logs, targets=tmp / "targets.json")
     pipeline.discover()
     pipeline.argv["prometheus"] = node.netns_argv(
         prometheus,
@@ -392,28 +361,12 @@ def metrics_pipeline(m: Mission, tmp: Path, *, adapter: bool = True) -> Iterator
 
 
 def _adapter_argv(m: Mission, tmp: Path) -> list[str]:
-    """prometheus-adapter in the node's network namespace with the chart's rules (built when missing)."""
-    adapter = go_module.ensure(prometheus_adapter.ADAPTER)
-    node = m.cluster.real_node()
-    rules = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
-    adapter_config = tmp / "adapter.yaml"
-    adapter_config.write_text(yaml.safe_dump({"rules": rules["custom"]}))  # what the adapter chart renders
-    kubeconfig = str(m.cluster.kubeconfig_path)  # https://127.0.0.1:<port>: the node bridge, in the node
-    discovery = [f"/apis/{GROUP}", f"/apis/{GROUP}/v1beta1", f"/apis/{GROUP}/v1beta2", "/openapi/v2", "/openapi/v3"]
-    return node.netns_argv(
-        str(adapter),
-        f"--secure-port={ADAPTER_PORT}",
-        "--bind-address=127.0.0.1",
-        f"--cert-dir={tmp / 'adapter-certs'}",
-        f"--lister-kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--authentication-tolerate-lookup-failure",
-        "--authorization-always-allow-paths=" + ",".join(["/healthz", "/readyz", "/livez", *discovery]),
-        f"--prometheus-url=http://127.0.0.1:{PROMETHEUS_PORT}",
-        f"--config={adapter_config}",
-        "--metrics-relist-interval=2s",
+    """prometheus-adapter in the node's network namespace, reading the Prometheus beside it."""
+    kubeconfig = m.cluster.kubeconfig_path  # https://127.0.0.1:<port>: the node bridge, in the node
+    argv = adapter_argv(
+        tmp, kubeconfig=kubeconfig, port=ADAPTER_PORT, prometheus_url=f"http://127.0.0.1:{PROMETHEUS_PORT}"
     )
+    return m.cluster.real_node().netns_argv(*argv)
 
 
 # ---------------------------------------------------------------- the loop

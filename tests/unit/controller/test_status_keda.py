@@ -4,6 +4,8 @@ condition types Ready, Active, Fallback, Paused, their reasons and words), and a
 
 from __future__ import annotations
 
+from typing import Any
+
 from epd_operator.controller.status import SCALED_TO_ZERO, TierInput, derive_status, tier_state, transitions
 from tests.support.workloads import settled_deployment
 
@@ -144,7 +146,7 @@ def test_a_keda_scaled_tier_reports_on_its_scaled_object_and_plans_one_pod_befor
         **next(o for o in objects if o["kind"] == "ScaledObject"),
         **scaled_object(READY, IDLE),
     }
-    keda_hpa = {
+    keda_hpa: dict[str, Any] = {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
         "metadata": {"name": "keda-hpa-qwen-vl-encoder", "namespace": "default"},

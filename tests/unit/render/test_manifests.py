@@ -651,7 +651,7 @@ def test_hpa_on_load_with_a_target_per_pod():
 def test_the_encoder_tier_has_no_per_pod_load_metric():
     from epd_operator.render.autoscaling import load_metric_name
 
-    with pytest.raises(ValueError, match="^no per-pod load metric for the encoder tier$"):
+    with pytest.raises(ValueError, match=r"^no per-pod load metric for the encoder tier$"):
         load_metric_name("encoder")
 
 
