@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,6 +240,61 @@ async def test_keda_scales_the_encoder_tier_on_its_load_from_prometheus_and_to_z
                 120,
                 lambda: f"not woken: {scaled_object().get('status')}, HPA {hpa().get('status')}\n{keda_logs()}",
             )
+
+
+async def test_kedas_metrics_server_away_is_named_and_the_tier_held_then_active_again(ns, tmp_path):
+    """KEDA's metrics server stopped under load: the ScaledObject stays Ready (KEDA's operator still reaches
+    Prometheus), KEDA's HPA cannot read its external metric and keeps the tier's replicas, and the EPDDeployment
+    names what is missing from the ScaledObject's HPAActive (controller/status_keda.py); started again, autoscaling
+    is active again on its own."""
+    cluster = ns.cluster
+    exposition = RouterExposition()
+    exposition.set_demand(DEMAND)
+    with exposition.serve() as router_port, prometheus(ns, router_port, tmp_path) as prom_port:
+        async with operator_in_process(ns, "--namespace", ns.ns, "--no-leader-election", "--resync-seconds", "1"):
+            doc = epd_doc()
+            doc["spec"]["encoder"]["autoscaling"] = {**keda_from_zero(prom_port), "minReplicas": 1}
+            await create(ns, doc)
+
+            def replicas() -> int | None:
+                return ((ns.get("apps/v1", "Deployment", "vl-encoder") or {}).get("spec") or {}).get("replicas")
+
+            await wait_until(
+                lambda: (
+                    replicas() == EXPECTED_REPLICAS and condition(epd(ns), "AutoscalingActive").get("status") == "True"
+                ),
+                180,
+                lambda: f"not scaled to the load: {epd(ns).get('status')}",
+            )
+            server = next(c for c in cluster.parts["keda"].components if c.name == keda.METRICS_SERVER)
+            server.stop()
+            try:
+
+                def inactive() -> dict[str, Any]:
+                    said = condition(epd(ns), "AutoscalingActive")
+                    return said if said.get("status") == "False" else {}
+
+                await wait_until(inactive, 120, lambda: f"still active: {epd(ns).get('status')}")
+                said = inactive()
+                assert said["reason"] == "FailedGetExternalMetric", said
+                assert said["message"] == (
+                    "encoder autoscaling inactive: KEDA's HPA cannot read its metric from the external metrics API: "
+                    "its APIService's server, KEDA's metrics server, does not answer; the HPA holds the tier at its "
+                    "replicas until it reads it again; FailedGetExternalMetric, in the HPA's words in "
+                    "status.tiers.encoder.autoscaling.conditions (HPAActive)"
+                ), said
+                so = ns.get(KEDA_API, "ScaledObject", "vl-encoder") or {}
+                assert condition(so, "Ready").get("status") == "True", so  # KEDA itself still reaches Prometheus
+                assert deployment(ns, "vl-encoder")["spec"].get("replicas") == EXPECTED_REPLICAS
+                await posted(ns, "Warning", "AutoscalingInactive", "KEDA's metrics server, does not answer")
+            finally:
+                server.start({**os.environ, **keda.environment(cluster.kubeconfig_path)})
+            await wait_until(
+                lambda: condition(epd(ns), "AutoscalingActive").get("status") == "True",
+                180,
+                lambda: f"not active again: {epd(ns).get('status')}",
+            )
+            assert deployment(ns, "vl-encoder")["spec"].get("replicas") == EXPECTED_REPLICAS
 
 
 def keda_from_zero(prom_port: int) -> dict:

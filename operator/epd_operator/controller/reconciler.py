@@ -43,7 +43,6 @@ from .cache import Cache
 from .events import post_event, utcnow
 from .metrics import Metrics
 from .pods import pod_trouble, unschedulable_reason
-from .status_keda import keda_hpa_name
 from .workqueue import FULL, STATUS, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -99,13 +98,8 @@ def tier_inputs(objects: list[dict[str, Any]], live: list[dict[str, Any]]) -> di
                 ),
                 1,
             )
-        so = live_by_key.get(("ScaledObject", name))
         tiers[role] = status_rules.TierInput(
-            live_by_key.get((obj["kind"], name)),
-            hpa,
-            planned,
-            scaled_object=so,
-            keda_hpa=live_by_key.get(("HorizontalPodAutoscaler", keda_hpa_name(name, so))) if so else None,
+            live_by_key.get((obj["kind"], name)), hpa, planned, scaled_object=live_by_key.get(("ScaledObject", name))
         )
     return tiers
 
@@ -182,10 +176,8 @@ class Reconciler:
         self.cache.observe(event_type, body)
         meta = body["metadata"]
         instance = meta.get("labels", {}).get(INSTANCE_LABEL)
-        # Ours, or the HPA KEDA made for one of our ScaledObjects (it carries their labels).
         owned = any(
-            (ref.get("kind") == KIND and ref.get("name") == instance) or ref.get("kind") == "ScaledObject"
-            for ref in meta.get("ownerReferences") or []
+            ref.get("kind") == KIND and ref.get("name") == instance for ref in meta.get("ownerReferences") or []
         )
         key = (meta["namespace"], instance)
         if owned and key in self.known:

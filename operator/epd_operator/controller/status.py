@@ -54,7 +54,7 @@ from .pods import UNSCHEDULABLE, PodTrouble, pod_ready
 from .rollout import Held
 from .status_deployment import deployment_rollout
 from .status_hpa import hpa_autoscaling, hpa_inactive, hpa_waiting
-from .status_keda import keda_autoscaling, keda_hpa_inactive, keda_inactive, keda_waiting
+from .status_keda import keda_autoscaling, keda_inactive, keda_waiting
 from .status_lws import LWS_KIND, lws_rollout, unready_groups
 
 TIERS = ("encoder", "prefill", "decode", "router")
@@ -73,7 +73,6 @@ class TierInput:
     trouble: PodTrouble | None = None  # the kubelet's reason for a pod of this tier that does not run
     unready_groups: tuple[int, ...] = ()  # a LeaderWorkerSet's groups with a pod missing or not ready
     scaled_object: dict[str, Any] | None = None  # KEDA's ScaledObject of the tier (engine KEDA)
-    keda_hpa: dict[str, Any] | None = None  # the HPA KEDA made for that ScaledObject
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +155,7 @@ def autoscaling_verdict(tiers: dict[str, TierInput]) -> AutoscalingVerdict | Non
     paused: list[tuple[str, str]] = []
     for name, so in scaled:
         assert so is not None
-        found = keda_inactive(name, so) or keda_hpa_inactive(name, tiers[name].keda_hpa)
+        found = keda_inactive(name, so)
         if found is not None:
             (inactive if found[2] else paused).append(found[:2])
         elif keda_waiting(so):

@@ -27,17 +27,16 @@ _METRIC_FAILURES = {
 
 @dataclass(frozen=True)
 class MetricsWay:
-    """Who reads a tier's metrics and through what, in the words the status uses: the HPA the operator
-    renders (prometheus-adapter serving the custom metrics API), or the HPA KEDA makes for a ScaledObject
-    (KEDA's metrics server serving the external metrics API)."""
+    """Through what an HPA reads a tier's metric, in the status's words: the HPA the operator renders
+    (prometheus-adapter serving the custom metrics API), or the HPA KEDA makes for a ScaledObject (KEDA's
+    metrics server serving the external metrics API)."""
 
-    hpa: str  # the HPA, in words
     server: str  # the metrics API's server
     source: str  # what that server queries
 
 
-ADAPTER = MetricsWay("the HPA", "the adapter", "Prometheus, for prometheus-adapter")
-KEDA_METRICS = MetricsWay("KEDA's HPA", "KEDA's metrics server", "its ScaledObject's triggers")
+ADAPTER = MetricsWay("the adapter", "Prometheus, for prometheus-adapter")
+KEDA_METRICS = MetricsWay("KEDA's metrics server", "KEDA's operator, which queries the triggers")
 
 # What is missing on a metric's way to the HPA, read from the metrics API's answer as the HPA quotes it
 # (first match wins): the API not registered (client-go's discovery), registered but its server not
@@ -99,7 +98,7 @@ def _metric_names(hpa: dict[str, Any], source: str) -> list[str]:
     return names
 
 
-def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any], way: MetricsWay) -> str:
+def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
     """`<tier> autoscaling inactive: <what it cannot read>: <what is missing>; <what the HPA does
     meanwhile>; <the HPA's reason>: <its message>`. Once the words name what is missing, the HPA's own
     message is left to the tier's autoscaling conditions: it changes while the cause does not (a down
@@ -112,48 +111,30 @@ def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any], way: Metri
         names = _metric_names(hpa, source)
         named = [n for n in names if n in message] or names
         if named:
-            words += f": {way.hpa} cannot read {', '.join(named)} from the {api} metrics API"
-            if (gone := missing(message, way)) is not None:
+            words += f": the HPA cannot read {', '.join(named)} from the {api} metrics API"
+            if (gone := missing(message)) is not None:
                 words += f": {gone}"
         # An HPA that cannot compute a replica count leaves the target's replicas as they are
         # (kube-controller-manager: horizontal.go, computeReplicasForMetrics returns -1).
         current = (hpa.get("status") or {}).get("currentReplicas")
         if current is not None:
             replicas = f"{current} replica{'' if current == 1 else 's'}"
-            words += f"; {way.hpa} holds the tier at {replicas} until it reads its metrics again"
+            words += f"; the HPA holds the tier at {replicas} until it reads its metrics again"
     if gone is not None:
-        return f"{words}; {reason}, in the HPA's words in {_where(tier, hpa, way)}"
+        return f"{words}; {reason}, in the HPA's words in status.tiers.{tier}.autoscaling.conditions"
     return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
 
 
-def _where(tier: str, hpa: dict[str, Any], way: MetricsWay) -> str:
-    """Where the HPA's own words are: the tier's autoscaling conditions are the HPA's; with KEDA they are the
-    ScaledObject's, and KEDA's HPA is read with kubectl."""
-    if way is ADAPTER:
-        return f"status.tiers.{tier}.autoscaling.conditions"
-    return f"`kubectl describe hpa {(hpa.get('metadata') or {}).get('name', '')}`"
-
-
-# The HPA's reason when its target has 0 replicas: it does not scale from zero. KEDA scales the tier from and
-# to zero itself, so for KEDA's HPA this is the normal state of a tier at zero, not a failure.
-SCALING_DISABLED = "ScalingDisabled"
-
-
-def hpa_inactive(tier: str, hpa: dict[str, Any], way: MetricsWay = ADAPTER) -> tuple[str, str] | None:
+def hpa_inactive(tier: str, hpa: dict[str, Any]) -> tuple[str, str] | None:
     """(reason, message) when the HPA says it cannot act, else None."""
     conditions = {c.get("type"): c for c in (hpa.get("status") or {}).get("conditions") or []}
     failed = next(
-        (
-            conditions[t]
-            for t in ("ScalingActive", "AbleToScale")
-            if conditions.get(t, {}).get("status") == "False"
-            and not (way is KEDA_METRICS and conditions[t].get("reason") == SCALING_DISABLED)
-        ),
+        (conditions[t] for t in ("ScalingActive", "AbleToScale") if conditions.get(t, {}).get("status") == "False"),
         None,
     )
     if failed is None:
         return None
-    return str(failed.get("reason") or AUTOSCALING_INACTIVE), _inactive(tier, hpa, failed, way)
+    return str(failed.get("reason") or AUTOSCALING_INACTIVE), _inactive(tier, hpa, failed)
 
 
 def hpa_waiting(hpa: dict[str, Any]) -> bool:

@@ -2,14 +2,11 @@
 
 KEDA's conditions: Ready=False, it cannot scale (TriggerError: a trigger fails, e.g. Prometheus is
 unreachable or the query is bad); Fallback=True, it holds the fallback replicas because the triggers
-fail; Paused=True, someone paused it (annotation autoscaling.keda.sh/paused), which is shown but does
-not degrade the deployment. A ScaledObject KEDA has not marked Ready yet is *waiting*.
-
-KEDA's own HPA (`status.hpaName`, which carries the ScaledObject's labels) reads the triggers through
-KEDA's metrics server (the external metrics API). While that server is away the ScaledObject stays Ready
-(KEDA's operator still reaches the triggers) and only the HPA says it cannot read its metric: the tier is
-inactive in the same words as an HPA the operator renders, naming KEDA's metrics server. Its
-ScalingDisabled at zero replicas is not a failure: KEDA scales from and to zero itself.
+fail; HPAActive=False, the HPA KEDA made cannot act (KEDA 2.21 mirrors that HPA's ScalingActive into it,
+with the HPA's reason and words: pkg/scaling/executor's checkHPAHealth), e.g. while KEDA's metrics server
+is away, which leaves the ScaledObject Ready since KEDA's operator still reaches the triggers; Paused=True,
+someone paused it (annotation autoscaling.keda.sh/paused), which is shown but does not degrade the
+deployment. A ScaledObject KEDA has not marked Ready yet is *waiting*.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Any
 
 from ..api.status import AUTOSCALING_INACTIVE, TierAutoscaling
 from .pods import condition
-from .status_hpa import KEDA_METRICS, autoscaler_conditions, hpa_inactive
+from .status_hpa import KEDA_METRICS, autoscaler_conditions, missing
 
 
 def keda_autoscaling(so: dict[str, Any]) -> TierAutoscaling:
@@ -42,21 +39,33 @@ def keda_inactive(tier: str, so: dict[str, Any]) -> tuple[str, str, bool] | None
         if found is not None:
             reason, message = str(found.get("reason") or AUTOSCALING_INACTIVE), str(found.get("message") or "")
             return reason, f"{tier} autoscaling inactive: {words} (ScaledObject {reason}: {message})", True
+    hpa = conditions.get("HPAActive", {})
+    if hpa.get("status") == "False":
+        return _hpa_inactive(tier, hpa)
     if paused.get("status") == "True":
         reason = str(paused.get("reason") or "ScaledObjectPaused")
         return reason, f"{tier} autoscaling paused: its ScaledObject is paused ({paused.get('message') or ''})", False
     return None
 
 
-def keda_hpa_name(name: str, so: dict[str, Any]) -> str:
-    """The HPA KEDA made for the ScaledObject `name`: the one its status names, else KEDA's default name."""
-    return str((so.get("status") or {}).get("hpaName") or f"keda-hpa-{name}")
-
-
-def keda_hpa_inactive(tier: str, hpa: dict[str, Any] | None) -> tuple[str, str, bool] | None:
-    """(reason, message, degrades) when KEDA's HPA cannot read its metric, else None."""
-    found = hpa_inactive(tier, hpa, KEDA_METRICS) if hpa is not None else None
-    return None if found is None else (*found, True)
+def _hpa_inactive(tier: str, hpa: dict[str, Any]) -> tuple[str, str, bool]:
+    """KEDA's HPA cannot act: what is missing on its metric's way when its words say (the same words whichever
+    way the HPA puts it, so one message while the cause holds), else KEDA's words."""
+    reason, message = str(hpa.get("reason") or AUTOSCALING_INACTIVE), str(hpa.get("message") or "")
+    gone = missing(message, KEDA_METRICS)
+    if gone is None:
+        return (
+            reason,
+            f"{tier} autoscaling inactive: KEDA's HPA cannot act (ScaledObject HPAActive {reason}: {message})",
+            True,
+        )
+    return (
+        reason,
+        f"{tier} autoscaling inactive: KEDA's HPA cannot read its metric from the external metrics API: {gone}; the "
+        f"HPA holds the tier at its replicas until it reads it again; {reason}, in the HPA's words in "
+        f"status.tiers.{tier}.autoscaling.conditions (HPAActive)",
+        True,
+    )
 
 
 def keda_waiting(so: dict[str, Any]) -> bool:

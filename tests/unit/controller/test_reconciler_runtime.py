@@ -114,19 +114,6 @@ async def test_a_child_of_a_known_epddeployment_queues_a_status_pass_and_its_del
     assert await queued(r) is None
 
 
-async def test_the_hpa_keda_made_for_our_scaled_object_queues_a_status_pass():
-    """KEDA's HPA carries the ScaledObject's labels and is owned by it: its conditions say when KEDA's metrics
-    server is away (status_keda.py), so a change of them refreshes the status."""
-    r, _ = known()
-    await queued(r)
-    keda_hpa = child("HorizontalPodAutoscaler")
-    keda_hpa["metadata"]["ownerReferences"] = [{"kind": "ScaledObject", "name": f"{NAME}-encoder", "uid": "u"}]
-    r.child_event("MODIFIED", keda_hpa)
-    assert await queued(r) == STATUS
-    r.child_event("MODIFIED", {**keda_hpa, "metadata": {**keda_hpa["metadata"], "labels": {}}})  # not labelled ours
-    assert await queued(r) is None
-
-
 async def test_pods_refresh_the_status_only_after_a_first_full_pass():
     r, _ = known()
     await queued(r)

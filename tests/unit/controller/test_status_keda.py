@@ -154,10 +154,6 @@ def test_a_keda_scaled_tier_reports_on_its_scaled_object_and_plans_one_pod_befor
     tiers = tier_inputs(objects, [so, keda_hpa])
     assert tiers["encoder"].scaled_object is so
     assert tiers["encoder"].hpa is None  # KEDA's own HPA is KEDA's: not reported as ours
-    assert tiers["encoder"].keda_hpa is keda_hpa  # but read for what it cannot read (KEDA's metrics server)
-    named = {**keda_hpa, "metadata": {**keda_hpa["metadata"], "name": "named-by-keda"}}
-    so_naming = {**so, "status": {**so["status"], "hpaName": "named-by-keda"}}
-    assert tier_inputs(objects, [so_naming, keda_hpa, named])["encoder"].keda_hpa is named  # its status's name first
     # the Deployment does not exist yet: it is created without replicas, so it starts with one pod
     assert tiers["encoder"].deployment is None and tiers["encoder"].planned_replicas == 1
 
@@ -223,76 +219,81 @@ def test_every_paused_and_every_pending_scaled_object_is_named():
     )
 
 
-# KEDA's HPA (keda-hpa-<ScaledObject>) when KEDA's metrics server is away: kube-controller-manager's words for an
-# External metric (horizontal.go, replica_calculator.go) around kube-aggregator's 503 for the external metrics
-# APIService, as client-go quotes it. The ScaledObject stays Ready meanwhile: KEDA's operator still queries
-# Prometheus.
-KEDA_METRIC = [
-    {
-        "type": "External",
-        "external": {
-            "metric": {
-                "name": "s0-prometheus",
-                "selector": {"matchLabels": {"scaledobject.keda.sh/name": "tiny-vl-encoder"}},
-            },
-            "target": {"type": "AverageValue", "averageValue": "1"},
-        },
-    }
-]
-EXTERNAL_LOST = (
-    "ScalingActive",
+# KEDA's HPA when KEDA's metrics server is away, as KEDA 2.21 mirrors it into the ScaledObject's HPAActive
+# (pkg/scaling/executor checkHPAHealth: "HPA is not actively scaling: " + the HPA's ScalingActive message, its
+# reason as is): kube-controller-manager's words for an External metric around kube-aggregator's 503, seen on the
+# local cluster (tests/integration/test_keda_controller.py). The ScaledObject stays Ready meanwhile.
+HPA_WORDS = (
+    "HPA is not actively scaling: the HPA was unable to compute the replica count: unable to get external metric "
+    "epd-local/s0-prometheus/&LabelSelector{MatchLabels:map[string]string{scaledobject.keda.sh/name: "
+    "tiny-vl-encoder,},MatchExpressions:[]LabelSelectorRequirement{},}: unable to fetch metrics from external "
+    "metrics API: "
+)
+SERVER_AWAY = (
+    "HPAActive",
     "False",
     "FailedGetExternalMetric",
-    "the HPA was unable to compute the replica count: unable to get external metric epd-local/s0-prometheus/"
-    "&LabelSelector{MatchLabels:map[string]string{scaledobject.keda.sh/name: tiny-vl-encoder,},MatchExpressions:"
-    "[]LabelSelectorRequirement{},}: unable to fetch metrics from external metrics API: the server is currently "
-    "unable to handle the request (get s0-prometheus.external.metrics.k8s.io)",
+    HPA_WORDS + "the server is currently unable to handle the request (get s0-prometheus.external.metrics.k8s.io)",
 )
-HPA_ABLE = ("AbleToScale", "True", "ReadyForNewScale", "recommended size matches current size")
-HPA_ACTIVE = ("ScalingActive", "True", "ValidMetricFound", "the HPA was able to compute the replica count")
-HPA_AT_ZERO = ("ScalingActive", "False", "ScalingDisabled", "scaling is disabled since the replica count is zero")
+SERVER_STALE = ("HPAActive", "False", "FailedGetExternalMetric", HPA_WORDS + "no known available metric versions found")
+HPA_ACTIVE = ("HPAActive", "True", "HPAActive", "HPA is actively scaling")
+HPA_AT_ZERO = (
+    "HPAActive",
+    "True",
+    "ScalingDisabled",
+    "scaling is disabled since the replica count of the target is zero",
+)
+SERVER_AWAY_SAYS = (
+    "encoder autoscaling inactive: KEDA's HPA cannot read its metric from the external metrics API: its "
+    "APIService's server, KEDA's metrics server, does not answer; the HPA holds the tier at its replicas until it "
+    "reads it again; FailedGetExternalMetric, in the HPA's words in status.tiers.encoder.autoscaling.conditions "
+    "(HPAActive)"
+)
 
 
-def keda_hpa(*conditions: tuple[str, str, str, str], current: int = 2) -> dict:
-    return {
-        "metadata": {"name": "keda-hpa-tiny-vl-encoder"},
-        "spec": {"minReplicas": 1, "maxReplicas": 4, "metrics": KEDA_METRIC},
-        "status": {
-            "currentReplicas": current,
-            "conditions": [{"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions],
-        },
-    }
-
-
-def test_keda_metrics_server_away_is_named_while_the_scaled_object_stays_ready():
-    so = scaled_object(READY, ACTIVE, NO_FALLBACK, NOT_PAUSED, min_replicas=1)
-    tier = TierInput(settled_deployment(2), scaled_object=so, keda_hpa=keda_hpa(HPA_ABLE, EXTERNAL_LOST))
-    status = derive(tier)
+def test_kedas_metrics_server_away_is_named_while_the_scaled_object_stays_ready():
+    so = scaled_object(READY, ACTIVE, NO_FALLBACK, NOT_PAUSED, SERVER_AWAY, min_replicas=1)
+    status = derive(TierInput(settled_deployment(2), scaled_object=so))
     scaling = cond(status, "AutoscalingActive")
-    assert (scaling.status, scaling.reason) == ("False", "FailedGetExternalMetric")
-    assert scaling.message == (
-        "encoder autoscaling inactive: KEDA's HPA cannot read s0-prometheus from the external metrics API: its "
-        "APIService's server, KEDA's metrics server, does not answer; KEDA's HPA holds the tier at 2 replicas until "
-        "it reads its metrics again; FailedGetExternalMetric, in the HPA's words in "
-        "`kubectl describe hpa keda-hpa-tiny-vl-encoder`"
-    )
+    assert (scaling.status, scaling.reason, scaling.message) == ("False", "FailedGetExternalMetric", SERVER_AWAY_SAYS)
     assert cond(status, "Degraded").reason == "AutoscalingInactive"
-    # back: active again, one Normal Event
+    # the HPA's other words for the same cause: the same message, no new Event
+    stale = derive(
+        TierInput(settled_deployment(2), scaled_object=scaled_object(READY, ACTIVE, SERVER_STALE, min_replicas=1)),
+        previous=status,
+    )
+    assert cond(stale, "AutoscalingActive").message == SERVER_AWAY_SAYS
+    assert [e for e in transitions(status, stale) if e.reason.startswith("Autoscaling")] == []
+    # back: active again, a Normal Event
     back = derive(
-        TierInput(settled_deployment(2), scaled_object=so, keda_hpa=keda_hpa(HPA_ABLE, HPA_ACTIVE)), previous=status
+        TierInput(settled_deployment(2), scaled_object=scaled_object(READY, ACTIVE, HPA_ACTIVE, min_replicas=1)),
+        previous=stale,
     )
     assert cond(back, "AutoscalingActive").status == "True"
-    assert ("Normal", "AutoscalingActive") in [(e.type, e.reason) for e in transitions(status, back)]
+    assert ("Normal", "AutoscalingActive") in [(e.type, e.reason) for e in transitions(stale, back)]
 
 
-def test_keda_hpa_disabled_at_zero_is_not_a_failure():
-    so = scaled_object(READY, IDLE, NO_FALLBACK, NOT_PAUSED)
-    status = derive(TierInput(settled_deployment(0), scaled_object=so, keda_hpa=keda_hpa(HPA_ABLE, HPA_AT_ZERO)))
+def test_words_of_kedas_hpa_it_does_not_know_are_quoted():
+    odd = ("HPAActive", "False", "FailedGetScale", "HPA is not actively scaling: something new")
+    status = derive(TierInput(settled_deployment(2), scaled_object=scaled_object(READY, odd, min_replicas=1)))
+    assert cond(status, "AutoscalingActive").message == (
+        "encoder autoscaling inactive: KEDA's HPA cannot act (ScaledObject HPAActive FailedGetScale: HPA is not "
+        "actively scaling: something new)"
+    )
+    unnamed = ("HPAActive", "False", "", "")
+    status = derive(TierInput(settled_deployment(2), scaled_object=scaled_object(READY, unnamed, min_replicas=1)))
+    assert cond(status, "AutoscalingActive").reason == "AutoscalingInactive"
+
+
+def test_kedas_hpa_disabled_at_zero_is_not_a_failure():
+    so = scaled_object(READY, IDLE, NO_FALLBACK, NOT_PAUSED, HPA_AT_ZERO)
+    status = derive(TierInput(settled_deployment(0), scaled_object=so))
     assert cond(status, "AutoscalingActive").status == "True"
     assert status.tiers.encoder is not None and status.tiers.encoder.reason == SCALED_TO_ZERO
 
 
-def test_a_failing_scaled_object_is_named_before_its_hpa():
-    so = scaled_object(TRIGGER_ERROR, NO_FALLBACK, NOT_PAUSED, min_replicas=1)
-    status = derive(TierInput(settled_deployment(2), scaled_object=so, keda_hpa=keda_hpa(HPA_ABLE, EXTERNAL_LOST)))
-    assert cond(status, "AutoscalingActive").reason == "TriggerError"
+def test_a_failing_trigger_is_named_before_the_hpa():
+    so = scaled_object(TRIGGER_ERROR, NO_FALLBACK, NOT_PAUSED, SERVER_AWAY, min_replicas=1)
+    assert (
+        cond(derive(TierInput(settled_deployment(2), scaled_object=so)), "AutoscalingActive").reason == "TriggerError"
+    )
