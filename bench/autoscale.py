@@ -69,7 +69,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def _rel(record: LoopRecord, mark: str) -> str:
     t = record.marks.get(mark)
-    return f"{t - record.marks['step_start']:.0f} s" if t is not None else "n/a"
+    return f"{round(t - record.marks['step_start'])} s" if t is not None else "n/a"
 
 
 # The runs of each profile, the router's spill-over off, then on: `big` (`make bench-autoscale`), 1 to 4
@@ -208,7 +208,8 @@ def comparison(records: list[LoopRecord]) -> list[str]:
 
 
 def _since_step(record: LoopRecord, t: float | None) -> str:
-    return f"{t - record.marks['step_start']:.0f} s" if t is not None and "step_start" in record.marks else "n/a"
+    # whole seconds (Events have 1 s resolution): an Event in the step's own second reads 0, not -0
+    return f"{round(t - record.marks['step_start'])} s" if t is not None and "step_start" in record.marks else "n/a"
 
 
 def report(
@@ -274,6 +275,10 @@ def report(
                 "- The demand counts spilled items until the consumer answers: with spill-over on, the HPA reads the "
                 "whole step while one encoder holds only its bound, so one decision can ask for every encoder the "
                 "step needs (docs/autoscaling.md).",
+                "- The gauge shows the most items wanted at once over the router's last `--demand-window` (15 s): "
+                "with spill-over off, each request's items are with the one encoder for part of the request only, "
+                "so a scrape of the count itself can fall between its batches and ask for less; the peak reads the "
+                "step at any scrape.",
                 "- The new encoders start side by side on the same two cores as the load, the encoder and the "
                 "consumer: the time until every needed encoder serves is vLLM's start under that contention "
                 "(model load, profiling each allowed image), far longer than on GPUs with pre-pulled images; the "
@@ -435,7 +440,7 @@ def plot(records: list[LoopRecord], path: Path) -> None:
 
 def _since(record: LoopRecord, mark: str, base: str = "step_start") -> str:
     t, t0 = record.marks.get(mark), record.marks.get(base)
-    return f"{t - t0:.0f} s" if t is not None and t0 is not None else "n/a"
+    return f"{round(t - t0)} s" if t is not None and t0 is not None else "n/a"
 
 
 def keda_phases(record: LoopRecord) -> list[tuple[str, str, str]]:
