@@ -3,7 +3,8 @@
 One encoder (EC producer, `--mm-encoder-only`), one combined prefill+decode instance (EC
 consumer) and `epd-router`, started once for the module. The tests read the pipeline's own
 signals: the router's item counters, vLLM's request counters, and the files in the shared
-store. They run in file order; the last one kills the encoder. Images and videos (a few
+store. Each leaves the pipeline working (the one that kills the encoder starts it again), so they pass in
+any order. Images and videos (a few
 frames, see `client.video_url`); both tiers take per-request media options
 (`--trust-request-mm-kwargs`), so a video's frame count can be chosen per request.
 """
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from dev.local.client import chat, chat_body, image_part, image_url, text_part, video_part, video_url
+from dev.local.client import chat, chat_body, image_part, image_url, metric_sum, text_part, video_part, video_url
 from dev.local.cpu_sizing import fit_to_cpu
 from dev.local.runner import load_spec, run_local
+from tests.support.operator_e2e import wait_for
 from tests.support.vllm_pipeline import MAX_TOKENS, ask, requests_served, router_items
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first run also builds the vLLM venv
@@ -233,11 +235,19 @@ def test_deleted_cache_item_still_answers(epd):
 
 def test_requests_still_answer_when_the_encoder_is_down(epd):
     epd.kill("encoder")
-    fallback = router_items(epd, "fallback")
+    try:
+        fallback = router_items(epd, "fallback")
 
-    image_reply = ask(epd, [text_part("Anyone there?"), image_part(new_image())])
-    text_reply = ask(epd, "And without an image?")
+        image_reply = ask(epd, [text_part("Anyone there?"), image_part(new_image())])
+        text_reply = ask(epd, "And without an image?")
 
-    assert image_reply.completion_tokens == MAX_TOKENS
-    assert text_reply.completion_tokens == MAX_TOKENS
-    assert router_items(epd, "fallback") == fallback + 1, "PD encoded the image itself"
+        assert image_reply.completion_tokens == MAX_TOKENS
+        assert text_reply.completion_tokens == MAX_TOKENS
+        assert router_items(epd, "fallback") == fallback + 1, "PD encoded the image itself"
+    finally:  # leave a working pipeline to the tests after this one, whatever their order
+        epd.restart("encoder")
+        wait_for(
+            lambda: metric_sum(epd.router_url, "epd_router_endpoint_available", role="encoder") == 1,
+            120,
+            "the router sending work to the restarted encoder again",
+        )
