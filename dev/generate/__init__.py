@@ -8,6 +8,7 @@
 | `charts/epd-operator/dashboards/epd.json` | `dev/generate/dashboard.py` |
 | the field reference in `docs/api.md`, between its markers | `reference()` as `epdctl docs --output docs/api.md` writes it |
 | the router's metric table in `docs/router.md`, between its markers | `dev/generate/router_metrics.py` |
+| the router's flag table in `docs/router.md`, between its markers | `dev/generate/router_flags.py` |
 | `tests/golden/render/*.yaml`: what `render()` makes of every example | `dev/generate/render_golden.py` |
 | measured figures in `docs/benchmarks.md`, `docs/faults.md`, `docs/autoscaling.md` and `docs/development.md`, between their markers | `dev/generate/bench_figures.py` (from the reports in `bench/results/`) |
 
@@ -27,7 +28,7 @@ from epd_operator.api.crd import build_crd
 from epd_operator.api.docs import with_reference
 from epd_operator.cli import dump_yaml
 
-from . import bench_figures, dashboard, kube_schemas, render_golden, router_metrics, values_schema
+from . import bench_figures, dashboard, kube_schemas, render_golden, router_flags, router_metrics, values_schema
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = "crds/serving.epd.dev_epddeployments.yaml"
@@ -46,7 +47,9 @@ def files(root: Path = REPO) -> dict[str, str]:
         values_schema.PATH: values_schema.render(crd),
         dashboard.PATH: dashboard.render(),
         API_PAGE: with_reference((root / API_PAGE).read_text(encoding="utf-8")),
-        router_metrics.PAGE: router_metrics.with_table((root / router_metrics.PAGE).read_text(encoding="utf-8")),
+        router_metrics.PAGE: router_flags.with_table(
+            router_metrics.with_table((root / router_metrics.PAGE).read_text(encoding="utf-8"))
+        ),
         **bench_figures.pages(root),
         **render_golden.files(root),
     }

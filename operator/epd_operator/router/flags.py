@@ -26,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("--version", action="version", version=f"%(prog)s {__version__}")
-    a(contract.HOST, default=D.host)
-    a(contract.PORT, type=int, default=D.port)
+    a(contract.HOST, default=D.host, help="address the API listens on")
+    a(contract.PORT, type=int, default=D.port, help="port of the OpenAI-compatible API")
     a(
         contract.METRICS_PORT,
         type=int,
@@ -52,7 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="data-parallel size of the EC consumer tier (prefill in E/P/D, decode in E+PD)",
     )
     k = p.add_argument_group("Kubernetes discovery")
-    k.add_argument(contract.DISCOVERY, choices=contract.DISCOVERIES, default=D.discovery)
+    k.add_argument(
+        contract.DISCOVERY,
+        choices=contract.DISCOVERIES,
+        default=D.discovery,
+        help="where the backends come from: the static URLs above, or EndpointSlices (the flags below)",
+    )
     k.add_argument(contract.NAMESPACE, default=None, help="default: the pod's own namespace")
     k.add_argument(
         contract.DEPLOYMENT,
@@ -94,8 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=D.decode_dp_size,
         help="engines per decode (or PD) instance: requests are pinned to one, balanced by load",
     )
-    r.add_argument(contract.ENCODER_POLICY, choices=contract.ENCODER_POLICIES, default=D.encoder_policy)
-    r.add_argument(contract.PD_POLICY, choices=contract.PD_POLICIES, default=D.pd_policy)
+    r.add_argument(
+        contract.ENCODER_POLICY,
+        choices=contract.ENCODER_POLICIES,
+        default=D.encoder_policy,
+        help="how an image picks its encoder (cache-aware: the encoder that has it, within the load bound)",
+    )
+    r.add_argument(
+        contract.PD_POLICY,
+        choices=contract.PD_POLICIES,
+        default=D.pd_policy,
+        help="how a request picks its prefill and decode instances (prefix-aware: a prompt goes home)",
+    )
     r.add_argument(
         "--load-factor",
         type=float,
@@ -132,12 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Prometheus scrape interval); 0 = the count at the scrape",
     )
     t = p.add_argument_group("timeouts (seconds)")
-    t.add_argument("--connect-timeout", type=float, default=D.connect_timeout)
-    t.add_argument("--encode-timeout", type=float, default=D.encode_timeout)
-    t.add_argument("--prefill-timeout", type=float, default=D.prefill_timeout)
+    t.add_argument("--connect-timeout", type=float, default=D.connect_timeout, help="to open a backend connection")
+    t.add_argument("--encode-timeout", type=float, default=D.encode_timeout, help="for an encoder call")
+    t.add_argument(
+        "--prefill-timeout", type=float, default=D.prefill_timeout, help="for a prefill call (and /v1/models)"
+    )
     t.add_argument("--decode-timeout", type=float, default=D.decode_timeout, help="longest silence from decode")
     i = p.add_argument_group("input, reuse, health")
-    i.add_argument("--max-body-bytes", type=int, default=D.max_body_bytes)
+    i.add_argument(
+        "--max-body-bytes", type=int, default=D.max_body_bytes, help="largest request body; larger ones get 413"
+    )
     i.add_argument(
         "--allow-file-urls", action="store_true", help="pass file:// media through (the router never reads them)"
     )
@@ -187,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=D.reuse_ttl,
         help="SharedStorage connector: reuse an encoded item for this many seconds (keep it well below the janitor TTL); 0 = off",
     )
-    i.add_argument("--reuse-max-items", type=int, default=D.reuse_max_items)
+    i.add_argument(
+        "--reuse-max-items", type=int, default=D.reuse_max_items, help="encoded items the reuse cache remembers"
+    )
     i.add_argument(
         contract.REWRITE,
         choices=contract.REWRITES,
@@ -204,8 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
         "or encodes if it was evicted); metadata: metadata-only, faster, but a vLLM 0.32 consumer "
         "crashes if the stored embedding is gone — only when the cache evicts by age alone",
     )
-    i.add_argument("--health-interval", type=float, default=D.health_interval)
-    i.add_argument("--health-timeout", type=float, default=D.health_timeout)
+    i.add_argument(
+        "--health-interval",
+        type=float,
+        default=D.health_interval,
+        help="seconds between probes of every backend's /health and /metrics; 0 = off",
+    )
+    i.add_argument("--health-timeout", type=float, default=D.health_timeout, help="for one probe")
     i.add_argument(
         "--eject-after", type=int, default=D.eject_after, help="consecutive failures before an endpoint is ejected"
     )
@@ -230,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM/SIGINT: stop accepting connections and let the requests in flight finish for up to "
         f"this many seconds, then cut those left and exit (default {D.drain_timeout:g})",
     )
-    a("--log-level", default="info")
+    a("--log-level", default="info", help="Python logging level: debug, info, warning, error")
     a("--log-requests", action="store_true", help="one log line per request: id, route, status, latency")
     return p
 
