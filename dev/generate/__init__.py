@@ -9,6 +9,7 @@
 | the field reference in `docs/api.md`, between its markers | `reference()` as `epdctl docs --output docs/api.md` writes it |
 | the router's metric table in `docs/router.md`, between its markers | `dev/generate/router_metrics.py` |
 | the router's flag table in `docs/router.md`, between its markers | `dev/generate/router_flags.py` |
+| the operator's metric table in `docs/operator.md`, between its markers | `dev/generate/operator_metrics.py` |
 | `tests/golden/render/*.yaml`: what `render()` makes of every example | `dev/generate/render_golden.py` |
 | measured figures in `docs/benchmarks.md`, `docs/faults.md`, `docs/autoscaling.md` and `docs/development.md`, between their markers | `dev/generate/bench_figures.py` (from the reports in `bench/results/`) |
 
@@ -28,7 +29,16 @@ from epd_operator.api.crd import build_crd
 from epd_operator.api.docs import with_reference
 from epd_operator.cli import dump_yaml
 
-from . import bench_figures, dashboard, kube_schemas, render_golden, router_flags, router_metrics, values_schema
+from . import (
+    bench_figures,
+    dashboard,
+    kube_schemas,
+    operator_metrics,
+    render_golden,
+    router_flags,
+    router_metrics,
+    values_schema,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = "crds/serving.epd.dev_epddeployments.yaml"
@@ -50,6 +60,7 @@ def files(root: Path = REPO) -> dict[str, str]:
         router_metrics.PAGE: router_flags.with_table(
             router_metrics.with_table((root / router_metrics.PAGE).read_text(encoding="utf-8"))
         ),
+        operator_metrics.PAGE: operator_metrics.with_table((root / operator_metrics.PAGE).read_text(encoding="utf-8")),
         **bench_figures.pages(root),
         **render_golden.files(root),
     }

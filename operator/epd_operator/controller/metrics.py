@@ -23,9 +23,12 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 PHASES: tuple[str, ...] = typing.get_args(Phase)
 
 
+BUILD_INFO = ("epd_operator_build_info", "epd-operator version; always 1")  # name, help
+
+
 class _BuildInfo:
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("epd_operator_build_info", "epd-operator version; always 1", labels=["version"])
+        family = GaugeMetricFamily(*BUILD_INFO, labels=["version"])
         family.add_metric([__version__], 1)
         yield family
 

@@ -77,6 +77,19 @@ def test_the_time_is_utc_to_the_second_in_the_api_servers_format():
     assert before <= parsed <= after
 
 
+def test_the_time_is_utc_whatever_the_machines_zone(monkeypatch):
+    import time
+
+    monkeypatch.setenv("TZ", "JST-9")  # POSIX: UTC+9, no daylight saving, no tz database needed
+    time.tzset()
+    try:
+        parsed = datetime.datetime.strptime(events.utcnow(), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+        assert abs((datetime.datetime.now(datetime.UTC) - parsed).total_seconds()) < 5
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 class Recorder:
     def __init__(self, error: Exception | None = None) -> None:
         self.error = error

@@ -69,3 +69,17 @@ def test_operator_metrics_phase_build_info_and_labels():
     assert not label_names(m.exposition()) & TARGET_LABELS
     m.forget("ml", "vl")
     assert not families(m.exposition())["epd_operator_deployment_phase"].samples
+
+
+def test_the_metric_reference_in_the_docs_is_what_the_operator_exports():
+    """docs/operator.md's table is generated from `Metrics` (dev/generate/operator_metrics.py): every family's
+    name as scraped, type, labels and help, so a renamed or reworded metric shows there."""
+    from pathlib import Path
+
+    from dev.generate import operator_metrics
+
+    page = (Path(__file__).resolve().parents[3] / operator_metrics.PAGE).read_text(encoding="utf-8")
+    assert operator_metrics.with_table(page) == page, "docs/operator.md's metric table is stale: run `make generate`"
+    table = operator_metrics.table()
+    assert "| `epd_operator_reconciles_total` | counter | `kind`, `result` |" in table
+    assert "| `epd_operator_build_info` | gauge | `version` | epd-operator version; always 1 |" in table
