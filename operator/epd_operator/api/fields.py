@@ -5,7 +5,7 @@ small leaf models (environment variables, resources, Secret references)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import functools
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -24,18 +24,17 @@ MAX_LIST_ITEMS = 64
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
-def _kube_check(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def check(value: dict[str, Any]) -> dict[str, Any]:
-        problems = kube_schemas.validate(name, value)
-        if problems:
-            raise PydanticCustomError(
-                "kube_schema",
-                "{summary}",
-                {"summary": "; ".join(f"{p or '.'}: {m}" for p, m in problems), "problems": problems},
-            )
-        return value
-
-    return check
+def _kube_check(name: str, value: dict[str, Any]) -> dict[str, Any]:
+    """`value` checked against the upstream type `name`'s schema (bound to each field's type by KubeType at
+    import, called at validation: a module-level function, not a closure made at import)."""
+    problems = kube_schemas.validate(name, value)
+    if problems:
+        raise PydanticCustomError(
+            "kube_schema",
+            "{summary}",
+            {"summary": "; ".join(f"{p or '.'}: {m}" for p, m in problems), "problems": problems},
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class KubeType:
     name: str
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_after_validator_function(_kube_check(self.name), handler(source))
+        return core_schema.no_info_after_validator_function(functools.partial(_kube_check, self.name), handler(source))
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         return copy.deepcopy(kube_schemas.schema(self.name))  # a cached document: the caller may add to it

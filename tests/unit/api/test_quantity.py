@@ -50,6 +50,12 @@ def test_numbers_are_quantities_too():
     assert parse_quantity(3) == 3
     assert parse_quantity(0.5) == Decimal("0.5")
     assert Holder(size=4).size == 4
+    assert Holder(size=0).size == 0  # the bound itself
+
+
+def test_a_boolean_is_no_quantity():
+    with pytest.raises(ValidationError, match="a quantity must be a number or a string like '8Gi'"):
+        Holder(size=True)
 
 
 @pytest.mark.parametrize("text, bytes_", [("1Gi", 2**30), ("1500m", 2), ("1", 1), ("0.1", 1), ("1e3", 1000), (0, 0)])
@@ -61,7 +67,7 @@ def test_quantity_bytes_rounds_up(text, bytes_):
 def test_malformed_quantities_are_refused_with_examples(bad):
     with pytest.raises(ValidationError, match="not a Kubernetes quantity"):
         Holder(size=bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"^{re.escape(repr(bad))} is not a Kubernetes quantity$"):
         parse_quantity(bad)
 
 
