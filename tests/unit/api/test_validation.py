@@ -868,3 +868,25 @@ def test_crd_defaults_are_what_the_models_default_to():
     parsed = parse_epd(minimal()).model_dump(mode="json", exclude_none=True)
     assert parse_epd(stored).model_dump(mode="json", exclude_none=True) == parsed
     assert stored["spec"]["ecTransfer"]["sharedStorage"]["ttlSeconds"] == 600
+
+
+def test_a_kube_schema_refusal_names_every_problem_with_its_path_in_one_message():
+    """An upstream type's problems (api/fields.py `_kube_check`) reach the user as one message, each problem
+    with its path inside the field, joined by '; ' (the field path itself is the error's location)."""
+    from pydantic import BaseModel, ValidationError
+
+    from epd_operator.api.fields import Affinity
+
+    class Holder(BaseModel):
+        affinity: Affinity
+
+    with pytest.raises(ValidationError) as refused:
+        Holder(affinity={"nodeAffinityy": {}, "podAffinity": 3})
+    (error,) = refused.value.errors()
+    assert error["type"] == "kube_schema"
+    assert error["msg"] == ".nodeAffinityy: unknown field (typo?); .podAffinity: 3 must be an object"
+    assert error["ctx"]["problems"] == [
+        (".nodeAffinityy", "unknown field (typo?)"),
+        (".podAffinity", "3 must be an object"),
+    ]
+    assert Holder(affinity={"podAffinity": {}}).affinity == {"podAffinity": {}}
