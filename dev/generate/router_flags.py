@@ -23,9 +23,11 @@ def _value(action: argparse.Action) -> str:
 
 
 def table() -> str:
-    """A Markdown table of the router's flags, group by group, in the parser's order."""
-    rows = ["| flag | value | default | meaning |", "|---|---|---|---|"]
-    for group in build_parser()._action_groups:
+    """The router's command and what it is, then a Markdown table of its flags, group by group, in the parser's
+    order (a default of None shows as –, an empty string as `""`)."""
+    parser = build_parser()
+    rows = [f"`{parser.prog}`: {parser.description}", "", "| flag | value | default | meaning |", "|---|---|---|---|"]
+    for group in parser._action_groups:
         actions = [
             a
             for a in group._group_actions
@@ -35,7 +37,7 @@ def table() -> str:
             continue
         rows.append(f"| **{'general' if group.title == 'options' else group.title}** | | | |")
         for action in actions:
-            default = "–" if action.default in (None, "") else f"`{action.default}`"
+            default = "–" if action.default is None else '`""`' if action.default == "" else f"`{action.default}`"
             meaning = (action.help or "").replace("|", "\\|")
             rows.append(f"| `{', '.join(action.option_strings)}` | {_value(action)} | {default} | {meaning} |")
     return "\n".join(rows) + "\n"
