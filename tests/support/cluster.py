@@ -244,12 +244,17 @@ def logged_process(argv: list[str], log: Path, *, die_with_parent: bool = False)
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc)
+
+
+def end_process(proc: subprocess.Popen[bytes], grace: float = 20) -> None:
+    """SIGTERM, then SIGKILL if it is still there `grace` seconds later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager

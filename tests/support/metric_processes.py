@@ -13,6 +13,7 @@ from dev.builds import go_module
 from dev.lifetimes import kill_with_parent
 from dev.parts import prometheus_adapter
 from tests.support.cluster import CUSTOM_METRICS_GROUP as GROUP
+from tests.support.cluster import end_process
 
 ADAPTER_RULES = Path(__file__).resolve().parents[2] / "charts" / "epd-operator" / "prometheus-adapter" / "values.yaml"
 
@@ -35,13 +36,7 @@ class Processes:
 
     def stop(self, name: str) -> None:
         """SIGTERM one of them, SIGKILL if it is still there 20 s later."""
-        proc = self.procs.pop(name)
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(self.procs.pop(name))
 
     def stop_all(self) -> None:
         for name in list(self.procs):
