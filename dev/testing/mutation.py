@@ -270,6 +270,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ],
         [
             "tests/unit/api/test_validation.py",
+            "tests/unit/api/test_fields.py",
             "tests/unit/api/test_rules.py",
             "tests/unit/api/test_quantity.py",
             "tests/unit/api/test_crd.py",

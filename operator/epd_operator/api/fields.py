@@ -27,12 +27,12 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 def _kube_check(name: str, value: dict[str, Any]) -> dict[str, Any]:
     """`value` checked against the upstream type `name`'s schema (bound to each field's type by KubeType at
     import, called at validation: a module-level function, not a closure made at import)."""
-    problems = kube_schemas.validate(name, value)
+    problems = kube_schemas.validate(name, value)  # every path is below the value ('.key', '[0]'): it is a dict
     if problems:
         raise PydanticCustomError(
             "kube_schema",
             "{summary}",
-            {"summary": "; ".join(f"{p or '.'}: {m}" for p, m in problems), "problems": problems},
+            {"summary": "; ".join(f"{p}: {m}" for p, m in problems), "problems": problems},
         )
     return value
 

@@ -394,8 +394,9 @@ def test_narrowed_egress_reaches_the_cluster_dns_pods_whatever_port_they_listen_
     for policy in policies_of(epd):
         assert _egress_allowed(policy, coredns, dns_port), policy["metadata"]["name"]
         assert _egress_allowed(policy, coredns, dns_port, "TCP"), policy["metadata"]["name"]
-        # A pod elsewhere that merely listens on a DNS-like port is no DNS server.
+        # A pod elsewhere that merely listens on a DNS-like port is no DNS server, nor is another kube-system pod.
         assert not _egress_allowed(policy, Pod("tenant-b", {"k8s-app": "kube-dns"}, {"x": "y"}), 1053)
+        assert not _egress_allowed(policy, Pod("kube-system", {"k8s-app": "metrics-server"}, KUBE_SYSTEM), 1053)
         assert not _egress_allowed(policy, outsider(epd), 5353)
 
 
