@@ -19,7 +19,7 @@ def _value(action: argparse.Action) -> str:
         return "(a switch)"
     if action.choices:
         return " \\| ".join(f"`{choice}`" for choice in action.choices)
-    return getattr(action.type, "__name__", "str")
+    return action.type.__name__ if action.type in (int, float) else "str"  # a list flag's parser reads a string
 
 
 def table() -> str:

@@ -226,6 +226,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["router/config.py", "router/flags.py"],
         [
             "tests/unit/router/test_config.py",
+            "tests/unit/router/test_flags.py",
             "tests/unit/router/test_main.py",
             "tests/unit/router/test_spill_over.py",
             "tests/unit/router/test_dp.py",

@@ -9,15 +9,26 @@ The flags the operator writes are named in contract.py, which the renderer reads
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from .. import __version__
 from . import contract
 from .config import RouterConfig
+from .discovery import split_urls
 
 D = RouterConfig  # the router's defaults live there, once
 # --prefill-servers-urls values that mean E+PD (no prefill tier).
 NO_PREFILL = ("", "none", contract.NO_PREFILL)
+
+
+def _prefill_urls(value: str) -> list[str] | None:
+    """--prefill-servers-urls: None (E+PD) for the values that name no prefill tier."""
+    return None if value.strip().lower() in NO_PREFILL else split_urls(value)
+
+
+def _addresses(value: str) -> list[str]:
+    return [a.strip() for a in value.split(",") if a.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,27 +39,43 @@ def build_parser() -> argparse.ArgumentParser:
     a("--version", action="version", version=f"%(prog)s {__version__}")
     a(contract.HOST, default=D.host, help="address the API listens on")
     a(contract.PORT, type=int, default=D.port, help="port of the OpenAI-compatible API")
-    a(
-        contract.METRICS_PORT,
-        type=int,
-        default=None,
-        help="serve /metrics on this port only (default: on --port, beside the API)",
-    )
+    a(contract.METRICS_PORT, type=int, help="serve /metrics on this port only (default: on --port, beside the API)")
     g = p.add_argument_group("static endpoints (vLLM proxy compatible)")
-    g.add_argument("--encode-servers-urls", default="", help="comma-separated encoder URLs")
+    # argparse passes a string default through `type` too: each list flag's default is its parsed empty value.
     g.add_argument(
-        contract.PREFILL_SERVERS_URLS, default="none", help="comma-separated prefill URLs; 'disable'/'none' = E+PD"
+        "--encode-servers-urls",
+        dest="encode_urls",
+        type=split_urls,
+        default="",
+        metavar="URLS",
+        help="comma-separated encoder URLs",
     )
-    g.add_argument("--decode-servers-urls", default="", help="comma-separated decode (or PD) URLs")
+    g.add_argument(
+        contract.PREFILL_SERVERS_URLS,
+        dest="prefill_urls",
+        type=_prefill_urls,
+        default="none",
+        metavar="URLS",
+        help="comma-separated prefill URLs; 'disable'/'none' = E+PD",
+    )
+    g.add_argument(
+        "--decode-servers-urls",
+        dest="decode_urls",
+        type=split_urls,
+        default="",
+        metavar="URLS",
+        help="comma-separated decode (or PD) URLs",
+    )
     g.add_argument(
         "--ec-consumer-zmq-addrs",
+        type=_addresses,
         default="",
+        metavar="ADDRS",
         help="Mooncake EC: consumer control addresses, one per consumer URL and data-parallel rank",
     )
     g.add_argument(
         "--ec-consumer-dp-size",
         type=int,
-        default=None,
         help="data-parallel size of the EC consumer tier (prefill in E/P/D, decode in E+PD)",
     )
     k = p.add_argument_group("Kubernetes discovery")
@@ -58,27 +85,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=D.discovery,
         help="where the backends come from: the static URLs above, or EndpointSlices (the flags below)",
     )
-    k.add_argument(contract.NAMESPACE, default=None, help="default: the pod's own namespace")
+    k.add_argument(contract.NAMESPACE, help="default: the pod's own namespace")
     k.add_argument(
         contract.DEPLOYMENT,
         default=D.deployment,
         help="the EPDDeployment this router serves: the epd_deployment label of epd_router_encoder_demand",
     )
-    k.add_argument(contract.ENCODER_SELECTOR, default=None, help="label selector of the encoder EndpointSlices")
-    k.add_argument(
-        contract.PREFILL_SELECTOR, default=None, help="label selector of the prefill EndpointSlices (absent = E+PD)"
-    )
-    k.add_argument(contract.DECODE_SELECTOR, default=None, help="label selector of the decode EndpointSlices")
+    k.add_argument(contract.ENCODER_SELECTOR, help="label selector of the encoder EndpointSlices")
+    k.add_argument(contract.PREFILL_SELECTOR, help="label selector of the prefill EndpointSlices (absent = E+PD)")
+    k.add_argument(contract.DECODE_SELECTOR, help="label selector of the decode EndpointSlices")
     k.add_argument(
         "--backend-port-name", default=D.backend_port_name, help="EndpointSlice port name of vLLM's HTTP port"
     )
     k.add_argument("--backend-port", type=int, default=D.backend_port, help="port used when a slice names none")
-    k.add_argument("--kubeconfig", default=None, help="default: in-cluster credentials, else $KUBECONFIG")
+    k.add_argument("--kubeconfig", help="default: in-cluster credentials, else $KUBECONFIG")
     k.add_argument(
-        contract.EC_CONSUMER_PORT,
-        type=int,
-        default=None,
-        help="Mooncake EC: consumer ec_port; address = tcp://<pod IP>:PORT",
+        contract.EC_CONSUMER_PORT, type=int, help="Mooncake EC: consumer ec_port; address = tcp://<pod IP>:PORT"
     )
     k.add_argument(
         contract.EC_CONSUMER_TP_SIZE,
@@ -262,71 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
-    from .discovery import split_urls
-
-    prefill = None if args.prefill_servers_urls.strip().lower() in NO_PREFILL else split_urls(args.prefill_servers_urls)
-    cfg = RouterConfig(
-        host=args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        encode_urls=split_urls(args.encode_servers_urls),
-        prefill_urls=prefill,
-        decode_urls=split_urls(args.decode_servers_urls),
-        discovery=args.discovery,
-        namespace=args.namespace,
-        deployment=args.deployment,
-        encoder_selector=args.encoder_selector,
-        prefill_selector=args.prefill_selector,
-        decode_selector=args.decode_selector,
-        backend_port_name=args.backend_port_name,
-        backend_port=args.backend_port,
-        kubeconfig=args.kubeconfig,
-        encoder_policy=args.encoder_policy,
-        pd_policy=args.pd_policy,
-        load_factor=args.load_factor,
-        prefix_chars=args.prefix_chars,
-        encoder_max_batch=args.encoder_max_batch,
-        spill_encoder_inflight=args.spill_encoder_inflight,
-        spill_consumer_inflight=args.spill_consumer_inflight,
-        demand_window=args.demand_window,
-        connect_timeout=args.connect_timeout,
-        encode_timeout=args.encode_timeout,
-        prefill_timeout=args.prefill_timeout,
-        decode_timeout=args.decode_timeout,
-        max_body_bytes=args.max_body_bytes,
-        allow_file_urls=args.allow_file_urls,
-        header_timeout=args.header_timeout,
-        body_timeout=args.body_timeout,
-        keepalive_timeout=args.keepalive_timeout,
-        send_timeout=args.send_timeout,
-        allow_client_embeds=args.allow_client_embeds,
-        trust_client_uuids=args.trust_client_uuids,
-        immutable_media_urls=args.immutable_media_urls,
-        reuse_ttl=args.reuse_ttl,
-        reuse_max_items=args.reuse_max_items,
-        reuse_mode=args.reuse_mode,
-        rewrite=args.rewrite,
-        ec_consumer_zmq_addrs=[a.strip() for a in args.ec_consumer_zmq_addrs.split(",") if a.strip()],
-        ec_consumer_port=args.ec_consumer_port,
-        ec_consumer_tp_size=args.ec_consumer_tp_size,
-        **_dp_sizes(args),
-        health_interval=args.health_interval,
-        health_timeout=args.health_timeout,
-        eject_after=args.eject_after,
-        workers=args.workers,
-        drain_timeout=args.drain_timeout,
-        log_requests=args.log_requests,
-        otlp_traces_endpoint=args.otlp_traces_endpoint,
-        trace_sample_ratio=args.trace_sample_ratio,
-    )
+    """The config the flags give: every RouterConfig field is the flag of the same `dest`; vLLM's
+    --ec-consumer-dp-size names the EC consumer tier's DP size (prefill in E/P/D, decode in E+PD)."""
+    given = vars(args)
+    cfg = RouterConfig(**{f.name: given[f.name] for f in dataclasses.fields(RouterConfig)})
+    if args.ec_consumer_dp_size is not None:
+        if cfg.disaggregated_prefill:
+            cfg.prefill_dp_size = args.ec_consumer_dp_size
+        else:
+            cfg.decode_dp_size = args.ec_consumer_dp_size
     cfg.validate()
     return cfg
-
-
-def _dp_sizes(args: argparse.Namespace) -> dict[str, int]:
-    """The DP size of each consumer tier; vLLM's --ec-consumer-dp-size names the EC consumer's."""
-    sizes = {"prefill_dp_size": args.prefill_dp_size, "decode_dp_size": args.decode_dp_size}
-    if args.ec_consumer_dp_size is not None:
-        e_pd = args.prefill_servers_urls.strip().lower() in NO_PREFILL and not args.prefill_selector
-        sizes["decode_dp_size" if e_pd else "prefill_dp_size"] = args.ec_consumer_dp_size
-    return sizes
