@@ -24,6 +24,9 @@ PHASES: tuple[str, ...] = typing.get_args(Phase)
 
 
 BUILD_INFO = ("epd_operator_build_info", "epd-operator version; always 1")  # name, help
+# Upper bounds (seconds) of epd_operator_reconcile_duration_seconds: a status pass takes milliseconds, a full pass
+# that writes children up to seconds against a slow API server.
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class _BuildInfo:
@@ -52,7 +55,7 @@ class Metrics:
             "epd_operator_reconcile_duration_seconds",
             "Duration of one reconcile pass.",
             ["kind"],
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            buckets=RECONCILE_BUCKETS,
             registry=self.registry,
         )
         self.writes = Counter(
@@ -110,8 +113,7 @@ class Metrics:
         """Ready pods by generation and tier; the series of a generation that is gone are removed."""
         series = {(generation, tier) for generation, tiers in ready.items() for tier in tiers}
         for generation, tier in self._generation_series.get((namespace, name), set()) - series:
-            with contextlib.suppress(KeyError):
-                self.generation_ready_pods.remove(namespace, name, generation, tier)
+            self.generation_ready_pods.remove(namespace, name, generation, tier)  # set by an earlier call
         for generation, tiers in ready.items():
             for tier, count in tiers.items():
                 self.generation_ready_pods.labels(namespace, name, generation, tier).set(count)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from epd_operator import __version__
-from epd_operator.controller.metrics import PHASES, Metrics
+from epd_operator.controller.metrics import PHASES, RECONCILE_BUCKETS, Metrics
 
 GEN = "serving.epd.dev/compat-generation"
 
@@ -83,3 +83,54 @@ def test_the_metric_reference_in_the_docs_is_what_the_operator_exports():
     table = operator_metrics.table()
     assert "| `epd_operator_reconciles_total` | counter | `kind`, `result` |" in table
     assert "| `epd_operator_build_info` | gauge | `version` | epd-operator version; always 1 |" in table
+
+
+FAMILIES = {
+    "epd_operator_reconciles",
+    "epd_operator_reconcile_errors",
+    "epd_operator_reconcile_duration_seconds",
+    "epd_operator_api_writes",
+    "epd_operator_drift_repairs",
+    "epd_operator_leader",
+    "epd_operator_epddeployments",
+    "epd_operator_cache_objects",
+    "epd_operator_cache_bytes",
+    "epd_operator_deployment_phase",
+    "epd_operator_generation_ready_pods",
+    "epd_operator_build_info",
+}
+
+
+def test_two_operators_in_one_process_each_export_every_family_and_share_no_count():
+    """Each instance owns its registry: nothing lands in prometheus_client's global one (a second instance
+    would then be refused as a duplicate), and one instance's counts are not the other's."""
+    first, second = Metrics(), Metrics()
+    first.count_write("patch", "Deployment")
+    first.count_write("patch", "Deployment")
+    second.count_write("create", "Service")
+    for m in (first, second):
+        assert set(families(m.exposition())) >= FAMILIES
+
+    def writes(m: Metrics) -> list:
+        samples = families(m.exposition())["epd_operator_api_writes"].samples
+        return [(s.labels, s.value) for s in samples if s.name.endswith("_total")]
+
+    assert writes(first) == [({"verb": "patch", "kind": "Deployment"}, 2.0)]
+    assert writes(second) == [({"verb": "create", "kind": "Service"}, 1.0)]
+
+
+def test_build_info_is_always_one_and_reconcile_durations_use_the_buckets():
+    m = Metrics()
+    m.duration.labels("full").observe(0.2)
+    f = families(m.exposition())
+    assert [(s.labels, s.value) for s in f["epd_operator_build_info"].samples] == [({"version": __version__}, 1.0)]
+    bounds = [
+        s.labels["le"] for s in f["epd_operator_reconcile_duration_seconds"].samples if s.name.endswith("_bucket")
+    ]
+    assert bounds == [*(str(float(b)) for b in RECONCILE_BUCKETS), "+Inf"]
+
+
+def test_forgetting_a_deployment_never_measured_is_harmless():
+    m = Metrics()
+    m.forget("ml", "never-seen")
+    assert not families(m.exposition())["epd_operator_deployment_phase"].samples
