@@ -25,7 +25,7 @@ ROLES = ("encoder", "prefill", "decode")
 class DiscoveredEndpoint:
     """One backend as a discovery source sees it."""
 
-    url: str
+    url: str  # scheme://host:port[/prefix] without a trailing slash (discovery.normalize_url, slice_endpoints)
     ready: bool = True
     pod: str = ""
     ec_zmq: str | None = None  # Mooncake consumer control address, when the connector needs one
@@ -68,12 +68,12 @@ class Endpoint:
         self,
         url: str,
         role: str,
-        pod: str = "",
+        pod: str,
         ec_zmq: str | None = None,
         generation: str | None = None,
         rank: int | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = url  # as discovered: with its scheme, without a trailing slash
         self.role = role
         parts = urlsplit(self.url)
         self.key = (parts.netloc or self.url) + ("" if rank is None else f"#dp{rank}")
@@ -81,7 +81,7 @@ class Endpoint:
         self.rank = rank
         self.rank_header = b"" if rank is None else f"{DP_RANK_HEADER}: {rank}\r\n".encode()
         # What the raw HTTP client dials (scheme://host:port) and puts before each path.
-        self.origin = f"{parts.scheme or 'http'}://{parts.netloc}"
+        self.origin = f"{parts.scheme}://{parts.netloc}"
         self.prefix = parts.path
         self.pod = pod
         self.ready = True
@@ -132,7 +132,7 @@ class Pool:
         """Replace the endpoint set, keeping counters and health of endpoints that stay."""
         fresh: dict[str, Endpoint] = {}
         for d in discovered:
-            url = d.url.rstrip("/")
+            url = d.url
             for rank in (None,) if self.dp_size == 1 else range(self.dp_size):
                 if rank is None:
                     ec_zmq = d.ec_zmq

@@ -98,6 +98,10 @@ def test_a_rediscovered_backend_keeps_its_health_load_and_mooncake_address():
         ("https://10.0.0.2:8443", 0, False),
     ]
     assert pool.available == [plain]
+    assert [repr(ep) for ep in pool.endpoints.values()] == [
+        "Endpoint(decode http://10.0.0.1:8000 load=2 available=True)",
+        "Endpoint(decode https://10.0.0.2:8443 load=0 available=False)",
+    ]
     assert [(ep.origin, ep.ec_zmq) for ep in pool.endpoints.values()] == [
         ("http://10.0.0.1:8000", "tcp://10.0.0.1:14579"),
         ("https://10.0.0.2:8443", "tcp://10.0.0.2:14579"),  # dialled over TLS, as discovered

@@ -37,8 +37,9 @@ def test_a_pool_without_dp_keeps_one_unpinned_endpoint_per_backend():
     pool.update([DiscoveredEndpoint("http://10.0.0.7:8000", ec_zmq="tcp://10.0.0.7:14579")])
     (ep,) = pool.endpoints.values()
     assert (ep.key, ep.rank, ep.rank_header, ep.ec_zmq) == ("10.0.0.7:8000", None, b"", "tcp://10.0.0.7:14579")
-    with pytest.raises(ValueError):
-        Pool("decode", RouterMetrics(), dp_size=0)
+    for sizes in ({"dp_size": 0}, {"zmq_rank_stride": 0}):
+        with pytest.raises(ValueError, match=r"^dp_size and zmq_rank_stride must be >= 1$"):
+            Pool("decode", RouterMetrics(), **sizes)
 
 
 def test_queue_depth_is_read_per_engine():

@@ -66,7 +66,7 @@ def request(kinds: tuple[str, ...] = ("image_url", "image_url"), **body_extra) -
         raw=None,
         items=media,
         prepared=body,
-        consumer=Endpoint("http://10.0.1.1:8000", "decode"),
+        consumer=Endpoint("http://10.0.1.1:8000", "decode", "pd-0"),
     )
 
 

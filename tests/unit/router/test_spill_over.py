@@ -46,7 +46,7 @@ def stage(loads: list[int], generations: list[str | None] | None = None, **confi
 def request(items: int = 2, consumer_load: int = 0, generation: str | None = None) -> RequestContext:
     parts = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{i}"}} for i in range(items)]
     body = {"model": "m", "messages": [{"role": "user", "content": parts}]}
-    consumer = Endpoint("http://10.0.1.1:8000", "decode", generation=generation)
+    consumer = Endpoint("http://10.0.1.1:8000", "decode", "pd-0", generation=generation)
     consumer.inflight = consumer_load
     media = [MediaItem(i, "image_url", part, f"uuid-{i}") for i, part in enumerate(parts)]
     return RequestContext(
