@@ -45,6 +45,9 @@ from .http_messages import render_head as _head
 
 log = logging.getLogger("epd_router.http")
 
+_CLOSE = b"Connection: close\r\n"
+_KEEP_ALIVE_10 = b"Connection: keep-alive\r\n"  # HTTP/1.0 closes unless told otherwise
+
 # Fields a request may carry once only: repeated, the recipients could disagree on which counts.
 _SINGLETONS = frozenset(
     {"host", "content-length", "transfer-encoding", "content-type", "authorization", "x-request-id", "expect"}
@@ -368,7 +371,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _write_last(self, response: Response) -> None:
         """A refusal: the connection's last reply, then close."""
-        self._write_response(response, False, False)
+        self._write_response(response, _CLOSE)
         self._close()
 
     def _close(self) -> None:
@@ -402,10 +405,11 @@ class HttpConnection(asyncio.Protocol):
                 if self.last_reply():
                     request.keep_alive = False
                 try:
-                    self._write_response(response, request.keep_alive, request.http10, request.method == "HEAD")
+                    connection = _CLOSE if not request.keep_alive else _KEEP_ALIVE_10 if request.http10 else b""
+                    self._write_response(response, connection, request.method == "HEAD")
                 except (TypeError, ValueError) as exc:  # a status that is no integer, CR or LF in a header
                     log.error("refused to write a malformed reply to %s %s: %s", request.method, request.path, exc)
-                    self._write_response(_error(500, "internal router error"), False, request.http10)
+                    self._write_response(_error(500, "internal router error"), _CLOSE)
                     request.keep_alive = False
             if self.drained is not None:
                 await self.wait_drained()  # backpressure: the next request waits for this reply to leave
@@ -447,13 +451,10 @@ class HttpConnection(asyncio.Protocol):
             self.reading_paused = False
             self.transport.resume_reading()
 
-    def _write_response(self, response: Response, keep_alive: bool, http10: bool, head_only: bool = False) -> None:
+    def _write_response(self, response: Response, connection: bytes, head_only: bool = False) -> None:
+        """`connection`: the Connection header line, or b"" (HTTP/1.1 kept alive says nothing)."""
         body = response.body
-        framing = b"Content-Length: %d\r\n" % len(body)
-        if not keep_alive:
-            framing += b"Connection: close\r\n"
-        elif http10:
-            framing += b"Connection: keep-alive\r\n"
+        framing = b"Content-Length: %d\r\n" % len(body) + connection
         self.send(_head(response.status, response.headers) + framing + b"\r\n" + (b"" if head_only else body))
 
     # ---- timeouts ----
