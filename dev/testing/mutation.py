@@ -90,6 +90,7 @@ RENDER_TESTS = [
     "tests/unit/render/test_vllm.py",
     "tests/unit/render/test_golden.py",
     "tests/unit/render/test_router_args.py",
+    "tests/unit/render/test_pods.py",
 ]
 
 GROUPS: dict[str, tuple[list[str], list[str]]] = {

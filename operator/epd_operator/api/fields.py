@@ -80,6 +80,11 @@ class Strict(BaseModel):
     # `epdctl validate` must not pass what `kubectl apply` rejects.
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True, strict=True)
 
+    def json_data(self, **options: Any) -> dict[str, Any]:
+        """The model as JSON-native data, as rendered objects carry it (lists, not tuples; strings, not
+        enums): pydantic's JSON mode with `model_dump`'s options."""
+        return self.model_dump(mode="json", **options)
+
 
 class SecretKeyRef(Strict):
     name: str = Field(min_length=1, description="Secret name.")

@@ -31,11 +31,11 @@ def compatibility_inputs(epd: EPDDeployment) -> dict[str, object]:
     spec = epd.spec
     return {
         "model": spec.model.name,
-        "source": spec.model.source.model_dump(mode="json") if spec.model.source else None,
+        "source": spec.model.source.json_data() if spec.model.source else None,
         "images": {role: tier_of(epd, role).image or spec.image for role in vllm_roles(epd)},
-        "ecTransfer": spec.ecTransfer.model_dump(mode="json", exclude_none=True, exclude=EC_SETTINGS_OUTSIDE_HANDSHAKE),
+        "ecTransfer": spec.ecTransfer.json_data(exclude_none=True, exclude=EC_SETTINGS_OUTSIDE_HANDSHAKE),
         "kvTransfer": (
-            spec.kvTransfer.model_dump(mode="json", exclude_none=True, exclude=KV_SETTINGS_OUTSIDE_HANDSHAKE)
+            spec.kvTransfer.json_data(exclude_none=True, exclude=KV_SETTINGS_OUTSIDE_HANDSHAKE)
             if spec.kvTransfer
             else None
         ),

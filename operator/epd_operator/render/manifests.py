@@ -47,13 +47,13 @@ def render(
     spec names none (the operator's `--keda-prometheus-address`); without either such a spec is refused.
     """
     plan = plan_render(epd, epd.spec.router.image or default_router_image)
-    workloads = [multi_node_workload(plan, role, vllm_workload(plan, role)) for role in plan.roles]
+    tiers = {role: multi_node_workload(plan, role, vllm_workload(plan, role)) for role in plan.roles}
     scaled_objects = [
         scaled_object(epd, role, w.deployment, autoscaling, default_prometheus_address)
-        for role, w in zip(plan.roles, workloads, strict=True)
+        for role, w in tiers.items()
         if uses_keda(autoscaling := plan.tier(role).spec.autoscaling)
     ]
-    workloads.append(router_workload(epd, plan.router_image))
+    workloads = [*tiers.values(), router_workload(epd, plan.router_image)]
     if plan.mooncake_store is not None:
         workloads.append(_mooncake_master_workload(epd))
     return [
@@ -101,8 +101,6 @@ def _mooncake_master_workload(epd: EPDDeployment) -> Workload:
     service = render_one(
         "service.yaml.j2",
         **meta(epd, object_name(epd, MOONCAKE_MASTER), MOONCAKE_MASTER),
-        annotations={},
-        headless=False,
         type="ClusterIP",
         selector=selector_labels(epd, MOONCAKE_MASTER),
         ports=[

@@ -28,9 +28,9 @@ from .transfer import (
 
 @dataclass(frozen=True)
 class TierPlan:
-    """One vLLM tier: its role, spec, object name and what the transfer connectors add to its pods."""
+    """One vLLM tier (RenderPlan.tiers holds it by role): its spec, object name and what the transfer
+    connectors add to its pods."""
 
-    role: VllmRole
     spec: Tier
     name: str
     transfer: TierTransfer
@@ -57,9 +57,7 @@ def plan_render(epd: EPDDeployment, router_image: str) -> RenderPlan:
         epd=epd,
         router_image=router_image,
         roles=roles,
-        tiers={
-            role: TierPlan(role, tier_of(epd, role), object_name(epd, role), tier_transfer(epd, role)) for role in roles
-        },
+        tiers={role: TierPlan(tier_of(epd, role), object_name(epd, role), tier_transfer(epd, role)) for role in roles},
         config=configmap_data(epd, list(roles)),
         mooncake_store=mooncake_store_config(epd),
         ingress=tuple(transfer_ingress(epd)),

@@ -154,11 +154,11 @@ def overlay_container(container: JSON, placement: Placement) -> JSON:
 
 
 def resources(placement: Placement | MooncakeMaster) -> JSON:
-    return {key: value for key, value in placement.resources.model_dump(mode="json").items() if value}
+    return {key: value for key, value in placement.resources.json_data().items() if value}
 
 
 def placement_env(placement: Placement) -> list[JSON]:
-    return [var.model_dump(mode="json", exclude_none=True) for var in placement.env]
+    return [var.json_data(exclude_none=True) for var in placement.env]
 
 
 def bytes_quantity(size: int) -> str:

@@ -79,7 +79,6 @@ def router_workload(epd: EPDDeployment, router_image: str) -> Workload:
         "service.yaml.j2",
         **meta(epd, router_service_name(epd), ROUTER),
         annotations=router.service.annotations,
-        headless=False,
         type=router.service.type,
         selector=selector_labels(epd, ROUTER),
         ports=[{"name": "http", "port": router.service.port, "targetPort": "http", "protocol": "TCP"}],

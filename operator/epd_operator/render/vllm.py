@@ -72,10 +72,9 @@ def _max_num_batched_tokens(tier: Tier, default: int | None) -> list[str]:
     return ["--max-num-batched-tokens", str(value)] if value else []
 
 
-def encoder_args(epd: EPDDeployment, transfer: TierTransfer | None = None) -> list[str]:
+def encoder_args(epd: EPDDeployment, transfer: TierTransfer) -> list[str]:
     """E: an encode-only EC producer; it never samples, and its cache is the connector's, not prefix caching."""
     spec, tier = epd.spec, epd.spec.encoder
-    transfer = transfer or tier_transfer(epd, ENCODER)
     return (
         _common_args(spec, tier, ENCODER_GPU_MEMORY_UTILIZATION)
         + ["--mm-encoder-only", "--no-enable-prefix-caching"]
@@ -140,9 +139,7 @@ def parallel_args(tier: ConsumerTier, node: str | None = LEADER) -> list[str]:
     return args
 
 
-def consumer_args(
-    epd: EPDDeployment, role: VllmRole, transfer: TierTransfer | None = None, node: str | None = None
-) -> list[str]:
+def consumer_args(epd: EPDDeployment, role: VllmRole, transfer: TierTransfer, node: str | None = None) -> list[str]:
     """PD (E+PD), P and D (E/P/D): they take metadata-only `*_embeds` parts from the router.
 
     The EC and KV roles (and so the transfer flags) come from the topology: see `transfer`.
@@ -150,7 +147,6 @@ def consumer_args(
     spec = epd.spec
     tier = tier_of(epd, role)
     assert isinstance(tier, ConsumerTier)
-    transfer = transfer or tier_transfer(epd, role)
     return (
         _common_args(spec, tier)
         + parallel_args(tier, node or LEADER)
@@ -161,10 +157,9 @@ def consumer_args(
     )
 
 
-def serve_args(
-    epd: EPDDeployment, role: VllmRole, transfer: TierTransfer | None = None, node: str | None = None
-) -> list[str]:
-    """The container `args` of a vLLM tier (what follows `vllm serve`); `node` only for a multi-node tier."""
+def serve_args(epd: EPDDeployment, role: VllmRole, transfer: TierTransfer, node: str | None = None) -> list[str]:
+    """The container `args` of a vLLM tier (what follows `vllm serve`) with its transfer pieces (the render
+    plan's: computed once); `node` only for a multi-node tier."""
     if role == ENCODER:
         return encoder_args(epd, transfer)
     if role in (PREFILL, DECODE):
@@ -174,4 +169,4 @@ def serve_args(
 
 def serve_command(epd: EPDDeployment, role: VllmRole, node: str | None = None) -> list[str]:
     """The full argv, `vllm serve <model> ...`, as the container runs it."""
-    return SERVE_COMMAND + serve_args(epd, role, node=node)
+    return SERVE_COMMAND + serve_args(epd, role, tier_transfer(epd, role), node=node)

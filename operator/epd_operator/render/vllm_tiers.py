@@ -93,7 +93,6 @@ def vllm_workload(plan: RenderPlan, role: VllmRole) -> Workload:
     service = render_one(
         "service.yaml.j2",
         **meta(epd, plan.tier(role).name, role),
-        annotations={},
         headless=True,
         selector=selector_labels(epd, role),
         ports=[{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}, *transfer.service_ports],

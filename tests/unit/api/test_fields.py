@@ -68,3 +68,14 @@ def test_the_json_schema_handed_out_is_a_copy_the_caller_may_change_at_any_depth
     given["description"] = "added"
     given["properties"]["nodeAffinity"]["x-added"] = True
     assert kube_schemas.schema("Affinity") == before
+
+
+def test_json_data_is_json_native_and_takes_model_dumps_options():
+    from epd_operator.api.fields import Strict
+
+    class Pair(Strict):
+        items: tuple[int, int]
+        note: str | None = None
+
+    assert Pair(items=(1, 2)).json_data() == {"items": [1, 2], "note": None}
+    assert Pair(items=(1, 2)).json_data(exclude_none=True) == {"items": [1, 2]}

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from epd_operator.render.transfer import TierTransfer
+from epd_operator.api.spec import EPDDeployment
+from epd_operator.render.transfer import TierTransfer, tier_transfer
 from epd_operator.render.vllm import (
     encoder_performance_args,
     model_path,
@@ -18,6 +19,13 @@ from epd_operator.render.vllm import (
 from tests.support.epd_specs import epd
 
 MODEL = "Qwen/Qwen2.5-VL-3B-Instruct"
+
+
+def args_of(deployment: EPDDeployment, role: str, node: str | None = None) -> list[str]:
+    """A tier's args with the transfer pieces its render plan computes."""
+    return serve_args(deployment, role, tier_transfer(deployment, role), node=node)  # type: ignore[arg-type]
+
+
 SHARED_EC = '{"ec_connector":"ECExampleConnector","ec_connector_extra_config":{"shared_storage_path":"/ec-cache"},'
 
 
@@ -56,7 +64,7 @@ def test_e_pd_defaults_whole_lines():
         "--ec-transfer-config",
         SHARED_EC + '"ec_role":"ec_producer"}',
     ]
-    assert serve_args(deployment, "decode") == [
+    assert args_of(deployment, "decode") == [
         MODEL,
         "--port",
         "8000",
@@ -89,7 +97,7 @@ def test_every_common_setting_in_its_place_and_extra_args_last():
             "extraArgs": ["--max-num-seqs", "8"],
         },
     )
-    assert serve_args(deployment, "encoder") == [
+    assert args_of(deployment, "encoder") == [
         "m",
         "--port",
         "8000",
@@ -113,7 +121,7 @@ def test_every_common_setting_in_its_place_and_extra_args_last():
         "--seed",
         "1",
     ]
-    assert serve_args(deployment, "decode") == [
+    assert args_of(deployment, "decode") == [
         "m",
         "--port",
         "8000",
@@ -158,14 +166,14 @@ def test_encoder_speed_ups():
     bare = epd(spec__encoder={"cudaGraphs": {}})
     assert encoder_performance_args(bare.spec.encoder) == ["--compilation-config", '{"cudagraph_mm_encoder":true}']
     assert encoder_performance_args(epd().spec.encoder) == []
-    assert "--compilation-config" in serve_args(bare, "encoder")
+    assert "--compilation-config" in args_of(bare, "encoder")
 
 
 def test_data_and_expert_parallel_consumers():
     deployment = epd(spec__decode={"dataParallelSize": 4, "expertParallel": True})
     assert parallel_args(deployment.spec.decode) == ["--data-parallel-size", "4", "--enable-expert-parallel"]
     assert parallel_args(epd().spec.decode) == []
-    args = serve_args(deployment, "decode")
+    args = args_of(deployment, "decode")
     assert args[args.index("--enable-request-id-headers") + 3 : args.index("--enable-mm-embeds")] == [
         "--data-parallel-size",
         "4",
@@ -210,18 +218,18 @@ def test_a_multi_node_replica_per_pod():
 def test_e_p_d_prefill_and_decode_lines():
     deployment = epd(spec__prefill={})
     kv = '{"kv_connector":"NixlConnector","kv_role":"kv_%s"}'
-    assert serve_args(deployment, "prefill")[-4:] == [
+    assert args_of(deployment, "prefill")[-4:] == [
         "--ec-transfer-config",
         SHARED_EC + '"ec_role":"ec_consumer"}',
         "--kv-transfer-config",
         kv % "producer",
     ]
-    assert serve_args(deployment, "decode")[-3:] == ["--enable-mm-embeds", "--kv-transfer-config", kv % "consumer"]
+    assert args_of(deployment, "decode")[-3:] == ["--enable-mm-embeds", "--kv-transfer-config", kv % "consumer"]
 
 
 def test_only_vllm_tiers_have_a_command_line():
     with pytest.raises(ValueError) as caught:
-        serve_args(epd(), "router")  # type: ignore[arg-type]  # what a caller outside the type system may pass
+        serve_args(epd(), "router", TierTransfer())  # type: ignore[arg-type]  # what a caller outside the type system may pass
     assert str(caught.value) == "'router' is not a vLLM tier"
 
 
@@ -241,6 +249,6 @@ def test_a_given_transfer_and_node_reach_the_line():
     given = TierTransfer(args=["--given"])
     assert serve_args(deployment, "encoder", given)[-1] == "--given"
     assert serve_args(deployment, "decode", given, node="worker")[-2:] == ["--enable-mm-embeds", "--given"]
-    assert "--headless" in serve_args(deployment, "decode", node="worker")
+    assert "--headless" in args_of(deployment, "decode", node="worker")
     assert "--headless" in serve_command(deployment, "decode", node="worker")
     assert "--headless" not in serve_command(deployment, "decode")
