@@ -85,6 +85,20 @@ def test_the_bounds_themselves_are_accepted():
         trace_sample_ratio=0,
     ).validate()
     RouterConfig(decode_urls=["http://d"], trace_sample_ratio=1, otlp_traces_endpoint=None).validate()
+    # Client-connection timeouts only have to be positive: below a second is allowed.
+    RouterConfig(
+        decode_urls=["http://d"], header_timeout=0.5, body_timeout=0.5, keepalive_timeout=0.5, send_timeout=0.5
+    ).validate()
+
+
+@pytest.mark.parametrize("endpoint", ["http://collector:4318/v1/traces", "https://collector:4318/v1/traces"])
+def test_traces_go_to_an_http_or_https_collector_when_the_sdk_is_there(endpoint, monkeypatch):
+    from epd_operator.router import tracing
+
+    monkeypatch.setattr(tracing, "tracing_available", lambda: True)
+    RouterConfig(decode_urls=["http://d"], otlp_traces_endpoint=endpoint).validate()
+    monkeypatch.setattr(tracing, "tracing_available", lambda: False)
+    assert refusal(decode_urls=["http://d"], otlp_traces_endpoint=endpoint) == [tracing.MISSING]
 
 
 def test_kubernetes_discovery_and_mooncake_pinned_refusals():
