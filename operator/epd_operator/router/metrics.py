@@ -19,9 +19,9 @@ by the supervisor, which deletes its live-gauge file.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-import typing
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from contextlib import suppress
@@ -45,8 +45,8 @@ PIDS_FILE = "pids"
 
 
 def multiprocess_dir() -> str | None:
-    # prometheus_client still reads the lower-case spelling too.
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112
+    # main() leaves only this spelling set (prometheus_client also reads a lower-case one: main removes it).
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 
 
 class _BackendGauge(Gauge):
@@ -57,12 +57,9 @@ class _BackendGauge(Gauge):
             super().remove(*labelvalues)
             return
         key = tuple(str(v) for v in labelvalues)
-        # prometheus_client types its children with its own unbound TypeVar; they are this class.
-        children = typing.cast("dict[tuple[str, ...], _BackendGauge]", self._metrics)
         with self._lock:
-            child = children.pop(key, None)
-        if child is None:
-            raise KeyError(key)
+            child = self._metrics.pop(key)  # KeyError(key) for a series never labelled, as prometheus_client's own
+        assert isinstance(child, Gauge)  # prometheus_client types its children with its own unbound TypeVar
         child.set(math.nan)
 
 
@@ -253,33 +250,23 @@ class RouterMetrics:
             reg.register(ROUTER_BUILD_INFO)
             ProcessCollector(registry=reg)
         # Label children are looked up once per combination: .labels() is not free.
-        self._stage: dict[str, Histogram] = {}
-        self._items: dict[str, Counter] = {}
-        self._requests: dict[tuple[str, int], Counter] = {}
+        self._stage_child = functools.cache(self.stage_seconds.labels)
+        self._items_child = functools.cache(self.items.labels)
+        self._requests_child = functools.cache(self.requests.labels)
 
     def forget_generation(self, role: str, generation: str | None) -> None:
         with suppress(KeyError):
             self.generation_backends.remove(role, generation or "")
 
     def observe_stage(self, stage: str, seconds: float) -> None:
-        child = self._stage.get(stage)
-        if child is None:
-            child = self._stage[stage] = self.stage_seconds.labels(stage)
-        child.observe(seconds)
+        self._stage_child(stage).observe(seconds)
 
-    def count_items(self, outcome: str, n: int = 1) -> None:
+    def count_items(self, outcome: str, n: int) -> None:
         if n:
-            child = self._items.get(outcome)
-            if child is None:
-                child = self._items[outcome] = self.items.labels(outcome)
-            child.inc(n)
+            self._items_child(outcome).inc(n)
 
     def count_request(self, route: str, status: int) -> None:
-        key = (route, status)
-        child = self._requests.get(key)
-        if child is None:
-            child = self._requests[key] = self.requests.labels(route, str(status))
-        child.inc()
+        self._requests_child(route, str(status)).inc()
 
     def exposition_registry(self) -> CollectorRegistry:
         path = multiprocess_dir()

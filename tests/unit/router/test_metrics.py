@@ -236,3 +236,14 @@ def test_the_metric_table_in_the_docs_is_what_the_router_exports():
 def test_a_page_without_the_metric_table_markers_is_refused():
     with pytest.raises(ValueError, match=re.escape("the page needs one <!-- router metrics")):
         router_metrics.with_table("# Router\n")
+
+
+def test_a_build_info_collector_names_its_family_and_always_says_one():
+    from epd_operator import __version__
+    from epd_operator.router.metrics import BuildInfo
+
+    registry = CollectorRegistry()
+    registry.register(BuildInfo("probe_build_info", "probe version; always 1"))
+    text = generate_latest(registry).decode()
+    assert "# HELP probe_build_info probe version; always 1\n" in text
+    assert f'probe_build_info{{version="{__version__}"}} 1.0\n' in text
