@@ -19,7 +19,6 @@ import datetime
 import logging
 import math
 import time
-from typing import Any
 
 from ..kube import LEASE, REQUEST_ERRORS, ApiError, Kube
 
@@ -37,15 +36,16 @@ class LeaseElector:
     name: str
     identity: str
     lease_duration: float = 15.0
+    # When the Lease's record last changed, and this replica's last successful write: set before any read.
+    _observed_at: float = dataclasses.field(init=False, repr=False)
+    _last_renewal: float = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.renew_interval = self.lease_duration / 3
         self.renew_deadline = self.lease_duration * 2 / 3
         self.retry_interval = max(self.lease_duration / 10, 0.05)
         self.is_leader = False
-        self._observed: tuple[Any, ...] | None = None
-        self._observed_at = 0.0
-        self._last_renewal = 0.0
+        self._observed: tuple[str, str] | None = None  # (holder, resourceVersion) of the Lease last read
 
     async def _try_acquire_or_renew(self) -> bool:
         """True when we hold the Lease after this call; raises when the API could not be asked."""
@@ -74,7 +74,8 @@ class LeaseElector:
             return self._held()
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"), lease["metadata"].get("resourceVersion"))
+        # Every write of a Lease gets a new resourceVersion: a record that keeps it for a lease duration was not renewed.
+        record = (holder, lease["metadata"]["resourceVersion"])
         if record != self._observed:
             self._observed, self._observed_at = record, time.monotonic()
         if holder and holder != self.identity:
