@@ -128,22 +128,36 @@ def openapi_schema() -> dict[str, Any]:
     }
 
 
-def _column(name: str, path: str, description: str, type_: str = "string", priority: int = 0) -> dict[str, Any]:
-    column: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path, "description": description}
-    if priority:
-        column["priority"] = priority
-    return column
-
-
-PRINTER_COLUMNS = [
-    _column("Topology", ".status.topology", "E+PD or E/P/D"),
-    _column("Encoder", ".status.tiers.encoder.ready", "ready/desired encoder pods"),
-    _column("Prefill", ".status.tiers.prefill.ready", "ready/desired prefill pods (E/P/D)"),
-    _column("Decode", ".status.tiers.decode.ready", "ready/desired decode pods"),
-    _column("Phase", ".status.phase", "Pending, Progressing, Ready, Degraded or Failed"),
-    _column("Endpoint", ".status.endpoint", "router URL", priority=1),
-    _column("Model", ".spec.model.name", "served model", priority=1),
-    _column("Age", ".metadata.creationTimestamp", "", "date"),
+# `kubectl get epddeployments` columns (priority 1: only with `-o wide`).
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Topology", "type": "string", "jsonPath": ".status.topology", "description": "E+PD or E/P/D"},
+    {
+        "name": "Encoder",
+        "type": "string",
+        "jsonPath": ".status.tiers.encoder.ready",
+        "description": "ready/desired encoder pods",
+    },
+    {
+        "name": "Prefill",
+        "type": "string",
+        "jsonPath": ".status.tiers.prefill.ready",
+        "description": "ready/desired prefill pods (E/P/D)",
+    },
+    {
+        "name": "Decode",
+        "type": "string",
+        "jsonPath": ".status.tiers.decode.ready",
+        "description": "ready/desired decode pods",
+    },
+    {
+        "name": "Phase",
+        "type": "string",
+        "jsonPath": ".status.phase",
+        "description": "Pending, Progressing, Ready, Degraded or Failed",
+    },
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "description": "router URL", "priority": 1},
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "description": "served model", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "description": ""},
 ]
 
 
