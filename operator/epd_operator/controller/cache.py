@@ -104,7 +104,7 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
             if status.get(field):
                 slim_status[field] = _container_statuses(status[field])
         return {
-            "apiVersion": obj.get("apiVersion", "v1"),
+            "apiVersion": "v1",  # core/v1, the only Pod there is (a list's items carry none)
             "kind": POD_KIND,
             "metadata": {k: meta[k] for k in keep if k in meta},
             "status": slim_status,
@@ -131,7 +131,7 @@ class Cache:
     def observe(self, event_type: str | None, obj: dict[str, Any]) -> None:
         """A watch event (type None: an object from kopf's initial listing)."""
         if event_type == "DELETED":
-            uid = obj.get("metadata", {}).get("uid")
+            uid = obj["metadata"].get("uid")
             self._deleted.pop(uid, None)
             key = self._key(obj)
             if self._newer_or_same(key, obj):
@@ -166,7 +166,7 @@ class Cache:
 
     def forget(self, obj: dict[str, Any]) -> None:
         """An object this process deleted (its DELETED event may come after the next pass)."""
-        uid = obj.get("metadata", {}).get("uid")
+        uid = obj["metadata"].get("uid")
         if uid:
             self._deleted[uid] = self._key(obj)
             if len(self._deleted) > MAX_TOMBSTONES:  # DELETED events a watch gap swallowed
@@ -209,7 +209,7 @@ class Cache:
         return [
             pod
             for pod in self.owned(namespace, instance, [POD_KIND])
-            if all(pod["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
+            if all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items())  # indexed by a label
         ]
 
     # ---------------------------------------------------------------- internals
@@ -217,7 +217,7 @@ class Cache:
     @staticmethod
     def _key(obj: dict[str, Any]) -> ObjectKey:
         meta = obj["metadata"]
-        return obj["kind"], meta.get("namespace", ""), meta["name"]
+        return obj["kind"], meta["namespace"], meta["name"]  # every kind the operator caches is namespaced
 
     def _newer_or_same(self, key: ObjectKey, obj: dict[str, Any]) -> bool:
         held, revision = self._revisions.get(key), _revision(obj)
