@@ -37,7 +37,7 @@ from ..kube import CredentialsError, CredentialSource, Kube, closing_connections
 from .handlers import build_registry, build_settings
 from .leader import LeaseElector
 from .metrics import CONTENT_TYPE, Metrics
-from .reconciler import Reconciler
+from .reconciler import RESYNC_SECONDS, WORKERS, Reconciler
 from .served_kinds import POLL_SECONDS, first_served, missing
 
 log = logging.getLogger("epd_operator")
@@ -50,8 +50,8 @@ class Options:
     liveness_port: int = 8080
     metrics_port: int = 9090
     bind_address: str = "0.0.0.0"
-    resync_seconds: float = 120.0
-    workers: int = 4
+    resync_seconds: float = RESYNC_SECONDS
+    workers: int = WORKERS
     leader_election: bool = True
     leader_election_namespace: str | None = None
     leader_election_id: str = "epd-operator"
@@ -86,10 +86,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument(
         "--resync-seconds",
         type=float,
-        default=120.0,
-        help="re-check every EPDDeployment's children this often; drift is repaired (default 120)",
+        default=RESYNC_SECONDS,
+        help=f"re-check every EPDDeployment's children this often; drift is repaired (default {RESYNC_SECONDS:g})",
     )
-    parser.add_argument("--workers", type=int, default=4, help="EPDDeployments reconciled concurrently (default 4)")
+    parser.add_argument(
+        "--workers", type=int, default=WORKERS, help=f"EPDDeployments reconciled concurrently (default {WORKERS})"
+    )
     parser.add_argument(
         "--no-leader-election",
         dest="leader_election",

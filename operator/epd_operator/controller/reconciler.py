@@ -123,6 +123,11 @@ class Seen:
         return meta
 
 
+# Defaults of `--resync-seconds` and `--workers` (controller/main.py).
+RESYNC_SECONDS = 120.0  # a full pass over every EPDDeployment at least this often, events or not
+WORKERS = 4  # EPDDeployments reconciled at once
+
+
 class Reconciler:
     def __init__(
         self,
@@ -130,8 +135,8 @@ class Reconciler:
         metrics: Metrics,
         *,
         identity: str,
-        resync_seconds: float = 120.0,
-        workers: int = 4,
+        resync_seconds: float = RESYNC_SECONDS,
+        workers: int = WORKERS,
         router_image: str = DEFAULT_ROUTER_IMAGE,
         prometheus_address: str | None = None,
     ):
@@ -412,9 +417,9 @@ class Reconciler:
             dep = tier.deployment
             if dep is None or status_rules.tier_state(tier).ready:
                 continue
-            # A LeaderWorkerSet has no selector of its own: its pods (leaders and workers) carry the tier's role.
-            selector = dep["spec"].get("selector", {}).get("matchLabels") or {ROLE_LABEL: role}
-            pods = self.cache.pods(namespace, name, selector)
+            # The instance's pods (cache.pods) of the tier's role: what a tier Deployment selects, and a
+            # LeaderWorkerSet's leaders and workers (it has no selector of its own).
+            pods = self.cache.pods(namespace, name, {ROLE_LABEL: role})
             groups = status_rules.unready_groups_of(dep, pods)
             tiers[role] = dataclasses.replace(
                 tier, unschedulable=unschedulable_reason(pods), trouble=pod_trouble(pods), unready_groups=groups
