@@ -26,7 +26,7 @@ from .config import RouterConfig
 from .context import RequestContext
 from .encoding import EncoderStage
 from .failures import BackendRejection, RetryableFailure, json_error
-from .http_messages import Reply
+from .http_messages import LATIN1, Reply
 from .metrics import RouterMetrics
 from .pickers import Picker
 from .protocol import prefill_request, prompt_prefix, rewrite_for_decode
@@ -67,9 +67,9 @@ class Pipeline:
         auth = ctx.request.headers.get("authorization")
         # Values were decoded as latin-1 by http_server, so they go back out byte for byte.
         ctx.common_headers = (
-            UPSTREAM_HEADERS + b"Authorization: %s\r\n" % auth.encode("latin-1") if auth else UPSTREAM_HEADERS
+            UPSTREAM_HEADERS + b"Authorization: %s\r\n" % auth.encode(LATIN1) if auth else UPSTREAM_HEADERS
         )
-        ctx.headers = ctx.common_headers + b"x-request-id: %s\r\n" % ctx.rid.encode("latin-1")
+        ctx.headers = ctx.common_headers + b"x-request-id: %s\r\n" % ctx.rid.encode(LATIN1)
         consumers = self.prefills if self.prefills is not None else self.decodes
         ctx.key = prompt_prefix(ctx.body, ctx.items, self.cfg.prefix_chars) if self.prefix_keys else None
         # The EC consumer is chosen before encoding: a Mooncake encoder pushes straight to it. Its
@@ -179,7 +179,7 @@ class Pipeline:
 
     async def _prefill_call(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool, headers: bytes) -> None:
         pool = self.prefills
-        assert pool is not None, "prefill in E+PD"
+        assert pool is not None  # only E/P/D prefills
         pool.acquire(ep)
         payload = await self.calls.exchange(
             pool,

@@ -30,6 +30,7 @@ from .http_messages import LATIN1
 MAX_HEAD = 64 * 1024  # a reply head larger than this is not from a backend we understand
 MAX_HEADERS = 100
 PAUSE_ABOVE = 1 << 20  # stop reading a backend while this much is buffered for a slow client
+IDNA = "idna"  # a Host header names an internationalised host in its ASCII (punycode) form
 
 
 class TransportError(Exception):
@@ -353,7 +354,7 @@ class _OriginPool:
         self.host = parts.hostname
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
-        self.host_header = parts.netloc.encode("idna")
+        self.host_header = parts.netloc.encode(IDNA)
         self.idle: list[_Connection] = []
         self.closed = False
 
