@@ -25,6 +25,8 @@ from .resources import Resource, resource_of
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "epd-operator"
+JSON = "application/json"  # the content type of every request but apply and patch
+REQUEST_TIMEOUT = 30.0  # seconds for one request, unless the caller names its own
 
 
 def _same_connection(a: Configuration, b: Configuration) -> bool:
@@ -66,7 +68,7 @@ class Kube:
         credentials: CredentialSource = load_credentials,
         *,
         on_write: Callable[[str, str], None] | None = None,
-        timeout: float = 30.0,
+        timeout: float = REQUEST_TIMEOUT,
     ):
         self.credentials = credentials
         self._on_write = on_write or (lambda verb, kind: None)
@@ -131,7 +133,7 @@ class Kube:
         subresource: str | None = None,
         query: dict[str, str] | None = None,
         body: Any = None,
-        content_type: str = "application/json",
+        content_type: str = JSON,
     ) -> Any:
         """One request; the decoded answer, or ApiError."""
         query = query or {}
@@ -142,32 +144,35 @@ class Kube:
         )
 
     async def _send(self, method: str, path: str, query: dict[str, str], *, body: Any = None, content_type: str) -> Any:
-        for attempt in (1, 2):
-            client = await self._dynamic()
-            answer = await client.request(
-                method,
-                path,
-                body=body,
-                serialize=False,
-                content_type=content_type,
-                query_params=list(query.items()),
-                _request_timeout=self.timeout,
-            )
-            try:
-                status, text = answer.status, await answer.read()
-            finally:
-                answer.release()
-            if status == 401 and attempt == 1:
-                await self.relogin()
-                continue
-            try:
-                payload = json.loads(text) if text else None
-            except ValueError:
-                payload = text.decode(errors="replace")
-            if status >= 400:
-                raise ApiError(status, payload, f"{method} {path}")
-            return payload
-        raise AssertionError("unreachable")  # pragma: no cover
+        status, text = await self._exchange(method, path, query, body, content_type)
+        if status == 401:  # the credentials expired or were rotated: log in again, once
+            await self.relogin()
+            status, text = await self._exchange(method, path, query, body, content_type)
+        try:
+            payload = json.loads(text) if text else None
+        except ValueError:
+            payload = text.decode(errors="replace")
+        if status >= 400:
+            raise ApiError(status, payload, f"{method} {path}")
+        return payload
+
+    async def _exchange(
+        self, method: str, path: str, query: dict[str, str], body: Any, content_type: str
+    ) -> tuple[int, bytes]:
+        client = await self._dynamic()
+        answer = await client.request(
+            method,
+            path,
+            body=body,
+            serialize=False,
+            content_type=content_type,
+            query_params=list(query.items()),
+            _request_timeout=self.timeout,
+        )
+        try:
+            return answer.status, await answer.read()
+        finally:
+            answer.release()
 
     # ---------------------------------------------------------------- reads
 
@@ -177,7 +182,7 @@ class Kube:
         the group version is not served at all."""
         group, _, version = api_version.rpartition("/")
         path = f"/apis/{group}/{version}" if group else f"/api/{version}"
-        found = await self._send("GET", path, {}, content_type="application/json")
+        found = await self._send("GET", path, {}, content_type=JSON)
         return {str(r.get("name")) for r in (found or {}).get("resources") or []}
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
