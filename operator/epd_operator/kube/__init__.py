@@ -21,7 +21,7 @@ from .credentials import (
     load_credentials,
 )
 from .resources import CHILD_RESOURCES, ENDPOINT_SLICE, EPD, EVENT, LEASE, POD, Resource, child_resource, resource_of
-from .watch import ListWatch
+from .watch import RETRY_DELAY, ListWatch
 
 __all__ = [
     "CHILD_RESOURCES",
@@ -32,6 +32,7 @@ __all__ = [
     "LEASE",
     "POD",
     "REQUEST_ERRORS",
+    "RETRY_DELAY",
     "SERVICE_ACCOUNT_CA",
     "SERVICE_ACCOUNT_DIR",
     "SERVICE_ACCOUNT_NAMESPACE",

@@ -19,6 +19,8 @@ from kubernetes_asyncio.watch import Watch
 from .client import REQUEST_ERRORS, Kube
 from .resources import Resource
 
+RETRY_DELAY = 1.0  # seconds before a failed list or watch is tried again
+
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +38,7 @@ class ListWatch:
         on_sync: Callable[[list[dict[str, Any]]], None],
         on_event: Callable[[str, dict[str, Any]], None],
         server_timeout: int = 300,
-        retry_delay: float = 1.0,
+        retry_delay: float = RETRY_DELAY,
     ):
         self.kube = kube
         self.resource = resource

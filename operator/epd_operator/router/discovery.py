@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..api.labels import GENERATION_LABEL
-from ..kube import ENDPOINT_SLICE, POD, REQUEST_ERRORS, Kube, ListWatch, load_credentials
+from ..kube import ENDPOINT_SLICE, POD, REQUEST_ERRORS, RETRY_DELAY, Kube, ListWatch, load_credentials
 from .backends import DiscoveredEndpoint, Pool
 from .config import RouterConfig
 from .contract import EC_RANK_PORT_PREFIX
@@ -121,7 +121,7 @@ class KubernetesDiscovery:
         default_port: int = 8000,
         ec_consumer_role: str | None = None,
         ec_port: int | None = None,
-        retry_delay: float = 1.0,
+        retry_delay: float = RETRY_DELAY,
     ) -> None:
         self.kube = kube
         self.namespace = namespace  # None: the kubeconfig context's, else the pod's, else "default"
