@@ -70,6 +70,8 @@ from .contract import EncoderPolicy, PdPolicy
 # repeated key returning home while its first request is still encoding adds work the bound did
 # not see, so the factor keeps that slack in hand.
 DEFAULT_LOAD_FACTOR = 1.15
+VNODES = 64  # ring points per endpoint: spreads keys evenly over a few endpoints
+REMEMBERED_KEYS = 65536  # keys whose home a bounded-hash picker remembers (oldest forgotten first)
 
 
 class Loaded(Protocol):
@@ -92,7 +94,7 @@ def stable_hash(text: str) -> int:
 
 
 class HashRing:
-    def __init__(self, keys: Sequence[str], vnodes: int = 64) -> None:
+    def __init__(self, keys: Sequence[str], vnodes: int = VNODES) -> None:
         points = sorted((stable_hash(f"{key}#{v}"), key) for key in keys for v in range(vnodes))
         self._hashes = [h for h, _ in points]
         self._keys = [k for _, k in points]
@@ -151,9 +153,9 @@ class BoundedHashPicker:
     def __init__(
         self,
         load_factor: float = DEFAULT_LOAD_FACTOR,
-        vnodes: int = 64,
+        vnodes: int = VNODES,
         work_window: int = 1000,
-        remembered_keys: int = 65536,
+        remembered_keys: int = REMEMBERED_KEYS,
     ) -> None:
         if load_factor < 1:
             raise ValueError("load_factor must be >= 1")
