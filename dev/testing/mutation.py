@@ -287,6 +287,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         [
             "tests/unit/api/test_crd.py",
             "tests/unit/api/test_docs.py",
+            "tests/unit/api/test_kube_schemas.py",
+            "tests/unit/api/test_fields.py",
             "tests/unit/dev/test_generate.py",
             "tests/unit/support/test_crd_schema.py",
             "tests/unit/render/test_keda.py",

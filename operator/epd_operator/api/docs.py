@@ -38,9 +38,7 @@ def _unwrap_optional(annotation: Any) -> Any:
 
 
 def _is_quantity(annotation: Any) -> bool:
-    return (
-        typing.get_origin(annotation) is typing.Annotated and typing.get_args(annotation)[0] == _QUANTITY_ARGS
-    ) or annotation == _QUANTITY_ARGS
+    return annotation == _QUANTITY_ARGS  # an Annotated quantity is unwrapped first (_type_name)
 
 
 def _kube_type(annotation: Any) -> KubeType | None:
@@ -124,10 +122,7 @@ def _rows(model: type[BaseModel], path: str, seen: dict[type[BaseModel], str]) -
     for name, info in model.model_fields.items():
         field_path = f"{path}.{name}"
         nested = _nested_model(info.annotation)
-        kube = next((m for m in info.metadata if isinstance(m, KubeType)), None)
-        type_name = (kube_schemas.kubernetes_type(kube.name) if kube else _type_name(info.annotation)) + _constraints(
-            info
-        )
+        type_name = _type_name(info.rebuild_annotation()) + _constraints(info)  # with its metadata: KubeType
         description = info.description or ""
         if nested is not None and nested in seen:
             description = f"{description} Same fields as `{seen[nested]}`.".strip()
@@ -201,8 +196,8 @@ def between_markers(page: str, start: str, end: str, text: str, what: str) -> st
     Raises ValueError naming the markers and `what` they enclose when the page does not hold them once each,
     in order.
     """
-    if page.count(start) != 1 or page.count(end) != 1 or page.index(start) > page.index(end):
+    before, found_start, rest = page.partition(start)
+    _, found_end, after = rest.partition(end)
+    if not found_start or not found_end or start in rest or end in before or end in after:
         raise ValueError(f"the page needs one {start} line before one {end} line around {what}")
-    before, rest = page.split(start, 1)
-    after = rest.split(end, 1)[1]
     return f"{before}{start}\n{text}{end}{after}"

@@ -263,3 +263,99 @@ def test_a_rule_with_an_unsupported_reason_cannot_be_declared():
 
     with pytest.raises(ValueError, match=r"FieldValueTooLong.*is not one kube-apiserver accepts"):
         Rule(EPDDeployment, "true", ".x", "m", "FieldValueTooLong")
+
+
+def test_a_models_schema_becomes_structural():
+    """What model_schema makes of pydantic's constructs, on a model written here (the spec's own models use
+    only some of them): references inlined, optional unwrapped, const as an enum, an exclusive minimum in
+    the OpenAPI v3 form, a free-form map kept as preserved unknown fields, titles and closed objects gone."""
+    from typing import Literal
+
+    from pydantic import Field
+
+    from epd_operator.api.crd import model_schema
+    from epd_operator.api.fields import KubeObject, Strict
+
+    class Inner(Strict):
+        n: int = Field(1, gt=0, description="n")
+
+    class Probe(Strict):
+        free: KubeObject = Field(default_factory=dict, description="free")
+        kind: Literal["only"] = Field("only", description="kind")
+        inner: Inner | None = Field(None, description="inner")
+        items: list[Inner] = Field(default_factory=list, description="items")
+
+    n = {"default": 1, "description": "n", "minimum": 0, "exclusiveMinimum": True, "type": "integer"}
+    assert model_schema(Probe) == {
+        "type": "object",
+        "properties": {
+            "free": {"x-kubernetes-preserve-unknown-fields": True, "description": "free", "type": "object"},
+            "kind": {"enum": ["only"], "default": "only", "description": "kind", "type": "string"},
+            "inner": {"properties": {"n": n}, "type": "object", "description": "inner"},
+            "items": {"description": "items", "items": {"properties": {"n": n}, "type": "object"}, "type": "array"},
+        },
+    }
+
+
+def test_preserved_unknown_fields_get_an_object_type_unless_they_have_one():
+    from epd_operator.api.crd import _structural
+
+    assert _structural({"additionalProperties": True}, {}, {}) == {
+        "x-kubernetes-preserve-unknown-fields": True,
+        "type": "object",
+    }
+    assert _structural({"additionalProperties": True, "type": "object"}, {}, {})["type"] == "object"
+    union = {"additionalProperties": True, "anyOf": [{"type": "string"}, {"type": "integer"}]}
+    assert "type" not in _structural(union, {}, {})
+    assert _structural({"additionalProperties": False, "type": "object"}, {}, {}) == {"type": "object"}
+
+
+def test_a_reference_is_resolved_by_its_last_path_segment_and_keeps_its_own_keys():
+    from epd_operator.api.crd import _structural
+
+    defs = {"Port": {"type": "integer", "title": "Port"}}
+    node = {"$ref": "#/$defs/Port", "description": "the port"}
+    assert _structural([node, node], defs, {}) == [{"type": "integer", "description": "the port"}] * 2
+
+
+def test_rules_attach_to_the_objects_of_the_model_they_hold_for():
+    from epd_operator.api.crd import _structural
+
+    rule = {"rule": "self.a > 0", "message": "a must be positive"}
+    assert _structural({"title": "M", "type": "object"}, {}, {"M": [rule]}) == {
+        "type": "object",
+        "x-kubernetes-validations": [rule],
+    }
+    assert _structural({"title": "M", "type": "string"}, {}, {"M": [rule]}) == {"type": "string"}
+
+
+@pytest.mark.parametrize(
+    ("expression", "field"),
+    [
+        ("self.metadata.name.size() <= 3", ".spec.model"),  # on another field
+        ("self.spec.model.name.size() <= 3", ".metadata.name"),  # reads no name
+        ("self.metadata.name.size() <= self.spec.x", ".metadata.name"),  # reads more than the name
+    ],
+)
+def test_a_whole_object_rule_the_crd_cannot_place_on_the_name_is_refused(expression, field, monkeypatch):
+    from epd_operator.api import crd, rules
+    from epd_operator.api.spec import EPDDeployment
+
+    monkeypatch.setattr(rules, "rules_for", lambda model: [rules.Rule(EPDDeployment, expression, field, "m")])
+    with pytest.raises(ValueError) as refused:
+        crd.name_rules()
+    assert str(refused.value) == (
+        f"rule {expression!r} of the whole EPDDeployment: only a rule on .metadata.name that "
+        "reads nothing but self.metadata.name can be placed in the CRD"
+    )
+
+
+def test_a_name_rule_reads_the_name_as_self():
+    from epd_operator.api.crd import name_rules
+    from epd_operator.api.rules import MAX_NAME_LENGTH
+
+    assert [r["rule"] for r in name_rules()][:2] == [
+        f"self.size() <= {MAX_NAME_LENGTH}",
+        "self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+    ]
+    assert all("fieldPath" not in r for r in name_rules())

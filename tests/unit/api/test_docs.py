@@ -76,3 +76,64 @@ def test_a_page_without_one_pair_of_markers_is_refused_and_left_alone(tmp_path, 
     assert path.read_text(encoding="utf-8") == page
     with pytest.raises(ValueError, match="api-reference:end"):
         with_reference(page)
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "A\n<s>\nold\n<e>\nB\n",
+        "<s>\n<e>\n",
+    ],
+)
+def test_between_markers_replaces_only_what_lies_between(page):
+    from epd_operator.api.docs import between_markers
+
+    before, after = page.split("<s>")[0], page.split("<e>")[1]
+    assert between_markers(page, "<s>", "<e>", "new\n", "the part") == f"{before}<s>\nnew\n<e>{after}"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "no markers\n",
+        "<s>\nold\n",  # no end
+        "old\n<e>\n",  # no start
+        "<e>\nold\n<s>\n",  # end before start
+        "<s>\n<s>\nold\n<e>\n",  # two starts
+        "<s>\nold\n<e>\n<e>\n",  # two ends, both after the start
+        "<e>\n<s>\nold\n<e>\n",  # an end before the start as well
+    ],
+)
+def test_between_markers_refuses_a_page_without_one_start_before_one_end(page):
+    from epd_operator.api.docs import between_markers
+
+    with pytest.raises(ValueError) as refused:
+        between_markers(page, "<s>", "<e>", "new\n", "the part")
+    assert str(refused.value) == "the page needs one <s> line before one <e> line around the part"
+
+
+def test_with_reference_names_what_its_markers_enclose():
+    with pytest.raises(ValueError) as refused:
+        with_reference("no markers\n")
+    assert str(refused.value) == f"the page needs one {START} line before one {END} line around the API reference"
+
+
+def test_reference_type_names():
+    from typing import Annotated, Any, Literal
+
+    from pydantic import Field
+
+    from epd_operator.api.docs import _type_name
+    from epd_operator.api.fields import Toleration
+    from epd_operator.api.quantity import Quantity
+
+    assert _type_name(Quantity) == "quantity"
+    assert _type_name(Quantity | None) == "quantity"
+    assert _type_name(Annotated[int, Field(ge=0)]) == "integer"
+    assert _type_name(dict[str, Any]) == "object (free-form)"
+    assert _type_name(dict[str, int]) == "map[string]integer"
+    assert _type_name(list[Toleration]) == "[]core/v1 Toleration"
+    assert _type_name(Literal["a", "b"]) == "enum: `a`, `b`"
+    with pytest.raises(TypeError) as refused:
+        _type_name(complex)
+    assert str(refused.value) == "no reference type name for <class 'complex'>; teach api/docs.py about it"
