@@ -151,13 +151,15 @@ def _rule_path(model: type[BaseModel], field: str) -> str:
     """Where a rule reports, as `spec.{encoder,prefill,decode,router}.autoscaling.minReplicas` when the
     model occurs at several paths that differ in one segment."""
     if model is EPDDeployment:
-        return f"`{field.lstrip('.')}`"
+        return f"`{field.removeprefix('.')}`"
     paths = [p.split(".") for m, p in _model_paths(EPDDeploymentSpec, "spec") if issubclass(m, model)]
-    if len(paths) > 1 and len({len(p) for p in paths}) == 1:
+    if len({len(p) for p in paths}) == 1:  # one path, or several as long as each other
         differing = [i for i in range(len(paths[0])) if len({p[i] for p in paths}) > 1]
         if len(differing) == 1:
             i = differing[0]
-            paths = [[*paths[0][:i], "{" + ",".join(p[i] for p in paths) + "}", *paths[0][i + 1 :]]]
+            merged = list(paths[0])
+            merged[i] = "{" + ",".join(p[i] for p in paths) + "}"
+            paths = [merged]
     return ", ".join(f"`{'.'.join(p)}{field}`" for p in paths)
 
 
