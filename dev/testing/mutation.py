@@ -218,6 +218,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             *ROUTER_SERVING_TESTS,
             "tests/loopback/router/test_tracing.py",
             "tests/loopback/router/test_tracing_spans.py",
+            "tests/loopback/router/test_models_and_health.py",
             "tests/unit/router/test_failures.py",
             "tests/unit/router/test_encoder_demand.py",
             "tests/unit/router/test_demand_peak.py",

@@ -162,6 +162,8 @@ class FakeVLLM:
         return web.Response(text=text, content_type="text/plain")
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.record:
+            self.received.append(Received(request.path, {}, CIMultiDict(request.headers)))
         doc = {
             "object": "list",
             "data": [{"id": self.model, "object": "model", "owned_by": "vllm", "root": self.model}],

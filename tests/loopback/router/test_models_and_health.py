@@ -1,0 +1,101 @@
+"""The router's own GET routes in process: /v1/models relayed from a decode instance, and /health's report
+and status (the vLLM proxy's vocabulary)."""
+
+from __future__ import annotations
+
+import orjson
+
+from epd_operator.router.backends import DiscoveredEndpoint
+from tests.support.router_stack import router_stack
+
+
+def request_counts(router) -> dict[tuple[str, str], float]:
+    return {
+        (s.labels["route"], s.labels["status"]): s.value
+        for family in router.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "epd_router_requests_total"
+    }
+
+
+async def test_models_come_from_a_decode_instance_as_it_answered():
+    async with router_stack(encoders=0) as s:
+        r = await s.get("/v1/models", headers={"x-request-id": "req-7", "Authorization": "Bearer t"})
+        assert (r.status, r.headers["Content-Type"], r.headers["x-request-id"]) == (200, "application/json", "req-7")
+        assert orjson.loads(r.body)["data"][0]["id"] == "fake-model"
+        (sent,) = s.decodes[0].received
+        assert (sent.path, sent.headers["x-request-id"], sent.headers["Authorization"]) == (
+            "/v1/models",
+            "req-7",
+            "Bearer t",
+        )
+        assert sent.headers["Accept-Encoding"] == "identity"
+        assert request_counts(s.router)[("/v1/models", "200")] == 1
+
+
+async def test_a_request_id_the_router_cannot_pass_on_is_replaced():
+    async with router_stack(encoders=0) as s:
+        r = await s.get("/v1/models", headers={"x-request-id": "has space"})
+        rid = r.headers["x-request-id"]
+        assert rid != "has space" and len(rid) == 32 and int(rid, 16) >= 0
+        assert s.decodes[0].received[0].headers["x-request-id"] == rid
+        assert "Authorization" not in s.decodes[0].received[0].headers
+        r = await s.get("/v1/models")
+        assert len(r.headers["x-request-id"]) == 32
+
+
+async def test_models_without_a_decode_instance_is_503():
+    async with router_stack(encoders=0) as s:
+        s.router.decodes.update([])
+        r = await s.get("/v1/models", headers={"x-request-id": "req-8"})
+        assert (r.status, r.headers["x-request-id"]) == (503, "req-8")
+        assert orjson.loads(r.body)["error"] == {
+            "message": "no decode endpoint available",
+            "type": "service_unavailable",
+            "param": None,
+            "code": 503,
+        }
+        assert request_counts(s.router)[("/v1/models", "503")] == 1
+
+
+async def test_models_from_a_decode_instance_that_does_not_answer_is_502_and_counts_against_it():
+    async with router_stack(encoders=0) as s:
+        s.router.decodes.update([DiscoveredEndpoint("http://127.0.0.1:9")])  # nothing listens on the discard port
+        r = await s.get("/v1/models", headers={"x-request-id": "req-9"})
+        assert (r.status, r.headers["x-request-id"]) == (502, "req-9")
+        error = orjson.loads(r.body)["error"]
+        assert error["message"].startswith("decode /v1/models failed: ") and error["type"] == "upstream_error"
+        (ep,) = s.router.decodes.endpoints.values()
+        assert ep.failures == 1
+
+
+async def test_health_reports_each_tier_and_serves_while_consumers_do():
+    async with router_stack(encoders=1, prefills=1, decodes=1) as s:
+        r = await s.get("/health")
+        assert (r.status, r.headers["Content-Type"]) == (200, "application/json")
+        report = orjson.loads(r.body)
+        assert {k: report[k] for k in ("proxy", "encode_cluster", "prefill_cluster", "decode_cluster")} == {
+            "proxy": "healthy",
+            "encode_cluster": "healthy",
+            "prefill_cluster": "healthy",
+            "decode_cluster": "healthy",
+        }
+        assert sorted(report["tiers"]) == ["decode", "encoder", "prefill"]
+        assert [e["url"] for e in report["tiers"]["prefill"]] == [s.prefills[0].url]
+        s.router.encoders.update([])  # without encoders the consumers encode: still serving
+        assert (await s.get("/health")).status == 200
+        s.router.prefills.update([])
+        r = await s.get("/health")
+        assert r.status == 503 and orjson.loads(r.body)["prefill_cluster"] == "empty"
+
+
+async def test_health_of_e_pd_without_decode_or_while_draining_is_503():
+    async with router_stack(encoders=1) as s:
+        report = orjson.loads((await s.get("/health")).body)
+        assert report["prefill_cluster"] == "disabled"
+        s.router.draining = True
+        r = await s.get("/health")
+        assert r.status == 503 and orjson.loads(r.body)["proxy"] == "draining"
+        s.router.draining = False
+        s.router.decodes.update([])
+        assert (await s.get("/health")).status == 503
