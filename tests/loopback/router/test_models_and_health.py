@@ -1,5 +1,5 @@
-"""The router's own GET routes in process: /v1/models relayed from a decode instance, and /health's report
-and status (the vLLM proxy's vocabulary)."""
+"""The router's routes beside chat in process: /v1/models relayed from a decode instance, /health's report
+and status (the vLLM proxy's vocabulary), and what /v1/completions refuses."""
 
 from __future__ import annotations
 
@@ -99,3 +99,19 @@ async def test_health_of_e_pd_without_decode_or_while_draining_is_503():
         s.router.draining = False
         s.router.decodes.update([])
         assert (await s.get("/health")).status == 503
+
+
+async def test_completions_refuse_client_prompt_embeds_unless_allowed():
+    doc = {"model": "m", "prompt": "x", "prompt_embeds": "AAAA", "max_tokens": 2}
+    async with router_stack(encoders=0) as s:
+        r = await s.post("/v1/completions", doc)
+        assert r.status == 400 and not s.decodes[0].received
+        assert orjson.loads(r.body)["error"] == {
+            "message": "prompt_embeds are not accepted from clients by this router",
+            "type": "invalid_request_error",
+            "param": "prompt_embeds",
+            "code": 400,
+        }
+    async with router_stack(encoders=0, allow_client_embeds=True) as s:
+        assert (await s.post("/v1/completions", doc)).status == 200
+        assert s.decodes[0].bodies("/v1/completions")[0]["prompt_embeds"] == "AAAA"
