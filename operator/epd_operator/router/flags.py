@@ -260,7 +260,6 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("traces (OpenTelemetry; needs epd-operator[tracing])")
     o.add_argument(
         contract.OTLP_TRACES_ENDPOINT,
-        default=D.otlp_traces_endpoint,
         help="export a trace per request to this OTLP/HTTP URL (e.g. http://collector:4318/v1/traces) and "
         "send traceparent to every backend; default: off",
     )

@@ -125,3 +125,6 @@ def test_version_and_help_name_the_command(capsys):
     assert capsys.readouterr().out == f"epd-router {__version__}\n"
     assert parser.format_help().startswith("usage: epd-router ")
     assert "\n\nEndpoint-picker router for vLLM Encoder/Prefill/Decode serving.\n\n" in parser.format_help()
+    for flag in ("--encode-servers-urls", "--prefill-servers-urls", "--decode-servers-urls"):
+        assert f"{flag} URLS" in parser.format_help()
+    assert "--ec-consumer-zmq-addrs ADDRS" in parser.format_help()
