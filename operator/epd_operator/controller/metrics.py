@@ -7,7 +7,6 @@ EPDDeployment is `epd_namespace`/`epd_name`.
 
 from __future__ import annotations
 
-import contextlib
 import typing
 from collections.abc import Iterator
 
@@ -122,8 +121,7 @@ class Metrics:
     def forget(self, namespace: str, name: str) -> None:
         """Drop the series of a deleted EPDDeployment (or one this replica stops acting for)."""
         for candidate in PHASES:
-            with contextlib.suppress(KeyError):  # never set for this phase
-                self.phase.remove(namespace, name, candidate)
+            self.phase.remove(namespace, name, candidate)  # prometheus_client ignores a series never set
         self.set_generations(namespace, name, {})
 
     def count_write(self, verb: str, kind: str) -> None:

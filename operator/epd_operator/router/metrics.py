@@ -24,7 +24,6 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from contextlib import suppress
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -255,8 +254,7 @@ class RouterMetrics:
         self._requests_child = functools.cache(self.requests.labels)
 
     def forget_generation(self, role: str, generation: str | None) -> None:
-        with suppress(KeyError):
-            self.generation_backends.remove(role, generation or "")
+        self.generation_backends.remove(role, generation or "")  # prometheus_client ignores a series never set
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self._stage_child(stage).observe(seconds)
