@@ -94,15 +94,8 @@ RENDER_TESTS = [
 ]
 
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
-    "render": (
-        ["render/transfer.py", "render/vllm.py"],
-        [
-            "tests/unit/render/test_manifests.py",
-            "tests/unit/render/test_transfer.py",
-            "tests/unit/render/test_vllm.py",
-            "tests/unit/render/test_parallel.py",
-        ],
-    ),
+    # The connectors' pieces (args, env, ports, the NetworkPolicies' transfer ingress) and vLLM's command line.
+    "render": (["render/transfer.py", "render/vllm.py"], RENDER_TESTS),
     "router": (
         ["router/pickers.py", "router/protocol.py", "router/reuse.py"],
         [
