@@ -332,12 +332,11 @@ ALL_BUT_API: tuple[PortRange, ...] = ((1, VLLM_PORT - 1), (VLLM_PORT + 1, 65535)
 @dataclass(frozen=True)
 class TransferIngress:
     """Connections one backend role's pods accept from other backend pods of the deployment: from
-    `sources` (roles), on `ports`, because `why`. The NetworkPolicies admit exactly these."""
+    `sources` (roles), on `ports` (transfer_ingress says why each). The NetworkPolicies admit exactly these."""
 
     role: str
     sources: tuple[str, ...]
     ports: tuple[PortRange, ...]
-    why: str
 
 
 def _single(port: int) -> PortRange:
@@ -371,29 +370,27 @@ def transfer_ingress(epd: EPDDeployment) -> list[TransferIngress]:
         for role, peer in pairs:
             side = kv.nixl.sideChannelPort
             ports = (*(_single(side + d) for d in range(data_parallel_size(epd, role))), UCX_TCP_PORTS)
-            out.append(TransferIngress(role, (peer,), ports, "NIXL KV transfer: side channel and UCX over TCP"))
+            out.append(TransferIngress(role, (peer,), ports))  # NIXL KV transfer: side channel and UCX over TCP
     consumer = ec_consumer_role(spec)
     ec = spec.ecTransfer
     if ec.connector == "CPU":
         assert ec.cpu is not None
         ucx = (UCX_TCP_PORTS,) if ec.cpu.nixl else ()
-        out.append(TransferIngress(ENCODER, (consumer,), (_single(ec.cpu.sideChannelPort), *ucx), "CPU EC connector"))
+        out.append(TransferIngress(ENCODER, (consumer,), (_single(ec.cpu.sideChannelPort), *ucx)))  # CPU EC connector
         if ucx:
-            out.append(TransferIngress(consumer, (ENCODER,), ucx, "CPU EC connector: UCX over TCP"))
+            out.append(TransferIngress(consumer, (ENCODER,), ucx))  # CPU EC connector: UCX over TCP
     elif ec.connector == "Mooncake":
         out += [
-            TransferIngress(consumer, (ENCODER,), ALL_BUT_API, "Mooncake EC: control, events, transfer engine"),
-            TransferIngress(ENCODER, (consumer,), ALL_BUT_API, "Mooncake EC: transfer engine handshake"),
+            TransferIngress(consumer, (ENCODER,), ALL_BUT_API),  # Mooncake EC: control, events, transfer engine
+            TransferIngress(ENCODER, (consumer,), ALL_BUT_API),  # Mooncake EC: transfer engine handshake
         ]
         if mooncake_store_config(epd) is not None:
             out += [
-                TransferIngress(ENCODER, (ENCODER,), ALL_BUT_API, "Mooncake store: segments among encoders"),
-                TransferIngress(
-                    MOONCAKE_MASTER, (ENCODER,), (_single(MOONCAKE_MASTER_RPC_PORT),), "Mooncake store: master RPC"
-                ),
+                TransferIngress(ENCODER, (ENCODER,), ALL_BUT_API),  # Mooncake store: segments among encoders
+                TransferIngress(MOONCAKE_MASTER, (ENCODER,), (_single(MOONCAKE_MASTER_RPC_PORT),)),  # the master's RPC
             ]
     for role in vllm_roles(epd):
         tier = tier_of(epd, role)
         if isinstance(tier, ConsumerTier) and tier.nodesPerReplica > 1:
-            out.append(TransferIngress(role, (role,), ALL_BUT_API, "multi-node group: rendezvous and collectives"))
+            out.append(TransferIngress(role, (role,), ALL_BUT_API))  # multi-node group: rendezvous and collectives
     return out
