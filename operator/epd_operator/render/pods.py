@@ -7,6 +7,7 @@ the Mooncake master (`manifests`) are built from these.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -40,14 +41,13 @@ def meta(epd: EPDDeployment, name: str, role: str) -> JSON:
     return {"name": name, "namespace": epd.namespace, "labels": labels(epd, role)}
 
 
+# One spelling of a JSON document, whatever order its keys were built in: what config_hash digests.
+_canonical_json = functools.partial(json.dumps, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def config_hash(pod_labels: dict[str, str], pod_spec: JSON, config: dict[str, str]) -> str:
     """A digest of everything a tier's pods run with: their template and the ConfigMap keys they mount."""
-    payload = json.dumps(
-        {"labels": pod_labels, "spec": pod_spec, "config": config},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    payload = _canonical_json({"labels": pod_labels, "spec": pod_spec, "config": config})
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -6,6 +6,7 @@ syntax), so no value is ever re-indented or re-quoted by hand.
 
 from __future__ import annotations
 
+import functools
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -19,8 +20,8 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+# The templates' `json` filter: non-ASCII text stays as written.
+_json = functools.partial(json.dumps, ensure_ascii=False)
 
 
 @lru_cache(maxsize=1)
