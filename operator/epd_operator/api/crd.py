@@ -43,7 +43,7 @@ def _structural(node: Any, defs: dict[str, Any], rules: dict[str, list[dict[str,
     if not isinstance(node, dict):
         return node
     if "$ref" in node:
-        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        target = defs[node["$ref"].removeprefix("#/$defs/")]  # pydantic's local references
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
         return _structural(merged, defs, rules)
     any_of = node.get("anyOf")
@@ -64,7 +64,7 @@ def _structural(node: Any, defs: dict[str, Any], rules: dict[str, list[dict[str,
             continue  # unknown fields are pruned by the API server and refused by strict field validation
         elif key == "additionalProperties" and value is True:
             out["x-kubernetes-preserve-unknown-fields"] = True
-        elif key in ("properties",):
+        elif key == "properties":  # names of fields, not schema keywords
             out[key] = {name: _structural(v, defs, rules) for name, v in value.items()}
         else:
             out[key] = _structural(value, defs, rules)
@@ -79,10 +79,11 @@ def _structural(node: Any, defs: dict[str, Any], rules: dict[str, list[dict[str,
 def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of one model, rules attached."""
     raw = model.model_json_schema(mode="validation")
-    return _structural(raw, raw.get("$defs", {}), _rules_by_title())
+    return _structural(raw, raw.get("$defs") or {}, _rules_by_title())
 
 
 _NAME = re.compile(r"\bself\.metadata\.name\b")
+_SELF = re.compile(r"\bself\b")
 
 
 def name_rules() -> list[dict[str, Any]]:
@@ -96,7 +97,7 @@ def name_rules() -> list[dict[str, Any]]:
     out = []
     for rule in rules_mod.rules_for(EPDDeployment):
         on_name, reads = _NAME.subn("self", rule.expression)
-        if rule.field != ".metadata.name" or not reads or re.search(r"\bself\b", _NAME.sub("", rule.expression)):
+        if rule.field != ".metadata.name" or not reads or len(_SELF.findall(rule.expression)) != reads:
             raise ValueError(
                 f"rule {rule.expression!r} of the whole EPDDeployment: only a rule on .metadata.name that "
                 "reads nothing but self.metadata.name can be placed in the CRD"

@@ -71,7 +71,7 @@ def kubernetes_type(name: str) -> str:
     if " " in full:  # a KEDA type, stored as its API reference names it
         return str(full)
     *_, group, version, kind = full.split(".")
-    return f"{'core' if group == 'core' else group}/{version} {kind}"
+    return f"{group}/{version} {kind}"
 
 
 _TYPE_NAMES = {

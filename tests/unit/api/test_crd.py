@@ -284,6 +284,7 @@ def test_a_models_schema_becomes_structural():
         kind: Literal["only"] = Field("only", description="kind")
         inner: Inner | None = Field(None, description="inner")
         items: list[Inner] = Field(default_factory=list, description="items")
+        title: str = Field("", description="a field named like a keyword")
 
     n = {"default": 1, "description": "n", "minimum": 0, "exclusiveMinimum": True, "type": "integer"}
     assert model_schema(Probe) == {
@@ -293,6 +294,7 @@ def test_a_models_schema_becomes_structural():
             "kind": {"enum": ["only"], "default": "only", "description": "kind", "type": "string"},
             "inner": {"properties": {"n": n}, "type": "object", "description": "inner"},
             "items": {"description": "items", "items": {"properties": {"n": n}, "type": "object"}, "type": "array"},
+            "title": {"default": "", "description": "a field named like a keyword", "type": "string"},
         },
     }
 
@@ -305,6 +307,7 @@ def test_preserved_unknown_fields_get_an_object_type_unless_they_have_one():
         "type": "object",
     }
     assert _structural({"additionalProperties": True, "type": "object"}, {}, {})["type"] == "object"
+    assert _structural({"additionalProperties": True, "type": "array"}, {}, {})["type"] == "array"  # kept
     union = {"additionalProperties": True, "anyOf": [{"type": "string"}, {"type": "integer"}]}
     assert "type" not in _structural(union, {}, {})
     assert _structural({"additionalProperties": False, "type": "object"}, {}, {}) == {"type": "object"}
@@ -359,3 +362,20 @@ def test_a_name_rule_reads_the_name_as_self():
         "self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
     ]
     assert all("fieldPath" not in r for r in name_rules())
+
+
+def test_rules_reach_the_models_that_extend_a_ruled_model_at_any_depth():
+    from epd_operator.api import rules
+    from epd_operator.api.crd import _rules_by_title
+
+    titled = _rules_by_title()
+    ruled = {rule.model for rule in rules.RULES}
+    descendants, todo = set(), list(ruled)
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in descendants:
+                descendants.add(sub)
+                todo.append(sub)
+    assert descendants - ruled, "no ruled model is extended: this test checks nothing"
+    assert {m.__name__ for m in ruled | descendants} <= set(titled)
+    assert any(not set(m.__bases__) & ruled for m in descendants)  # a grandchild (EncoderTier of Placement)
