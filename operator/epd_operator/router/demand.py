@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+REFRESH_SECONDS = 1  # how often a running EncoderDemand lets old peaks go
+
 
 class _Settable(Protocol):
     def set(self, value: float) -> None: ...
@@ -46,12 +48,10 @@ class EncoderDemand:
             return
         second = math.floor(self.clock())
         if self._peaks and self._peaks[-1][0] == second:
-            if self.now > self._peaks[-1][1]:
-                self._peaks[-1] = (second, self.now)
+            self._peaks[-1] = (second, max(self.now, self._peaks[-1][1]))
         else:
             self._peaks.append((second, self.now))
-        if self.now > self.shown:
-            self._show(self.now)
+        self._show(max(self.now, self.shown))  # a rise shows at once; a fall waits for refresh
 
     def dec(self, n: int) -> None:
         self.now -= n
@@ -68,7 +68,7 @@ class EncoderDemand:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(1)
+            await asyncio.sleep(REFRESH_SECONDS)
             self.refresh()
 
     def _show(self, value: int) -> None:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from .. import __version__
 from .failures import BackendRejection, RetryableFailure
+from .http_messages import LATIN1
 
 if TYPE_CHECKING:
     from .backends import Endpoint
@@ -73,7 +74,7 @@ class Tracing:
     def start(self, request: HttpRequest, route: str, rid: str) -> RequestTrace:
         headers = request.headers
         carrier = {name: headers[name] for name in _TRACE_HEADERS if name in headers}
-        parent = self.propagator.extract(carrier) if carrier else None
+        parent = self.propagator.extract(carrier)  # an empty context without the client's headers: a new trace
         span = self.tracer.start_span(
             f"{request.method} {route}",
             context=parent,
@@ -153,7 +154,7 @@ class CallSpan:
         self.span = tracing.tracer.start_span(stage, context=trace.context, kind=tracing.CLIENT, attributes=attrs)
         carrier: dict[str, str] = {}
         tracing.propagator.inject(carrier, context=tracing.in_context(self.span))
-        self.headers = "".join(f"{name}: {value}\r\n" for name, value in carrier.items()).encode("latin-1")
+        self.headers = "".join(f"{name}: {value}\r\n" for name, value in carrier.items()).encode(LATIN1)
         self.error = tracing.error
 
     def __enter__(self) -> CallSpan:

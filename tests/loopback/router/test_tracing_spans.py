@@ -101,7 +101,12 @@ def test_the_operation_is_the_routes_genai_name(traced, route, operation):
 
 @pytest.mark.parametrize(
     ("status", "error", "kind", "description"),
-    [(503, None, "503", "HTTP 503"), (200, "client_gone", "client_gone", "client_gone"), (499, None, None, None)],
+    [
+        (503, None, "503", "HTTP 503"),
+        (500, None, "500", "HTTP 500"),
+        (200, "client_gone", "client_gone", "client_gone"),
+        (499, None, None, None),
+    ],
 )
 def test_a_request_ends_in_error_on_a_5xx_or_a_named_error(traced, status, error, kind, description):
     tracing, spans = traced
@@ -203,4 +208,28 @@ def test_a_failed_call_says_how_it_failed(traced, error, attributes, description
     seen = {k: v for k, v in span.attributes.items() if k in ("http.response.status_code", "error.type")}
     assert seen == attributes
     assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, description)
-    assert [e.name for e in span.events] == (["exception"] if isinstance(error, OSError) else [])
+    events = [(e.name, e.attributes.get("exception.type"), e.attributes.get("exception.message")) for e in span.events]
+    assert events == ([("exception", "OSError", "reset by peer")] if isinstance(error, OSError) else [])
+
+
+def test_a_clients_tracestate_goes_on_to_the_backend_with_its_traceparent(traced):
+    tracing, spans = traced
+    trace = tracing.start(request(traceparent=TRACEPARENT, tracestate="vendor=abc"), "/v1/chat/completions", "rid")
+    with trace.call("decode", Endpoint("http://10.0.0.9:8000", "decode", "pd-0"), "/v1/chat/completions") as call:
+        headers = call.headers
+    trace.end(200)
+    span = spans.get_finished_spans()[0]
+    ids = f"{span.context.trace_id:032x}-{span.context.span_id:016x}"
+    assert headers == f"traceparent: 00-{ids}-01\r\ntracestate: vendor=abc\r\n".encode()
+
+
+def test_without_the_sdk_tracing_is_unavailable_and_refused_clearly(monkeypatch):
+    import sys
+
+    from epd_operator.router.tracing import MISSING
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # an import of it fails
+    assert not tracing_available()
+    with pytest.raises(RuntimeError) as refused:
+        Tracing("http://127.0.0.1:9/v1/traces")
+    assert str(refused.value) == MISSING

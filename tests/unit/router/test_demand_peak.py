@@ -134,3 +134,15 @@ def test_run_refreshes_every_second():
 
     asyncio.run(main())
     assert gauge.value == 0
+
+
+def test_one_second_keeps_one_peak_however_many_items_arrive_in_it():
+    """The window holds a peak per second, not per item: a busy second costs one entry."""
+    d, gauge, clock = demand(15)
+    for _ in range(100):
+        d.inc(1)
+        d.dec(1)
+    assert (len(d._peaks), gauge.value) == (1, 1)
+    clock.t += 1
+    d.inc(1)
+    assert len(d._peaks) == 2
