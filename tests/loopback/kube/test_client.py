@@ -278,3 +278,14 @@ async def test_a_slow_server_times_out(api):
     async with Kube(Logins(api.url), timeout=0.2) as kube:
         with pytest.raises(asyncio.TimeoutError):
             await kube.get(EPD, "ns", "a")
+
+
+async def test_the_retry_after_a_401_sends_the_same_body_and_content_type(api):
+    obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}, "data": {"k": "v"}}
+    api.answer(401, {"kind": "Status", "reason": "Unauthorized"})
+    api.answer(200, obj)
+    async with Kube(Logins(api.url)) as kube:
+        await kube.apply(obj)
+    first, retry = api.requests
+    assert (retry.method, retry.path, retry.query, retry.body) == (first.method, first.path, first.query, obj)
+    assert retry.headers["Content-Type"] == first.headers["Content-Type"] == "application/apply-patch+yaml"

@@ -247,3 +247,15 @@ def test_a_build_info_collector_names_its_family_and_always_says_one():
     text = generate_latest(registry).decode()
     assert "# HELP probe_build_info probe version; always 1\n" in text
     assert f'probe_build_info{{version="{__version__}"}} 1.0\n' in text
+
+
+def test_two_routers_in_one_process_each_export_the_encoder_demand():
+    """Each RouterMetrics owns its registry: nothing lands in prometheus_client's global one, where a second
+    instance would be refused as a duplicate."""
+    from epd_operator.router import contract
+    from epd_operator.router.metrics import RouterMetrics
+
+    first, second = RouterMetrics(), RouterMetrics()
+    for m in (first, second):
+        names = {f.name for f in m.registry.collect()}
+        assert contract.ENCODER_DEMAND_METRIC in names
