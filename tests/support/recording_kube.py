@@ -14,9 +14,15 @@ from epd_operator.kube import ApiError, Kube
 
 
 class RecordingKube:
-    def __init__(self, refuse: dict[tuple[str, str], ApiError] | None = None) -> None:
+    def __init__(
+        self,
+        refuse: dict[tuple[str, str], ApiError] | None = None,
+        refuse_writes: dict[tuple[str, str], ApiError] | None = None,
+    ) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.refuse = refuse or {}  # (kind, name) -> the error a dry run of it raises
+        # (kind, name) -> the error its real write raises, the dry run having passed (a webhook that judges writes)
+        self.refuse_writes = refuse_writes or {}
         self.lingering: dict[tuple[str, str], int] = {}  # (kind, name) -> reads that still find it (a finalizer)
         # (kind, namespace, name) -> the object as the server holds it, for answers that return it whole
         self.stored: dict[tuple[str, str | None, str], dict[str, Any]] = {}
@@ -31,6 +37,8 @@ class RecordingKube:
         self.calls.append(("apply", key, field_manager, force, dry_run))
         if dry_run and key in self.refuse:
             raise self.refuse[key]
+        if not dry_run and key in self.refuse_writes:
+            raise self.refuse_writes[key]
         return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(len(self.calls))}}
 
     async def delete(self, resource: Any, namespace: str | None, name: str, *, uid: str | None = None) -> bool:

@@ -401,3 +401,23 @@ async def test_a_plan_the_server_refuses_on_a_dry_run_is_not_applied():
     assert [c for c in kube.calls if c[0] == "apply" and not c[4]] == []
     assert r._held == {}
     assert "quota" in str(kube.statuses()[-1])
+
+
+async def test_a_write_the_server_refuses_after_its_dry_run_passed_is_reported_not_retried(caplog):
+    """An admission webhook may judge real writes only: the objects written before the refusal are kept and
+    cached, the refusal reaches the status like a dry run's, and the pass does not fail into retries."""
+    refusal = ApiError(422, {"message": "denied by the webhook"}, "PATCH")
+    kube = RecordingKube(refuse_writes={("Deployment", f"{NAME}-decode"): refusal})
+    r, _ = known(kube)
+    await queued(r)
+    with caplog.at_level("WARNING", logger="epd_operator.controller.reconciler"):
+        assert await r.full_pass(KEY) == "success"
+    written = [c[1] for c in kube.calls if c[0] == "apply" and not c[4]]
+    assert ("Deployment", f"{NAME}-decode") in written
+    assert written[-1] == ("Deployment", f"{NAME}-decode")  # nothing after the refused one
+    assert "denied by the webhook" in str(kube.statuses()[-1])
+    (warning,) = [rec.getMessage() for rec in caplog.records if rec.levelname == "WARNING"]
+    assert warning.startswith(f"{KEY[0]}/{KEY[1]}: ") and "denied by the webhook" in warning
+    # What was written before the refusal is cached (the next pass may run before its watch events).
+    assert all(r.cache.get(kind, KEY[0], name) is not None for kind, name in written[:-1])
+    assert r.cache.get("Deployment", KEY[0], f"{NAME}-decode") is None
