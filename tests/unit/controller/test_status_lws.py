@@ -164,3 +164,59 @@ def test_a_leader_worker_set_without_replicas_or_size_has_one_group_of_one_pod()
     assert unready_groups(bare, [group_pod(0, 0)]) == ()
     assert unready_groups(bare, [group_pod(0, 0, ready=False)]) == (0,)
     assert unready_groups(bare, []) == (0,)
+
+
+def test_a_leader_worker_sets_rollout_reads_every_count_of_its_status():
+    from epd_operator.controller.status_deployment import Rollout
+    from epd_operator.controller.status_lws import lws_rollout
+
+    ws = {
+        "metadata": {"name": "qwen-decode", "generation": 3},
+        "spec": {"replicas": 4},
+        "status": {
+            "observedGeneration": 3,
+            "replicas": 5,
+            "readyReplicas": 2,
+            "updatedReplicas": 3,
+            "availableReplicas": 1,
+            "conditions": [
+                {"type": "Progressing", "status": "True", "reason": "ProgressDeadlineExceeded", "message": "slow"}
+            ],
+        },
+    }
+    assert lws_rollout(ws, (2, 3)) == Rollout(
+        desired=4,
+        replicas=5,
+        ready=2,
+        updated=3,
+        available=1,
+        settled=True,
+        is_ready=False,
+        stuck=True,
+        reason=GROUPS_NOT_READY,
+        message="groups 2, 3 of 4 not ready (LeaderWorkerSet qwen-decode: slow)",
+    )
+
+
+def test_a_bare_leader_worker_set_has_one_group_and_counts_nothing_yet():
+    from epd_operator.controller.status_deployment import Rollout
+    from epd_operator.controller.status_lws import lws_rollout
+
+    assert lws_rollout({}, ()) == Rollout(
+        desired=1,
+        replicas=0,
+        ready=0,
+        updated=0,
+        available=0,
+        settled=True,
+        is_ready=False,
+        stuck=False,
+        reason=GROUPS_NOT_READY,
+        message="0 of 1 groups ready (LeaderWorkerSet )",
+    )
+    ready = {
+        "spec": {"replicas": 2},
+        "status": {"readyReplicas": 2, "conditions": [{"type": "Available", "status": "True"}]},
+    }
+    rollout = lws_rollout(ready, ())
+    assert (rollout.is_ready, rollout.available, rollout.reason, rollout.message) == (True, 2, None, None)
