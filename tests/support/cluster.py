@@ -157,21 +157,36 @@ class KubeView:
         return self.list("v1", "Pod", labels=labels or None)
 
     def set_pod_ready(self, name: str, ready: bool) -> None:
-        """Take a pod's readiness over from kwok (which leaves alone a pod annotated so) and set it."""
+        """Take a pod's readiness over from kwok (which leaves alone a pod annotated so) and set it.
+
+        kwok may still be acting on an event from before the annotation (a new pod it is making ready), so
+        the readiness is set again until five reads 0.2 s apart agree with it."""
         path = f"/api/v1/namespaces/{self.ns}/pods/{name}"
         self.ok("PATCH", path, {"metadata": {"annotations": {"kwok.x-k8s.io/status": "custom"}}})
-        pod = self.ok("GET", path)
         value = "True" if ready else "False"
-        conditions = [
-            {**c, "status": value} if c["type"] in ("Ready", "ContainersReady") else c
-            for c in pod["status"]["conditions"]
-        ]
-        self.ok(
-            "PATCH",
-            path + "/status",
-            {"status": {"conditions": conditions}},
-            content_type="application/strategic-merge-patch+json",
-        )
+        deadline, agreeing = time.monotonic() + 15, 0
+        while agreeing < 5:
+            pod = self.ok("GET", path)
+            conditions = pod["status"].get("conditions") or []
+            if all(c["status"] == value for c in conditions if c["type"] in ("Ready", "ContainersReady")):
+                agreeing += 1
+            else:
+                agreeing = 0
+                assert time.monotonic() < deadline, f"pod {name}'s readiness does not stay {value}: {conditions}"
+                self.ok(
+                    "PATCH",
+                    path + "/status",
+                    {
+                        "status": {
+                            "conditions": [
+                                {**c, "status": value} if c["type"] in ("Ready", "ContainersReady") else c
+                                for c in conditions
+                            ]
+                        }
+                    },
+                    content_type="application/strategic-merge-patch+json",
+                )
+            time.sleep(0.2)
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply as the test (admin), into this namespace unless the object names one."""
