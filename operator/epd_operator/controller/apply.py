@@ -239,7 +239,7 @@ def wake_for_hpa(hpa: dict[str, Any], live_target: dict[str, Any] | None) -> dic
         "apiVersion": live_target["apiVersion"],
         "kind": live_target["kind"],
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-        "spec": {"replicas": max(1, int(hpa["spec"].get("minReplicas") or 1))},
+        "spec": {"replicas": hpa["spec"]["minReplicas"]},  # rendered always, at least 1
     }
 
 
@@ -383,8 +383,9 @@ REPLACEMENT_TRIES = 10
 REPLACEMENT_RETRY_S = 1.0
 # A ScaledObject being deleted keeps KEDA's scale loop running until KEDA's finalizer is done (it may still
 # take an idle tier to zero): a tier is woken for its HPA only once the ScaledObject is gone, waited for
-# this long at most (then woken anyway).
+# this long at most (then woken anyway), read this often.
 REPLACED_GONE_S = 30.0
+REPLACED_POLL_S = 0.5
 
 
 async def _delete(kube: Kube, obj: dict[str, Any]) -> None:
@@ -397,7 +398,7 @@ async def _gone(kube: Kube, obj: dict[str, Any]) -> None:
     while await kube.get(child_resource(obj), meta["namespace"], meta["name"]) is not None:
         if asyncio.get_running_loop().time() > deadline:
             return
-        await asyncio.sleep(REPLACEMENT_RETRY_S / 2)
+        await asyncio.sleep(REPLACED_POLL_S)
 
 
 async def _target(kube: Kube, autoscaler: dict[str, Any]) -> dict[str, Any] | None:
@@ -408,14 +409,14 @@ async def _target(kube: Kube, autoscaler: dict[str, Any]) -> dict[str, Any] | No
 
 
 async def _create_replacement(kube: Kube, step: Apply) -> dict[str, Any]:
-    for attempt in range(REPLACEMENT_TRIES):
+    for _ in range(REPLACEMENT_TRIES - 1):
         try:
             return await kube.apply(step.desired)
         except ApiError as exc:
-            if not admission_denial(exc) or attempt == REPLACEMENT_TRIES - 1:
+            if not admission_denial(exc):
                 raise
-            await asyncio.sleep(REPLACEMENT_RETRY_S)
-    raise AssertionError("unreachable")
+        await asyncio.sleep(REPLACEMENT_RETRY_S)
+    return await kube.apply(step.desired)  # the last try: its denial is the refusal
 
 
 async def execute(kube: Kube, todo: Plan) -> dict[ObjKey, dict[str, Any] | None]:

@@ -4,6 +4,7 @@ order, the dry run's verdicts, the plan's reasons and descriptions. Every expect
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from decimal import Decimal
 from typing import Any
@@ -18,7 +19,9 @@ from epd_operator.controller.apply import (
     ApplyRefused,
     Plan,
     _drift,
+    _gone,
     _same_scalar,
+    admission_denial,
     adopt,
     applied_hash,
     drift,
@@ -31,7 +34,9 @@ from epd_operator.controller.apply import (
     plan,
     refusal,
     refused_by_server,
+    replaced_autoscaler,
     replicas_handover,
+    scale_target,
     wake_for_hpa,
 )
 from epd_operator.kube import CHILD_RESOURCES, ApiError, child_resource
@@ -710,12 +715,12 @@ def test_an_admission_webhooks_denial_is_a_refusal_whatever_its_code_and_a_faile
     assert not refusal(ApiError(500, unreachable, "apply"))
 
 
-def hpa(name: str = "vl-encoder", min_replicas: int = 2) -> dict[str, Any]:
+def hpa(name: str = "vl-encoder", min_replicas: int = 2, target: str = "vl-encoder") -> dict[str, Any]:
     return obj(
         "HorizontalPodAutoscaler",
         name,
         "autoscaling/v2",
-        scaleTargetRef={"apiVersion": "apps/v1", "kind": "Deployment", "name": "vl-encoder"},
+        scaleTargetRef={"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
         minReplicas=min_replicas,
         maxReplicas=4,
     )
@@ -800,7 +805,7 @@ async def test_execute_deletes_the_old_autoscaler_wakes_the_tier_then_creates_th
     kube = RecordingKube()
     kube.stored[("Deployment", "ns", "vl-encoder")] = live_deployment(0)  # KEDA took the idle tier to zero
     kube.lingering[("ScaledObject", "vl-encoder")] = 2  # KEDA's finalizer: its scale loop still runs meanwhile
-    monkeypatch.setattr("epd_operator.controller.apply.REPLACEMENT_RETRY_S", 0)
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACED_POLL_S", 0)
     touched = await execute(as_kube(kube), Plan([Apply(hpa(), "create", replaces=old)], [old]))
     assert kube.calls == [
         ("delete", "ScaledObject", "ns", "vl-encoder", "child-uid"),
@@ -873,3 +878,151 @@ async def test_an_object_denied_when_written_stops_the_plan_as_a_refusal_and_a_f
     kube = DeniesWhenWritten(ApiError(500, {"message": "etcdserver: timeout"}, "x"))
     with pytest.raises(ApiError):
         await execute(as_kube(kube), todo)
+
+
+def webhook_denial(status: int) -> ApiError:
+    return ApiError(status, {"message": 'admission webhook "v.example.io" denied the request: no'}, "apply")
+
+
+@pytest.mark.parametrize("status, denial", [(399, False), (400, True), (403, True), (499, True), (500, False)])
+def test_a_webhooks_denial_is_one_only_with_a_client_errors_code(status, denial):
+    # a 5xx with the webhook's words is the server failing around the webhook, not the webhook's verdict
+    assert admission_denial(webhook_denial(status)) is denial
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"message": 'the request was denied: admission webhook "v" denied the request: no'},  # not the prefix
+        {"message": 'admission webhook "v.example.io" refused: no'},  # the prefix without the verdict
+        {"message": "ValidatingAdmissionPolicy 'p' with binding 'b' allowed the request"},
+        {"message": 'deployments.apps "x" is forbidden: someone denied request'},  # the verdict, no policy
+        {"reason": "Forbidden"},  # no message
+        'admission webhook "v" denied the request: no',  # an answer that is not a Status at all
+    ],
+)
+def test_only_the_api_servers_wording_of_a_denial_is_one(body):
+    assert not admission_denial(ApiError(403, body, "apply"))
+
+
+def test_each_autoscaler_scales_the_target_its_reference_names():
+    assert scale_target(hpa(target="vl-prefill")) == ("Deployment", "vl-prefill")
+    assert scale_target(scaled_object()) == ("Deployment", "vl-encoder")
+    assert scale_target({"kind": "ScaledObject", "spec": {"scaleTargetRef": {"name": "vl-encoder"}}}) is None
+    assert scale_target({"kind": "ScaledObject", "spec": {}}) is None
+    assert scale_target({"kind": "ScaledObject"}) is None
+
+
+def test_an_engine_switch_replaces_the_autoscaler_of_its_own_tier_not_another_tiers():
+    prefill = live_copy(adopt(hpa("vl-prefill", target="vl-prefill"), OWNER))
+    encoder = live_copy(adopt(hpa(), OWNER))
+    assert replaced_autoscaler(adopt(scaled_object(), OWNER), [prefill, encoder], "uid-1") is encoder
+    desired = [adopt(deployment(replicas=None), OWNER), adopt(scaled_object(), OWNER)]
+    (step,) = plan(desired, [prefill, live_deployment(3), encoder], "uid-1").applies
+    assert step.replaces is encoder
+    # a ScaledObject that has lost its target (no tier of its own) replaces nothing
+    lost = live_copy(adopt(scaled_object("vl-old"), OWNER))
+    del lost["spec"]["scaleTargetRef"]
+    assert replaced_autoscaler(adopt(hpa(), OWNER), [lost], "uid-1") is None
+
+
+def test_a_switch_interrupted_after_the_new_autoscaler_was_created_finishes_by_pruning_the_old_one():
+    """The pass created the ScaledObject and stopped before deleting the HPA: the next plan has the new one
+    in place (nothing to replace) and prunes the old."""
+    new = adopt(scaled_object(), OWNER)
+    old = live_copy(adopt(hpa(), OWNER))
+    todo = plan([adopt(deployment(replicas=None), OWNER), new], [live_deployment(3), live_copy(new), old], "uid-1")
+    assert todo.applies == []
+    assert todo.prunes == [old]
+
+
+@pytest.mark.parametrize("min_replicas", [1, 3])
+def test_a_tier_at_zero_wakes_to_exactly_the_hpas_min_replicas(min_replicas):
+    wake = wake_for_hpa(hpa(min_replicas=min_replicas), live_deployment(0))
+    assert wake is not None and wake["spec"] == {"replicas": min_replicas}
+
+
+async def test_a_replacement_is_tried_the_set_number_of_times_and_the_last_denial_is_the_refusal(monkeypatch):
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACEMENT_RETRY_S", 0)
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACEMENT_TRIES", 3)
+    old = live_copy(adopt(hpa(), OWNER))
+    todo = Plan([Apply(scaled_object(), "create", replaces=old)], [old])
+    kube = StaleWebhookKube(denials=2)  # the third and last try is accepted
+    touched = await execute(as_kube(kube), todo)
+    assert touched[("ScaledObject", "vl-encoder")] is not None
+    kube = StaleWebhookKube(denials=3)
+    with pytest.raises(ApplyRefused):
+        await execute(as_kube(kube), todo)
+    assert [c[0] for c in kube.calls] == ["delete", "apply", "apply", "apply"]
+
+
+class FailsToApply(RecordingKube):
+    """A write that fails on the server's side (not a denial): not tried again."""
+
+    async def apply(self, obj, *, field_manager="epd-operator", force=True, dry_run=False):
+        await super().apply(obj, field_manager=field_manager, force=force, dry_run=dry_run)
+        raise ApiError(500, {"message": "etcdserver: timeout"}, "apply")
+
+
+async def test_a_replacement_that_fails_for_another_reason_is_not_tried_again(monkeypatch):
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACEMENT_RETRY_S", 0)
+    old = live_copy(adopt(hpa(), OWNER))
+    kube = FailsToApply()
+    with pytest.raises(ApiError):
+        await execute(as_kube(kube), Plan([Apply(scaled_object(), "create", replaces=old)], [old]))
+    assert [c[0] for c in kube.calls] == ["delete", "apply"]
+
+
+async def test_an_engine_switch_does_not_end_the_plan_and_each_prune_is_done_once():
+    old = live_copy(adopt(hpa(), OWNER))
+    stale_service = live_copy(adopt(obj(name="vl-old"), OWNER))
+    stale_config = live_copy(adopt(obj("ConfigMap", "vl-old-config"), OWNER))
+    todo = Plan(
+        [Apply(scaled_object(), "create", replaces=old), Apply(obj(), "update")],
+        [old, stale_service, stale_config],  # the replaced HPA first: deleted by the switch already
+    )
+    kube = RecordingKube()
+    touched = await execute(as_kube(kube), todo)
+    assert [(c[0], c[1]) for c in kube.calls] == [
+        ("delete", "HorizontalPodAutoscaler"),
+        ("apply", ("ScaledObject", "vl-encoder")),
+        ("apply", ("Service", "vl-router")),
+        ("delete", "Service"),
+        ("delete", "ConfigMap"),
+    ]
+    assert list(touched) == [
+        ("HorizontalPodAutoscaler", "vl-encoder"),
+        ("ScaledObject", "vl-encoder"),
+        ("Service", "vl-router"),
+        ("Service", "vl-old"),
+        ("ConfigMap", "vl-old-config"),
+    ]
+
+
+async def test_the_dry_run_judges_every_step_after_a_replacement_the_webhook_let_pass():
+    steps = [Apply(scaled_object(), "create", replaces=hpa()), Apply(obj(), "update")]
+    invalid = ApiError(422, {"message": 'Service "vl-router" is invalid: spec.ports: Required'}, "x")
+    kube = RecordingKube({("ScaledObject", "vl-encoder"): KEDA_DENIAL, ("Service", "vl-router"): invalid})
+    assert await refused_by_server(as_kube(kube), Plan(steps, [hpa()])) == [
+        'Service vl-router: Service "vl-router" is invalid: spec.ports: Required'
+    ]
+
+
+async def test_a_refusal_without_a_status_body_is_told_in_the_errors_own_words():
+    kube = RecordingKube(refuse_writes={("Service", "vl-router"): ApiError(422, "invalid: spec.ports", "apply")})
+    with pytest.raises(ApplyRefused) as stopped:
+        await execute(as_kube(kube), Plan([Apply(obj(), "create")], []))
+    error = ApiError(422, "invalid: spec.ports", "apply")
+    assert stopped.value.problem == f"Service vl-router: {error} ({REFUSED_WHEN_WRITTEN})"
+    assert str(stopped.value) == stopped.value.problem  # what a log line or a traceback shows
+    assert "invalid: spec.ports" in stopped.value.problem
+
+
+async def test_a_replaced_scaled_object_is_waited_for_until_gone_and_no_longer(monkeypatch):
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACED_POLL_S", 0)
+    monkeypatch.setattr("epd_operator.controller.apply.REPLACED_GONE_S", 0.05)
+    kube = RecordingKube()
+    kube.lingering[("ScaledObject", "vl-encoder")] = 10**9  # a finalizer that never ends
+    started = asyncio.get_running_loop().time()
+    await _gone(as_kube(kube), scaled_object())
+    assert 0.05 <= asyncio.get_running_loop().time() - started < 5
