@@ -122,7 +122,14 @@ def _inactive(tier: str, hpa: dict[str, Any], failed: dict[str, Any]) -> str:
             words += f"; the HPA holds the tier at {replicas} until it reads its metrics again"
     if gone is not None:
         return f"{words}; {reason}, in the HPA's words in status.tiers.{tier}.autoscaling.conditions"
-    return f"{words}; {reason}: {message}" if reason else f"{words}: {message}"
+    if reason:
+        return f"{words}; {worded(reason, message)}"
+    return f"{words}: {message}" if message else words
+
+
+def worded(reason: str, message: str) -> str:
+    """A condition as the status quotes it: `<reason>: <message>`, the reason alone when it has no message."""
+    return f"{reason}: {message}" if message else reason
 
 
 def hpa_inactive(tier: str, hpa: dict[str, Any]) -> tuple[str, str] | None:

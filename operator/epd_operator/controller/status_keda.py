@@ -15,7 +15,7 @@ from typing import Any
 
 from ..api.status import AUTOSCALING_INACTIVE, TierAutoscaling
 from .pods import condition
-from .status_hpa import KEDA_METRICS, autoscaler_conditions, missing
+from .status_hpa import KEDA_METRICS, autoscaler_conditions, missing, worded
 
 
 def keda_autoscaling(so: dict[str, Any]) -> TierAutoscaling:
@@ -38,13 +38,14 @@ def keda_inactive(tier: str, so: dict[str, Any]) -> tuple[str, str, bool] | None
     ):
         if found is not None:
             reason, message = str(found.get("reason") or AUTOSCALING_INACTIVE), str(found.get("message") or "")
-            return reason, f"{tier} autoscaling inactive: {words} (ScaledObject {reason}: {message})", True
+            return reason, f"{tier} autoscaling inactive: {words} (ScaledObject {worded(reason, message)})", True
     hpa = conditions.get("HPAActive", {})
     if hpa.get("status") == "False":
         return _hpa_inactive(tier, hpa)
     if paused.get("status") == "True":
         reason = str(paused.get("reason") or "ScaledObjectPaused")
-        return reason, f"{tier} autoscaling paused: its ScaledObject is paused ({paused.get('message') or ''})", False
+        said = str(paused.get("message") or "")
+        return reason, f"{tier} autoscaling paused: its ScaledObject is paused" + (f" ({said})" if said else ""), False
     return None
 
 
@@ -56,7 +57,7 @@ def _hpa_inactive(tier: str, hpa: dict[str, Any]) -> tuple[str, str, bool]:
     if gone is None:
         return (
             reason,
-            f"{tier} autoscaling inactive: KEDA's HPA cannot act (ScaledObject HPAActive {reason}: {message})",
+            f"{tier} autoscaling inactive: KEDA's HPA cannot act (ScaledObject HPAActive {worded(reason, message)})",
             True,
         )
     return (

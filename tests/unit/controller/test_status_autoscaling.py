@@ -15,7 +15,7 @@ from epd_operator.controller.status import (
     tier_state,
     transitions,
 )
-from epd_operator.controller.status_hpa import missing
+from epd_operator.controller.status_hpa import hpa_inactive, missing
 from tests.support.workloads import settled_deployment
 
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
@@ -387,3 +387,27 @@ def test_a_metric_source_lost_then_back_posts_one_warning_and_one_normal_event()
 def test_words_it_does_not_know_name_nothing_missing():
     assert missing("unable to fetch metrics from custom metrics API: an answer never seen") is None
     assert missing("no custom metrics API (custom.metrics.k8s.io) registered") == "no APIService serves it"
+
+
+def wordless(obj: dict) -> dict:
+    """The object with its conditions' empty reasons and messages left out, as a controller may write them."""
+    for c in obj["status"]["conditions"]:
+        for key in ("reason", "message"):
+            if not c[key]:
+                del c[key]
+    return obj
+
+
+def test_an_inactive_hpa_without_words_is_quoted_without_empty_ones():
+    assert hpa_inactive("encoder", wordless(hpa(ABLE, ("ScalingActive", "False", "FailedGetScale", "")))) == (
+        "FailedGetScale",
+        "encoder autoscaling inactive; FailedGetScale",
+    )
+    assert hpa_inactive("encoder", wordless(hpa(ABLE, ("ScalingActive", "False", "", "")))) == (
+        "AutoscalingInactive",
+        "encoder autoscaling inactive",
+    )
+    assert hpa_inactive("encoder", wordless(hpa(ABLE, ("ScalingActive", "False", "", "the HPA is off")))) == (
+        "AutoscalingInactive",
+        "encoder autoscaling inactive: the HPA is off",
+    )

@@ -8,6 +8,7 @@ from typing import Any
 
 from epd_operator.controller.status import SCALED_TO_ZERO, TierInput, derive_status, tier_state, transitions
 from tests.support.workloads import settled_deployment
+from tests.unit.controller.test_status_autoscaling import wordless
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
@@ -280,9 +281,26 @@ def test_words_of_kedas_hpa_it_does_not_know_are_quoted():
         "encoder autoscaling inactive: KEDA's HPA cannot act (ScaledObject HPAActive FailedGetScale: HPA is not "
         "actively scaling: something new)"
     )
+    assert status.phase == "Degraded"  # KEDA's HPA cannot scale the tier: not a pause someone chose
     unnamed = ("HPAActive", "False", "", "")
-    status = derive(TierInput(settled_deployment(2), scaled_object=scaled_object(READY, unnamed, min_replicas=1)))
-    assert cond(status, "AutoscalingActive").reason == "AutoscalingInactive"
+    status = derive(
+        TierInput(settled_deployment(2), scaled_object=wordless(scaled_object(READY, unnamed, min_replicas=1)))
+    )
+    assert (cond(status, "AutoscalingActive").reason, cond(status, "AutoscalingActive").message) == (
+        "AutoscalingInactive",
+        "encoder autoscaling inactive: KEDA's HPA cannot act (ScaledObject HPAActive AutoscalingInactive)",
+    )
+
+
+def test_keda_conditions_without_messages_are_quoted_without_empty_ones():
+    failing = ("Ready", "False", "TriggerError", "")
+    status = derive(TierInput(settled_deployment(2), scaled_object=wordless(scaled_object(failing, min_replicas=1))))
+    assert cond(status, "AutoscalingActive").message == (
+        "encoder autoscaling inactive: KEDA cannot scale it (ScaledObject TriggerError)"
+    )
+    paused = ("Paused", "True", "ScaledObjectPaused", "")
+    status = derive(TierInput(settled_deployment(1), scaled_object=wordless(scaled_object(READY, paused))))
+    assert cond(status, "AutoscalingActive").message == "encoder autoscaling paused: its ScaledObject is paused"
 
 
 def test_kedas_hpa_disabled_at_zero_is_not_a_failure():

@@ -8,7 +8,7 @@ from typing import Any
 
 from epd_operator.api.status import GROUPS_NOT_READY
 from epd_operator.controller.pods import PodTrouble
-from epd_operator.controller.status import TierInput, derive_status, tier_state, transitions
+from epd_operator.controller.status import TierInput, derive_status, tier_state, transitions, unready_groups_of
 from epd_operator.controller.status_lws import unready_groups
 from tests.unit.controller.test_status import lws
 
@@ -92,6 +92,14 @@ def test_unready_groups_miss_a_pod_or_have_one_not_ready():
     assert unready_groups(whole, pods) == (1, 2)
     assert unready_groups(whole, []) == (0, 1, 2)  # a restarting group has no pods for a moment
     assert unready_groups(lws(2, 2), [group_pod(g, w) for g in (0, 1) for w in (0, 1)]) == ()
+
+
+def test_only_a_leader_worker_set_has_groups_to_name():
+    """What the reconciler asks of each tier's workload: a Deployment's pods form no groups."""
+    pods = [group_pod(0, 0), group_pod(1, 0, ready=False)]
+    assert unready_groups_of(lws(2, 1, size=1), pods) == (1,)
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": 2}}
+    assert unready_groups_of(deployment, pods) == ()
 
 
 def test_a_group_restart_names_the_group_and_is_degraded_until_it_is_ready_again():

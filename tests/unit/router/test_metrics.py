@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess, values
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from dev.generate import router_metrics
 from epd_operator import __version__
+from epd_operator.router import contract
 from epd_operator.router.backends import DiscoveredEndpoint, Pool
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.prom import sample_values, samples
@@ -259,3 +261,13 @@ def test_two_routers_in_one_process_each_export_the_encoder_demand():
     for m in (first, second):
         names = {f.name for f in m.registry.collect()}
         assert contract.ENCODER_DEMAND_METRIC in names
+
+
+def test_every_metric_the_router_keeps_is_in_its_own_registry():
+    """Each metric is described to the registry /metrics collects: a metric made with `registry=None` would
+    count and never be scraped."""
+    metrics = RouterMetrics(CollectorRegistry())
+    kept = {d.name for m in vars(metrics).values() if isinstance(m, MetricWrapperBase) for d in m.describe()}
+    exposed = {f.name for f in metrics.registry.collect()}
+    assert {contract.ENCODER_DEMAND_METRIC, "epd_router_requests", "epd_router_generation_backends"} <= kept
+    assert kept <= exposed, kept - exposed
