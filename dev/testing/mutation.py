@@ -321,6 +321,13 @@ NOT_MUTATED: dict[str, str] = {
 # which tests/support imports (free ports, the version pins)
 ALSO_COPY = ["examples", "crds", "charts", "dev", "docs", "bench"]
 
+# Seconds a test may run in a mutation run (pytest-timeout). A mutant that makes a loopback test wait for an
+# answer that never comes spends no CPU, so mutmut's CPU-time limit never stops it: a limit far above any
+# listed test's run fails it instead, and the mutant counts as killed. router-serving's mutants hang its
+# handlers most often; its slowest test takes 3 s (the demand window's sleeps), so 8 s there.
+TEST_TIMEOUT_S = 20
+GROUP_TEST_TIMEOUT_S = {"router-serving": 8}
+
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
 
@@ -506,6 +513,11 @@ def save_results(runs: dict[str, GroupRun], path: Path = RESULTS) -> None:
     path.write_text(json.dumps({g: runs[g].to_json() for g in order}, indent=1, ensure_ascii=False) + "\n")
 
 
+def per_test_limit(groups: list[str]) -> int:
+    """The per-test limit of a run of `groups`: the longest any of them allows."""
+    return max(GROUP_TEST_TIMEOUT_S.get(g, TEST_TIMEOUT_S) for g in groups)
+
+
 def layout(work: Path, groups: list[str], modules: list[str]) -> None:
     """The scratch tree mutmut runs in: src/epd_operator, the tests, the files they read, the config."""
     if work.exists():
@@ -527,10 +539,7 @@ def layout(work: Path, groups: list[str], modules: list[str]) -> None:
         "also_copy": [*ALSO_COPY, PACKAGE_DIR.split("/")[0]],
         "pytest_add_cli_args_test_selection": tests,
         # hypothesis' example database and pytest's cache would carry state from one mutant to the next.
-        # A mutant that makes a loopback test wait for an answer that never comes spends no CPU, so
-        # mutmut's CPU-time limit never stops it: a per-test limit far above any listed test's run
-        # (the slowest take about a second) fails it instead, and the mutant counts as killed.
-        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "--timeout", "20"],
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "--timeout", str(per_test_limit(groups))],
         "use_git_change_detection": False,
     }
     lines = ["", "[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in config.items()]

@@ -295,3 +295,9 @@ def test_mutants_are_counted_by_mutmuts_own_generator_in_functions_only(tmp_path
     counts = mutation.count_mutants(["f.py", "consts.py"], tmp_path)
     assert counts["f.py"] > 0 and counts["consts.py"] == 0, counts  # module-level code is never mutated
     assert Path.cwd() == here
+
+
+def test_each_test_has_its_groups_limit_and_a_run_of_several_the_longest():
+    assert mutation.per_test_limit(["router-serving"]) == 8
+    assert mutation.per_test_limit(["kube"]) == mutation.TEST_TIMEOUT_S == 20
+    assert mutation.per_test_limit(["router-serving", "kube"]) == 20
