@@ -363,12 +363,17 @@ REFUSED_WHEN_WRITTEN = "refused when written, after what came before it in the p
 
 class ApplyRefused(Exception):
     """The server refused an object of the plan when it was written: the refusal, in the dry run's
-    form, and what was written before it (as `execute` returns it)."""
+    form, what was written before it (as `execute` returns it) and the part of the plan that was done."""
 
-    def __init__(self, problem: str, touched: dict[ObjKey, dict[str, Any] | None]) -> None:
+    def __init__(self, problem: str, touched: dict[ObjKey, dict[str, Any] | None], todo: Plan) -> None:
         super().__init__(problem)
         self.problem = problem
         self.touched = touched
+        # An engine switch's old autoscaler, deleted before its replacement was refused, is a prune done.
+        self.done = Plan(
+            [step for step in todo.applies if key_of(step.desired) in touched],
+            [obj for obj in todo.prunes if key_of(obj) in touched],
+        )
 
 
 def _refused(desired: dict[str, Any], error: ApiError) -> str:
@@ -442,7 +447,7 @@ async def execute(kube: Kube, todo: Plan) -> dict[ObjKey, dict[str, Any] | None]
         except ApiError as exc:
             if not refusal(exc):
                 raise
-            raise ApplyRefused(_refused(step.desired, exc), touched) from exc
+            raise ApplyRefused(_refused(step.desired, exc), touched, todo) from exc
     for obj in todo.prunes:
         if key_of(obj) in touched:  # an engine switch deleted it already
             continue

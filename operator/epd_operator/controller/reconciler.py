@@ -438,17 +438,11 @@ class Reconciler:
             log.info("%s/%s: %s", meta["namespace"], meta["name"], step.describe())
         for obj in todo.prunes:
             log.info("%s/%s: pruning %s %s", meta["namespace"], meta["name"], obj["kind"], obj["metadata"]["name"])
-        refused: list[str] = []
         try:
-            touched = await apply.execute(self.kube, todo)
+            touched, refused = await apply.execute(self.kube, todo), []
         except apply.ApplyRefused as stopped:
-            touched, refused = stopped.touched, [stopped.problem]
+            touched, refused, todo = stopped.touched, [stopped.problem], stopped.done
             log.warning("%s/%s: %s", meta["namespace"], meta["name"], stopped.problem)
-            todo = dataclasses.replace(
-                todo,
-                applies=[a for a in todo.applies if apply.key_of(a.desired) in touched],
-                prunes=[o for o in todo.prunes if apply.key_of(o) in touched],
-            )
         for obj in todo.prunes:
             self.cache.forget(obj)
         for written in touched.values():

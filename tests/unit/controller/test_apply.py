@@ -848,6 +848,7 @@ async def test_a_replacement_denied_while_the_webhook_still_sees_the_old_hpa_is_
     with pytest.raises(ApplyRefused) as stopped:
         await execute(as_kube(kube), Plan([Apply(scaled_object(), "create", replaces=old)], [old]))
     assert stopped.value.touched == {("HorizontalPodAutoscaler", "vl-encoder"): None}
+    assert stopped.value.done == Plan([], [old])  # the old HPA is gone: a prune done; its replacement is not
     assert stopped.value.problem == f"ScaledObject vl-encoder: {KEDA_DENIAL.body['message']} ({REFUSED_WHEN_WRITTEN})"
 
 
@@ -874,6 +875,7 @@ async def test_an_object_denied_when_written_stops_the_plan_as_a_refusal_and_a_f
     with pytest.raises(ApplyRefused) as stopped:
         await execute(as_kube(kube), todo)
     assert list(stopped.value.touched) == [("Deployment", "vl-encoder")]  # the Service after it was not written
+    assert stopped.value.done == Plan([todo.applies[0]], [])
     assert stopped.value.problem.startswith('ScaledObject vl-encoder: admission webhook "vscaledobject.kb.io" denied')
     kube = DeniesWhenWritten(ApiError(500, {"message": "etcdserver: timeout"}, "x"))
     with pytest.raises(ApiError):

@@ -421,3 +421,7 @@ async def test_a_write_the_server_refuses_after_its_dry_run_passed_is_reported_n
     # What was written before the refusal is cached (the next pass may run before its watch events).
     assert all(r.cache.get(kind, KEY[0], name) is not None for kind, name in written[:-1])
     assert r.cache.get("Deployment", KEY[0], f"{NAME}-decode") is None
+    # The Applied event names what was written, not the refused object nor what came after it.
+    events = {c[3]["reason"]: c[3] for c in kube.calls if c[0] == "create" and c[1] == "Event"}
+    assert events["Applied"]["message"] == "; ".join(f"{kind} {name} created" for kind, name in written[:-1])
+    assert "Pruned" not in events
