@@ -51,6 +51,7 @@ class Stack:
     encoders: list[FakeVLLM] = field(default_factory=list)
     prefills: list[FakeVLLM] = field(default_factory=list)
     decodes: list[FakeVLLM] = field(default_factory=list)
+    server: RouterServer | None = None  # the listening router: `shutdown()` drains it
 
     async def post(self, path: str, doc=None, *, data: bytes | None = None, headers: dict | None = None) -> Reply:
         payload = data if data is not None else orjson.dumps(doc)
@@ -94,7 +95,7 @@ async def router_stack(encoders: int = 2, prefills: int = 0, decodes: int = 1, p
         router = Router(cfg)
         runner, url = await serve_router(router)
         async with aiohttp.ClientSession() as session:
-            yield Stack(router, url, session, fakes_e, fakes_p, fakes_d)
+            yield Stack(router, url, session, fakes_e, fakes_p, fakes_d, runner)
     finally:
         if runner is not None:
             await runner.cleanup()

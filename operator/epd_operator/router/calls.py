@@ -12,7 +12,7 @@ from .backends import Endpoint, Pool
 from .config import RouterConfig
 from .context import RequestContext
 from .failures import BackendRejection, RetryableFailure, is_client_error
-from .http_messages import Reply, Response, StreamResponse
+from .http_messages import CONTENT_TYPE, REQUEST_ID, Reply, Response, StreamResponse
 from .metrics import RouterMetrics
 from .upstream import BackendReply, TransportError, Upstream
 
@@ -122,7 +122,7 @@ class BackendCalls:
                 raise RetryableFailure("read", pool.role) from None
             self.metrics.observe_stage("ttfb", time.perf_counter() - ctx.t0)
             ctx.release_raw()  # E+PD: the consumer encoded the raw items
-            return Response(body=data, status=resp.status, headers={"Content-Type": ct, "x-request-id": ctx.rid})
+            return Response(body=data, status=resp.status, headers={CONTENT_TYPE: ct, REQUEST_ID: ctx.rid})
         body = resp.iter_body()
         try:
             first = await anext(body, b"")
@@ -130,7 +130,7 @@ class BackendCalls:
             pool.record_failure(ep, "read")
             raise RetryableFailure("read", pool.role) from None
         out = StreamResponse(
-            status=resp.status, headers={"Content-Type": ct, "Cache-Control": "no-cache", "x-request-id": ctx.rid}
+            status=resp.status, headers={CONTENT_TYPE: ct, "Cache-Control": "no-cache", REQUEST_ID: ctx.rid}
         )
         await out.prepare(ctx.request)
         if first:

@@ -10,7 +10,7 @@ The transport's own error (`upstream.TransportError`) becomes a `RetryableFailur
 
 from __future__ import annotations
 
-from .http_messages import Response
+from .http_messages import CONTENT_TYPE, REQUEST_ID, Response
 from .protocol import error_body
 
 JSON = "application/json"
@@ -31,7 +31,7 @@ class RetryableFailure(Exception):
         """What the client gets once no retry is left."""
         if self.kind == "status" and self.body:
             return Response(
-                body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid}
+                body=self.body, status=self.status, headers={CONTENT_TYPE: self.content_type, REQUEST_ID: rid}
             )
         status = 504 if self.kind == "timeout" else 502
         return json_error(status, f"{self.role} failed ({self.kind})", rid, "upstream_error")
@@ -47,17 +47,15 @@ class BackendRejection(Exception):
         self.content_type = content_type
 
     def response(self, rid: str) -> Response:
-        return Response(
-            body=self.body, status=self.status, headers={"Content-Type": self.content_type, "x-request-id": rid}
-        )
+        return Response(body=self.body, status=self.status, headers={CONTENT_TYPE: self.content_type, REQUEST_ID: rid})
 
 
 def json_error(
     status: int, message: str, rid: str | None = None, err_type: str = "invalid_request_error", param: str | None = None
 ) -> Response:
-    headers = {"Content-Type": JSON}
+    headers = {CONTENT_TYPE: JSON}
     if rid:
-        headers["x-request-id"] = rid
+        headers[REQUEST_ID] = rid
     return Response(body=error_body(message, status, err_type, param), status=status, headers=headers)
 
 

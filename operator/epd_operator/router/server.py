@@ -21,7 +21,7 @@ from .calls import BackendCalls
 from .config import RouterConfig
 from .context import RequestContext
 from .failures import JSON, json_error
-from .http_messages import BodyTooLarge, HttpRequest, Reply, Response
+from .http_messages import CONTENT_TYPE, REQUEST_ID, BodyTooLarge, HttpRequest, Reply, Response
 from .http_server import HttpServer, start_server
 from .metrics import RouterMetrics
 from .pickers import make_picker
@@ -210,7 +210,7 @@ class Router:
         self, request: HttpRequest, route: str, media_of: Callable[[dict, list], list[MediaItem]]
     ) -> Reply:
         t0 = time.perf_counter()
-        rid = request.headers.get("x-request-id")
+        rid = request.headers.get(REQUEST_ID)
         if rid is None:
             rid = new_id()
         elif not _REQUEST_ID(rid):
@@ -252,13 +252,11 @@ class Router:
             elapsed = time.perf_counter() - t0
             self.metrics.observe_stage("total", elapsed)
             if self.cfg.log_requests:
-                log.info(
-                    "%s %s %d %.1f ms", response.headers.get("x-request-id"), route, response.status, elapsed * 1e3
-                )
+                log.info("%s %s %d %.1f ms", response.headers.get(REQUEST_ID), route, response.status, elapsed * 1e3)
         return response
 
     async def models(self, request: HttpRequest) -> Reply:
-        rid = request.headers.get("x-request-id")
+        rid = request.headers.get(REQUEST_ID)
         if rid is None or not _REQUEST_ID(rid):
             rid = new_id()
         pool = self.decodes
@@ -267,7 +265,7 @@ class Router:
                 "/v1/models", json_error(503, "no decode endpoint available", rid, "service_unavailable")
             )
         ep = pool.available[0]
-        headers = {"x-request-id": rid, "Accept-Encoding": "identity"}
+        headers = {REQUEST_ID: rid, "Accept-Encoding": "identity"}
         if "authorization" in request.headers:
             headers["Authorization"] = request.headers["authorization"]
         session = self.session
@@ -275,7 +273,7 @@ class Router:
         try:
             async with session.get(ep.url + "/v1/models", headers=headers, timeout=self.models_timeout) as r:
                 data = await r.read()
-                ct = r.headers.get("Content-Type", JSON)
+                ct = r.headers.get(CONTENT_TYPE, JSON)
                 status = r.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             pool.record_failure(ep, "connect")
@@ -283,7 +281,7 @@ class Router:
                 "/v1/models", json_error(502, f"decode /v1/models failed: {exc}", rid, "upstream_error")
             )
         return self._answered(
-            "/v1/models", Response(body=data, status=status, headers={"Content-Type": ct, "x-request-id": rid})
+            "/v1/models", Response(body=data, status=status, headers={CONTENT_TYPE: ct, REQUEST_ID: rid})
         )
 
     async def health_report(self, request: HttpRequest) -> Response:
@@ -307,7 +305,7 @@ class Router:
 
     async def metrics_report(self, request: HttpRequest) -> Response:
         data, content_type = self.metrics.exposition()
-        return Response(body=data, headers={"Content-Type": content_type})
+        return Response(body=data, headers={CONTENT_TYPE: content_type})
 
 
 class RouterServer:

@@ -461,3 +461,22 @@ async def test_client_leaving_mid_stream_stops_decode():
             resp.close()
         await wait_for(lambda: s.decodes[0].cancelled == 1)
         await wait_for(lambda: s.router.decodes.available[0].inflight == 0)
+
+
+async def test_an_encoder_reply_that_is_not_json_is_a_retried_failure_of_that_encoder(caplog):
+    async with router_stack(encoders=2) as s:
+        for e in s.encoders:  # every encoder answers with a body that is not JSON
+            e._encode = lambda body: web.Response(body=b"<html>oops</html>", content_type="application/json")
+        with caplog.at_level(logging.WARNING, logger="epd_router"):
+            r = await s.post(CHAT, chat(IMG_A), headers={"x-request-id": "req-u"})
+        # Each encoder is tried once; neither reply can be used: the item goes raw to PD, which encodes it.
+        assert r.status == 200
+        assert [len(e.received) for e in s.encoders] == [1, 1]
+        assert media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_url"
+        for e in s.encoders:
+            backend = e.url.split("//")[1]
+            assert await metric(
+                s, "epd_router_backend_errors_total", backend=backend, kind="reply", role="encoder"
+            ) == [1]
+        unusable = sorted(r.getMessage().split(": ")[0] for r in caplog.records if "reply unusable" in r.getMessage())
+        assert unusable == sorted(f"[req-u] encoder {e.url} reply unusable" for e in s.encoders)

@@ -1,9 +1,13 @@
 """The router's routes beside chat in process: /v1/models relayed from a decode instance, /health's report
-and status (the vLLM proxy's vocabulary), and what /v1/completions refuses."""
+and status (the vLLM proxy's vocabulary), /livez, what /v1/completions refuses, and a drain (in process)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 import orjson
+import pytest
 
 from epd_operator.router.backends import DiscoveredEndpoint
 from tests.support.router_stack import router_stack
@@ -67,6 +71,14 @@ async def test_models_from_a_decode_instance_that_does_not_answer_is_502_and_cou
         assert error["message"].startswith("decode /v1/models failed: ") and error["type"] == "upstream_error"
         (ep,) = s.router.decodes.endpoints.values()
         assert ep.failures == 1
+        assert request_counts(s.router)[("/v1/models", "502")] == 1
+        kinds = {
+            x.labels["kind"]: x.value
+            for family in s.router.metrics.registry.collect()
+            for x in family.samples
+            if x.name == "epd_router_backend_errors_total" and x.labels["role"] == "decode"
+        }
+        assert kinds == {"connect": 1}
 
 
 async def test_health_reports_each_tier_and_serves_while_consumers_do():
@@ -115,3 +127,54 @@ async def test_completions_refuse_client_prompt_embeds_unless_allowed():
     async with router_stack(encoders=0, allow_client_embeds=True) as s:
         assert (await s.post("/v1/completions", doc)).status == 200
         assert s.decodes[0].bodies("/v1/completions")[0]["prompt_embeds"] == "AAAA"
+
+
+async def test_livez_is_answered_by_the_router_itself_whatever_its_backends():
+    async with router_stack(encoders=0) as s:
+        s.router.decodes.update([])  # no backend at all: /health says 503, /livez still 200
+        r = await s.get("/livez")
+        assert (r.status, r.body, r.headers["Content-Type"].split(";")[0]) == (200, b"ok", "text/plain")
+        assert (await s.get("/health")).status == 503
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+async def test_a_drain_lets_the_request_in_flight_finish_says_so_and_stops_listening(caplog):
+    async with router_stack(encoders=0) as s:
+        s.decodes[0].knobs.delay = 0.5
+        asked = asyncio.create_task(s.post("/v1/chat/completions", CHAT))
+        async with asyncio.timeout(5):
+            while not s.decodes[0].received:
+                await asyncio.sleep(0.01)
+        with caplog.at_level("INFO", logger="epd_router"):
+            assert s.server is not None
+            drained = asyncio.create_task(s.server.shutdown(10))
+            async with asyncio.timeout(5):
+                while not s.router.draining:
+                    await asyncio.sleep(0.01)
+                assert (await asyncio.wait_for(asked, 5)).status == 200  # answered, not cut
+                await drained
+        messages = [r.getMessage() for r in caplog.records]
+        assert (
+            messages[0] == "draining: not accepting connections; in flight: 1 requests on 1 connections; deadline 10 s"
+        )
+        assert messages[-1].startswith("drained in ") and messages[-1].endswith(" s: every request in flight answered")
+        with pytest.raises(aiohttp.ClientConnectionError):  # not listening any more
+            await s.get("/livez")
+
+
+async def test_a_drain_past_its_deadline_cuts_what_is_left_and_says_so(caplog):
+    async with router_stack(encoders=0) as s:
+        s.decodes[0].knobs.delay = 5
+        asked = asyncio.create_task(s.post("/v1/chat/completions", CHAT))
+        async with asyncio.timeout(5):
+            while not s.decodes[0].received:
+                await asyncio.sleep(0.01)
+        with caplog.at_level("INFO", logger="epd_router"):
+            assert s.server is not None
+            await asyncio.wait_for(s.server.shutdown(0.2), 5)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warnings == ["drain deadline (0.2 s) reached: cut 1 requests still in flight"]
+        with pytest.raises(aiohttp.ClientError):
+            await asyncio.wait_for(asked, 5)
