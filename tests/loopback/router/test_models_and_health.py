@@ -140,13 +140,19 @@ async def test_livez_is_answered_by_the_router_itself_whatever_its_backends():
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
+async def in_flight(s, decode_delay: float) -> asyncio.Task:
+    """A chat request the decode instance holds for `decode_delay` seconds, once it has reached it."""
+    s.decodes[0].knobs.delay = decode_delay
+    asked = asyncio.create_task(s.post("/v1/chat/completions", CHAT))
+    async with asyncio.timeout(5):
+        while not s.decodes[0].received:
+            await asyncio.sleep(0.01)
+    return asked
+
+
 async def test_a_drain_lets_the_request_in_flight_finish_says_so_and_stops_listening(caplog):
     async with router_stack(encoders=0) as s:
-        s.decodes[0].knobs.delay = 0.5
-        asked = asyncio.create_task(s.post("/v1/chat/completions", CHAT))
-        async with asyncio.timeout(5):
-            while not s.decodes[0].received:
-                await asyncio.sleep(0.01)
+        asked = await in_flight(s, 0.5)
         with caplog.at_level("INFO", logger="epd_router"):
             assert s.server is not None
             drained = asyncio.create_task(s.server.shutdown(10))
@@ -166,11 +172,7 @@ async def test_a_drain_lets_the_request_in_flight_finish_says_so_and_stops_liste
 
 async def test_a_drain_past_its_deadline_cuts_what_is_left_and_says_so(caplog):
     async with router_stack(encoders=0) as s:
-        s.decodes[0].knobs.delay = 5
-        asked = asyncio.create_task(s.post("/v1/chat/completions", CHAT))
-        async with asyncio.timeout(5):
-            while not s.decodes[0].received:
-                await asyncio.sleep(0.01)
+        asked = await in_flight(s, 5)
         with caplog.at_level("INFO", logger="epd_router"):
             assert s.server is not None
             await asyncio.wait_for(s.server.shutdown(0.2), 5)
