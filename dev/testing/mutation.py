@@ -882,6 +882,7 @@ def main(argv: list[str] | None = None) -> int:
             load=round(os.getloadavg()[0], 2),
         )
         results = collect(args.work, modules)
+        runs = load_results(args.results)  # read again: a concurrent run (another --work) may have saved since
         for group in groups:
             runs[group] = GroupRun(group, state, {m: results[m] for m in GROUPS[group][0] if m in results})
         save_results(runs, args.results)
