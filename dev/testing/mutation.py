@@ -203,6 +203,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         [
             *ROUTER_SERVING_TESTS,
             "tests/loopback/router/test_models_and_health.py",
+            "tests/loopback/router/test_tracing_router.py",
             "tests/unit/router/test_encoder_demand.py",
             "tests/loopback/router/test_encoder_demand.py",
         ],

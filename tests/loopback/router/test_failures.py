@@ -274,6 +274,12 @@ async def test_an_error_reply_carries_the_clients_request_id(tiers, failing, sta
         r = await s.post(CHAT, chat(), headers={"x-request-id": "failed-1"})
         assert r.status == status and "scripted failure" in r.json()["error"]["message"]
         assert r.headers["x-request-id"] == "failed-1"
+        assert r.headers["Content-Type"].split(";")[0] == "application/json"  # the backend's own, relayed
+        # each 5xx counts against its backend as a failed status; a refusal (4xx) does not
+        role = {"decodes": "decode", "prefills": "prefill"}[failing]
+        calls = sum(len(fake.received) for fake in getattr(s, failing))
+        failures = await metric(s, "epd_router_backend_errors_total", kind="status", role=role)
+        assert sum(failures) == (calls if status >= 500 else 0)
 
 
 async def test_kv_handoffs_are_counted_by_what_decode_made_of_them():

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -25,27 +23,6 @@ from epd_operator.router.tracing import Tracing, tracing_available
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 TRACEPARENT = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"
-
-
-class _Sink(BaseHTTPRequestHandler):
-    """Takes every OTLP export and answers 200 (the spans are read from the in-memory exporter)."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def sink():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture

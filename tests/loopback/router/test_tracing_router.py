@@ -1,0 +1,56 @@
+"""A traced router in process: the encoder stage's spans (one client span per encoder call, with its item
+count) and the spill-over event on the request's span, read from an in-memory exporter beside the OTLP one
+(which posts to a loopback sink that accepts everything)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk.trace")
+
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from tests.support.router_stack import router_stack
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(*urls: str) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, *parts]}]}
+
+
+def recording(router) -> InMemorySpanExporter:
+    spans = InMemorySpanExporter()
+    assert router.tracing is not None
+    router.tracing.provider.add_span_processor(SimpleSpanProcessor(spans))
+    return spans
+
+
+async def test_each_encoder_call_is_a_client_span_naming_its_items(sink):
+    async with router_stack(encoders=1, otlp_traces_endpoint=sink, trace_sample_ratio=1.0) as s:
+        spans = recording(s.router)
+        assert (await s.post(CHAT, chat("https://img/a.png", "https://img/b.png"))).status == 200
+        calls = [x for x in spans.get_finished_spans() if x.kind is SpanKind.CLIENT]
+        encode = [x for x in calls if (x.attributes or {}).get("epd.stage") == "encode"]
+        assert [(x.attributes or {})["epd.items"] for x in encode] == [2]  # both items in one call to the one encoder
+
+
+async def test_a_spill_is_an_event_of_the_requests_span_with_its_reason_and_items(sink):
+    async with router_stack(
+        encoders=1, spill_encoder_inflight=1, otlp_traces_endpoint=sink, trace_sample_ratio=1.0
+    ) as s:
+        spans = recording(s.router)
+        s.encoders[0].knobs.delay = 0.5
+        busy = asyncio.create_task(s.post(CHAT, chat("https://img/a.png")))
+        async with asyncio.timeout(5):
+            while not all(ep.inflight for ep in s.router.encoders.endpoints.values()):
+                await asyncio.sleep(0.01)
+        assert (await s.post(CHAT, chat("https://img/c.png", "https://img/d.png"))).status == 200
+        assert (await busy).status == 200
+        events = [e for x in spans.get_finished_spans() for e in x.events if e.name == "encoder_spill"]
+        assert [dict(e.attributes or {}) for e in events] == [{"epd.reason": "encoders_busy", "epd.items": 2}]
