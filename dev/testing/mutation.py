@@ -325,7 +325,9 @@ ALSO_COPY = ["examples", "crds", "charts", "dev", "docs", "bench"]
 # Seconds a test may run in a mutation run (pytest-timeout). A mutant that makes a loopback test wait for an
 # answer that never comes spends no CPU, so mutmut's CPU-time limit never stops it: a limit far above any
 # listed test's run fails it instead, and the mutant counts as killed. router-serving's mutants hang its
-# handlers most often; its slowest test takes 3 s (the demand window's sleeps), so 8 s there.
+# handlers most often; its slowest test takes 3 s (the demand window's sleeps), so 8 s there. The limit ends
+# the mutant's test process (pytest-timeout's thread method, exit 1): the signal method raises in whatever
+# frame runs, and inside an event loop's callback asyncio catches and logs it and the test goes on waiting.
 TEST_TIMEOUT_S = 20
 GROUP_TEST_TIMEOUT_S = {"router-serving": 8}
 
@@ -540,7 +542,15 @@ def layout(work: Path, groups: list[str], modules: list[str]) -> None:
         "also_copy": [*ALSO_COPY, PACKAGE_DIR.split("/")[0]],
         "pytest_add_cli_args_test_selection": tests,
         # hypothesis' example database and pytest's cache would carry state from one mutant to the next.
-        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "--timeout", str(per_test_limit(groups))],
+        "pytest_add_cli_args": [
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--timeout",
+            str(per_test_limit(groups)),
+            "--timeout-method",
+            "thread",
+        ],
         "use_git_change_detection": False,
     }
     lines = ["", "[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in config.items()]

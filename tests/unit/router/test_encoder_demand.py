@@ -41,6 +41,14 @@ class HeldCalls:
         raise RetryableFailure("connect", pool.role)
 
 
+async def reaches_an_encoder(task: asyncio.Task, calls: HeldCalls) -> None:
+    """Until the stage called an encoder (failing, not hanging, where it never does)."""
+    async with asyncio.timeout(5):
+        while calls.calls == 0:
+            assert not task.done(), f"the stage ended without an encoder call: {task}"
+            await asyncio.sleep(0)
+
+
 def stage(encoders: int, loads: int = 0, **config) -> tuple[EncoderStage, HeldCalls]:
     metrics = RouterMetrics(CollectorRegistry())
     pool = Pool("encoder", metrics)
@@ -118,11 +126,10 @@ def test_items_on_an_encoder_are_demand_while_there_and_a_failure_is_not():
 
     async def scenario() -> tuple[float, float]:
         task = asyncio.create_task(s.encode(ctx))
-        while calls.calls == 0:
-            await asyncio.sleep(0)
+        await reaches_an_encoder(task, calls)
         during = demand(s)
         calls.go.set()  # both rounds fail: the items go raw, as a fallback
-        await task
+        await asyncio.wait_for(task, 5)
         return during, demand(s)
 
     during, after = asyncio.run(scenario())
@@ -137,11 +144,10 @@ def test_a_cancelled_request_leaves_no_demand_behind():
 
     async def scenario() -> None:
         task = asyncio.create_task(s.encode(request()))
-        while calls.calls == 0:
-            await asyncio.sleep(0)
+        await reaches_an_encoder(task, calls)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await asyncio.wait_for(task, 5)
 
     asyncio.run(scenario())
     assert demand(s) == 0
