@@ -39,6 +39,7 @@ from .context import RequestContext
 from .contract import SPILL_REASON_ENCODERS_BUSY
 from .demand import EncoderDemand
 from .failures import BackendRejection, RetryableFailure
+from .http_messages import LATIN1
 from .metrics import RouterMetrics
 from .pickers import Picker
 from .protocol import (
@@ -143,9 +144,10 @@ class EncoderStage:
         return encoded
 
     def _hold_raw(self, ctx: RequestContext, n: int) -> None:
-        """Items sent raw instead of to an encoder: demand until the consumer answers (`ctx.release_raw`)."""
+        """Items sent raw instead of to an encoder: demand until the consumer answers (`ctx.release_raw`).
+        A request is encoded once and holds its raw items once."""
         self.demand.inc(n)
-        ctx.raw_demand += n
+        ctx.raw_demand = n
         ctx.demand = self.demand
 
     def _spills(self, ctx: RequestContext) -> bool:
@@ -211,7 +213,7 @@ class EncoderStage:
 
     async def _call(self, ctx: RequestContext, ep: Endpoint, group: list[MediaItem]) -> dict[int, EncodedItem]:
         """One encoder call for a group of items (its in-flight units were acquired by `_round`)."""
-        headers = ctx.common_headers + f"x-request-id: {ctx.rid}:{group[0].index}:{new_id()[:6]}\r\n".encode("latin-1")
+        headers = ctx.common_headers + f"x-request-id: {ctx.rid}:{group[0].index}:{new_id()[:6]}\r\n".encode(LATIN1)
         if ctx.trace is None:
             return await self._encoder_call(ctx, ep, group, headers)
         with ctx.trace.call("encode", ep, CHAT, {"epd.items": len(group)}) as call:

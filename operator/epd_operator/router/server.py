@@ -15,6 +15,7 @@ from contextlib import suppress
 
 import aiohttp
 import orjson
+from aiohttp import hdrs
 
 from .backends import HealthChecker, Pool
 from .calls import BackendCalls
@@ -265,11 +266,12 @@ class Router:
                 "/v1/models", json_error(503, "no decode endpoint available", rid, "service_unavailable")
             )
         ep = pool.available[0]
-        headers = {REQUEST_ID: rid, "Accept-Encoding": "identity"}
+        # aiohttp's header names (case-insensitive istr): vLLM's reply is relayed as it came, never decoded
+        headers = {REQUEST_ID: rid, hdrs.ACCEPT_ENCODING: "identity"}
         if "authorization" in request.headers:
-            headers["Authorization"] = request.headers["authorization"]
+            headers[hdrs.AUTHORIZATION] = request.headers["authorization"]
         session = self.session
-        assert session is not None, "serving before start()"
+        assert session is not None  # start() made it
         try:
             async with session.get(ep.url + "/v1/models", headers=headers, timeout=self.models_timeout) as r:
                 data = await r.read()

@@ -12,6 +12,7 @@ from aiohttp import web
 from epd_operator.router.backends import DiscoveredEndpoint, HealthChecker, Pool
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.prom import sample_values
+from tests.support.raw_backend import RawBackend
 from tests.support.router_stack import router_stack
 
 CHAT = "/v1/chat/completions"
@@ -486,3 +487,15 @@ async def test_an_encoder_reply_that_is_not_json_is_a_retried_failure_of_that_en
             ) == [1]
         unusable = sorted(r.getMessage().split(": ")[0] for r in caplog.records if "reply unusable" in r.getMessage())
         assert unusable == sorted(f"[req-u] encoder {e.url} reply unusable" for e in s.encoders)
+
+
+async def test_a_decode_5xx_whose_body_breaks_off_is_retried_and_then_a_502_of_its_own():
+    # 500 with 40 bytes promised and 5 sent: the body is lost, so the client gets the router's own error
+    broken = b'HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"err'
+    async with RawBackend(broken) as url, router_stack(encoders=0) as s:
+        s.router.decodes.update([DiscoveredEndpoint(url)])
+        r = await s.post("/v1/chat/completions", chat(), headers={"x-request-id": "cut-1"})
+        assert (r.status, r.json()["error"]["message"]) == (502, "decode failed (status)")
+        assert r.headers["x-request-id"] == "cut-1"
+        (ep,) = s.router.decodes.endpoints.values()
+        assert ep.failures == 2  # both tries went to the only decode instance, each a failed status

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from epd_operator.router.backends import DiscoveredEndpoint
+from tests.support.raw_backend import RawBackend
 from tests.support.router_stack import router_stack
 
 
@@ -79,6 +80,31 @@ async def test_models_from_a_decode_instance_that_does_not_answer_is_502_and_cou
             if x.name == "epd_router_backend_errors_total" and x.labels["role"] == "decode"
         }
         assert kinds == {"connect": 1}
+
+
+async def test_models_relays_the_decode_status_and_says_json_where_the_instance_named_no_type():
+    reply = b'HTTP/1.1 401 Unauthorized\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{"err": "no"}'
+    async with RawBackend(reply) as url, router_stack(encoders=0) as s:
+        s.router.decodes.update([DiscoveredEndpoint(url)])
+        r = await s.get("/v1/models", headers={"x-request-id": "req-10"})
+        assert (r.status, r.headers["Content-Type"], r.body) == (401, "application/json", b'{"err": "no"}')
+        assert request_counts(s.router)[("/v1/models", "401")] == 1
+
+
+async def test_models_from_a_decode_instance_that_holds_its_answer_is_502_after_the_prefill_timeout():
+    async with RawBackend(None) as url, router_stack(encoders=0, prefill_timeout=0.3) as s:
+        s.router.decodes.update([DiscoveredEndpoint(url)])
+        r = await asyncio.wait_for(s.get("/v1/models", headers={"x-request-id": "req-11"}), 5)
+        assert (r.status, orjson.loads(r.body)["error"]["type"]) == (502, "upstream_error")
+        (ep,) = s.router.decodes.endpoints.values()
+        assert ep.failures == 1
+
+
+async def test_metrics_on_the_serving_port_are_prometheus_text():
+    async with router_stack(encoders=0) as s:
+        r = await s.get("/metrics")
+        assert r.status == 200 and r.headers["Content-Type"] == "text/plain; version=1.0.0; charset=utf-8"
+        assert b"epd_router_requests_total" in r.body
 
 
 async def test_health_reports_each_tier_and_serves_while_consumers_do():
@@ -165,7 +191,8 @@ async def test_a_drain_lets_the_request_in_flight_finish_says_so_and_stops_liste
         assert (
             messages[0] == "draining: not accepting connections; in flight: 1 requests on 1 connections; deadline 10 s"
         )
-        assert messages[-1].startswith("drained in ") and messages[-1].endswith(" s: every request in flight answered")
+        took = messages[-1].removeprefix("drained in ").removesuffix(" s: every request in flight answered")
+        assert 0.3 <= float(took) < 10  # the request in flight held the drain for its 0.5 s
         with pytest.raises(aiohttp.ClientConnectionError):  # not listening any more
             await s.get("/livez")
 
