@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import socket
+from collections.abc import Iterator
 
 
 class RawBackend:
     """A backend that answers every request with `reply`'s bytes as they are (no header added),
     or holds it without a word while `reply` is None."""
 
-    def __init__(self, reply: bytes | None) -> None:
+    def __init__(self, reply: bytes | None, hold: bool = False) -> None:
         self.reply = reply
+        self.hold = hold  # after the reply, keep the connection open without a word (a body that stalls)
         self.server: asyncio.Server | None = None
         self.done = asyncio.Event()
         self.writers: list[asyncio.StreamWriter] = []
@@ -23,10 +26,10 @@ class RawBackend:
         head = await reader.readuntil(b"\r\n\r\n")
         length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
         await reader.readexactly(int(length[1]) if length else 0)  # all of it read: closing resets nothing
-        if self.reply is None:
-            await self.done.wait()
-        else:
+        if self.reply is not None:
             writer.write(self.reply)
+        if self.reply is None or self.hold:
+            await self.done.wait()
         writer.close()
         await writer.wait_closed()
 
@@ -43,3 +46,23 @@ class RawBackend:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
         await self.server.wait_closed()
+
+
+@contextlib.contextmanager
+def unaccepted_listener() -> Iterator[str]:
+    """The URL of a listener that accepts nothing and whose accept queue is full: Linux drops the SYN of
+    every further connect, so it hangs as to an overloaded backend."""
+    listener = socket.socket()
+    fillers = [socket.socket() for _ in range(3)]
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        for filler in fillers:
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for sock in (*fillers, listener):
+            sock.close()

@@ -12,7 +12,7 @@ from .backends import Endpoint, Pool
 from .config import RouterConfig
 from .context import RequestContext
 from .failures import BackendRejection, RetryableFailure, is_client_error
-from .http_messages import CONTENT_TYPE, REQUEST_ID, Reply, Response, StreamResponse
+from .http_messages import CACHE_CONTROL, CONTENT_TYPE, REQUEST_ID, Reply, Response, StreamResponse
 from .metrics import RouterMetrics
 from .upstream import BackendReply, TransportError, Upstream
 
@@ -130,7 +130,7 @@ class BackendCalls:
             pool.record_failure(ep, "read")
             raise RetryableFailure("read", pool.role) from None
         out = StreamResponse(
-            status=resp.status, headers={CONTENT_TYPE: ct, "Cache-Control": "no-cache", REQUEST_ID: ctx.rid}
+            status=resp.status, headers={CONTENT_TYPE: ct, CACHE_CONTROL: "no-cache", REQUEST_ID: ctx.rid}
         )
         await out.prepare(ctx.request)
         if first:
@@ -151,6 +151,13 @@ class BackendCalls:
             log.warning("[%s] decode stream from %s broke after the first byte: %r", ctx.rid, ep.url, exc)
         await out.write_eof()
         return out
+
+
+def unusable_reply(pool: Pool, ep: Endpoint) -> RetryableFailure:
+    """A reply that came whole but is not what the call expects (not JSON, say): a failure of `ep`,
+    retryable elsewhere."""
+    pool.record_failure(ep, "reply")
+    return RetryableFailure("reply", pool.role)
 
 
 async def _read_quietly(resp: BackendReply) -> bytes:

@@ -33,7 +33,7 @@ import logging
 import orjson
 
 from .backends import Endpoint, Pool
-from .calls import BackendCalls
+from .calls import BackendCalls, unusable_reply
 from .config import RouterConfig
 from .context import RequestContext
 from .contract import SPILL_REASON_ENCODERS_BUSY
@@ -170,17 +170,16 @@ class EncoderStage:
     ) -> list[tuple[MediaItem, Endpoint | None]]:
         """Encode items concurrently, avoiding each one's failed encoder; returns (item, encoder) pairs that failed."""
         pool = self.pool
+        ready = pool.available_in(ctx.generation)
+        if not ready:  # the encoders that failed the first round were ejected, and no other is left: all raw
+            return [(item, None) for item in items]
         targets: list[Endpoint] = []
         for item in items:
-            avoided = avoid.get(item.index)
             key = encoder_key(ctx.body, item)
-            ready = pool.available_in(ctx.generation)
-            ep = self.picker.pick(ready, key, (avoided,) if avoided else ())
-            if ep is None:
+            ep = self.picker.pick(ready, key, (avoid.get(item.index),))
+            if ep is None:  # only the encoder that failed this item is left: that one again
                 ep = self.picker.pick(ready, key)
-            if ep is None:  # every encoder was ejected meanwhile: send what is left raw
-                rest: list[tuple[MediaItem, Endpoint | None]] = [(i, None) for i in items[len(targets) :]]
-                return rest + await self._groups(ctx, items[: len(targets)], targets, encoded)
+            assert ep is not None  # `ready` is not empty
             pool.acquire(ep)  # count it now so the next item of this request sees the load
             targets.append(ep)
         return await self._groups(ctx, items, targets, encoded)
@@ -188,27 +187,26 @@ class EncoderStage:
     async def _groups(
         self, ctx: RequestContext, items: list[MediaItem], targets: list[Endpoint], encoded: dict[int, EncodedItem]
     ) -> list[tuple[MediaItem, Endpoint | None]]:
+        """One call per group of items bound for the same encoder, concurrently. An encoder's client error
+        (`BackendRejection`) fails the request: the other calls are cancelled and it is raised."""
+        failed: list[tuple[MediaItem, Endpoint | None]] = []
+
+        async def call(ep: Endpoint, group: list[MediaItem]) -> None:
+            try:
+                encoded.update(await self._call(ctx, ep, group))
+            except RetryableFailure:
+                failed.extend((item, ep) for item in group)
+
         groups = group_for_encoders(items, targets, self.cfg.encoder_max_batch)
         if len(groups) == 1:  # the usual case: awaited in place, no task per call
-            ep, group = groups[0]
-            try:
-                results: list = [await self._call(ctx, ep, group)]
-            except (RetryableFailure, BackendRejection) as exc:
-                results = [exc]
-        else:
-            results = await asyncio.gather(
-                *(self._call(ctx, ep, group) for ep, group in groups), return_exceptions=True
-            )
-        failed: list[tuple[MediaItem, Endpoint | None]] = []
-        for (ep, group), result in zip(groups, results, strict=True):
-            if isinstance(result, BackendRejection):
-                raise result
-            if isinstance(result, RetryableFailure):
-                failed.extend((item, ep) for item in group)
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                encoded.update(result)
+            await call(*groups[0])
+            return failed
+        try:
+            async with asyncio.TaskGroup() as calls:
+                for ep, group in groups:
+                    calls.create_task(call(ep, group))
+        except* BackendRejection as rejected:
+            raise rejected.exceptions[0] from None
         return failed
 
     async def _call(self, ctx: RequestContext, ep: Endpoint, group: list[MediaItem]) -> dict[int, EncodedItem]:
@@ -223,8 +221,8 @@ class EncoderStage:
         self, ctx: RequestContext, ep: Endpoint, group: list[MediaItem], headers: bytes
     ) -> dict[int, EncodedItem]:
         pool = self.pool
-        transfer_ids = [new_id() for _ in group]
-        req = encoder_request(ctx.body, group, ctx.consumer_zmq, transfer_ids)
+        transfer_ids = {item.index: new_id() for item in group}
+        req = encoder_request(ctx.body, group, ctx.consumer_zmq, list(transfer_ids.values()))
         payload = await self.calls.exchange(
             pool, ep, CHAT, orjson.dumps(req), headers, self.cfg.encode_timeout, len(group)
         )
@@ -232,7 +230,7 @@ class EncoderStage:
             matched = match_encoder_reply(orjson.loads(payload).get("ec_transfer_params"), group)
         except (orjson.JSONDecodeError, AttributeError, EncoderReplyError) as exc:
             log.warning("[%s] encoder %s reply unusable: %s", ctx.rid, ep.url, exc)
-            pool.record_failure(ep, "reply")
-            raise RetryableFailure("reply", pool.role) from None
-        tid = {item.index: t for item, t in zip(group, transfer_ids, strict=True)}
-        return {index: EncodedItem(mm_hash, report, tid[index]) for index, (mm_hash, report) in matched.items()}
+            raise unusable_reply(pool, ep) from None
+        return {
+            index: EncodedItem(mm_hash, report, transfer_ids[index]) for index, (mm_hash, report) in matched.items()
+        }

@@ -18,6 +18,7 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 # Header names as the router writes them; HTTP compares names without case, so one spelling each, here.
 REQUEST_ID = "x-request-id"
 CONTENT_TYPE = "Content-Type"
+CACHE_CONTROL = "Cache-Control"
 LATIN1 = "latin-1"  # HTTP/1.1 field bytes as characters, one each (RFC 9110 5.5)
 
 

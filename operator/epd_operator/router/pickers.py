@@ -85,7 +85,7 @@ E = TypeVar("E", bound=Loaded)
 
 
 class Picker(Protocol):
-    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[E] = ()) -> E | None: ...
+    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[object] = ()) -> E | None: ...
 
 
 def stable_hash(text: str) -> int:
@@ -120,7 +120,7 @@ def load_bound(total_load: float, n: int, load_factor: float) -> int:
     return math.ceil(load_factor * (total_load + 1) / n)
 
 
-def _candidates(endpoints: Sequence[E], exclude: Collection[E]) -> Sequence[E]:
+def _candidates(endpoints: Sequence[E], exclude: Collection[object]) -> Sequence[E]:
     return [e for e in endpoints if e not in exclude] if exclude else endpoints
 
 
@@ -222,7 +222,7 @@ class BoundedHashPicker:
             last = set(keys)
             self._work = {k: v for k, v in self._work.items() if k in last or self.recent_work(k) >= 1e-3}
 
-    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[E] = ()) -> E | None:
+    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[object] = ()) -> E | None:
         cands = _candidates(endpoints, exclude)
         if not cands:
             return None
@@ -260,7 +260,7 @@ class LeastLoadedPicker:
     def __init__(self) -> None:
         self._tiebreak = itertools.count()
 
-    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[E] = ()) -> E | None:
+    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[object] = ()) -> E | None:
         cands = _candidates(endpoints, exclude)
         if not cands:
             return None
@@ -274,7 +274,7 @@ class RoundRobinPicker:
     def __init__(self) -> None:
         self._cursor = itertools.count()
 
-    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[E] = ()) -> E | None:
+    def pick(self, endpoints: Sequence[E], key: str | None = None, exclude: Collection[object] = ()) -> E | None:
         cands = _candidates(endpoints, exclude)
         if not cands:
             return None

@@ -21,7 +21,7 @@ from typing import TypeVar
 import orjson
 
 from .backends import Endpoint, Pool, finishing_consumers
-from .calls import BackendCalls
+from .calls import BackendCalls, unusable_reply
 from .config import RouterConfig
 from .context import RequestContext
 from .encoding import EncoderStage
@@ -194,8 +194,7 @@ class Pipeline:
         try:
             ctx.kv = orjson.loads(payload).get("kv_transfer_params")
         except (orjson.JSONDecodeError, AttributeError):
-            pool.record_failure(ep, "reply")
-            raise RetryableFailure("reply", pool.role) from None
+            raise unusable_reply(pool, ep) from None
 
     async def _decode_attempt(self, ctx: RequestContext, ep: Endpoint, metadata_only: bool) -> Reply:
         if self.prefills is None:

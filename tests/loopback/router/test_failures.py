@@ -12,7 +12,7 @@ from aiohttp import web
 from epd_operator.router.backends import DiscoveredEndpoint, HealthChecker, Pool
 from epd_operator.router.metrics import RouterMetrics
 from tests.support.prom import sample_values
-from tests.support.raw_backend import RawBackend
+from tests.support.raw_backend import RawBackend, unaccepted_listener
 from tests.support.router_stack import router_stack
 
 CHAT = "/v1/chat/completions"
@@ -485,8 +485,9 @@ async def test_an_encoder_reply_that_is_not_json_is_a_retried_failure_of_that_en
             assert await metric(
                 s, "epd_router_backend_errors_total", backend=backend, kind="reply", role="encoder"
             ) == [1]
-        unusable = sorted(r.getMessage().split(": ")[0] for r in caplog.records if "reply unusable" in r.getMessage())
-        assert unusable == sorted(f"[req-u] encoder {e.url} reply unusable" for e in s.encoders)
+        unusable = sorted(r.getMessage().split(": ", 1) for r in caplog.records if "reply unusable" in r.getMessage())
+        assert [said for said, _ in unusable] == sorted(f"[req-u] encoder {e.url} reply unusable" for e in s.encoders)
+        assert all(why.startswith("unexpected character") for _, why in unusable)  # what the JSON parser said
 
 
 async def test_a_decode_5xx_whose_body_breaks_off_is_retried_and_then_a_502_of_its_own():
@@ -499,3 +500,158 @@ async def test_a_decode_5xx_whose_body_breaks_off_is_retried_and_then_a_502_of_i
         assert r.headers["x-request-id"] == "cut-1"
         (ep,) = s.router.decodes.endpoints.values()
         assert ep.failures == 2  # both tries went to the only decode instance, each a failed status
+
+
+async def test_a_lone_encoder_that_failed_an_item_gets_it_again():
+    async with router_stack(encoders=1) as s:
+        s.encoders[0].knobs.fail_next = 1
+        r = await s.post(CHAT, chat(IMG_A))
+        assert r.status == 200 and len(s.encoders[0].received) == 2
+        assert media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_embeds"
+
+
+@pytest.mark.parametrize(("max_batch", "calls"), [(0, 1), (1, 2)])
+async def test_items_bound_for_one_encoder_share_a_call_up_to_the_batch_bound(max_batch, calls):
+    async with router_stack(encoders=1, encoder_max_batch=max_batch) as s:
+        r = await s.post(CHAT, chat(IMG_A, IMG_B))
+        assert r.status == 200 and len(s.encoders[0].received) == calls
+        assert [p["type"] for p in media_parts(s.decodes[0].bodies()[0])] == ["image_embeds"] * 2
+        (ep,) = s.router.encoders.endpoints.values()
+        assert ep.inflight == 0  # each call gave back as many in-flight units as it had items
+
+
+async def test_an_encoder_rejecting_its_item_fails_the_request_and_cancels_the_other_encoders_call():
+    async with router_stack(encoders=2, encoder_policy="round-robin") as s:
+        first, second = s.encoders
+        first.knobs.fail_always, first.knobs.fail_status = True, 400
+        second.knobs.delay = 5
+        r = await asyncio.wait_for(s.post(CHAT, chat(IMG_A, IMG_B)), 3)
+        assert r.status == 400 and "scripted failure" in r.json()["error"]["message"]
+        assert [len(e.received) for e in s.encoders] == [1, 1] and not s.decodes[0].received
+        await wait_for(lambda: second.cancelled == 1)  # its call was cut, not left to run
+        assert [ep.inflight for ep in s.router.encoders.endpoints.values()] == [0, 0]
+
+
+async def test_an_item_whose_encoder_failed_beside_another_encoders_success_is_retried_there():
+    async with router_stack(encoders=2, encoder_policy="round-robin") as s:
+        s.encoders[0].knobs.fail_next = 1
+        r = await s.post(CHAT, chat(IMG_A, IMG_B))
+        assert r.status == 200 and [len(e.received) for e in s.encoders] == [1, 2]
+        assert [p["type"] for p in media_parts(s.decodes[0].bodies()[0])] == ["image_embeds"] * 2
+
+
+async def test_an_encoder_whose_accept_queue_is_full_is_a_timeout_at_the_connect_bound():
+    with unaccepted_listener() as url:
+        async with router_stack(encoders=0, connect_timeout=0.2, encode_timeout=30) as s:
+            s.router.encoders.update([DiscoveredEndpoint(url)])
+            r = await asyncio.wait_for(s.post(CHAT, chat(IMG_A)), 5)  # not the 30 s encode bound
+            assert r.status == 200 and media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_url"
+            backend = url.split("//")[1]
+            errors = await metric(s, "epd_router_backend_errors_total", backend=backend, kind="timeout", role="encoder")
+            assert errors == [2]  # the first round and the retry on the same, only, encoder
+
+
+async def test_an_encoder_reply_whose_body_stalls_is_a_timeout_at_the_encode_bound():
+    stalled = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"ec_tra'
+    async with RawBackend(stalled, hold=True) as url, router_stack(encoders=0, encode_timeout=0.3) as s:
+        s.router.encoders.update([DiscoveredEndpoint(url)])
+        r = await asyncio.wait_for(s.post(CHAT, chat(IMG_A)), 5)
+        assert r.status == 200 and media_parts(s.decodes[0].bodies()[0])[0]["type"] == "image_url"
+        backend = url.split("//")[1]
+        errors = await metric(s, "epd_router_backend_errors_total", backend=backend, kind="timeout", role="encoder")
+        assert errors == [2]
+
+
+async def test_prefills_that_drop_every_connection_are_a_502_naming_the_prefill_tier():
+    async with router_stack(encoders=0, prefills=2, decodes=1) as s:
+        for p in s.prefills:
+            p.knobs.drop_next = 5
+        r = await s.post(CHAT, chat(), headers={"x-request-id": "dropped-1"})
+        assert (r.status, r.json()["error"]["message"]) == (502, "prefill failed (connect)")
+        assert not s.decodes[0].received
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [
+        (b"Content-Length: 0\r\n\r\n", (502, "application/json", "prefill failed (status)")),
+        (b"Content-Type: text/plain\r\nContent-Length: 4\r\n\r\nbusy", (500, "text/plain", "busy")),
+    ],
+)
+async def test_a_prefill_5xx_on_every_try_is_relayed_with_its_type_or_named_when_empty(reply, answer):
+    head = b"HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\n"
+    async with RawBackend(head + reply) as url, router_stack(encoders=0, prefills=1, decodes=1) as s:
+        s.router.prefills.update([DiscoveredEndpoint(url)])
+        r = await s.post(CHAT, chat())
+        body = r.json()["error"]["message"] if r.status == 502 else r.body.decode()
+        assert (r.status, r.headers["Content-Type"], body) == answer
+        assert not s.decodes[0].received
+
+
+async def test_an_encoder_ejected_by_its_failure_leaves_the_retry_round_none_and_the_items_go_raw():
+    async with router_stack(encoders=1, eject_after=1) as s:
+        s.encoders[0].knobs.fail_next = 1
+        r = await s.post(CHAT, chat(IMG_A, IMG_B))
+        assert r.status == 200 and len(s.encoders[0].received) == 1 and not s.router.encoders.available
+        assert [p["type"] for p in media_parts(s.decodes[0].bodies()[0])] == ["image_url"] * 2
+        assert await metric(s, "epd_router_encoder_fallback_requests_total", reason="encoder_failed") == [1]
+        assert await metric(s, "epd_router_items_total", outcome="fallback") == [2]
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 %d OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+)
+
+
+async def test_a_decode_reply_whose_body_breaks_off_is_retried_and_then_a_502_naming_the_read():
+    broken = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"id'
+    async with RawBackend(broken) as url, router_stack(encoders=0) as s:
+        s.router.decodes.update([DiscoveredEndpoint(url)])
+        r = await s.post(CHAT, chat())
+        assert (r.status, r.json()["error"]["message"]) == (502, "decode failed (read)")
+        backend = url.split("//")[1]
+        assert await metric(s, "epd_router_backend_errors_total", backend=backend, kind="read", role="decode") == [2]
+
+
+async def test_a_stream_that_breaks_before_its_first_chunk_is_retried_and_then_a_502_naming_the_read():
+    async with RawBackend(SSE_HEAD % 200) as url, router_stack(encoders=0) as s:
+        s.router.decodes.update([DiscoveredEndpoint(url)])
+        r = await s.post(CHAT, chat(stream=True))
+        assert (r.status, r.json()["error"]["message"]) == (502, "decode failed (read)")
+        backend = url.split("//")[1]
+        assert await metric(s, "epd_router_backend_errors_total", backend=backend, kind="read", role="decode") == [2]
+
+
+@pytest.mark.parametrize(("status", "chunks"), [(200, b""), (422, b'17\r\ndata: {"error": "no"}\n\n\r\n')])
+async def test_a_stream_is_relayed_with_its_status_and_no_cache_even_when_empty(status, chunks):
+    async with RawBackend(SSE_HEAD % status + chunks + b"0\r\n\r\n") as url, router_stack(encoders=0) as s:
+        s.router.decodes.update([DiscoveredEndpoint(url)])
+        r = await s.post(CHAT, chat(stream=True), headers={"x-request-id": "sse-1"})
+        assert (r.status, r.body) == (status, chunks[4:-2])
+        assert (r.headers["Content-Type"], r.headers["Cache-Control"], r.headers["x-request-id"]) == (
+            "text/event-stream",
+            "no-cache",
+            "sse-1",
+        )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_time_to_first_byte_is_observed_once_from_the_requests_arrival(stream):
+    async with router_stack(encoders=0) as s:
+        s.decodes[0].knobs.delay = 0.2
+        assert (await s.post(CHAT, chat(stream=stream))).status == 200
+        (count,) = await metric(s, "epd_router_stage_seconds_count", stage="ttfb")
+        (took,) = await metric(s, "epd_router_stage_seconds_sum", stage="ttfb")
+        assert count == 1 and 0.2 <= took < 5
+
+
+async def test_a_stream_broken_after_the_first_byte_counts_against_its_decode_and_is_logged(caplog):
+    async with router_stack(encoders=0, decodes=1) as s:
+        s.decodes[0].knobs.break_stream_after = 1
+        with caplog.at_level(logging.WARNING, logger="epd_router"):
+            r = await s.post(CHAT, chat(stream=True), headers={"x-request-id": "broke-1"})
+        assert r.status == 200  # the head went out with the first chunk; the stream ends where it broke
+        backend = s.decodes[0].url.split("//")[1]
+        assert await metric(s, "epd_router_backend_errors_total", backend=backend, kind="stream", role="decode") == [1]
+        (said,) = [r.getMessage() for r in caplog.records if "broke after the first byte" in r.getMessage()]
+        assert said.startswith(f"[broke-1] decode stream from {s.decodes[0].url} broke after the first byte: ")

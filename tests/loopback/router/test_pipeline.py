@@ -259,6 +259,9 @@ async def test_reuse_skips_the_encoder_for_a_repeated_item_until_the_ttl(mode, r
         assert parts(first)[1]["type"] == "image_embeds"
         # pinned: raw media under the same uuid, so the consumer loads the stored embedding
         assert parts(second)[1]["type"] == reused_part and parts(second)[1]["uuid"] == parts(first)[1]["uuid"]
+        if mode == "metadata":  # the stored embedding travels again under a transfer id of its own
+            tids = [b["ec_transfer_params"]["ec_items"][0]["transfer_id"] for b in (first, second)]
+            assert tids[0] != tids[1] and all(re.fullmatch("[0-9a-f]{32}", t) for t in tids)
         now[0] += 61  # past the TTL the item may be gone from the shared store: encode again
         await s.post(CHAT, chat(IMG_A))
         assert len(s.encoders[0].received) == 2
@@ -357,6 +360,16 @@ async def test_an_e_p_d_trace_has_a_span_per_backend_call_and_an_event_per_retry
         joined(s.encoders[0], children["encode"])
         joined(pre, children["prefill"])
         joined(dec, children["decode"])
+
+
+async def test_a_trace_shows_the_encoder_retry_with_its_items():
+    async with receiver() as rx:
+        async with router_stack(encoders=1, otlp_traces_endpoint=rx.url) as s:
+            s.encoders[0].knobs.fail_next = 1
+            assert (await s.post(CHAT, chat(IMG_A, IMG_B))).status == 200
+        server, children = spans_of(rx)
+        assert server.events == [("retry", {"epd.stage": "encode", "epd.reason": "encoder_failed", "epd.items": 2})]
+        assert [span.status_code for span in children["encode"]] == [2, 0]
 
 
 async def test_an_e_pd_trace_shows_the_consumer_refusing_metadata_and_the_retry_with_media():

@@ -12,6 +12,7 @@ from epd_operator.router.backends import DiscoveredEndpoint, Endpoint, Pool
 from epd_operator.router.config import RouterConfig
 from epd_operator.router.context import RequestContext
 from epd_operator.router.encoding import EncoderStage
+from epd_operator.router.failures import RetryableFailure
 from epd_operator.router.flags import build_parser, config_from_args
 from epd_operator.router.metrics import RouterMetrics
 from epd_operator.router.protocol import MediaItem
@@ -23,16 +24,24 @@ class NoCalls:
         raise AssertionError("a spilled request calls no encoder")
 
 
+class LostEncoders:
+    """Encoder calls that fail as a lost encoder's would: the items go raw after the retry round."""
+
+    async def exchange(self, pool, ep, path, data, headers, timeout, n, *rest):
+        pool.release(ep, n)
+        raise RetryableFailure("connect", pool.role)
+
+
 class RecordingPicker:
     def __init__(self) -> None:
         self.keys: list[str | None] = []
 
     def pick(self, endpoints, key=None, exclude=()):
         self.keys.append(key)
-        return None  # as if every encoder was ejected meanwhile: the items go raw, no call made
+        return next((ep for ep in endpoints if ep not in exclude), None)
 
 
-def stage(loads: list[int], generations: list[str | None] | None = None, **config) -> EncoderStage:
+def stage(loads: list[int], generations: list[str | None] | None = None, calls=None, **config) -> EncoderStage:
     metrics = RouterMetrics(CollectorRegistry())
     pool = Pool("encoder", metrics)
     gens = generations or [None] * len(loads)
@@ -40,7 +49,7 @@ def stage(loads: list[int], generations: list[str | None] | None = None, **confi
     for ep, load in zip(pool.endpoints.values(), loads, strict=True):
         ep.inflight = load
     cfg = RouterConfig(encode_urls=["x"], decode_urls=["y"], **config)
-    return EncoderStage(cfg, metrics, pool, RecordingPicker(), NoCalls(), ReuseCache(60))  # type: ignore[arg-type]
+    return EncoderStage(cfg, metrics, pool, RecordingPicker(), calls or NoCalls(), ReuseCache(60))  # type: ignore[arg-type]
 
 
 def request(items: int = 2, consumer_load: int = 0, generation: str | None = None) -> RequestContext:
@@ -106,7 +115,7 @@ def test_a_spilled_request_sends_all_its_new_items_raw_counts_them_and_remembers
 
 
 def test_a_request_that_does_not_spill_goes_to_the_picker():
-    s = stage([8, 7], spill_encoder_inflight=8)
+    s = stage([8, 7], calls=LostEncoders(), spill_encoder_inflight=8)
     asyncio.run(s.encode(request(items=1)))
     assert set(s.picker.keys) == {"uuid-0"}  # type: ignore[attr-defined]  # asked (again on the retry round)
     assert counted(s, "epd_router_spilled_requests_total", reason="encoders_busy") == 0
