@@ -1,5 +1,6 @@
 """Bad input is answered with an OpenAI-style JSON error and a 4xx, and reaches no backend."""
 
+import orjson
 import pytest
 
 from tests.support.router_stack import router_stack
@@ -47,3 +48,49 @@ async def test_file_urls_pass_through_when_allowed_without_the_router_reading_th
         r = await s.post(CHAT, body)
         assert r.status == 200
         assert s.encoders[0].bodies()[0]["messages"][0]["content"][0]["image_url"]["url"] == "file:///nonexistent/x.png"
+
+
+def chat_with(part: dict) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, part]}]}
+
+
+EMBEDS = {"type": "image_embeds", "image_embeds": "AAAA"}
+
+
+async def test_client_embeds_are_refused_on_chat_unless_allowed():
+    async with router_stack(encoders=0) as s:
+        r = await s.post(CHAT, chat_with(EMBEDS))
+        assert r.status == 400 and r.json()["error"]["param"] == "image_embeds"
+        assert not s.decodes[0].received
+    async with router_stack(encoders=0, allow_client_embeds=True) as s:
+        assert (await s.post(CHAT, chat_with(EMBEDS))).status == 200
+        assert s.decodes[0].bodies()[0]["messages"][0]["content"][1] == EMBEDS
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "https://img/a.png"}, "uuid": "client-1"}
+
+
+@pytest.mark.parametrize("part", [IMAGE, {"type": "text", "text": "and", "uuid": "client-1"}])
+async def test_a_client_uuid_never_reaches_a_backend_unless_trusted(part):
+    async with router_stack(encoders=1) as s:
+        assert (await s.post(CHAT, chat_with(part))).status == 200
+        # a text part's too: the body is otherwise unchanged, and the client's bytes are not forwarded as they came
+        for fake in (*s.encoders, *s.decodes):
+            assert all(b"client-1" not in orjson.dumps(body) for body in fake.bodies()), fake.name
+    async with router_stack(encoders=1, trust_client_uuids=True) as s:
+        assert (await s.post(CHAT, chat_with(IMAGE))).status == 200
+        assert s.decodes[0].bodies()[0]["messages"][0]["content"][1]["uuid"] == "client-1"
+
+
+async def test_a_generation_with_an_id_the_router_cannot_pass_on_is_a_400_counted_on_its_route():
+    async with router_stack(encoders=0) as s:
+        r = await s.post(CHAT, chat_with(EMBEDS), headers={"x-request-id": "has space"})
+        assert r.status == 400 and len(r.headers["x-request-id"]) == 32
+        assert r.json()["error"]["message"] == "x-request-id must be 1 to 256 visible ASCII characters"
+        counted = {
+            (x.labels["route"], x.labels["status"]): x.value
+            for family in s.router.metrics.registry.collect()
+            for x in family.samples
+            if x.name == "epd_router_requests_total"
+        }
+        assert counted == {(CHAT, "400"): 1} and not s.decodes[0].received
