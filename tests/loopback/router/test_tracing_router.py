@@ -54,3 +54,28 @@ async def test_a_spill_is_an_event_of_the_requests_span_with_its_reason_and_item
         assert (await busy).status == 200
         events = [e for x in spans.get_finished_spans() for e in x.events if e.name == "encoder_spill"]
         assert [dict(e.attributes or {}) for e in events] == [{"epd.reason": "encoders_busy", "epd.items": 2}]
+
+
+def server_span(spans: InMemorySpanExporter):
+    (span,) = [x for x in spans.get_finished_spans() if x.kind is SpanKind.SERVER]
+    return span, dict(span.attributes or {})
+
+
+async def test_the_requests_span_names_its_route_and_model(sink):
+    async with router_stack(encoders=0, otlp_traces_endpoint=sink, trace_sample_ratio=1.0) as s:
+        spans = recording(s.router)
+        assert (await s.post(CHAT, chat())).status == 200
+        span, attributes = server_span(spans)
+        assert span.name == f"POST {CHAT}"
+        assert (attributes["http.route"], attributes["gen_ai.request.model"]) == (CHAT, "m")
+        assert attributes["http.response.status_code"] == 200
+
+
+async def test_a_refused_request_ends_its_span_with_the_status_it_got(sink):
+    async with router_stack(encoders=0, otlp_traces_endpoint=sink, trace_sample_ratio=1.0) as s:
+        spans = recording(s.router)
+        refused = {**chat(), "messages": []}
+        assert (await s.post(CHAT, refused)).status == 400
+        _, attributes = server_span(spans)
+        assert (attributes["http.route"], attributes["http.response.status_code"]) == (CHAT, 400)
+        assert attributes["gen_ai.request.model"] == "m"  # read before the body was judged
