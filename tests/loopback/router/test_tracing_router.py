@@ -79,3 +79,36 @@ async def test_a_refused_request_ends_its_span_with_the_status_it_got(sink):
         _, attributes = server_span(spans)
         assert (attributes["http.route"], attributes["http.response.status_code"]) == (CHAT, 400)
         assert attributes["gen_ai.request.model"] == "m"  # read before the body was judged
+
+
+async def test_a_client_that_leaves_is_a_499_on_its_route_and_its_span(sink):
+    async with router_stack(encoders=0, otlp_traces_endpoint=sink, trace_sample_ratio=1.0) as s:
+        spans = recording(s.router)
+        s.decodes[0].knobs.delay = 30
+        asked = asyncio.create_task(s.post(CHAT, chat()))
+        async with asyncio.timeout(5):
+            while not s.decodes[0].received:
+                await asyncio.sleep(0.01)
+            asked.cancel()
+            while not spans.get_finished_spans():
+                await asyncio.sleep(0.01)
+        _, attributes = server_span(spans)
+        assert (attributes["http.response.status_code"], attributes["error.type"]) == (499, "client_closed")
+        counted = s.router.metrics.registry.get_sample_value(
+            "epd_router_requests_total", {"route": CHAT, "status": "499"}
+        )
+        assert counted == 1
+
+
+async def test_a_router_error_is_a_500_whose_span_says_so(sink):
+    async with router_stack(encoders=0, otlp_traces_endpoint=sink, trace_sample_ratio=1.0) as s:
+        spans = recording(s.router)
+
+        async def broken(ctx):
+            raise RuntimeError("a bug")
+
+        s.router.pipeline.run = broken
+        assert (await s.post(CHAT, chat())).status == 500
+        span, attributes = server_span(spans)
+        assert (attributes["http.response.status_code"], attributes["error.type"]) == (500, "router_error")
+        assert span.status.description == "router_error"
