@@ -14,6 +14,7 @@ import orjson
 from multidict import CIMultiDict
 
 from epd_operator.router.config import RouterConfig
+from epd_operator.router.main import listening_socket
 from epd_operator.router.server import Router, RouterServer
 
 from .fake_vllm import FakeVLLM
@@ -68,7 +69,7 @@ class Stack:
 
 
 async def serve_router(router: Router) -> tuple[RouterServer, str]:
-    server = await router.serve("127.0.0.1", 0)
+    server = await router.serve(listening_socket("127.0.0.1", 0))
     return server, server.url
 
 

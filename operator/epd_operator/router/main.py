@@ -35,7 +35,8 @@ __all__ = ["build_parser", "config_from_args", "main", "metrics_run_dir", "run_w
 MULTIPROC_ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The socket a router serves on (`Router.serve`): --workers processes share it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -51,7 +52,7 @@ async def _serve(cfg: RouterConfig) -> None:
 
     router = Router(cfg)
     # A client that disconnects cancels its request, which closes every upstream call it has open.
-    server = await router.serve(sock=_listening_socket(cfg.host, cfg.port))
+    server = await router.serve(listening_socket(cfg.host, cfg.port))
     log = logging.getLogger("epd_router")
     log.info("listening on %s:%d (pid %d)", cfg.host, cfg.port, os.getpid())
     if cfg.metrics_port is not None and cfg.workers <= 1:

@@ -96,8 +96,8 @@ class Router:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    async def serve(self, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None) -> RouterServer:
-        """Start the router's background work and listen (on `sock` when given: --workers share one)."""
+    async def serve(self, sock: socket.socket) -> RouterServer:
+        """Start the router's background work and listen on `sock` (main.listening_socket; --workers share one)."""
         await self.start()
         routes = {
             ("POST", CHAT): self.chat_completions,
@@ -119,14 +119,7 @@ class Router:
             return json_error(404, f"no route {request.path}")
 
         try:
-            server = await start_server(
-                dispatch,
-                self.cfg.max_body_bytes,
-                host=None if sock else host,
-                port=None if sock else port,
-                sock=sock,
-                limits=self.cfg.http_limits(),
-            )
+            server = await start_server(dispatch, self.cfg.max_body_bytes, sock=sock, limits=self.cfg.http_limits())
         except BaseException:
             await self.stop()
             raise

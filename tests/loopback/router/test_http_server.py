@@ -147,9 +147,17 @@ async def test_unknown_routes_and_methods_get_json_errors():
             reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
             head, body = await read_response(reader)
-            assert head.startswith(b"HTTP/1.1 404") and orjson.loads(body)["error"]["code"] == 404
+            assert head.startswith(b"HTTP/1.1 404")
+            assert orjson.loads(body)["error"] == {
+                "message": "no route /nope",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": 404,
+            }
             head, body = await read_response(reader)
-            assert head.startswith(b"HTTP/1.1 405") and orjson.loads(body)["error"]["code"] == 405
+            assert head.startswith(b"HTTP/1.1 405")
+            error = orjson.loads(body)["error"]
+            assert (error["message"], error["code"]) == ("method GET not allowed on /v1/chat/completions", 405)
             writer.close()
         finally:
             await server.cleanup()
@@ -289,3 +297,18 @@ async def test_shutdown_answers_a_request_received_in_part_and_closes_idle_conne
     finally:
         busy_writer.close()
         idle_writer.close()
+
+
+async def test_a_client_head_is_cut_at_the_configured_header_timeout():
+    async with FakeVLLM("pd") as pd:
+        config = RouterConfig(decode_urls=[pd.url], health_interval=0, header_timeout=0.3)
+        server, url = await serve_router(Router(config))
+        try:
+            host, port = url[7:].split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            answer = await asyncio.wait_for(reader.read(), 3)  # the default would wait 10 s
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 408")
+            writer.close()
+        finally:
+            await server.cleanup()

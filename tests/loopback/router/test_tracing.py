@@ -252,9 +252,11 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_even_imported():
     code = (
         "import asyncio, sys\n"
         "from epd_operator.router.config import RouterConfig\n"
+        "from epd_operator.router.main import listening_socket\n"
         "from epd_operator.router.server import Router\n"
         "async def main():\n"
-        "    server = await Router(RouterConfig(decode_urls=['http://127.0.0.1:1'], health_interval=0)).serve('127.0.0.1', 0)\n"
+        "    router = Router(RouterConfig(decode_urls=['http://127.0.0.1:1'], health_interval=0))\n"
+        "    server = await router.serve(listening_socket('127.0.0.1', 0))\n"
         "    await server.cleanup()\n"
         "asyncio.run(main())\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"

@@ -112,3 +112,10 @@ async def test_a_router_error_is_a_500_whose_span_says_so(sink):
         span, attributes = server_span(spans)
         assert (attributes["http.response.status_code"], attributes["error.type"]) == (500, "router_error")
         assert span.status.description == "router_error"
+
+
+async def test_a_sample_ratio_of_zero_records_no_request(sink):
+    async with router_stack(encoders=0, otlp_traces_endpoint=sink, trace_sample_ratio=0.0) as s:
+        spans = recording(s.router)
+        assert (await s.post(CHAT, chat())).status == 200
+        assert spans.get_finished_spans() == ()
