@@ -47,9 +47,14 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 # A client's x-request-id is copied into backend requests and the reply head: visible ASCII only.
 _REQUEST_ID = re.compile(r"[!-~]{1,256}").fullmatch
+# vLLM closes idle keep-alive connections after 5 s: the router retires its own first, so a reused
+# connection is never one the server already closed.
+KEEPALIVE_S = 2.5
 
 
 class Router:
+    health: HealthChecker  # built by start()
+
     def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
         config.validate()
         self.cfg = config
@@ -75,9 +80,7 @@ class Router:
         self.models_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout, sock_connect=config.connect_timeout)
         # Health probes, metrics scraping and /v1/models use aiohttp; the data path uses `upstream`.
         self.session: aiohttp.ClientSession | None = None
-        # vLLM closes idle keep-alive connections after 5 s; retire ours first so a reused
-        # connection is never one the server already closed.
-        self.upstream = Upstream(keepalive=2.5)
+        self.upstream = Upstream(keepalive=KEEPALIVE_S)
         self.pipeline = Pipeline(
             config,
             m,
@@ -89,10 +92,9 @@ class Router:
             BackendCalls(config, m, self.upstream),
             self.reuse,
         )
-        self.health: HealthChecker | None = None
         self.tracing: Tracing | None = None  # built in start() when an OTLP endpoint is set
         self._tasks: list[asyncio.Task] = []
-        self.draining = False  # shutting down: /health says 503 while the requests in flight finish
+        self.draining = asyncio.Event()  # set while shutting down: /health says 503 while the requests in flight finish
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -128,15 +130,23 @@ class Router:
     async def start(self) -> None:
         if self.cfg.otlp_traces_endpoint is not None:
             self.tracing = Tracing(self.cfg.otlp_traces_endpoint, self.cfg.trace_sample_ratio)
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.5, ttl_dns_cache=30)
-        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        # Probes, scrapes and /v1/models: no cap on connections (a probe never queues behind another
+        # backend's), vLLM's keep-alive respected, names resolved again every 30 s (pods come and go).
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, ttl_dns_cache=30)
+        self.session = aiohttp.ClientSession(connector=connector)
         if self.cfg.discovery == "kubernetes":
             from .discovery import KubernetesDiscovery
 
             discovery = KubernetesDiscovery.from_config(self.cfg, self._pool_for_role())
             await discovery.start()
-            self._tasks.append(asyncio.create_task(discovery.run(), name="discovery"))
-            self._discovery = discovery
+
+            async def watch() -> None:
+                try:
+                    await discovery.run()
+                finally:  # stop() cancelled it: log out
+                    await discovery.close()
+
+            self._tasks.append(asyncio.create_task(watch(), name="discovery"))
         else:
             from .discovery import static_endpoints
 
@@ -154,9 +164,6 @@ class Router:
         for task in self._tasks:
             with suppress(asyncio.CancelledError, Exception):
                 await task
-        discovery = getattr(self, "_discovery", None)
-        if discovery is not None:
-            await discovery.close()
         if self.session is not None:
             await self.session.close()
         await self.upstream.close()
@@ -281,7 +288,7 @@ class Router:
 
     async def health_report(self, request: HttpRequest) -> Response:
         report = {
-            "proxy": "draining" if self.draining else "healthy",
+            "proxy": "draining" if self.draining.is_set() else "healthy",
             "encode_cluster": self.encoders.status(),
             "prefill_cluster": self.prefills.status() if self.prefills is not None else "disabled",
             "decode_cluster": self.decodes.status(),
@@ -290,7 +297,7 @@ class Router:
         # Without encoders the router still serves (consumers encode locally); without a
         # prefill or decode instance it cannot.
         serving = bool(self.decodes.available) and (self.prefills is None or bool(self.prefills.available))
-        serving = serving and not self.draining
+        serving = serving and not self.draining.is_set()
         return Response(body=orjson.dumps(report), status=200 if serving else 503, content_type=JSON)
 
     async def livez(self, request: HttpRequest) -> Response:
@@ -311,13 +318,13 @@ class RouterServer:
         self.router = router
         self.server = server
         host, port = server.sockets[0].getsockname()[:2]
-        self.url = f"http://{host}:{port}"
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     async def shutdown(self, deadline: float) -> None:
         """Drain: refuse new connections, say 503 on /health, let the requests in flight finish for
         up to `deadline` seconds (cutting those left), then stop the router's work."""
         router = self.router
-        router.draining = True
+        router.draining.set()
         loop = asyncio.get_running_loop()
         started = loop.time()
         log.info(

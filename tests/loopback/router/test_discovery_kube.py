@@ -17,6 +17,7 @@ from epd_operator.router.backends import Pool
 from epd_operator.router.config import RouterConfig
 from epd_operator.router.discovery import KubernetesDiscovery
 from epd_operator.router.metrics import RouterMetrics
+from epd_operator.router.server import Router
 from tests.support.fake_api_server import FakeApiServer, fake_api_server
 
 GEN = "serving.epd.dev/compat-generation"
@@ -244,8 +245,9 @@ async def test_an_endpoint_without_a_pod_is_routed_to_on_the_default_port_names(
     ]
 
 
-async def test_from_config_logs_in_with_the_named_kubeconfig_and_fills_the_pools(api, tmp_path, monkeypatch):
-    monkeypatch.delenv("KUBECONFIG", raising=False)  # only the kubeconfig the flag names may be used
+def kubeconfig_for(api: FakeApiServer, tmp_path, monkeypatch) -> str:
+    """A kubeconfig naming `api`, the only one the discovery may use (no in-cluster account, no $KUBECONFIG)."""
+    monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     kubeconfig = tmp_path / "kubeconfig"
@@ -259,9 +261,14 @@ async def test_from_config_logs_in_with_the_named_kubeconfig_and_fills_the_pools
             }
         )
     )
+    return str(kubeconfig)
+
+
+async def test_from_config_logs_in_with_the_named_kubeconfig_and_fills_the_pools(api, tmp_path, monkeypatch):
+    kubeconfig = kubeconfig_for(api, tmp_path, monkeypatch)
     cfg = RouterConfig(
         discovery="kubernetes",
-        kubeconfig=str(kubeconfig),
+        kubeconfig=kubeconfig,
         prefill_selector="tier=pre",
         decode_selector="tier=dec",
         backend_port_name="api",
@@ -312,3 +319,32 @@ async def test_a_failed_watch_is_retried_and_the_pool_catches_up(api):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await d.close()
+
+
+async def test_a_router_with_kubernetes_discovery_starts_with_what_it_listed_and_stops_its_watches(
+    api, tmp_path, monkeypatch
+):
+    cfg = RouterConfig(
+        discovery="kubernetes",
+        kubeconfig=kubeconfig_for(api, tmp_path, monkeypatch),
+        encoder_selector="tier=enc",
+        decode_selector="tier=dec",
+        health_interval=0,
+    )
+    api.answer(200, listing(pod("10.0.0.9", "g1")))
+    api.answer(200, listing(endpoint_slice("enc-a", "10.0.0.9")))
+    api.answer(200, listing(pod("10.0.1.1", "g1")))
+    api.answer(200, listing(endpoint_slice("dec-a", "10.0.1.1")))
+    for path in ("/api/v1/namespaces/from-ctx/pods", "/apis/discovery.k8s.io/v1/namespaces/from-ctx/endpointslices"):
+        for _ in range(2):
+            api.stream([], hold=30, path=path)  # the watches, quiet until the router stops
+    router = Router(cfg)
+    await router.start()
+    try:
+        assert state(router.encoders) == [("http://10.0.0.9:8000", True, "g1", None)]
+        assert state(router.decodes) == [("http://10.0.1.1:8000", True, "g1", None)]
+        (watching,) = [t for t in router._tasks if t.get_name() == "discovery"]
+        assert not watching.done()
+    finally:
+        await router.stop()
+    assert watching.cancelled()

@@ -11,7 +11,10 @@ import orjson
 import pytest
 
 from epd_operator.router.backends import DiscoveredEndpoint
-from tests.support.raw_backend import RawBackend
+from epd_operator.router.config import RouterConfig
+from epd_operator.router.main import listening_socket
+from epd_operator.router.server import Router
+from tests.support.raw_backend import RawBackend, unaccepted_listener
 from tests.support.router_stack import router_stack
 
 
@@ -132,10 +135,10 @@ async def test_health_of_e_pd_without_decode_or_while_draining_is_503():
     async with router_stack(encoders=1) as s:
         report = orjson.loads((await s.get("/health")).body)
         assert report["prefill_cluster"] == "disabled"
-        s.router.draining = True
+        s.router.draining.set()
         r = await s.get("/health")
         assert r.status == 503 and orjson.loads(r.body)["proxy"] == "draining"
-        s.router.draining = False
+        s.router.draining.clear()
         s.router.decodes.update([])
         assert (await s.get("/health")).status == 503
 
@@ -184,7 +187,7 @@ async def test_a_drain_lets_the_request_in_flight_finish_says_so_and_stops_liste
             assert s.server is not None
             drained = asyncio.create_task(s.server.shutdown(10))
             async with asyncio.timeout(5):
-                while not s.router.draining:
+                while not s.router.draining.is_set():
                     await asyncio.sleep(0.01)
                 assert (await asyncio.wait_for(asked, 5)).status == 200  # answered, not cut
                 await drained
@@ -208,3 +211,82 @@ async def test_a_drain_past_its_deadline_cuts_what_is_left_and_says_so(caplog):
         assert warnings == ["drain deadline (0.2 s) reached: cut 1 requests still in flight"]
         with pytest.raises(aiohttp.ClientError):
             await asyncio.wait_for(asked, 5)
+
+
+async def test_models_from_a_decode_instance_that_accepts_no_connection_is_502_at_the_connect_bound():
+    with unaccepted_listener() as url:
+        async with router_stack(encoders=0, connect_timeout=0.2, prefill_timeout=30) as s:
+            s.router.decodes.update([DiscoveredEndpoint(url)])
+            r = await asyncio.wait_for(s.get("/v1/models"), 5)  # not the 30 s the whole call may take
+            assert r.status == 502
+
+
+def test_the_router_builds_its_parts_from_its_config():
+    config = RouterConfig(
+        decode_urls=["http://d:8000"],
+        prefill_urls=["http://p:8000"],
+        decode_dp_size=2,
+        prefill_dp_size=2,
+        ec_consumer_tp_size=2,
+        load_factor=1.5,
+        reuse_max_items=7,
+        pd_policy="prefix-aware",
+    )
+    router = Router(config)
+    assert router.prefills is not None
+    assert (router.prefills.zmq_rank_stride, router.decodes.zmq_rank_stride) == (2, 2)
+    assert (router.prefills.dp_size, router.decodes.dp_size) == (2, 2)
+    pickers = [router.encoder_picker, *router.pd_pickers.values()]
+    assert [getattr(p, "load_factor", None) for p in pickers] == [1.5, 1.5, 1.5]
+    assert router.reuse.max_items == 7
+
+
+async def test_a_router_stopped_before_it_started_has_nothing_to_close():
+    await Router(RouterConfig(decode_urls=["http://d:8000"])).stop()
+
+
+async def test_the_background_work_is_named_and_probes_give_up_at_the_health_timeout():
+    async with RawBackend(None) as hung, router_stack(encoders=0, health_interval=30, health_timeout=0.2) as s:
+        assert sorted(t.get_name() for t in s.router._tasks) == ["demand", "health"]
+        s.router.decodes.update([DiscoveredEndpoint(hung)])
+        await asyncio.wait_for(s.router.health.check_all(), 3)  # not the session's 5 minutes
+        (ep,) = s.router.decodes.endpoints.values()
+        assert ep.failures == 1
+
+
+async def test_each_answer_is_logged_with_its_id_route_status_and_time_when_asked(caplog):
+    async with router_stack(encoders=0, log_requests=True) as s:
+        s.decodes[0].knobs.delay = 0.2
+        with caplog.at_level("INFO", logger="epd_router"):
+            assert (await s.post("/v1/chat/completions", CHAT, headers={"x-request-id": "log-1"})).status == 200
+        (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("log-1 ")]
+        took = re.fullmatch(r"log-1 /v1/chat/completions 200 (\d+\.\d) ms", line)
+        assert took and 200 <= float(took[1]) < 5000
+        total = s.router.metrics.registry.get_sample_value("epd_router_stage_seconds_sum", {"stage": "total"})
+        assert total is not None and 0.2 <= total < 5
+
+
+async def test_a_router_on_ipv6_gives_a_url_that_reaches_it():
+    router = Router(RouterConfig(decode_urls=["http://127.0.0.1:9"], health_interval=0))
+    server = await router.serve(listening_socket("::1", 0))
+    try:
+        assert server.url.startswith("http://[::1]:")
+        async with aiohttp.ClientSession() as session, session.get(server.url + "/livez") as r:
+            assert (r.status, await r.read()) == (200, b"ok")
+    finally:
+        await server.cleanup()
+
+
+async def test_stopping_takes_the_background_work_down_whatever_became_of_it():
+    async with router_stack(encoders=0, health_interval=0, demand_window=0) as s:
+        assert s.router._tasks == []  # no probes, no demand window: nothing in the background
+
+    router = Router(RouterConfig(decode_urls=["http://127.0.0.1:9"], health_interval=0))
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    router.pipeline.encoding.demand.run = broken  # type: ignore[method-assign]
+    await router.start()
+    await asyncio.sleep(0)  # the demand task ran and failed
+    await router.stop()  # and stop does not raise it
