@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -40,6 +41,9 @@ from .protocol import (
 from .reuse import ReuseCache
 from .tracing import RequestTrace, Tracing
 from .upstream import Upstream
+
+if TYPE_CHECKING:
+    from .discovery import KubernetesDiscovery
 
 log = logging.getLogger("epd_router")
 
@@ -92,6 +96,7 @@ class Router:
             BackendCalls(config, m, self.upstream),
             self.reuse,
         )
+        self._discovery: KubernetesDiscovery | None = None  # with discovery "kubernetes", once started
         self.tracing: Tracing | None = None  # built in start() when an OTLP endpoint is set
         self._tasks: list[asyncio.Task] = []
         self.draining = asyncio.Event()  # set while shutting down: /health says 503 while the requests in flight finish
@@ -139,14 +144,8 @@ class Router:
 
             discovery = KubernetesDiscovery.from_config(self.cfg, self._pool_for_role())
             await discovery.start()
-
-            async def watch() -> None:
-                try:
-                    await discovery.run()
-                finally:  # stop() cancelled it: log out
-                    await discovery.close()
-
-            self._tasks.append(asyncio.create_task(watch(), name="discovery"))
+            self._discovery = discovery
+            self._tasks.append(asyncio.create_task(discovery.run(), name="discovery"))
         else:
             from .discovery import static_endpoints
 
@@ -164,6 +163,8 @@ class Router:
         for task in self._tasks:
             with suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._discovery is not None:  # log out
+            await self._discovery.close()
         if self.session is not None:
             await self.session.close()
         await self.upstream.close()
