@@ -29,6 +29,16 @@ async def until(condition: Callable[[], object], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
+def request_counts(router: Router) -> dict[tuple[str, str], float]:
+    """`epd_router_requests_total` by (route, status)."""
+    return {
+        (s.labels["route"], s.labels["status"]): s.value
+        for family in router.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "epd_router_requests_total"
+    }
+
+
 def router_argv(port: int, *args: str) -> list[str]:
     """The real `epd-router` process (this checkout's, by module) on 127.0.0.1:`port`, with `args`."""
     return [sys.executable, "-m", "epd_operator.router.main", "--host", "127.0.0.1", "--port", str(port), *args]

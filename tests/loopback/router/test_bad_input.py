@@ -3,18 +3,9 @@
 import orjson
 import pytest
 
-from tests.support.router_stack import router_stack
+from tests.support.router_stack import request_counts, router_stack
 
 CHAT = "/v1/chat/completions"
-
-
-def requests_counted(router) -> dict[tuple[str, str], float]:
-    return {
-        (x.labels["route"], x.labels["status"]): x.value
-        for family in router.metrics.registry.collect()
-        for x in family.samples
-        if x.name == "epd_router_requests_total"
-    }
 
 
 @pytest.mark.parametrize(
@@ -44,7 +35,7 @@ async def test_bad_requests_get_openai_errors(path, raw, status, fragment):
         assert fragment in error["message"] and error["code"] == status and error["type"] == "invalid_request_error"
         assert r.headers["x-request-id"] == "bad-1"
         assert not any(b.received for b in s.all_backends())
-        assert requests_counted(s.router) == {(path, str(status)): 1}
+        assert request_counts(s.router) == {(path, str(status)): 1}
 
 
 async def test_file_urls_pass_through_when_allowed_without_the_router_reading_them():
@@ -97,4 +88,4 @@ async def test_a_generation_with_an_id_the_router_cannot_pass_on_is_a_400_counte
         r = await s.post(CHAT, chat_with(EMBEDS), headers={"x-request-id": "has space"})
         assert r.status == 400 and len(r.headers["x-request-id"]) == 32
         assert r.json()["error"]["message"] == "x-request-id must be 1 to 256 visible ASCII characters"
-        assert requests_counted(s.router) == {(CHAT, "400"): 1} and not s.decodes[0].received
+        assert request_counts(s.router) == {(CHAT, "400"): 1} and not s.decodes[0].received

@@ -15,16 +15,7 @@ from epd_operator.router.config import RouterConfig
 from epd_operator.router.main import listening_socket
 from epd_operator.router.server import Router
 from tests.support.raw_backend import RawBackend, unaccepted_listener
-from tests.support.router_stack import router_stack
-
-
-def request_counts(router) -> dict[tuple[str, str], float]:
-    return {
-        (s.labels["route"], s.labels["status"]): s.value
-        for family in router.metrics.registry.collect()
-        for s in family.samples
-        if s.name == "epd_router_requests_total"
-    }
+from tests.support.router_stack import request_counts, router_stack
 
 
 async def test_models_come_from_a_decode_instance_as_it_answered():
