@@ -90,7 +90,10 @@ class EncoderStage:
         if self.reuse.enabled:
             todo = []
             for item in items:
-                hit = self.reuse.recall(reuse_key(body, item)) if item.content_addressed else None
+                if not item.content_addressed:  # what is behind its URL may change: never reused
+                    todo.append(item)
+                    continue
+                hit = self.reuse.recall(reuse_key(body, item))
                 if hit is None:
                     todo.append(item)
                 elif self.reuse_metadata:
@@ -175,10 +178,9 @@ class EncoderStage:
             return [(item, None) for item in items]
         targets: list[Endpoint] = []
         for item in items:
-            key = encoder_key(ctx.body, item)
-            ep = self.picker.pick(ready, key, (avoid.get(item.index),))
-            if ep is None:  # only the encoder that failed this item is left: that one again
-                ep = self.picker.pick(ready, key)
+            avoided = avoid.get(item.index)
+            # Another encoder than the one that failed this item, else that one again (the only one left).
+            ep = self.picker.pick(ready, encoder_key(ctx.body, item), (avoided,)) or avoided
             assert ep is not None  # `ready` is not empty
             pool.acquire(ep)  # count it now so the next item of this request sees the load
             targets.append(ep)

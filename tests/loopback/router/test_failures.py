@@ -654,4 +654,40 @@ async def test_a_stream_broken_after_the_first_byte_counts_against_its_decode_an
         backend = s.decodes[0].url.split("//")[1]
         assert await metric(s, "epd_router_backend_errors_total", backend=backend, kind="stream", role="decode") == [1]
         (said,) = [r.getMessage() for r in caplog.records if "broke after the first byte" in r.getMessage()]
-        assert said.startswith(f"[broke-1] decode stream from {s.decodes[0].url} broke after the first byte: ")
+        said_before, why = said.split(" broke after the first byte: ")
+        assert said_before == f"[broke-1] decode stream from {s.decodes[0].url}" and why.startswith("TransportError(")
+
+
+async def test_a_decode_that_accepts_no_connection_is_a_504_at_the_connect_bound():
+    with unaccepted_listener() as url:
+        async with router_stack(encoders=0, connect_timeout=0.2, decode_timeout=30) as s:
+            s.router.decodes.update([DiscoveredEndpoint(url)])
+            r = await asyncio.wait_for(s.post(CHAT, chat(stream=True)), 5)
+            assert (r.status, r.json()["error"]["message"]) == (504, "decode failed (timeout)")
+
+
+async def test_a_decode_nobody_listens_on_is_a_502_naming_the_connect():
+    async with router_stack(encoders=0) as s:
+        s.router.decodes.update([DiscoveredEndpoint("http://127.0.0.1:9")])
+        r = await s.post(CHAT, chat(stream=True))
+        assert (r.status, r.json()["error"]["message"]) == (502, "decode failed (connect)")
+
+
+async def test_a_decode_that_says_nothing_is_a_504_at_the_decode_timeout():
+    async with RawBackend(None) as url, router_stack(encoders=0, decode_timeout=0.3) as s:
+        s.router.decodes.update([DiscoveredEndpoint(url)])
+        r = await asyncio.wait_for(s.post(CHAT, chat(stream=True)), 5)
+        assert (r.status, r.json()["error"]["message"]) == (504, "decode failed (timeout)")
+
+
+async def test_with_reuse_on_an_item_behind_a_mutable_url_is_encoded_beside_a_reusable_one():
+    data_url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    async with router_stack(encoders=1, reuse_ttl=60) as s:
+        for _ in range(2):
+            assert (await s.post(CHAT, chat(IMG_A, data_url))).status == 200
+        # the URL's item each time, the data URL's once: the second request reused it
+        assert [len(media_parts(b)) for b in s.encoders[0].bodies()] == [2, 1]
+        assert [p["type"] for p in media_parts(s.decodes[0].bodies()[1])] == [
+            "image_embeds",
+            "image_url",
+        ]  # pinned reuse
