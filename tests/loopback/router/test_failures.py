@@ -671,6 +671,18 @@ async def test_a_decode_nobody_listens_on_is_a_502_naming_the_connect():
         s.router.decodes.update([DiscoveredEndpoint("http://127.0.0.1:9")])
         r = await s.post(CHAT, chat(stream=True))
         assert (r.status, r.json()["error"]["message"]) == (502, "decode failed (connect)")
+        errors = await metric(
+            s, "epd_router_backend_errors_total", backend="127.0.0.1:9", kind="connect", role="decode"
+        )
+        assert errors == [2]
+
+
+async def test_a_decode_5xx_on_every_try_is_relayed_with_its_content_type():
+    reply = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nbusy"
+    async with RawBackend(reply) as url, router_stack(encoders=0) as s:
+        s.router.decodes.update([DiscoveredEndpoint(url)])
+        r = await s.post(CHAT, chat(stream=True))
+        assert (r.status, r.headers["Content-Type"], r.body) == (503, "text/plain", b"busy")
 
 
 async def test_a_decode_that_says_nothing_is_a_504_at_the_decode_timeout():
